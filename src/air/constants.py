@@ -1,0 +1,33 @@
+"""Tunables in one place (grace periods, poll intervals, defaults). Tests pass smaller values in."""
+
+from __future__ import annotations
+
+import os
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+#: Seconds between SIGTERM and SIGKILL when a process tree is ended. Short on purpose: a rank stuck in a
+#: collective does not need 30 s to notice it should die, and the others must not hang (SPEC pain 1).
+TERMINATE_GRACE_S: float = _float_env("AIR_TERMINATE_GRACE_S", 1.0)
+
+#: How often the launcher looks at its processes.
+LAUNCH_POLL_S: float = 0.02
+
+#: Default wall-clock cap of a local `@distributed` call (3 h, as in the reference).
+DEFAULT_DISTRIBUTED_TIMEOUT_S: float = 10800.0
+
+#: Lines of a rank's log quoted when it died without a Python exception.
+LOG_TAIL_LINES: int = 30
+
+#: Default retries of a workload (the reference: 3 → 4 attempts).
+DEFAULT_MAX_RETRIES: int = 3
+
+#: Environment variable that marks every process of one launch; inherited by all descendants, so a
+#: teardown finds processes that left the process group or were re-parented.
+PROCESS_TAG_ENV: str = "AIR_PROCESS_TAG"

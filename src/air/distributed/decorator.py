@@ -1,0 +1,131 @@
+"""`@distributed`: run a function once per accelerator and get every rank's return value back."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
+from air.distributed.shape import _UNSET, CallSettings, check_settings, resolve_local
+from air.errors import AirError, RuntimeConfigurationError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class DistributedFunction(Generic[P, R]):
+    """A function bound to a shape. Call `.distributed(...)` to run it on every rank, `.func(...)` to
+    run it once here."""
+
+    def __init__(self, func: Callable[P, R], settings: CallSettings) -> None:
+        if not callable(func):
+            raise RuntimeConfigurationError(f"@distributed decorates a function, got {func!r}.")
+        self.func = func
+        self._settings = settings
+        functools.update_wrapper(self, func)
+
+    # -- the settings, under both spellings ---------------------------------------------------------
+    @property
+    def num_accelerators(self) -> int | None:
+        return self._settings.num_accelerators
+
+    @property
+    def accelerator_type(self) -> str | None:
+        return self._settings.accelerator_type
+
+    gpus = num_accelerators
+    gpu_type = accelerator_type
+
+    @property
+    def remote(self) -> bool:
+        return self._settings.remote
+
+    @property
+    def timeout(self) -> float | None:
+        return self._settings.timeout
+
+    def __repr__(self) -> str:
+        s = self._settings
+        return (f"DistributedFunction(num_accelerators={s.num_accelerators!r}, accelerator_type="
+                f"{s.accelerator_type!r}, remote={s.remote!r}, timeout={s.timeout!r}, "
+                f"func={getattr(self.func, '__qualname__', self.func)!s})")
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        name = getattr(self.func, "__name__", "fn")
+        raise RuntimeConfigurationError(
+            f"{name}() is decorated with @distributed and is not called directly.",
+            hint=f"Use {name}.distributed(...) to run it on every accelerator and get a list of results, or "
+            f"{name}.func(...) to run the plain function once in this process.",
+        )
+
+    def with_overrides(self, num_accelerators: int | None = None, accelerator_type: str | None = None,
+                       remote: bool | None = None, timeout: float | None | object = _UNSET, *,
+                       gpus: int | None = None, gpu_type: str | None = None) -> DistributedFunction[P, R]:
+        """A copy with some settings changed (re-validated); `timeout=None` disables the timeout."""
+        s = self._settings
+        if num_accelerators is None and gpus is None:
+            num_accelerators = s.num_accelerators
+        if accelerator_type is None and gpu_type is None:
+            accelerator_type = s.accelerator_type
+        settings = check_settings(num_accelerators, accelerator_type, s.remote if remote is None else remote,
+                                  s.timeout if timeout is _UNSET else timeout, gpus, gpu_type)
+        return DistributedFunction(self.func, settings)
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        try:
+            bound = inspect.signature(self.func).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{getattr(self.func, '__name__', 'fn')}.distributed(): {exc}") from None
+        except ValueError:
+            return args, kwargs
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
+
+    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """Run on every rank and block; returns one value per rank, ordered by global rank."""
+        call_args, call_kwargs = self._bind(args, kwargs)
+        try:
+            if self._settings.remote:
+                from air.distributed.remote import run_remote
+
+                return run_remote(self.func, call_args, call_kwargs, self._settings)
+            shape = resolve_local(self._settings)
+            from air.distributed.tracked import run_local_tracked
+
+            return run_local_tracked(self.func, call_args, call_kwargs, shape, self._settings.timeout)
+        except Exception as exc:
+            if isinstance(exc, AirError) or hasattr(exc, "air_rank"):
+                # Lead with the root cause: the rank's traceback (its __cause__), not air's own frames.
+                raise exc.with_traceback(None) from exc.__cause__
+            raise
+
+
+@overload
+def distributed(func: Callable[P, R], /) -> DistributedFunction[P, R]: ...
+
+
+@overload
+def distributed(num_accelerators: int | None = None, accelerator_type: str | None = None, remote: bool = False,
+                timeout: float | None = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: int | None = None,
+                gpu_type: str | None = None) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
+
+
+def distributed(num_accelerators: Any = None, accelerator_type: Any = None, remote: Any = False,
+                timeout: Any = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: Any = None, gpu_type: Any = None) -> Any:
+    """Decorate a function to run once per accelerator: `@distributed(gpus=8, gpu_type="H100")`.
+
+    `num_accelerators`/`gpus`: how many ranks (default: every GPU of this machine).
+    `accelerator_type`/`gpu_type`: 'H100', 'A10', 'GPU_8xH100', … or 'CPU' (gloo, no GPU needed).
+    `remote`: submit to the configured backend (profile) instead of this machine's accelerators.
+    `timeout`: seconds before every rank is ended (local calls; None disables).
+    """
+    if callable(num_accelerators) and not isinstance(num_accelerators, (int, bool)):
+        return DistributedFunction(num_accelerators, check_settings(timeout=DEFAULT_DISTRIBUTED_TIMEOUT_S))
+    settings = check_settings(num_accelerators, accelerator_type, remote, timeout, gpus, gpu_type)
+
+    def wrap(func: Callable[P, R]) -> DistributedFunction[P, R]:
+        return DistributedFunction(func, settings)
+
+    return wrap

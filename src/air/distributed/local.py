@@ -1,0 +1,158 @@
+"""A local `@distributed` call: one process per accelerator of this machine, children of the caller."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from air.constants import TERMINATE_GRACE_S
+from air.distributed.outcome import read_outcome, resolve
+from air.distributed.shape import LocalShape
+from air.errors import SerializationError
+from air.home import air_home
+from air.launcher import ProcessSpec, reserve_port, start_processes
+
+
+def new_call_dir(func_name: str) -> Path:
+    """One folder per call under $AIR_HOME/calls: payload, rank logs, outcomes."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in func_name)[:40] or "fn"
+    call_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{uuid.uuid4().hex[:6]}"
+    path = air_home() / "calls" / call_id
+    path.mkdir(parents=True)
+    return path
+
+
+def serialize_call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
+    """cloudpickle the call; on failure, find and name the culprit (the function or which argument)."""
+    try:
+        return cloudpickle.dumps((func, tuple(args), dict(kwargs)))
+    except Exception as whole:
+        culprit, cause = _find_unpicklable(func, args, kwargs)
+        raise SerializationError(
+            f"{culprit} could not be pickled to send to the ranks: {type(cause or whole).__name__}: {cause or whole}",
+            hint="Create such objects (datasets, open files, locks, clients) inside the decorated function "
+            "instead of passing them in or capturing them from outside.",
+        ) from whole
+
+
+def _find_unpicklable(func: Callable[..., Any], args: Sequence[Any],
+                      kwargs: Mapping[str, Any]) -> tuple[str, Exception | None]:
+    names: list[str] = []
+    try:
+        params = list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        params = []
+    for index, value in enumerate(args):
+        label = f"argument '{params[index]}' (position {index})" if index < len(params) else f"argument {index}"
+        names.append(label)
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            return f"The {label}, a {type(value).__name__},", exc
+    for key, value in kwargs.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:
+            return f"The argument '{key}', a {type(value).__name__},", exc
+    try:
+        cloudpickle.dumps(func)
+    except Exception as exc:
+        return f"The function {getattr(func, '__qualname__', func)!r} (or something it refers to)", exc
+    return "The call", None
+
+
+def rank_env(base: Mapping[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
+             node_rank: int, master_addr: str, master_port: int, gpu_ids: Sequence[str] | None,
+             accelerator_kind: str) -> dict[str, str]:
+    """The torchrun-compatible environment of one rank (SPEC: contract with the user's code)."""
+    env = dict(base)
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(local_world_size), "NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port), "PYTHONUNBUFFERED": "1", "AIR_ACCELERATOR_KIND": accelerator_kind,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+    })
+    if gpu_ids is not None:
+        # Like torchrun: every rank sees the node's GPUs, and uses device LOCAL_RANK among them.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+    return env
+
+
+def _echo(prefix_of: Callable[[int], str]) -> Callable[[int, str, str], None]:
+    lock = threading.Lock()
+
+    def on_line(index: int, stream: str, text: str) -> None:
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        with lock:
+            try:
+                out.write(f"{prefix_of(index)}{text}\n")
+                out.flush()
+            except (ValueError, OSError):
+                pass  # the caller closed its stream; the log file still has the line
+
+    return on_line
+
+
+def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], shape: LocalShape,
+              timeout_s: float | None, *, extra_env: Mapping[str, str] | None = None,
+              echo: bool = True, call_dir: Path | None = None,
+              on_launched: Callable[[Path, list[Path]], None] | None = None) -> tuple[list[Any], Path]:
+    """Run `func(*args, **kwargs)` once per rank here; return every rank's value and the call folder."""
+    payload = serialize_call(func, args, kwargs)
+    call_dir = call_dir or new_call_dir(getattr(func, "__name__", "fn"))
+    (call_dir / "payload.pkl").write_bytes(payload)
+    world = shape.world_size
+    log_paths = [call_dir / f"rank_{r}.log" for r in range(world)]
+    base_env = dict(os.environ)
+    base_env.update(extra_env or {})
+    base_env["AIR_SYS_PATH"] = json.dumps([p for p in sys.path if p])
+    base_env["AIR_LAUNCHER_PID"] = str(os.getpid())
+    base_env["AIR_CALL_DIR"] = str(call_dir)
+    gpu_ids = list(shape.gpu_ids) if not shape.accelerator.is_cpu else []
+    with reserve_port() as port:
+        specs = [
+            ProcessSpec(
+                name=f"rank {r}",
+                argv=[sys.executable, "-m", "air.distributed.worker", str(call_dir)],
+                env=rank_env(base_env, rank=r, local_rank=r, world_size=world, local_world_size=world, node_rank=0,
+                             master_addr="127.0.0.1", master_port=port.port, gpu_ids=gpu_ids,
+                             accelerator_kind=shape.accelerator.kind),
+                log_path=log_paths[r],
+                cwd=Path.cwd(),
+            )
+            for r in range(world)
+        ]
+        width = len(str(world - 1))
+        launch = start_processes(specs, on_line=_echo(lambda i: f"[rank {i:>{width}}] ") if echo else None,
+                                 grace_s=TERMINATE_GRACE_S)
+        if on_launched is not None:
+            on_launched(call_dir, log_paths)
+        result = launch.wait(timeout=timeout_s, fail_fast=True)
+    outcomes = [read_outcome(call_dir, r) for r in range(world)]
+    try:
+        values = resolve(outcomes, result, log_paths, timeout_s=timeout_s)
+    finally:
+        _cleanup(call_dir, world)
+    return values, call_dir
+
+
+def _cleanup(call_dir: Path, world: int) -> None:
+    """Keep the logs; drop the payload and outcomes (they can be large)."""
+    for name in ["payload.pkl", *[f"rank_{r}.outcome" for r in range(world)]]:
+        try:
+            (call_dir / name).unlink()
+        except FileNotFoundError:
+            pass
+    shutil.rmtree(call_dir / "tmp", ignore_errors=True)

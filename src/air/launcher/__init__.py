@@ -1,0 +1,10 @@
+"""The node launcher (see node.py): shared by `@distributed`, workload nodes and the Ray backend."""
+
+from air.launcher.node import Launch, LaunchResult, ProcessExit, ProcessSpec, read_tail, start_processes
+from air.launcher.ports import PortReservation, reserve_port
+from air.launcher.procs import tagged_processes, terminate_tree
+
+__all__ = [
+    "Launch", "LaunchResult", "PortReservation", "ProcessExit", "ProcessSpec", "read_tail", "reserve_port",
+    "start_processes", "tagged_processes", "terminate_tree",
+]

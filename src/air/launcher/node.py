@@ -1,0 +1,212 @@
+"""The node launcher: start N processes, pump their output, wait with fail-fast, end the tree.
+
+It knows nothing of functions, workloads or Ray: a `ProcessSpec` is argv + env + cwd + log file. The
+`@distributed` call starts one per rank; a workload node starts one `bash` per node; the Ray backend's
+node agent starts either on a remote machine. Every process gets its own session (so a terminal's
+Ctrl-C reaches only the launcher, which then tears down in order) and the launch's AIR_PROCESS_TAG.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from air.constants import LAUNCH_POLL_S, PROCESS_TAG_ENV, TERMINATE_GRACE_S
+from air.launcher.procs import terminate_tree
+from air.launcher.pump import LineCallback, OutputPump
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process to start. `name` is how logs and errors call it ("rank 3", "node 1")."""
+
+    name: str
+    argv: Sequence[str]
+    env: dict[str, str]
+    log_path: Path
+    cwd: Path | None = None
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """How one process ended: exit code (None while running) or the signal that killed it."""
+
+    index: int
+    name: str
+    returncode: int | None
+    ended_at: float | None
+    killed_by_launcher: bool = False
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode is not None and self.returncode < 0:
+            try:
+                return signal.Signals(-self.returncode).name
+            except ValueError:
+                return f"signal {-self.returncode}"
+        return None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def describe(self) -> str:
+        if self.returncode is None:
+            return "still running"
+        if self.signal_name:
+            return f"killed by {self.signal_name}"
+        return f"exit code {self.returncode}"
+
+
+@dataclass
+class LaunchResult:
+    """What `wait()` saw: every exit, the first failure (if any) and whether the deadline hit."""
+
+    exits: list[ProcessExit]
+    first_failure: ProcessExit | None
+    timed_out: bool = False
+    interrupted: bool = False
+    killed_pids: list[int] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.first_failure is None and not self.timed_out and not self.interrupted
+
+
+class Launch:
+    """Processes started together; ended together. Use `start_processes()` to make one."""
+
+    def __init__(self, specs: Sequence[ProcessSpec], *, on_line: LineCallback | None, tag: str,
+                 grace_s: float) -> None:
+        self.specs = list(specs)
+        self.tag = tag
+        self.grace_s = grace_s
+        self._on_line = on_line
+        self.popens: list[subprocess.Popen[bytes]] = []
+        self._logs: list[BinaryIO] = []
+        self._ended_at: dict[int, float] = {}
+        self._running_at_teardown: set[int] | None = None
+        self._terminated = False
+        self._pump = OutputPump(on_line)
+
+    def _start(self) -> None:
+        try:
+            for index, spec in enumerate(self.specs):
+                spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+                log = open(spec.log_path, "ab", buffering=0)  # noqa: SIM115 - closed in _close_logs
+                self._logs.append(log)
+                env = dict(spec.env)
+                env[PROCESS_TAG_ENV] = self.tag
+                popen = subprocess.Popen(
+                    list(spec.argv), env=env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                )
+                self.popens.append(popen)
+                assert popen.stdout is not None and popen.stderr is not None
+                self._pump.add(index, "stdout", popen.stdout, log)
+                self._pump.add(index, "stderr", popen.stderr, log)
+                self._pump.watch_exit(index, popen.pid, self._record_exit)
+        except BaseException:
+            self.terminate()
+            raise
+        self._pump.start()
+
+    def _record_exit(self, index: int, when: float) -> None:
+        self._ended_at.setdefault(index, when)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.popens]
+
+    def poll(self) -> list[ProcessExit]:
+        now = time.time()
+        exits = []
+        for index, popen in enumerate(self.popens):
+            code = popen.poll()
+            if code is not None and index not in self._ended_at:
+                self._ended_at[index] = now
+            killed = self._running_at_teardown is not None and index in self._running_at_teardown
+            exits.append(ProcessExit(index, self.specs[index].name, code, self._ended_at.get(index),
+                                     killed_by_launcher=killed))
+        return exits
+
+    def wait(self, *, timeout: float | None = None, fail_fast: bool = True,
+             should_stop: Callable[[], bool] | None = None, poll_s: float = LAUNCH_POLL_S) -> LaunchResult:
+        """Block until all processes end, one fails (fail_fast), the timeout passes or `should_stop()`.
+
+        In every case but a clean success of all, the whole tree is ended before this returns. A
+        KeyboardInterrupt also ends the tree, then propagates.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first_failure: ProcessExit | None = None
+        timed_out = interrupted = False
+        try:
+            while True:
+                exits = self.poll()
+                failed = sorted((e for e in exits if e.returncode not in (None, 0)),
+                                key=lambda e: e.ended_at or float("inf"))
+                if failed and first_failure is None:
+                    first_failure = failed[0]
+                if all(e.returncode is not None for e in exits) or (fail_fast and first_failure):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                if should_stop is not None and should_stop():
+                    interrupted = True
+                    break
+                time.sleep(poll_s)
+        except BaseException:
+            self.terminate()
+            raise
+        killed = self.terminate()
+        exits = self.poll()
+        if first_failure is None and not timed_out and not interrupted:
+            failed = sorted((e for e in exits if not e.ok and not e.killed_by_launcher),
+                            key=lambda e: e.ended_at or float("inf"))
+            first_failure = failed[0] if failed else None
+        return LaunchResult(exits, first_failure, timed_out, interrupted, killed)
+
+    def terminate(self) -> list[int]:
+        """End every process of the launch and all their descendants; then flush the logs. Idempotent."""
+        if not self.popens and not self._logs:
+            return []
+        if self._running_at_teardown is None:
+            self._running_at_teardown = {i for i, p in enumerate(self.popens) if p.poll() is None}
+        killed = terminate_tree(self.popens, tag=self.tag, grace_s=self.grace_s)
+        self.poll()
+        if not self._pump.join(timeout=2.0):
+            self._pump.stop()
+        if not self._terminated:
+            self._terminated = True
+            for log in self._logs:
+                log.close()
+        return killed
+
+
+def start_processes(specs: Sequence[ProcessSpec], *, on_line: LineCallback | None = None,
+                    tag: str | None = None, grace_s: float = TERMINATE_GRACE_S) -> Launch:
+    """Start every spec at once, each in its own session, all tagged for teardown."""
+    launch = Launch(specs, on_line=on_line, tag=tag or f"launch-{uuid.uuid4().hex[:12]}", grace_s=grace_s)
+    launch._start()
+    return launch
+
+
+def read_tail(path: Path, lines: int) -> str:
+    """The last `lines` lines of a log (for error messages); reads only the end of the file."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(size - 64 * 1024, 0))
+            data = fh.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])

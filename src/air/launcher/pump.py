@@ -1,0 +1,145 @@
+"""Line pumping: every line a process writes goes to its log file and to a callback, as it arrives.
+
+One thread multiplexes all pipes of a launch with `selectors`, so eight ranks cost one thread, not
+sixteen. A line cut by a dying process is still written (without its newline); a line longer than
+`MAX_LINE` is written in pieces rather than held in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import threading
+import time
+from collections.abc import Callable
+from typing import BinaryIO
+
+MAX_LINE = 64 * 1024
+
+#: on_line(source_index, stream, text): stream is "stdout" or "stderr"; text has no trailing newline.
+LineCallback = Callable[[int, str, str], None]
+
+
+class OutputPump:
+    """Reads the stdout/stderr pipes of several processes until all reach EOF."""
+
+    def __init__(self, on_line: LineCallback | None = None) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._on_line = on_line
+        self._buffers: dict[int, bytearray] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._open = 0
+        self._stop = threading.Event()
+        self._exit_fds = 0
+
+    def add(self, source: int, stream: str, pipe: BinaryIO, log: BinaryIO) -> None:
+        """Register a pipe before `start()`; `log` receives the same lines (shared by both streams)."""
+        os.set_blocking(pipe.fileno(), False)
+        self._selector.register(pipe, selectors.EVENT_READ, (source, stream, log))
+        self._buffers[pipe.fileno()] = bytearray()
+        self._open += 1
+
+    def watch_exit(self, source: int, pid: int, on_exit: Callable[[int, float], None]) -> bool:
+        """Call `on_exit(source, time)` the moment process `pid` exits (a pidfd in the same selector).
+
+        The exact time matters: when a rank dies, its peers fail a moment later with connection errors,
+        and only exact times tell the root cause from the echoes. False where pidfds are unsupported.
+        """
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return False
+        self._selector.register(fd, selectors.EVENT_READ, ("exit", source, on_exit))
+        self._exit_fds += 1
+        return True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="air-output-pump", daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for EOF on every pipe; False if some pipe is still open after `timeout`."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Drain what is readable now and stop, even if a stray process still holds a pipe open."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _emit(self, source: int, stream: str, log: BinaryIO, raw: bytes) -> None:
+        line = raw if raw.endswith(b"\n") else raw + b"\n"
+        with self._lock:
+            log.write(line)
+            log.flush()
+        if self._on_line is not None:
+            self._on_line(source, stream, line[:-1].decode("utf-8", errors="replace").rstrip("\r"))
+
+    def _read(self, key: selectors.SelectorKey, final: bool = False) -> None:
+        pipe = key.fileobj
+        source, stream, log = key.data
+        fd = pipe.fileno()  # type: ignore[union-attr]
+        buf = self._buffers[fd]
+        eof = False
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                eof = True
+                break
+            buf.extend(chunk)
+        while True:
+            newline = buf.find(b"\n")
+            if newline < 0:
+                break
+            self._emit(source, stream, log, bytes(buf[: newline + 1]))
+            del buf[: newline + 1]
+        if len(buf) >= MAX_LINE:
+            self._emit(source, stream, log, bytes(buf))
+            buf.clear()
+        if eof or final:
+            if buf:
+                self._emit(source, stream, log, bytes(buf))  # the cut last line is kept
+                buf.clear()
+            if eof:
+                self._selector.unregister(pipe)
+                pipe.close()  # type: ignore[union-attr]
+                self._open -= 1
+
+    def _run(self) -> None:
+        while self._open > 0 and not self._stop.is_set():
+            try:
+                events = self._selector.select(timeout=0.1)
+            except (OSError, ValueError):
+                return
+            for key, _ in events:
+                if key.data[0] == "exit":
+                    self._exited(key)
+                else:
+                    self._read(key)
+        for key in list(self._selector.get_map().values()):
+            if key.data[0] == "exit":
+                self._exited(key)
+            else:
+                self._read(key, final=True)
+        for key in list(self._selector.get_map().values()):
+            self._selector.unregister(key.fileobj)
+            if isinstance(key.fileobj, int):
+                os.close(key.fileobj)
+            else:
+                key.fileobj.close()  # type: ignore[union-attr]
+        self._selector.close()
+
+    def _exited(self, key: selectors.SelectorKey) -> None:
+        _, source, on_exit = key.data
+        on_exit(source, time.time())
+        self._selector.unregister(key.fileobj)
+        os.close(key.fileobj)  # type: ignore[arg-type]

@@ -1,0 +1,194 @@
+"""Run ids and every file name under `$AIR_HOME/runs/<run_id>/`, in one class (as submitit's JobPaths).
+
+Nothing else in air spells a file name of a run: the supervisor, the launcher and `air logs` all ask
+`RunPaths`. Files that other processes read while they change (spec, pid) are written atomically
+(a temporary file in the same folder, then a rename), so a reader never sees half a file.
+
+Run ids look like `run-260522-9f3a1c07`: a prefix, the UTC submit date (so ids sort roughly by day
+and say when they were made) and 32 random bits (so two `air run` processes never pick the same id).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+from air.errors import UserInputError
+from air.home import air_home
+
+RUN_ID_PREFIX = "run-"
+RUN_ID_RE = re.compile(r"^run-[0-9]{6}-[0-9a-f]{8}$")
+#: What a user may type to name a run: a full id, a prefix of one, or the random part (or its prefix).
+_RUN_ID_FRAGMENT_RE = re.compile(r"^(run-[0-9]{0,6}(-[0-9a-f]{0,8})?|run|ru|r|[0-9a-f]{1,8})$")
+
+
+def new_run_id(now: float | None = None) -> str:
+    """A fresh random run id, `run-<yymmdd>-<8 hex>` (UTC date of `now`)."""
+    day = time.strftime("%y%m%d", time.gmtime(time.time() if now is None else now))
+    return f"{RUN_ID_PREFIX}{day}-{secrets.token_hex(4)}"
+
+
+def is_run_id(text: str) -> bool:
+    """True for a well-formed full run id."""
+    return bool(RUN_ID_RE.match(text))
+
+
+def parse_run_id(text: str) -> str:
+    """Validate a full run id given by a user (surrounding blanks ignored); UserInputError otherwise."""
+    value = text.strip() if isinstance(text, str) else ""
+    if not RUN_ID_RE.match(value):
+        raise UserInputError(
+            f"{text!r} is not a run id.",
+            hint="Run ids look like run-260522-9f3a1c07; `air list runs --all-status` shows them.",
+        )
+    return value
+
+
+def parse_run_id_fragment(text: str) -> str:
+    """Validate what a user typed to name a run: a full id, a unique prefix of one, or its hex part.
+
+    Returns it lower-cased and stripped; the store resolves it. Anything else (a path, a quote) is a
+    UserInputError, so it never reaches a file name.
+    """
+    value = text.strip().lower() if isinstance(text, str) else ""
+    if not value or not _RUN_ID_FRAGMENT_RE.match(value):
+        raise UserInputError(
+            f"{text!r} is not a run id.",
+            hint="Run ids look like run-260522-9f3a1c07 (a unique prefix, or the 8 hex digits, also work); "
+            "`air list runs --all-status` shows them.",
+        )
+    return value
+
+
+class RunPaths:
+    """Every path of one run's folder. Pure names: nothing is created until `create()`/a write."""
+
+    def __init__(self, run_id: str, home: Path | str | None = None) -> None:
+        if not RUN_ID_RE.match(run_id):  # never build a path from something that is not an id
+            raise UserInputError(f"{run_id!r} is not a run id.")
+        self.run_id = run_id
+        self.home = Path(home) if home is not None else air_home()
+
+    @property
+    def folder(self) -> Path:
+        """`$AIR_HOME/runs/<run_id>/`."""
+        return self.home / "runs" / self.run_id
+
+    @property
+    def spec(self) -> Path:
+        """The final workload spec (YAML merged with overrides) this run was started from."""
+        return self.folder / "spec.yaml"
+
+    @property
+    def hyperparameters(self) -> Path:
+        """`parameters:` of the workload, exported to the command as HYPERPARAMETERS_PATH."""
+        return self.folder / "hyperparameters.yaml"
+
+    @property
+    def command(self) -> Path:
+        """The node command as a bash script (what every node runs)."""
+        return self.folder / "command.sh"
+
+    @property
+    def supervisor_log(self) -> Path:
+        """What the supervisor did (transitions, retries, teardown); not the user's output."""
+        return self.folder / "supervisor.log"
+
+    @property
+    def supervisor_pid(self) -> Path:
+        """The supervisor's pid (the store also keeps pid and create time; this is for humans and ps)."""
+        return self.folder / "supervisor.pid"
+
+    def attempt_dir(self, attempt: int) -> Path:
+        """`attempt_<a>/`: one folder per attempt (0-based), so a retry never overwrites earlier logs."""
+        if attempt < 0:
+            raise ValueError(f"attempt must be >= 0, got {attempt}")
+        return self.folder / f"attempt_{attempt}"
+
+    def node_log(self, attempt: int, node: int) -> Path:
+        """`attempt_<a>/node_<n>.log`: everything node n printed (all its ranks, merged) in attempt a."""
+        if node < 0:
+            raise ValueError(f"node must be >= 0, got {node}")
+        return self.attempt_dir(attempt) / f"node_{node}.log"
+
+    def attempts(self) -> list[int]:
+        """Attempt indices that have a folder on disk, in order."""
+        return sorted(_indices(self.folder, "attempt_", ""))
+
+    def node_logs(self, attempt: int) -> dict[int, Path]:
+        """Node index → log path for the node logs of `attempt` that exist."""
+        folder = self.attempt_dir(attempt)
+        return {n: folder / f"node_{n}.log" for n in sorted(_indices(folder, "node_", ".log"))}
+
+    def create(self) -> Path:
+        """Create the run folder (owner-only) and return it."""
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self.folder
+
+    def create_attempt(self, attempt: int) -> Path:
+        """Create `attempt_<a>/` and return it."""
+        folder = self.attempt_dir(attempt)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return folder
+
+    def __repr__(self) -> str:
+        return f"RunPaths({self.folder})"
+
+
+def _indices(folder: Path, prefix: str, suffix: str) -> list[int]:
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        if name.startswith(prefix) and name.endswith(suffix):
+            middle = name[len(prefix) : len(name) - len(suffix)]
+            if middle.isdigit():
+                out.append(int(middle))
+    return out
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> Path:
+    """Write `data` so readers see the old file or the new one, never a mix: tmp file + fsync + rename.
+
+    Creates missing parent folders. `mode` is the final permission (0o600 for anything secret).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: Path | str, data: str, *, mode: int = 0o644, encoding: str = "utf-8") -> Path:
+    """`atomic_write_bytes` for text."""
+    return atomic_write_bytes(path, data.encode(encoding), mode=mode)
+
+
+__all__ = [
+    "RUN_ID_RE",
+    "RunPaths",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "is_run_id",
+    "new_run_id",
+    "parse_run_id",
+    "parse_run_id_fragment",
+]

@@ -1,0 +1,699 @@
+"""Code snapshots: `code_source.snapshot` turned into a folder that every node sees as CODE_SOURCE_PATH.
+
+Two steps, as everywhere in air: `plan_snapshot` is pure (it reads the tree, writes nothing) and is what
+`--dry-run` prints; `materialize_snapshot` copies exactly the planned files into a content-addressed
+folder `$AIR_HOME/snapshots/<key>/<basename(root_path)>/`, so an unchanged tree is never copied twice.
+
+What is shipped is what git would ship:
+
+* in a git repository: tracked files plus untracked files that are not ignored
+  (`git ls-files --cached --others --exclude-standard`), restricted to `root_path`;
+* outside git: every file, minus what the `.gitignore` files at every level exclude (git's own rules,
+  nested files override their parents, `!` re-includes, an excluded folder is not entered);
+* with `git.commit` (or `git.branch`, which must be clean): that commit's tree, nothing from the working
+  tree.
+
+`.git` itself and macOS `._*` files are never shipped; symlinks are kept as links, never followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from air.errors import AirError, UserInputError
+from air.home import air_home
+
+#: A snapshot bigger than this gets a note in the plan (large data usually belongs in .gitignore).
+LARGE_SNAPSHOT_BYTES: int = 1 << 30
+
+#: Git's three file modes; a snapshot keeps only these (as git does), so umask noise never changes a key.
+MODE_FILE = "100644"
+MODE_EXEC = "100755"
+MODE_LINK = "120000"
+
+_REF_RE = re.compile(r"^[\w./-]+$")  # branch/commit names: also guards against option injection
+_CHUNK = 1 << 20
+# Variables that would point git at another repository (set when air is called from a git hook).
+_GIT_LOCATION_ENV = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+)
+
+
+@dataclass(frozen=True)
+class SnapshotEntry:
+    """One shipped file. `digest` is the sha256 of its content (working tree) or its git blob id."""
+
+    path: str
+    mode: str
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class GitProvenance:
+    """Where the code came from, for MLflow tags and `air get run`: the commit, the branch, and whether
+    the shipped files differ from that commit (`dirty`, working-tree snapshots only)."""
+
+    repo_root: Path
+    subdir: str
+    commit: str | None
+    branch: str | None
+    dirty: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "repo_root": str(self.repo_root),
+            "subdir": self.subdir,
+            "commit": self.commit,
+            "branch": self.branch,
+            "dirty": self.dirty,
+        }
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """What a snapshot would hold, computed without writing anything (the `--dry-run` half)."""
+
+    root_path: Path
+    name: str
+    source: Literal["worktree", "git"]
+    key: str
+    entries: tuple[SnapshotEntry, ...]
+    include_paths: tuple[str, ...] = ()
+    git: GitProvenance | None = None
+    #: The git tree id shipped when `source == "git"` (a commit's tree, or its root_path subtree).
+    tree: str | None = None
+    #: Things the user may want to know (skipped nested repos, links leaving the tree, a huge snapshot).
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Relative (posix) paths of the shipped files, sorted."""
+        return tuple(e.path for e in self.entries)
+
+    @property
+    def file_count(self) -> int:
+        return len(self.entries)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.entries)
+
+    def path_in(self, store_root: Path | None = None) -> Path:
+        """Where `materialize_snapshot` puts (or has put) this snapshot; CODE_SOURCE_PATH."""
+        return _store(store_root) / self.key / self.name
+
+    def to_dict(self, max_files: int | None = 50) -> dict[str, Any]:
+        """A JSON-able summary for `--dry-run` (`max_files=None` lists every file)."""
+        files = self.files if max_files is None else self.files[:max_files]
+        return {
+            "root_path": str(self.root_path),
+            "name": self.name,
+            "source": self.source,
+            "key": self.key,
+            "file_count": self.file_count,
+            "total_bytes": self.total_bytes,
+            "files": list(files),
+            "files_truncated": len(files) < self.file_count,
+            "include_paths": list(self.include_paths),
+            "git": self.git.to_dict() if self.git else None,
+            "tree": self.tree,
+            "notes": list(self.notes),
+        }
+
+
+# ---- planning -------------------------------------------------------------------------------------
+
+
+def plan_snapshot(
+    root_path: Path,
+    include_paths: Sequence[str] | None = None,
+    git_branch: str | None = None,
+    git_commit: str | None = None,
+) -> SnapshotPlan:
+    """Decide which files a run would get from `root_path`, and their content key. Writes nothing."""
+    given = Path(os.path.abspath(os.path.expanduser(str(root_path))))
+    if not given.exists():
+        raise UserInputError(f"code_source.snapshot.root_path: {given} does not exist")
+    if not given.is_dir():
+        raise UserInputError(f"code_source.snapshot.root_path: {given} is not a folder")
+    root = given.resolve()
+    name = given.name or "code"
+    includes = _normalise_includes(include_paths)
+    if git_branch is not None and git_commit is not None:
+        raise UserInputError(
+            "code_source.snapshot.git: give either `branch` or `commit`, not both",
+            hint="Pin one ref, e.g. `git: {commit: <sha>}`.",
+        )
+    for what, ref in (("branch", git_branch), ("commit", git_commit)):
+        if ref is not None and (not _REF_RE.match(ref) or ref.startswith("-")):
+            raise UserInputError(f"code_source.snapshot.git.{what}: {ref!r} is not a valid git {what} name")
+
+    notes: list[str] = []
+    repo = _find_repo(root, notes)
+    if repo is None:
+        if git_branch is not None or git_commit is not None:
+            raise UserInputError(
+                f"code_source.snapshot.git: {root} is not inside a git repository",
+                hint="Remove `git:` to ship the folder as it is, or point root_path at a git checkout.",
+            )
+        entries = _hash_worktree(root, _walk_plain(root, notes), notes)
+        entries = _restrict(entries, includes, root)
+        return _plan(root, name, "worktree", entries, includes, None, None, notes)
+
+    repo_root, subdir = repo
+    if git_branch is None and git_commit is None:
+        entries = _hash_worktree(root, _git_worktree_files(root, notes), notes)
+        entries = _restrict(entries, includes, root)
+        prov = GitProvenance(
+            repo_root=repo_root,
+            subdir=subdir,
+            commit=_git_head(root),
+            branch=_git_current_branch(root),
+            dirty=bool(_git_changes(root)),
+        )
+        return _plan(root, name, "worktree", entries, includes, prov, None, notes)
+
+    if git_branch is not None:
+        commit = _git_rev(root, f"refs/heads/{git_branch}^{{commit}}")
+        if commit is None:
+            branches = _git(root, "for-each-ref", "--format=%(refname:short)", "refs/heads").split()
+            raise UserInputError(
+                f"code_source.snapshot.git.branch: no local branch {git_branch!r} in {repo_root}",
+                hint=f"Local branches: {', '.join(branches) or '(none)'}.",
+            )
+        changes = _git_changes(root)
+        if changes:
+            shown = ", ".join(changes[:5]) + (f" and {len(changes) - 5} more" if len(changes) > 5 else "")
+            raise UserInputError(
+                f"code_source.snapshot.git.branch: {root} has uncommitted changes ({shown}); "
+                f"a branch snapshot ships only committed code, so they would be silently left out",
+                hint=f"Commit or stash them, remove `git:` to ship the working tree as it is, "
+                f"or pin the commit explicitly: `git: {{commit: {commit}}}`.",
+            )
+        branch: str | None = git_branch
+    else:
+        assert git_commit is not None
+        found = _git_rev(root, f"{git_commit}^{{commit}}")
+        if found is None:
+            raise UserInputError(
+                f"code_source.snapshot.git.commit: commit {git_commit!r} not found in {repo_root}",
+                hint=f"Fetch it first (`git -C {repo_root} fetch origin {git_commit}`) or check the sha.",
+            )
+        commit, branch = found, None
+
+    tree = _git_rev(root, f"{commit}:{subdir}" if subdir else f"{commit}^{{tree}}")
+    if tree is None:
+        raise UserInputError(
+            f"code_source.snapshot.root_path: {subdir!r} does not exist in commit {commit[:12]} of {repo_root}"
+        )
+    entries = _restrict(_git_tree_entries(root, tree, notes), includes, root, commit=commit)
+    prov = GitProvenance(repo_root=repo_root, subdir=subdir, commit=commit, branch=branch, dirty=False)
+    return _plan(root, name, "git", entries, includes, prov, tree, notes)
+
+
+def _plan(
+    root: Path,
+    name: str,
+    source: Literal["worktree", "git"],
+    entries: list[SnapshotEntry],
+    includes: tuple[str, ...],
+    prov: GitProvenance | None,
+    tree: str | None,
+    notes: list[str],
+) -> SnapshotPlan:
+    entries = sorted(entries, key=lambda e: e.path)
+    total = sum(e.size for e in entries)
+    if total > LARGE_SNAPSHOT_BYTES:
+        notes.append(
+            f"the snapshot is {total / (1 << 30):.1f} GiB; large data usually belongs in .gitignore "
+            f"(or use include_paths) and is read from its own location"
+        )
+    if source == "git":
+        assert tree is not None
+        key = _digest_lines([b"git-tree", tree.encode(), name.encode(), *(p.encode() for p in includes)])
+    else:
+        key = _worktree_key(name, entries)
+    return SnapshotPlan(
+        root_path=root,
+        name=name,
+        source=source,
+        key=key,
+        entries=tuple(entries),
+        include_paths=includes,
+        git=prov,
+        tree=tree,
+        notes=tuple(notes),
+    )
+
+
+def _worktree_key(name: str, entries: Iterable[SnapshotEntry]) -> str:
+    """sha256 over the folder name and every (path, mode, content digest), sorted by path."""
+    lines = [b"worktree", name.encode()]
+    lines += [b"%s %s %s" % (e.mode.encode(), e.digest.encode(), os.fsencode(e.path)) for e in entries]
+    return _digest_lines(lines)
+
+
+def _digest_lines(lines: Iterable[bytes]) -> str:
+    h = hashlib.sha256()
+    for line in lines:
+        h.update(line)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _normalise_includes(include_paths: Sequence[str] | None) -> tuple[str, ...]:
+    """Validate include_paths (relative, no '..') and bring them to one spelling ('./src/' → 'src')."""
+    if include_paths is None:
+        return ()
+    if isinstance(include_paths, str):
+        include_paths = [include_paths]
+    if len(include_paths) == 0:
+        raise UserInputError(
+            "code_source.snapshot.include_paths: must not be empty",
+            hint="Remove the key to ship the whole root_path.",
+        )
+    out: list[str] = []
+    for raw in include_paths:
+        text = str(raw).strip()
+        parts = [p for p in text.replace("\\", "/").split("/") if p not in ("", ".")]
+        if not text or text.startswith(("/", "~")) or os.path.isabs(text):
+            raise UserInputError(
+                f"code_source.snapshot.include_paths: {raw!r} must be a path relative to root_path"
+            )
+        if ".." in parts:
+            raise UserInputError(f"code_source.snapshot.include_paths: {raw!r} must not contain '..'")
+        if not parts:  # "." means everything
+            return ()
+        out.append("/".join(parts))
+    return tuple(sorted(set(out)))
+
+
+def _restrict(
+    entries: list[SnapshotEntry], includes: tuple[str, ...], root: Path, commit: str | None = None
+) -> list[SnapshotEntry]:
+    """Keep only the entries under include_paths; every include path must exist and hold something."""
+    if not includes:
+        return entries
+    kept: list[SnapshotEntry] = []
+    for inc in includes:
+        hits = [e for e in entries if e.path == inc or e.path.startswith(inc + "/")]
+        if not hits:
+            where = f"commit {commit[:12]}" if commit else str(root)
+            exists = commit is None and os.path.lexists(root / inc)
+            reason = "exists but is ignored by .gitignore" if exists else f"does not exist in {where}"
+            raise UserInputError(f"code_source.snapshot.include_paths: {inc!r} {reason}")
+        kept.extend(hits)
+    return list({e.path: e for e in kept}.values())
+
+
+# ---- the working tree -----------------------------------------------------------------------------
+
+
+def _walk_plain(root: Path, notes: list[str]) -> list[str]:
+    """Files of a non-git folder, honouring `.gitignore` at every level like git does."""
+    import pathspec  # only needed outside git
+
+    out: list[str] = []
+    stack: list[tuple[Path, str, tuple[tuple[str, Any], ...]]] = [(root, "", ())]
+    while stack:
+        folder, rel, specs = stack.pop()
+        gitignore = folder / ".gitignore"
+        if gitignore.is_file():
+            lines = gitignore.read_text(encoding="utf-8", errors="replace").splitlines()
+            specs = (*specs, (rel, pathspec.GitIgnoreSpec.from_lines(lines)))
+        try:
+            items = sorted(os.scandir(folder), key=lambda d: d.name)
+        except OSError as exc:
+            notes.append(f"skipped {rel or '.'}: {exc.strerror}")
+            continue
+        for item in items:
+            if item.name == ".git" or item.name.startswith("._"):
+                continue
+            path = f"{rel}/{item.name}" if rel else item.name
+            is_dir = item.is_dir(follow_symlinks=False)
+            if _ignored(path, is_dir, specs):
+                continue
+            if is_dir:
+                stack.append((Path(item.path), path, specs))
+            else:
+                out.append(path)
+    return out
+
+
+def _ignored(path: str, is_dir: bool, specs: tuple[tuple[str, Any], ...]) -> bool:
+    """Git's precedence: the deepest .gitignore with a matching pattern decides, its last match wins."""
+    for base, spec in reversed(specs):
+        sub = path[len(base) + 1 :] if base else path
+        result = spec.check_file(sub + "/" if is_dir else sub)
+        if result.include is not None:
+            return bool(result.include)
+    return False
+
+
+def _hash_worktree(root: Path, paths: Iterable[str], notes: list[str]) -> list[SnapshotEntry]:
+    """Mode, size and sha256 of each listed file; links are hashed by their target, never followed."""
+    entries: list[SnapshotEntry] = []
+    for rel in paths:
+        path = root / rel
+        try:
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                target = os.fsencode(os.readlink(path))
+                entries.append(SnapshotEntry(rel, MODE_LINK, len(target), hashlib.sha256(target).hexdigest()))
+                if os.path.isabs(target) or not _inside(root, path.parent / os.fsdecode(target)):
+                    notes.append(f"{rel} is a link to {os.fsdecode(target)}, which is outside the snapshot")
+            elif stat.S_ISREG(st.st_mode):
+                mode = MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
+                entries.append(SnapshotEntry(rel, mode, st.st_size, _sha256_file(path)))
+            elif not stat.S_ISDIR(st.st_mode):
+                notes.append(f"skipped {rel}: not a regular file")
+        except FileNotFoundError:
+            continue  # deleted (tracked but removed, or removed while we looked)
+    return entries
+
+
+def _inside(root: Path, path: Path) -> bool:
+    norm = os.path.normpath(path)
+    return norm == str(root) or norm.startswith(str(root) + os.sep)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---- git ------------------------------------------------------------------------------------------
+
+
+def _git_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_ENV}
+    env["GIT_OPTIONAL_LOCKS"] = "0"  # `git status` must not take the index lock of the user's repo
+    return env
+
+
+def _git_run(cwd: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=cwd, env=_git_env(), input=input, capture_output=True, check=False
+        )
+    except FileNotFoundError as exc:
+        raise UserInputError(
+            f"code_source.snapshot.root_path: {cwd} is a git repository but `git` is not installed",
+            hint="Install git (it decides which files are shipped).",
+        ) from exc
+
+
+def _git(cwd: Path, *args: str) -> str:
+    """Run git and return stdout; a failure is a runtime error that quotes git's own message."""
+    proc = _git_run(cwd, *args)
+    if proc.returncode != 0:
+        msg = proc.stderr.decode(errors="replace").strip()
+        raise AirError(f"`git {' '.join(args)}` failed in {cwd}: {msg}")
+    return os.fsdecode(proc.stdout)
+
+
+def _find_repo(root: Path, notes: list[str]) -> tuple[Path, str] | None:
+    """(repo top level, root's path inside it) when root is in a git working tree, else None."""
+    if shutil.which("git") is None:
+        if any((p / ".git").exists() for p in (root, *root.parents)):
+            _git_run(root, "--version")  # raises the "git is not installed" error
+        return None
+    proc = _git_run(root, "rev-parse", "--show-toplevel", "--show-prefix")
+    if proc.returncode != 0:
+        msg = proc.stderr.decode(errors="replace").strip()
+        if "not a git repository" in msg:
+            return None
+        raise UserInputError(f"code_source.snapshot.root_path: git cannot read {root}: {msg}")
+    lines = os.fsdecode(proc.stdout).splitlines()
+    if len(lines) < 1 or not lines[0]:  # inside a .git folder or a bare repository
+        return None
+    top = Path(lines[0]).resolve()
+    subdir = lines[1].rstrip("/") if len(lines) > 1 else ""
+    if subdir and _git_run(root, "check-ignore", "-q", ".").returncode == 0:
+        notes.append(f"root_path is ignored by the git repository at {top}; shipped as a plain folder")
+        return None
+    return top, subdir
+
+
+def _git_worktree_files(folder: Path, notes: list[str], shown: str = "") -> list[str]:
+    """Tracked + untracked-not-ignored files under `folder`, relative to it (submodules included).
+
+    `shown` is the folder's path in the snapshot, for notes only.
+    """
+    raw = _git(folder, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    out: list[str] = []
+    for rel in dict.fromkeys(p for p in raw.split("\0") if p):  # unmerged paths appear once per stage
+        if rel.rstrip("/").rsplit("/", 1)[-1].startswith("._"):
+            continue
+        path = folder / rel
+        if rel.endswith("/"):  # an untracked nested repository: git does not look inside
+            notes.append(f"skipped {shown}{rel.rstrip('/')}: a nested git repository that is not a submodule")
+        elif path.is_dir() and not path.is_symlink():  # a submodule: ship its own files
+            if (path / ".git").exists():
+                out.extend(f"{rel}/{p}" for p in _git_worktree_files(path, notes, f"{shown}{rel}/"))
+            else:
+                notes.append(f"skipped {shown}{rel}: submodule not checked out")
+        else:
+            out.append(rel)
+    return out
+
+
+def _git_tree_entries(root: Path, tree: str, notes: list[str]) -> list[SnapshotEntry]:
+    """Every blob of a git tree, with git's mode and size (no working-tree file is read)."""
+    raw = _git(root, "ls-tree", "-r", "-z", "-l", "--full-tree", tree)
+    entries: list[SnapshotEntry] = []
+    for record in raw.split("\0"):
+        if not record:
+            continue
+        meta, path = record.split("\t", 1)
+        mode, kind, oid, size = meta.split()
+        if path.rsplit("/", 1)[-1].startswith("._"):
+            continue
+        if kind != "blob":
+            notes.append(f"skipped {path}: submodule ({kind}) in a pinned commit")
+            continue
+        if mode not in (MODE_FILE, MODE_EXEC, MODE_LINK):
+            mode = MODE_FILE
+        entries.append(SnapshotEntry(path, mode, int(size), oid))
+    return entries
+
+
+def _git_rev(root: Path, rev: str) -> str | None:
+    proc = _git_run(root, "rev-parse", "--verify", "--quiet", rev)
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.decode().strip() or None
+
+
+def _git_head(root: Path) -> str | None:
+    return _git_rev(root, "HEAD^{commit}")  # None in a repository without commits
+
+
+def _git_current_branch(root: Path) -> str | None:
+    proc = _git_run(root, "symbolic-ref", "--short", "-q", "HEAD")
+    if proc.returncode != 0:
+        return None  # detached HEAD
+    return proc.stdout.decode().strip() or None
+
+
+def _git_changes(root: Path) -> list[str]:
+    """Uncommitted changes under root (modified, staged, deleted, untracked-not-ignored), as paths."""
+    raw = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ".")
+    paths: list[str] = []
+    records = iter(raw.split("\0"))
+    for record in records:
+        if not record:
+            continue
+        paths.append(record[3:])
+        if record[0] in "RC":  # renames carry the old path in the next record
+            next(records, None)
+    return paths
+
+
+# ---- materialising --------------------------------------------------------------------------------
+
+
+def _store(store_root: Path | None) -> Path:
+    return Path(store_root) if store_root is not None else air_home() / "snapshots"
+
+
+def materialize_snapshot(plan: SnapshotPlan, store_root: Path | None = None) -> Path:
+    """Copy the planned files to `<store>/<key>/<name>/` (once per key) and return that folder.
+
+    Built in a temporary folder and renamed into place, so a snapshot folder is either complete or
+    absent; when two processes race, the loser throws its copy away and uses the winner's. Working-tree
+    files are hashed again while they are copied: if one changed since the plan, the snapshot is filed
+    under the key of what was really copied (never a stale key), and the returned path says so.
+    """
+    store = _store(store_root)
+    store.mkdir(parents=True, exist_ok=True, mode=0o700)
+    existing = store / plan.key
+    if existing.is_dir():
+        _touch(existing)
+        return existing / plan.name
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{plan.key[:16]}-", dir=store))
+    try:
+        dest = tmp / plan.name
+        dest.mkdir()
+        if plan.source == "git":
+            _write_git_entries(plan, dest)
+            key = plan.key
+        else:
+            copied = _copy_worktree(plan, dest)
+            key = plan.key if copied == list(plan.entries) else _worktree_key(plan.name, copied)
+        final = store / key
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not final.is_dir():
+                raise
+            _touch(final)  # another process won the race: its copy has the same content
+        return final / plan.name
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _touch(folder: Path) -> None:
+    """Mark a snapshot as used now, so `prune_snapshots` keeps what runs still use."""
+    try:
+        os.utime(folder)
+    except OSError:
+        pass
+
+
+def _copy_worktree(plan: SnapshotPlan, dest: Path) -> list[SnapshotEntry]:
+    """Copy each planned file from root_path, returning entries for what was really written."""
+    copied: list[SnapshotEntry] = []
+    for entry in plan.entries:
+        src = plan.root_path / entry.path
+        out = dest / entry.path
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            st = src.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(src)
+                os.symlink(target, out)
+                raw = os.fsencode(target)
+                copied.append(SnapshotEntry(entry.path, MODE_LINK, len(raw), hashlib.sha256(raw).hexdigest()))
+            elif stat.S_ISREG(st.st_mode):
+                mode = MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
+                h = hashlib.sha256()
+                size = 0
+                with open(src, "rb") as fin, open(out, "wb") as fout:
+                    while chunk := fin.read(_CHUNK):
+                        h.update(chunk)
+                        fout.write(chunk)
+                        size += len(chunk)
+                os.chmod(out, 0o755 if mode == MODE_EXEC else 0o644)
+                copied.append(SnapshotEntry(entry.path, mode, size, h.hexdigest()))
+        except FileNotFoundError:
+            continue  # removed since the plan; the key is recomputed without it
+    return copied
+
+
+def _write_git_entries(plan: SnapshotPlan, dest: Path) -> None:
+    """Write every planned blob from the object database (`git cat-file --batch`)."""
+    if not plan.entries:
+        return
+    proc = subprocess.Popen(
+        ["git", "cat-file", "--batch"],
+        cwd=plan.root_path,
+        env=_git_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        for entry in plan.entries:
+            proc.stdin.write(entry.digest.encode() + b"\n")
+            proc.stdin.flush()
+            header = proc.stdout.readline().split()
+            if len(header) != 3 or header[1] != b"blob":
+                raise AirError(f"git object {entry.digest} ({entry.path}) could not be read: {header!r}")
+            remaining = int(header[2])
+            out = dest / entry.path
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if entry.mode == MODE_LINK:
+                target = proc.stdout.read(remaining)
+                os.symlink(os.fsdecode(target), out)
+            else:
+                with open(out, "wb") as f:
+                    while remaining:
+                        chunk = proc.stdout.read(min(remaining, _CHUNK))
+                        if not chunk:
+                            raise AirError(f"git cat-file ended early while writing {entry.path}")
+                        f.write(chunk)
+                        remaining -= len(chunk)
+                os.chmod(out, 0o755 if entry.mode == MODE_EXEC else 0o644)
+            proc.stdout.read(1)  # the newline after each object
+    finally:
+        proc.stdin.close()
+        proc.stdout.close()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def prune_snapshots(
+    older_than_days: float, store_root: Path | None = None, now: float | None = None
+) -> list[Path]:
+    """Delete snapshots not used for `older_than_days` (and abandoned temporary builds); return them.
+
+    A snapshot is moved aside before it is deleted, so nobody ever sees a half-deleted one as valid.
+    Do not prune while runs that may still start are queued on old snapshots.
+    """
+    store = _store(store_root)
+    if not store.is_dir():
+        return []
+    cutoff = (time.time() if now is None else now) - older_than_days * 86400
+    removed: list[Path] = []
+    for item in sorted(store.iterdir()):
+        try:
+            if not item.is_dir() or item.is_symlink() or item.stat().st_mtime >= cutoff:
+                continue
+            if item.name.startswith(".trash-"):
+                shutil.rmtree(item, ignore_errors=True)
+                continue
+            trash = store / f".trash-{uuid.uuid4().hex}"
+            os.rename(item, trash)
+        except OSError:
+            continue  # used or removed by someone else meanwhile
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(item)
+    return removed
+
+
+__all__ = [
+    "GitProvenance",
+    "SnapshotEntry",
+    "SnapshotPlan",
+    "materialize_snapshot",
+    "plan_snapshot",
+    "prune_snapshots",
+]

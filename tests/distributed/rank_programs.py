@@ -1,0 +1,121 @@
+"""Functions the tests run on ranks. A module of their own so they pickle by reference."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def record_pid(pid_dir: Path, name: str, pid: int | None = None) -> None:
+    (pid_dir / f"{name}.pid").write_text(str(pid or os.getpid()))
+
+
+def start_grandchildren(pid_dir: Path) -> None:
+    """A plain child, one that escapes into its own session, and a double-forked orphan."""
+    rank = os.environ["RANK"]
+    record_pid(pid_dir, f"rank{rank}")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"])
+    record_pid(pid_dir, f"rank{rank}-child", child.pid)
+    escaped = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    record_pid(pid_dir, f"rank{rank}-escaped", escaped.pid)
+    orphan = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os,subprocess,sys; p=subprocess.Popen(['sleep','1000']); "
+         f"open({str(pid_dir / f'rank{rank}-orphan.pid')!r},'w').write(str(p.pid)); os._exit(0)"])
+    orphan.wait()
+
+
+def ddp_train(steps: int = 5) -> list[float]:
+    """A tiny DDP training with gloo; returns this rank's final parameters."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)  # different data on each rank
+    for _ in range(steps):
+        x = torch.randn(8, 4, generator=gen)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    params = [float(v) for p in model.module.parameters() for v in p.detach().flatten()]
+    dist.destroy_process_group()
+    return params
+
+
+class NeedsTwoArgs(Exception):
+    """An exception that pickles but cannot be rebuilt (its __init__ needs two arguments)."""
+
+    def __init__(self, a: str, b: str) -> None:
+        super().__init__(f"{a}/{b}")
+
+
+def fail_on_rank(pid_dir: Path, failing_rank: int, how: str) -> str:
+    """Every rank starts grandchildren; `failing_rank` fails `how`; the others block in a collective."""
+    import torch
+    import torch.distributed as dist
+
+    start_grandchildren(pid_dir)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if rank == failing_rank:
+        print("about to fail, no newline at the end", end="", flush=True)
+        if how == "raise":
+            raise KeyError("the real root cause")
+        if how == "raise-unrebuildable":
+            raise NeedsTwoArgs("a", "b")
+        if how == "exit":
+            os._exit(3)
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "segfault":
+            ctypes.string_at(0)
+        if how == "unpicklable-return":
+            return lambda: None  # type: ignore[return-value]  # pickles with cloudpickle; a lock won't
+    if how == "unpicklable-return" and rank == failing_rank:
+        pass
+    t = torch.zeros(1)
+    dist.all_reduce(t)  # the survivors hang here until air ends them
+    time.sleep(1000)
+    return "unreachable"
+
+
+def return_lock() -> object:
+    import threading
+
+    return threading.Lock()
+
+
+def sleep_forever(pid_dir: Path) -> None:
+    start_grandchildren(pid_dir)
+    time.sleep(1000)
+
+
+def env_report() -> dict[str, str]:
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES"]
+    return {k: os.environ.get(k, "<unset>") for k in keys}
+
+
+def runtime_report() -> tuple[int, int, int, int, int]:
+    from air import runtime
+
+    return (runtime.get_global_rank(), runtime.get_local_rank(), runtime.get_world_size(),
+            runtime.get_local_world_size(), runtime.get_node_rank())
+
+
+def print_lines(n: int) -> int:
+    for i in range(n):
+        print(f"out {os.environ['RANK']} {i}")
+        print(f"err {os.environ['RANK']} {i}", file=sys.stderr)
+    return n

@@ -1,0 +1,135 @@
+"""Every way a rank can fail: the caller gets the root cause, and no process of the launch survives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import rank_programs as rp
+from conftest import alive, read_pids, wait_for
+
+from air import distributed
+from air.errors import LocalExecutionTimeoutError, RankFailedError, SerializationError
+
+#: Ranks stuck in a collective must be gone long before any NCCL/gloo timeout; generous for busy CI.
+PROMPT_S = 20.0
+
+cpu2 = distributed(num_accelerators=2, accelerator_type="CPU")
+
+
+def _expect_no_survivors(pid_dir: Path, expected: int) -> None:
+    pids = read_pids(pid_dir)
+    assert len(pids) >= expected, f"the ranks did not record their processes: {sorted(pid_dir.iterdir())}"
+    assert alive(pids) == []
+
+
+def test_exception_type_rank_and_remote_traceback(pid_dir: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(KeyError) as info:
+        cpu2(rp.fail_on_rank).distributed(pid_dir, 1, "raise")
+    assert time.monotonic() - started < PROMPT_S
+    exc = info.value
+    assert exc.args == ("the real root cause",)
+    assert exc.air_rank == 1
+    assert "fail_on_rank" in exc.__cause__.text and "KeyError: 'the real root cause'" in exc.__cause__.text
+    assert any("rank 1 of 2" in note for note in exc.__notes__)
+    _expect_no_survivors(pid_dir, 8)  # 2 ranks × (rank, child, escaped, orphan)
+
+
+def test_exception_that_cannot_be_rebuilt_is_wrapped(pid_dir: Path) -> None:
+    with pytest.raises(RankFailedError) as info:
+        cpu2(rp.fail_on_rank).distributed(pid_dir, 0, "raise-unrebuildable")
+    exc = info.value
+    assert exc.rank == 0 and exc.exception_type.endswith("NeedsTwoArgs")
+    assert "NeedsTwoArgs" in str(exc) and "a/b" in str(exc) and "fail_on_rank" in exc.remote_traceback
+    _expect_no_survivors(pid_dir, 8)
+
+
+@pytest.mark.parametrize(
+    ("how", "expect"),
+    [("exit", "exit code 3"), ("sigkill", "killed by SIGKILL"), ("segfault", "killed by SIGSEGV")],
+)
+def test_death_without_exception_reports_code_signal_and_log_tail(pid_dir: Path, how: str, expect: str) -> None:
+    with pytest.raises(RankFailedError) as info:
+        cpu2(rp.fail_on_rank).distributed(pid_dir, 1, how)
+    exc = info.value
+    assert exc.rank == 1 and expect in str(exc)
+    assert "about to fail, no newline at the end" in exc.log_tail  # the cut last line is kept
+    _expect_no_survivors(pid_dir, 8)
+
+
+def test_timeout_ends_every_rank(pid_dir: Path) -> None:
+    fn = cpu2(rp.sleep_forever).with_overrides(timeout=3)
+    with pytest.raises(LocalExecutionTimeoutError, match="timeout of 3 s"):
+        fn.distributed(pid_dir)
+    _expect_no_survivors(pid_dir, 8)
+
+
+def test_unpicklable_argument_names_which() -> None:
+    import threading
+
+    with pytest.raises(SerializationError, match=r"argument 'pid_dir' \(position 0\), a lock"):
+        cpu2(rp.sleep_forever).distributed(threading.Lock())
+
+
+def test_unpicklable_function_names_it() -> None:
+    import threading
+
+    lock = threading.Lock()
+
+    def uses_lock() -> bool:
+        return lock.locked()
+
+    with pytest.raises(SerializationError, match="function 'test_unpicklable_function_names_it.<locals>.uses_lock'"):
+        cpu2(uses_lock).distributed()
+
+
+def test_unpicklable_return_value_names_rank(air_home: Path) -> None:
+    with pytest.raises(SerializationError, match=r"return value of rank [01] \(lock\)"):
+        cpu2(rp.return_lock).distributed()
+
+
+def test_ctrl_c_in_the_caller_ends_every_rank(tmp_path: Path, pid_dir: Path) -> None:
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(rp.__file__).parent)!r})
+        import rank_programs as rp
+        from pathlib import Path
+        from air import distributed
+        try:
+            distributed(2, "CPU")(rp.sleep_forever).distributed(Path({str(pid_dir)!r}))
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+            sys.exit(130)
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    wait_for(lambda: len(read_pids(pid_dir)) >= 8, "both ranks to start their grandchildren", timeout=60)
+    caller.send_signal(signal.SIGINT)
+    out, _ = caller.communicate(timeout=PROMPT_S)
+    assert caller.returncode == 130 and "interrupted" in out
+    _expect_no_survivors(pid_dir, 8)
+
+
+def test_killed_caller_takes_its_ranks_with_it(tmp_path: Path, pid_dir: Path) -> None:
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(rp.__file__).parent)!r})
+        import rank_programs as rp
+        from pathlib import Path
+        from air import distributed
+        distributed(2, "CPU")(rp.sleep_forever).distributed(Path({str(pid_dir)!r}))
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL)
+    wait_for(lambda: len(read_pids(pid_dir)) >= 8, "both ranks to start their grandchildren", timeout=60)
+    ranks = [int((pid_dir / f"rank{r}.pid").read_text()) for r in (0, 1)]
+    os.kill(caller.pid, signal.SIGKILL)
+    caller.wait()
+    wait_for(lambda: alive(ranks) == [], "the ranks to follow their killed caller", timeout=PROMPT_S)
