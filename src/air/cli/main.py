@@ -1,20 +1,158 @@
-"""`air`: entry point and command groups."""
+"""`air`: the entry point. Known errors become one short paragraph and an exit code (2 bad input, 1
+failure); tracebacks only with -v. Global flags work before or after the subcommand."""
 
 from __future__ import annotations
+
+import functools
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
 from air import __version__
+from air.cli.output import Settings, error_envelope, stderr
+from air.errors import AirError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def settings() -> Settings:
+    return click.get_current_context().find_root().ensure_object(Settings)
+
+
+def common(func: F) -> F:
+    """--json, -p/--profile and -v also after the subcommand (`air list runs --json`)."""
+
+    @click.option("--json", "json_flag", is_flag=True, default=False, help="Machine-readable output (JSON).")
+    @click.option("-p", "--profile", "profile_flag", default=None, metavar="NAME",
+                  help="Profile from $AIR_HOME/config.yaml (default: AIR_PROFILE, else 'local').")
+    @click.option("-v", "--verbose", "verbose_flag", count=True, help="More detail; tracebacks on errors.")
+    @functools.wraps(func)
+    def wrapper(*args: Any, json_flag: bool, profile_flag: str | None, verbose_flag: int, **kwargs: Any) -> Any:
+        s = settings()
+        s.json = s.json or json_flag
+        s.profile = profile_flag or s.profile
+        s.verbose += verbose_flag
+        return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class AirGroup(click.Group):
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_paragraph()
+        formatter.write_text("Workload YAML reference: `air -h config` or `air -h config.<section>` "
+                             "(e.g. air -h config.compute). Exit codes: 0 ok, 1 run failed or runtime error, "
+                             "2 invalid input.")
+
+
+@click.group(cls=AirGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="air")
-def cli() -> None:
-    """air: run PyTorch training once per GPU, on one machine or many, and keep every result."""
+@click.option("--json", "json_flag", is_flag=True, default=False, help="Machine-readable output (JSON).")
+@click.option("-p", "--profile", default=None, metavar="NAME", help="Profile from $AIR_HOME/config.yaml.")
+@click.option("-v", "--verbose", count=True, help="More detail; tracebacks on errors.")
+@click.pass_context
+def cli(ctx: click.Context, json_flag: bool, profile: str | None, verbose: int) -> None:
+    """air: run PyTorch training once per GPU, on one machine or many, and keep every result.
+
+    \b
+    Start:   air run -f train.yaml --watch      (or --dry-run to see the plan)
+    Look:    air list runs | air get run ID | air logs ID --follow | air ui
+    Stop:    air cancel ID
+    """
+    ctx.ensure_object(Settings)
+    s = ctx.obj
+    s.json, s.profile, s.verbose = json_flag, profile, verbose
+    if ctx.invoked_subcommand not in (None, "ui", "secrets"):
+        _reconcile_quietly()
 
 
-def main() -> None:
-    cli()
+def _reconcile_quietly() -> None:
+    """Any air command notices runs whose supervisor died (and ends their processes)."""
+    try:
+        from air.runs.reconcile import reconcile
+        from air.runs.store import RunStore
+
+        reconcile(RunStore())
+    except AirError:
+        raise
+    except Exception as exc:  # a broken reconcile must not block `air list runs`
+        stderr(f"air: warning: could not check run supervisors: {exc}")
+
+
+def _register() -> None:
+    from air.cli import cmd_cancel, cmd_env, cmd_logs, cmd_run, cmd_runs, cmd_secrets, cmd_ui
+
+    cli.add_command(cmd_run.run)
+    cli.add_command(cmd_runs.get)
+    cli.add_command(cmd_runs.list_)
+    cli.add_command(cmd_logs.logs)
+    cli.add_command(cmd_cancel.cancel)
+    cli.add_command(cmd_env.env)
+    cli.add_command(cmd_secrets.secrets)
+    cli.add_command(cmd_ui.ui)
+
+
+def _config_help(argv: list[str]) -> int | None:
+    """`air -h config[.section]`: help on the workload YAML, generated from its schema."""
+    flags = [a for a in argv if a in ("-h", "--help")]
+    topics = [a for a in argv if a == "config" or a.startswith("config.")]
+    if not flags or not topics or len(argv) != 2:
+        return None
+    from air.workload.config_help import config_help
+
+    path = topics[0][len("config."):] if topics[0] != "config" else None
+    sys.stdout.write(config_help(path).rstrip() + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in argv
+    verbose = any(a in ("-v", "--verbose", "-vv") for a in argv)
+    try:
+        code = _config_help(argv)
+        if code is not None:
+            sys.exit(code)
+        _register()
+        result = cli.main(args=argv, prog_name="air", standalone_mode=False)
+        sys.exit(result if isinstance(result, int) else 0)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        stderr("Aborted.")
+        sys.exit(2)
+    except click.ClickException as exc:
+        if json_mode:
+            error_envelope(None, exc.format_message(), code="INVALID_ARGS", kind="USER")
+        else:
+            exc.show()
+        sys.exit(2)
+    except AirError as exc:
+        if json_mode:
+            error_envelope(exc, str(exc))
+        else:
+            if verbose:
+                traceback.print_exc()
+            stderr(f"Error: {exc.message}")
+            if exc.hint:
+                stderr(exc.hint)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        stderr("Interrupted.")
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 - an unexpected failure: short message, traceback with -v
+        if json_mode:
+            error_envelope(None, f"{type(exc).__name__}: {exc}")
+        else:
+            if verbose:
+                traceback.print_exc()
+            stderr(f"Internal error: {type(exc).__name__}: {exc}\n(run again with -v for the traceback)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

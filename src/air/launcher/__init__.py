@@ -2,9 +2,9 @@
 
 from air.launcher.node import Launch, LaunchResult, ProcessExit, ProcessSpec, read_tail, start_processes
 from air.launcher.ports import PortReservation, reserve_port
-from air.launcher.procs import tagged_processes, terminate_tree
+from air.launcher.procs import reap_tag, tagged_processes, terminate_tree
 
 __all__ = [
-    "Launch", "LaunchResult", "PortReservation", "ProcessExit", "ProcessSpec", "read_tail", "reserve_port",
+    "Launch", "LaunchResult", "PortReservation", "ProcessExit", "ProcessSpec", "read_tail", "reap_tag", "reserve_port",
     "start_processes", "tagged_processes", "terminate_tree",
 ]

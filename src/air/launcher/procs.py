@@ -127,3 +127,11 @@ def terminate_tree(
         psutil.wait_procs([p for pid, p in stragglers.items() if pid not in direct],
                           timeout=max(final_deadline - time.monotonic(), 0.1))
     return sorted(stragglers)
+
+
+def reap_tag(tag: str, grace_s: float = TERMINATE_GRACE_S) -> int:
+    """End every process still carrying `tag` on this machine (a dead owner's leftovers); how many."""
+    leftovers = tagged_processes(tag)
+    if leftovers:
+        terminate_tree(others=leftovers, tag=tag, grace_s=grace_s)
+    return len(leftovers)

@@ -94,6 +94,16 @@ class RunPaths:
         return self.folder / "command.sh"
 
     @property
+    def submission(self) -> Path:
+        """The launch plan the supervisor executes (written once at submit)."""
+        return self.folder / "submission.json"
+
+    @property
+    def code(self) -> Path:
+        """Where the run's code snapshot is linked (CODE_SOURCE_PATH points below it)."""
+        return self.folder / "code"
+
+    @property
     def supervisor_log(self) -> Path:
         """What the supervisor did (transitions, retries, teardown); not the user's output."""
         return self.folder / "supervisor.log"

@@ -1,0 +1,67 @@
+"""`air run FILE`: validate, plan, submit (or just show the plan with --dry-run), optionally watch."""
+
+from __future__ import annotations
+
+
+import sys
+
+import click
+import yaml
+
+from air.cli.main import common, settings
+from air.cli.output import envelope, event, stderr
+from air.errors import UserInputError
+
+
+@click.command()
+@click.argument("file_arg", required=False, metavar="FILE")
+@click.option("-f", "--file", "file_opt", default=None, metavar="FILE", help="Workload YAML (.yaml/.yml).")
+@click.option("--override", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Change a field of the YAML; wins over the file. Repeatable, e.g. --override compute.num_accelerators=2.")
+@click.option("--dry-run", is_flag=True, help="Validate and print the plan (nodes, env, snapshot); create nothing.")
+@click.option("--watch", is_flag=True, help="Stream status and node 0's log until the run ends; exit code = outcome.")
+@click.option("--idempotency-key", default=None, metavar="KEY",
+              help="Submitting again with the same key returns the existing run (≤64 chars).")
+@common
+def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], dry_run: bool, watch: bool,
+        idempotency_key: str | None) -> int:
+    """Run a workload: its command once per node, with retries, timeouts, logs and MLflow."""
+    from air.workload.submit import prepare, submit
+
+    s = settings()
+    if file_arg and file_opt and file_arg != file_opt:
+        raise UserInputError("Give the workload file once: either FILE or -f FILE.")
+    path = file_opt or file_arg
+    if not path:
+        raise UserInputError("No workload file given.", hint="Usage: air run -f train.yaml [--dry-run] [--watch]")
+    if idempotency_key is not None and not (0 < len(idempotency_key.strip()) <= 64):
+        raise UserInputError("--idempotency-key must be 1 to 64 characters.")
+    prepared = prepare(path, list(overrides), s.profile)
+    if dry_run:
+        plan = prepared.plan.describe()
+        if s.json:
+            envelope({"status": "DRY_RUN_OK", "plan": plan})
+        else:
+            sys.stdout.write(yaml.safe_dump(plan, sort_keys=False, width=100))
+            stderr("DRY_RUN_OK: the workload is valid; nothing was created.")
+        return 0
+    run_, existing = submit(prepared, idempotency_key=idempotency_key)
+    if s.json and not watch:
+        envelope({"run_id": run_.id, "status": run_.status.value, "existing": existing})
+    elif s.json:
+        event("SUBMITTED", run_id=run_.id, existing=existing)
+    else:
+        what = "Existing run (same idempotency key)" if existing else "Submitted run"
+        stderr(f"{what} {run_.id}  ({prepared.plan.num_nodes} node(s) × {prepared.plan.per_node} "
+               f"{prepared.plan.accelerator}, experiment {prepared.plan.experiment})")
+        if not watch:
+            stderr(f"Follow it: air logs {run_.id} --follow   Status: air get run {run_.id}")
+    if watch:
+        from air.cli.watch import watch as watch_run
+        from air.cli.cmd_logs import masker_for
+
+        return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_.id))
+    return 0
+
+
+

@@ -1,0 +1,84 @@
+"""How the CLI speaks: human tables on stdout, messages on stderr, or JSON envelopes with --json.
+
+Envelopes are `{"v": 1, "ts": ..., "data": ...}` or `{"v": 1, "ts": ..., "error": {...}}`; `--watch
+--json` and `logs --json` write one JSON event per line (SUBMITTED, STATUS, LOG, RETRY, TERMINAL).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from air.errors import AirError
+
+
+@dataclass
+class Settings:
+    """Global flags, accepted before or after the subcommand."""
+
+    json: bool = False
+    profile: str | None = None
+    verbose: int = 0
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def envelope(data: Any) -> None:
+    sys.stdout.write(json.dumps({"v": 1, "ts": now_iso(), "data": data}, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def error_envelope(exc: AirError | None, message: str, *, code: str = "INTERNAL_ERROR", kind: str = "INTERNAL") -> None:
+    if exc is not None:
+        code, kind, message = exc.code, exc.kind, str(exc)
+    sys.stdout.write(json.dumps({"v": 1, "ts": now_iso(), "error": {
+        "code": code, "kind": kind, "message": message, "retryable": kind == "TRANSIENT"}}) + "\n")
+    sys.stdout.flush()
+
+
+def event(kind: str, **fields: Any) -> None:
+    sys.stdout.write(json.dumps({"type": kind, "ts": now_iso(), **fields}, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def stderr(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def fmt_time(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def print_table(columns: list[str], rows: list[list[str]], title: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False, header_style="bold", box=None, pad_edge=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    Console(soft_wrap=True).print(table)
+
+
+def print_fields(pairs: list[tuple[str, str]]) -> None:
+    width = max(len(k) for k, _ in pairs)
+    for key, value in pairs:
+        sys.stdout.write(f"{key:<{width}}  {value}\n")

@@ -1,0 +1,131 @@
+"""Read node logs the way `air logs` needs: the last N lines of a huge file at once, and lines as they
+are appended (`--follow`), including the last line of a run that ended without a newline.
+
+Logs are bytes from programs we do not control: lines are split on b"\\n" and decoded as UTF-8 with
+replacement, so a stray byte never stops `air logs`. Lines are returned without their line ending.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+#: Bytes read per step backwards; the last 100 lines of a log are almost always in the first block.
+TAIL_BLOCK_BYTES = 1 << 16
+#: Bytes read per step forwards while following.
+FOLLOW_READ_BYTES = 1 << 20
+
+
+def tail_lines(path: Path | str, n: int, *, block_size: int = TAIL_BLOCK_BYTES) -> list[str]:
+    """The last `n` lines of a file, oldest first, reading backwards from the end in blocks: the cost
+    depends on `n` and the line length, not on the file size (a 1 GB log answers in microseconds).
+    A last line without a newline counts as a line. FileNotFoundError if there is no such file."""
+    if n <= 0:
+        return []
+    with open(path, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        return _tail(f, end, n, block_size)
+
+
+def _tail(f: BinaryIO, end: int, n: int, block_size: int) -> list[str]:
+    """The last `n` lines of `f[:end]`."""
+    if end <= 0:
+        return []
+    chunks: list[bytes] = []
+    newlines = 0
+    pos = end
+    trailing = 0  # 1 when the data ends with a newline: that one terminates the last line
+    while pos > 0:
+        size = min(block_size, pos)
+        pos -= size
+        f.seek(pos)
+        chunk = f.read(size)
+        if not chunks and chunk.endswith(b"\n"):
+            trailing = 1
+        chunks.append(chunk)
+        newlines += chunk.count(b"\n")
+        if newlines - trailing >= n:  # the n-th newline from the end closes the line before our n
+            break
+    data = b"".join(reversed(chunks))
+    if trailing:
+        data = data[:-1]
+    return [_decode(line) for line in data.split(b"\n")[-n:]]
+
+
+def _decode(line: bytes) -> str:
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    return line.decode("utf-8", "replace")
+
+
+def _after_last_newline(f: BinaryIO, end: int, block_size: int = TAIL_BLOCK_BYTES) -> int:
+    """Offset just after the last b"\\n" before `end` (0 if none): where complete lines stop."""
+    pos = end
+    while pos > 0:
+        size = min(block_size, pos)
+        pos -= size
+        f.seek(pos)
+        index = f.read(size).rfind(b"\n")
+        if index >= 0:
+            return pos + index + 1
+    return 0
+
+
+def follow(
+    path: Path | str,
+    stop: Callable[[], bool],
+    poll: float = 0.2,
+    *,
+    tail: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[str]:
+    """Yield complete lines of `path` as they are appended, until `stop()` is true and the file is
+    drained; then the last line even without a newline, and the end.
+
+    `tail=None` starts at the beginning of the file; `tail=N` starts with its last N complete lines
+    (`air logs --tail N --follow`). A file that does not exist yet is waited for (a node that has not
+    printed anything); one that shrank (truncated) is read again from the start. `stop` is checked
+    before each read, so nothing written before it turned true is lost.
+    """
+    f: BinaryIO | None = None
+    pending = b""
+    try:
+        while f is None:
+            stopped = stop()
+            try:
+                f = open(path, "rb")  # closed in `finally`: a generator may be abandoned mid-way
+            except FileNotFoundError:
+                if stopped:
+                    return
+                sleep(poll)
+        if tail is not None:
+            start = _after_last_newline(f, f.seek(0, os.SEEK_END))
+            if tail > 0:
+                yield from _tail(f, start, tail, TAIL_BLOCK_BYTES)
+            f.seek(start)
+        while True:
+            stopped = stop()
+            chunk = f.read(FOLLOW_READ_BYTES)
+            if chunk:
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    yield _decode(line)
+                continue  # more may be there already: read again before sleeping
+            if os.fstat(f.fileno()).st_size < f.tell():  # truncated under us: start over
+                f.seek(0)
+                pending = b""
+                continue
+            if stopped:
+                if pending:
+                    yield _decode(pending)
+                return
+            sleep(poll)
+    finally:
+        if f is not None:
+            f.close()
+
+
+__all__ = ["follow", "tail_lines"]

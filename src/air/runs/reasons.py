@@ -1,0 +1,252 @@
+"""A short, specific termination reason for every failure, read from the exit status and the log tail.
+
+The point (SPEC pain 3) is that `air get run` says *why*: "CUDA out of memory (node 1): torch.OutOfMemory…",
+"ValueError: bad lr (node 0)", "NCCL watchdog timeout (node 2): …" — not "exit code 1", and never
+torchrun's `ChildFailedError … error_file: <N/A>`. Known signatures are data (`SIGNATURES`), checked
+in order of how likely they are the root cause rather than a symptom: a rank that ran out of memory
+makes the others fail in NCCL, so the OOM wins; a user's exception wins over the NCCL errors it caused.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from air.runs.states import FailureClass
+
+#: Longest reason kept (the store and the CLI show it on one line).
+MAX_REASON_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A known failure: what to call it, how to spot it in a log line, and whose fault it is."""
+
+    name: str
+    label: str
+    pattern: re.Pattern[str]
+    failure_class: FailureClass
+    #: Symptoms are what other ranks print when one rank died; a user's exception outranks them.
+    symptom: bool = False
+
+
+def _re(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+_U, _I, _S = FailureClass.USER_CODE, FailureClass.INFRASTRUCTURE, FailureClass.SETUP
+
+#: Root causes first, symptoms last. The first signature found anywhere in the tail names the failure.
+SIGNATURES: tuple[Signature, ...] = (
+    Signature("cuda_oom", "CUDA out of memory", _re(
+        r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED"
+    ), _U),
+    Signature("oom_killer", "Out of host memory (killed by the OOM killer)", _re(
+        r"Out of memory: Kill(?:ed)? process|\boom-kill(?:er)?\b|\boom_kill_process\b|invoked oom-killer"
+    ), _U),
+    Signature("killed", "Killed (SIGKILL, most often the out-of-memory killer)", _re(
+        r"^\s*Killed\s*$|\b\d+\s+Killed\s+\S|Signal 9 \(SIGKILL\) received"
+    ), _U),
+    Signature("segfault", "Segmentation fault (SIGSEGV)", _re(
+        r"Segmentation fault|\bSIGSEGV\b|\bsegfault\b|Fatal Python error: Segmentation"
+    ), _U),
+    Signature("gpu_lost", "GPU hardware error", _re(
+        r"\bXid\b.*\b(?:48|63|64|79|94|95)\b|uncorrectable ECC error|GPU is lost|fallen off the bus"
+        r"|CUDA error: unknown error"
+    ), _I),
+    Signature("cuda_error", "CUDA error", _re(
+        r"CUDA error: |illegal memory access was encountered|device-side assert triggered"
+        r"|CUDA kernel errors might be asynchronously reported"
+    ), _U),
+    Signature("command_not_found", "Command not found", _re(r"command not found"), _S),
+    Signature("nccl_timeout", "NCCL watchdog timeout", _re(
+        r"Watchdog caught collective operation timeout|collective operation timeout"
+        r"|ProcessGroupNCCL.*tim(?:ed out|eout)|NCCL.*\bTimeout\b"
+    ), _I, symptom=True),
+    Signature("nccl_error", "NCCL error", _re(
+        r"NCCL error|nccl(?:Internal|System|UnhandledCuda|Remote|InvalidUsage)Error|DistBackendError"
+        r"|NCCL WARN .*(?:Conn|Net|NET|IB|[Tt]imeout)"
+    ), _I, symptom=True),
+    Signature("rendezvous_timeout", "Rendezvous timeout (TCPStore)", _re(
+        r"TCPStore|RendezvousTimeoutError|RendezvousConnectionError|DistStoreError|DistNetworkError"
+        r"|client socket has timed out|[Rr]endezvous.*(?:timed out|timeout)"
+    ), _I, symptom=True),
+)
+
+#: Prefixes that launchers put before a rank's lines: torchrun's "[rank1]: ", "[default0]:",
+#: ours "[node 0 rank 3] ", Ray's "(RayTrainWorker pid=123, ip=…) ".
+_PREFIX_RE = re.compile(
+    r"^(?:\[[A-Za-z_ -]*\d+(?:[ ,/:][A-Za-z_ -]*\d+)*\]:? ?|\([^()]*pid=\d+[^()]*\) ?)+"
+)
+_TRACEBACK_HEADER = "Traceback (most recent call last):"
+_EXC_IN_TRACEBACK_RE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+_EXC_ANYWHERE_RE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)(?::\s.*)?$")
+#: Exceptions that only say "some rank failed": never the root cause.
+_WRAPPER_RE = re.compile(r"ChildFailedError|torch\.distributed\.elastic|WorkerGroupFailure|RayTaskError")
+_SETUP_EXCEPTIONS_RE = re.compile(r"^(?:ModuleNotFoundError|ImportError)\b")
+
+_CRASH_SIGNALS = {"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"}
+
+
+class TerminationReason(NamedTuple):
+    """`(reason, failure_class)`: the sentence shown by `air get run`, and whose fault it was."""
+
+    reason: str
+    failure_class: FailureClass
+
+
+def scan_line(line: str) -> Signature | None:
+    """The first known failure signature in one log line (for live alerts while a run streams)."""
+    text = _strip_prefix(line)
+    for sig in SIGNATURES:
+        if sig.pattern.search(text):
+            return sig
+    return None
+
+
+def termination_reason(
+    exit_code: int | None,
+    signal: int | None,
+    log_tail: str,
+    *,
+    timed_out: bool = False,
+    canceled: bool = False,
+    node: int | None = None,
+    timeout_minutes: float | None = None,
+) -> TerminationReason:
+    """Why a node (or attempt) ended badly, in one line, and whose fault it was.
+
+    Precedence: canceled, timed out, a known signature in the log tail (root causes before symptoms,
+    a user's Python exception before NCCL/rendezvous symptoms), the last line of a Python traceback,
+    then the bare exit status ("exit code 3", "killed by SIGKILL"). `exit_code` 128+N from bash is read
+    as signal N. Only for failures: exit code 0 with no signal, timeout or cancel is a ValueError.
+    """
+    where = f" (node {node})" if node is not None else ""
+    if canceled:
+        return TerminationReason("Canceled by the user", FailureClass.CANCEL)
+    if timed_out:
+        if timeout_minutes:
+            minutes = f"{timeout_minutes:g}"
+            text = f"Timed out after {minutes} min (timeout_minutes: {minutes})"
+        else:
+            text = "Timed out (ran past timeout_minutes)"
+        return TerminationReason(text + where, FailureClass.TIMEOUT)
+    if exit_code == 0 and signal is None:
+        raise ValueError("termination_reason() is for failures; this ended with exit code 0")
+
+    lines = [_strip_prefix(line) for line in log_tail.splitlines()]
+    exceptions = _traceback_exceptions(lines)
+    user_exceptions = [e for e in exceptions if not _WRAPPER_RE.search(e) and not _is_symptom(e)]
+
+    for sig in SIGNATURES:
+        if sig.symptom and user_exceptions:
+            break  # the user's exception is the root cause; NCCL and friends are what followed
+        line = _first_match(sig, lines)
+        if line is not None:
+            return TerminationReason(_clip(f"{sig.label}{where}: {line.strip()}"), sig.failure_class)
+    if user_exceptions:
+        last = user_exceptions[-1]
+        cls = FailureClass.SETUP if _SETUP_EXCEPTIONS_RE.match(last) else FailureClass.USER_CODE
+        return TerminationReason(_clip(last) + where, cls)
+    for sig in SIGNATURES:  # symptoms, when the user's exception did not explain it after all
+        if sig.symptom:
+            line = _first_match(sig, lines)
+            if line is not None:
+                return TerminationReason(_clip(f"{sig.label}{where}: {line.strip()}"), sig.failure_class)
+    if exceptions:
+        return TerminationReason(_clip(exceptions[-1]) + where, FailureClass.USER_CODE)
+    return _from_exit_status(exit_code, signal, where)
+
+
+def _from_exit_status(exit_code: int | None, signal: int | None, where: str) -> TerminationReason:
+    if signal is not None and signal > 0:
+        name = _signal_name(signal)
+        cls = FailureClass.USER_CODE if name in _CRASH_SIGNALS else FailureClass.INFRASTRUCTURE
+        return TerminationReason(f"Killed by {name}{_signal_hint(name)}{where}", cls)
+    if exit_code is None:
+        return TerminationReason(f"Ended without an exit status (the process was lost){where}",
+                                 FailureClass.INFRASTRUCTURE)
+    if exit_code < 0:  # Popen's convention for "killed by signal -N"
+        return _from_exit_status(None, -exit_code, where)
+    if exit_code == 127:
+        return TerminationReason(f"Exit code 127 (command not found){where}", FailureClass.SETUP)
+    if exit_code == 126:
+        return TerminationReason(f"Exit code 126 (command not executable){where}", FailureClass.SETUP)
+    if 128 < exit_code < 128 + 65:
+        name = _signal_name(exit_code - 128)
+        cls = FailureClass.USER_CODE if name in _CRASH_SIGNALS else FailureClass.INFRASTRUCTURE
+        return TerminationReason(f"Exit code {exit_code} (killed by {name}{_signal_hint(name)}){where}", cls)
+    return TerminationReason(f"Exit code {exit_code}{where}", FailureClass.USER_CODE)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _signal_hint(name: str) -> str:
+    return {
+        "SIGKILL": ", most often the out-of-memory killer",
+        "SIGSEGV": ", a segmentation fault",
+        "SIGABRT": ", an abort",
+    }.get(name, "")
+
+
+def _strip_prefix(line: str) -> str:
+    return _PREFIX_RE.sub("", line.rstrip("\r\n"), count=1)
+
+
+def _is_symptom(text: str) -> bool:
+    return any(sig.symptom and sig.pattern.search(text) for sig in SIGNATURES)
+
+
+def _first_match(sig: Signature, lines: list[str]) -> str | None:
+    """The earliest line with this signature (closest to the cause), preferring an exception line
+    (`torch.OutOfMemoryError: CUDA out of memory…`) over chatter that mentions the same words."""
+    first: str | None = None
+    for line in lines:
+        if sig.pattern.search(line):
+            if _EXC_ANYWHERE_RE.match(line.strip()) or (_EXC_IN_TRACEBACK_RE.match(line) and ": " in line):
+                return line
+            if first is None:
+                first = line
+    return first
+
+
+def _traceback_exceptions(lines: list[str]) -> list[str]:
+    """The exception line of every Python traceback in the tail, in order. A traceback's frames are
+    indented; its exception line is the first line after them that is not. If the tail starts in the
+    middle of a traceback, a lone `SomethingError: …` line counts too."""
+    out: list[str] = []
+    in_traceback = False
+    for line in lines:
+        if line.strip() == _TRACEBACK_HEADER or line.endswith(_TRACEBACK_HEADER):
+            in_traceback = True
+            continue
+        if in_traceback:
+            if not line.strip() or line[0] in " \t":
+                continue
+            if _EXC_IN_TRACEBACK_RE.match(line):
+                out.append(line.strip())
+                in_traceback = False
+            continue  # another rank's line interleaved: keep looking for this one's exception
+        if _EXC_ANYWHERE_RE.match(line.strip()) and line[:1] not in (" ", "\t"):
+            out.append(line.strip())
+    # The same exception printed by every rank, or once per chained traceback, counts once (last wins).
+    seen: dict[str, None] = {}
+    for e in out:
+        seen.pop(e, None)
+        seen[e] = None
+    return list(seen)
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+__all__ = ["SIGNATURES", "Signature", "TerminationReason", "scan_line", "termination_reason"]

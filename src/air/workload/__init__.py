@@ -1,0 +1,3 @@
+"""Workloads: the spec (spec.py), `--override` (overrides.py), `air -h config` (config_help.py), code
+snapshots, secrets and parameters. Import from the submodules; this package imports nothing, so reading
+one part never loads the others."""

@@ -1,0 +1,137 @@
+"""Dry run first: turning a validated spec into a concrete plan is a pure step.
+
+`make_plan` reads the spec, the code snapshot's file list and the environment cache, and returns what
+would run: nodes, accelerators per node, each node's environment (secrets masked), what the snapshot
+holds. `air run --dry-run` prints it and creates nothing; `air run` saves it as the run's
+`submission.json`, which the supervisor executes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from air.workload.spec import WorkloadSpec
+
+MASK = "***"
+
+
+@dataclass
+class RunPlan:
+    """Everything the supervisor needs to run every attempt; secrets only by reference."""
+
+    experiment: str
+    run_name: str
+    accelerator: str
+    num_accelerators: int
+    num_nodes: int
+    per_node: int
+    command: str
+    env_variables: dict[str, str]
+    secret_refs: dict[str, str]
+    parameters: dict[str, Any] | None
+    max_retries: int
+    timeout_minutes: float | None
+    profile: str
+    backend: str
+    backend_address: str | None = None
+    code_root: str | None = None
+    code_files: int = 0
+    code_bytes: int = 0
+    code_key: str | None = None
+    code_notes: list[str] = field(default_factory=list)
+    git: dict[str, Any] | None = None
+    dependencies: list[str] | str | None = None
+    dependencies_base_dir: str | None = None
+    environment_version: str | int | None = None
+    base_python: str = sys.executable
+    environment_state: str | None = None
+    # Filled at submit, when the run exists:
+    run_id: str | None = None
+    code_path: str | None = None
+    parameters_path: str | None = None
+    command_path: str | None = None
+
+    def node_env(self, node_rank: int, *, secrets: dict[str, str] | None = None) -> dict[str, str]:
+        """The contract variables of one node (MASTER_ADDR/PORT and device slices come from the backend).
+
+        `secrets=None` masks every secret (for display); the supervisor passes the resolved values.
+        """
+        env: dict[str, str] = {"NCCL_DEBUG": "WARN", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+        env.update(self.env_variables)
+        env.update({name: (secrets[name] if secrets is not None else MASK) for name in self.secret_refs})
+        env.update({
+            "NUM_NODES": str(self.num_nodes), "NODE_RANK": str(node_rank), "WORLD_SIZE": str(self.num_accelerators),
+            "LOCAL_WORLD_SIZE": str(self.per_node), "MLFLOW_SYSTEM_METRICS_NODE_ID": f"node_{node_rank}",
+            "AIR_ACCELERATOR_KIND": self.accelerator.split("_", 1)[0],
+            "AIR_ACCELERATOR_TYPE": self.accelerator,
+        })
+        if self.code_path or self.code_root:
+            env["CODE_SOURCE_PATH"] = self.code_path or f"<snapshot of {self.code_root}>"
+        if self.parameters is not None:
+            env["HYPERPARAMETERS_PATH"] = self.parameters_path or "<run folder>/hyperparameters.yaml"
+        if self.run_id:
+            env["AIR_RUN_ID"] = self.run_id
+        return env
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunPlan:
+        return cls(**json.loads(text))
+
+    def describe(self) -> dict[str, Any]:
+        """The dry-run view: what would run where, with secrets masked."""
+        nodes = [
+            {"node_rank": n, "accelerators": self.per_node, "env": dict(sorted(self.node_env(n).items()))}
+            for n in range(self.num_nodes)
+        ]
+        return {
+            "experiment_name": self.experiment, "mlflow_run_name": self.run_name,
+            "profile": self.profile, "backend": self.backend,
+            "compute": {"accelerator_type": self.accelerator, "num_accelerators": self.num_accelerators,
+                        "num_nodes": self.num_nodes, "accelerators_per_node": self.per_node},
+            "command": self.command, "max_retries": self.max_retries, "timeout_minutes": self.timeout_minutes,
+            "code_snapshot": None if not self.code_root else {
+                "root_path": self.code_root, "files": self.code_files, "bytes": self.code_bytes,
+                "content_key": self.code_key, "git": self.git, "notes": self.code_notes},
+            "environment": None if self.dependencies is None else {
+                "dependencies": self.dependencies, "base_python": self.base_python, "state": self.environment_state},
+            "parameters": self.parameters, "secrets": {k: f"{v} ({MASK})" for k, v in self.secret_refs.items()},
+            "nodes": nodes,
+        }
+
+
+def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address: str | None = None,
+              snapshot_plan: Any | None = None) -> RunPlan:
+    """The pure half of a launch. `snapshot_plan` is air.workload.snapshot's SnapshotPlan, when any."""
+    from air.config import resolve_base_python
+
+    base_python = str(resolve_base_python(spec.environment.version))
+    deps = spec.environment.dependencies
+    state = None
+    if deps is not None:
+        from air.environments import cache_state, parse_dependencies
+
+        state = cache_state(parse_dependencies(deps, spec.source_dir or Path.cwd()), Path(base_python))
+    plan = RunPlan(
+        experiment=spec.experiment_name, run_name=spec.run_name, accelerator=spec.accelerator.name,
+        num_accelerators=spec.compute.num_accelerators, num_nodes=spec.num_nodes, per_node=spec.per_node,
+        command=spec.command, env_variables=dict(spec.env_variables), secret_refs=dict(spec.secrets),
+        parameters=spec.parameters, max_retries=spec.max_retries, timeout_minutes=spec.timeout_minutes,
+        profile=profile, backend=backend, backend_address=backend_address,
+        dependencies=deps, dependencies_base_dir=str(spec.source_dir or Path.cwd()),
+        environment_version=spec.environment.version, base_python=base_python, environment_state=state,
+    )
+    if snapshot_plan is not None:
+        plan.code_root = str(snapshot_plan.root_path)
+        plan.code_files = snapshot_plan.file_count
+        plan.code_bytes = snapshot_plan.total_bytes
+        plan.code_key = snapshot_plan.key
+        plan.code_notes = list(snapshot_plan.notes)
+        plan.git = snapshot_plan.git.to_dict() if snapshot_plan.git is not None else None
+    return plan

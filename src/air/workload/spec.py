@@ -1,0 +1,1065 @@
+"""The workload spec: a strict, typed model of the workload YAML, and `load_workload` that reads one.
+
+Validation happens once, here, at the edge: everything after `load_workload` can trust the spec. The
+model is strict (`extra="forbid"` everywhere, no silent "8" → 8), and a bad file gets *every* problem at
+once, each as `FILE: field.path: what is wrong (line N)`, with "did you mean" for unknown keys and a
+specific hint for keys the hosted product renamed or that only make sense there. Relative paths resolve
+against the YAML file's folder, so `air run -f path/to/train.yaml` works from any directory.
+
+The same model drives `--override` (overrides.py) and `air -h config` (config_help.py), so the three
+can never disagree about what a field is.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+import os
+import re
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn, Union, get_args, get_origin
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
+from air.constants import DEFAULT_MAX_RETRIES, PROCESS_TAG_ENV
+from air.errors import GPUTypeError, UserInputError
+
+#: experiment_name and mlflow_run_name: they become MLflow names and folder names, so no spaces or dots.
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+MAX_NAME_LENGTH = 100
+MAX_COMMAND_LINES = 1000
+MAX_IDEMPOTENCY_TOKEN = 64
+#: A workload YAML larger than this is almost certainly data that belongs in the code snapshot.
+MAX_YAML_BYTES = 1 << 20
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Git refs: also guards against option injection (`--upload-pack=…`); same rule as snapshot.py.
+GIT_REF_RE = re.compile(r"^[\w./-]+$")
+GIT_SHA_RE = re.compile(r"^[0-9a-fA-F]{4,64}$")
+#: Secret scope and key names (the secret store's charset; '/' separates them).
+SECRET_PART_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+#: Variables air sets on every node (SPEC "Contract with the user's code"); a workload may not change them,
+#: or torchrun would rendezvous at the wrong place. CUDA_VISIBLE_DEVICES is each node's slice of the GPUs
+#: (a user value would make concurrent runs share GPUs); the process tag is how teardown finds processes.
+RESERVED_ENV_NAMES: frozenset[str] = frozenset(
+    {
+        "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NUM_NODES", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+        "CODE_SOURCE_PATH", "MLFLOW_RUN_ID", "HYPERPARAMETERS_PATH", "CUDA_VISIBLE_DEVICES", PROCESS_TAG_ENV,
+    }
+)
+
+#: Keys of the hosted product (or older air versions) that now live elsewhere: full dotted path → hint.
+RENAMED_KEYS: dict[str, str] = {
+    "bash_script": "renamed to 'command'",
+    "run_name": "renamed to 'mlflow_run_name'",
+    "compute.gpus": "renamed to 'compute.num_accelerators'",
+    "compute.gpu_type": "renamed to 'compute.accelerator_type' (e.g. GPU_8xH100)",
+    "compute.num_gpus": "use 'compute.num_accelerators'",
+    "compute.gpu": "use 'compute.num_accelerators' (how many) and 'compute.accelerator_type' (which)",
+    "code_source.snapshot.repo_path": "renamed to 'code_source.snapshot.root_path'",
+    "code_source.root_path": "put it under 'code_source.snapshot.root_path' (with 'code_source.type: snapshot')",
+    "code_source.include_paths": "put it under 'code_source.snapshot.include_paths'",
+    "code_source.git": "put it under 'code_source.snapshot.git'",
+    "environment.env_variables": "moved to the top-level 'env_variables'",
+    "environment.env_variables_secrets": "moved to the top-level 'secrets'",
+    "env_variables_secrets": "renamed to 'secrets'",
+    "workspace": "there are no workspaces; choose the backend with `air -p PROFILE` (or AIR_PROFILE)",
+}
+
+_UNSUPPORTED = "a hosted-product field that air does not support"
+#: Fields of the hosted product with no meaning on one's own machines: full dotted path → hint.
+HOSTED_ONLY_KEYS: dict[str, str] = {
+    "experiment_directory": f"{_UNSUPPORTED}; experiments live in the MLflow tracking store (MLFLOW_TRACKING_URI)",
+    "mlflow_experiment_directory": f"{_UNSUPPORTED}; experiments live in the MLflow tracking store "
+    "(MLFLOW_TRACKING_URI)",
+    "mlflow_artifact_location": f"{_UNSUPPORTED}; artifacts go where the MLflow tracking store puts them",
+    "permissions": f"{_UNSUPPORTED}; runs belong to the user who started them",
+    "usage_policy_name": _UNSUPPORTED,
+    "usage_policy_id": _UNSUPPORTED,
+    "priority": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
+    "job_type": f"{_UNSUPPORTED}; every workload runs its 'command'",
+    "udp": f"{_UNSUPPORTED}; run batch inference from 'command'",
+    "_bases_": f"{_UNSUPPORTED}; YAML composition is not supported, use --override",
+    "compute.provisioned_capacity_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
+    "compute.priority_class": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
+    "compute.pool_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
+    "compute.node_pool_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
+    "compute.pool_name": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
+    "environment.docker_image": f"{_UNSUPPORTED}; air builds a uv environment from 'dependencies'",
+    "environment.custom_image_tag": _UNSUPPORTED,
+    "environment.unity_catalog_image": _UNSUPPORTED,
+    "code_source.snapshot.remote_volume": f"{_UNSUPPORTED}; snapshots are stored under AIR_HOME",
+    "code_source.snapshot.git.remote": f"{_UNSUPPORTED}; pin a local branch or a commit",
+}
+
+
+# ---- small helpers ----------------------------------------------------------------------------------
+
+
+def _fail(message: str, field: str | None = None) -> NoReturn:
+    """Raise a validation error with our own wording; `field` moves it one level down (cross-field checks)."""
+    raise PydanticCustomError("air_invalid", message, {"air_field": field} if field else None)
+
+
+def show_value(value: Any) -> str:
+    """A value as the user wrote it in YAML, with its YAML kind, for "got …" in messages."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, int):
+        return f"{value} (an integer)"
+    if isinstance(value, float):
+        return f"{value} (a number)"
+    if isinstance(value, str):
+        text = value if len(value) <= 60 else value[:57] + "..."
+        return repr(text)
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def dotted(loc: Sequence[str | int]) -> str:
+    """A field path as users write it in --override: `compute.num_accelerators`, `include_paths[1]`."""
+    out = ""
+    for seg in loc:
+        if isinstance(seg, int):
+            out += f"[{seg}]"
+        elif NAME_RE.match(seg):
+            out += f".{seg}" if out else seg
+        else:
+            out += f"[{seg!r}]"
+    return out
+
+
+def _check_name(value: str, what: str) -> str:
+    if not value:
+        _fail("must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        _fail(f"is {len(value)} characters long; {what} may have at most {MAX_NAME_LENGTH}")
+    if not NAME_RE.match(value):
+        bad = ", ".join(repr(c) for c in sorted({c for c in value if not NAME_RE.match(c)}))
+        _fail(f"may only hold letters, digits, '_' and '-' (not {bad}), got {show_value(value)}")
+    return value
+
+
+def _check_env_name(name: str) -> str:
+    if not ENV_NAME_RE.match(name):
+        _fail(
+            f"{name!r} is not a valid environment variable name "
+            "(letters, digits and '_', not starting with a digit)"
+        )
+    if name in RESERVED_ENV_NAMES:
+        _fail(f"{name} is set by air on every node and cannot be overridden")
+    return name
+
+
+def _env_value(value: Any) -> str:
+    """Numbers and booleans become strings, as the shell will see them; anything else is an error."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    if value is None:
+        _fail('must be a string, got nothing (null); write NAME: "" for an empty value')
+    _fail(f"must be a string (numbers and booleans are turned into strings), got {show_value(value)}")
+
+
+def _secret_ref(value: Any) -> str:
+    if not isinstance(value, str):
+        _fail(f"must be a secret reference 'scope/key', got {show_value(value)}")
+    parts = value.split("/")
+    if len(parts) != 2 or not all(SECRET_PART_RE.match(p) for p in parts):
+        _fail(
+            f"must be a secret reference 'scope/key' (exactly one '/', both parts made of letters, digits, "
+            f"'_', '.' and '-'), got {show_value(value)}"
+        )
+    return value
+
+
+#: An environment variable name a workload may set.
+EnvName = Annotated[str, AfterValidator(_check_env_name)]
+#: An environment variable value (numbers and booleans turned into strings).
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+#: `scope/key` in the local secret store.
+SecretRef = Annotated[str, BeforeValidator(_secret_ref)]
+
+
+class _Section(BaseModel):
+    """Base of every section: unknown keys are errors, and no silent type coercion ("8" is not 8)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ---- sections ---------------------------------------------------------------------------------------
+
+
+class ComputeSpec(_Section):
+    """What the command runs on: how many accelerators, of which node shape."""
+
+    num_accelerators: int = Field(
+        gt=0,
+        description="Total accelerators across all nodes: GPUs, or CPU processes for a CPU type. A positive "
+        "multiple of the type's devices per node; nodes = num_accelerators / per node (GPU_8xH100 takes "
+        "8, 16, 24, …; 16 is 2 nodes). The backend refuses a count it can never hold.",
+        examples=[8],
+    )
+    accelerator_type: str = Field(
+        description="Node shape <KIND>_<per node>x<MODEL>, case-sensitive: GPU_1xA10, GPU_1xH100, GPU_8xH100, "
+        "… or CPU_<n>xCPU to run without a GPU (n processes per node, gloo instead of NCCL), e.g. for a "
+        "laptop or CI.",
+        examples=["GPU_8xH100", "CPU_2xCPU"],
+    )
+
+    @field_validator("accelerator_type", mode="before")
+    @classmethod
+    def _parse_type(cls, value: Any) -> str:
+        if not isinstance(value, str):
+            _fail(f"must be a type name like GPU_8xH100 or CPU_2xCPU, got {show_value(value)}")
+        try:
+            return parse_accelerator_type(value).name
+        except GPUTypeError as exc:
+            guess = _guess_accelerator_type(value)
+            did_you_mean = f"; did you mean {guess!r}?" if guess else "."
+            _fail(f"unknown accelerator type {value!r}{did_you_mean} {exc.hint or ''}".strip())
+
+    @model_validator(mode="after")
+    def _whole_nodes(self) -> ComputeSpec:
+        per_node = self.accelerator.per_node
+        if self.num_accelerators % per_node:
+            multiples = ", ".join(str(per_node * k) for k in (1, 2, 3))
+            _fail(
+                f"must be a multiple of {per_node}, the devices per node of {self.accelerator_type} "
+                f"(use {multiples}, …), got {self.num_accelerators}",
+                field="num_accelerators",
+            )
+        return self
+
+    @property
+    def accelerator(self) -> AcceleratorType:
+        return parse_accelerator_type(self.accelerator_type)
+
+    @property
+    def per_node(self) -> int:
+        return self.accelerator.per_node
+
+    @property
+    def num_nodes(self) -> int:
+        return self.num_accelerators // self.accelerator.per_node
+
+
+def _guess_accelerator_type(value: str) -> str | None:
+    """The canonical spelling of a near miss: `gpu_8xh100` → GPU_8xH100, legacy `a10` → GPU_1xA10."""
+    legacy = {"a10": "GPU_1xA10", "a10g": "GPU_1xA10", "h100_80gb": "GPU_8xH100"}
+    if value.strip().lower() in legacy:
+        return legacy[value.strip().lower()]
+    match = re.match(r"(?i)^\s*(gpu|cpu)[_-]?([1-9][0-9]*)\s*x\s*([A-Za-z0-9]+)\s*$", value)
+    if not match:
+        return None
+    kind, count, model = match.group(1).upper(), match.group(2), match.group(3)
+    model = "CPU" if kind == "CPU" else (normalize_model(model) or model.upper())
+    guess = f"{kind}_{count}x{model}"
+    return guess if guess != value.strip() else None
+
+
+class EnvironmentSpec(_Section):
+    """The Python environment the command runs in: a base environment plus extra packages."""
+
+    version: int | str | None = Field(
+        None,
+        description="Base environment to layer the dependencies on: a name or number defined in your air "
+        "configuration ($AIR_HOME/config.yaml). Unset: the configured default.",
+        examples=["4"],
+    )
+    dependencies: list[str] | str | None = Field(
+        None,
+        description="Extra packages, installed with uv into a virtual environment on top of the base "
+        "environment and cached by content (the next run with the same list starts at once). Either a list "
+        "of pip requirement lines ('torch==2.4.0', '--index-url URL', a wheel path) or the path of a "
+        "requirements file, relative to the YAML file's folder.",
+        examples=[["transformers>=4.45", "datasets>=3.0"], "requirements.txt"],
+        json_schema_extra={"air_type": "list of strings, or the path of a requirements file"},
+    )
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        _fail(f"must be a base environment name or number, got {show_value(value)}")
+
+    @field_validator("dependencies", mode="before")
+    @classmethod
+    def _dependencies(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            if not value.strip():
+                _fail("must be a list of requirements or the path of a requirements file, got ''")
+            return value
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                if not isinstance(item, str) or not item.strip():
+                    _fail(
+                        f"item {index} must be a requirement string like 'torch==2.4.0', got {show_value(item)}"
+                    )
+            return [item.strip() for item in value]
+        _fail(f"must be a list of requirements or the path of a requirements file, got {show_value(value)}")
+
+
+class GitSpec(_Section):
+    """Pin the snapshot to a committed state: exactly one of `branch` or `commit`."""
+
+    branch: str | None = Field(
+        None,
+        description="Ship the tip of this local branch. Refused while the working tree has uncommitted "
+        "changes, so what runs is what is committed (pin a commit to be exact).",
+        examples=["main"],
+    )
+    commit: str | None = Field(
+        None,
+        description="Ship this commit's tree (a full or abbreviated SHA), whatever the working tree holds.",
+        examples=["3f2c1ab"],
+    )
+
+    @field_validator("branch")
+    @classmethod
+    def _branch(cls, value: str | None) -> str | None:
+        if value is not None and (not GIT_REF_RE.match(value) or value.startswith("-")):
+            _fail(f"is not a valid branch name (letters, digits, '_', '.', '/', '-'), got {show_value(value)}")
+        return value
+
+    @field_validator("commit", mode="before")
+    @classmethod
+    def _commit(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # an all-digit abbreviated SHA reads as an integer in YAML
+        if value is not None and isinstance(value, str) and not GIT_SHA_RE.match(value):
+            _fail(f"must be a commit SHA (4 to 64 hex digits), got {show_value(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> GitSpec:
+        if (self.branch is None) == (self.commit is None):
+            both = "not both" if self.branch is not None else "got neither"
+            _fail(f"set exactly one of 'branch' or 'commit' ({both})")
+        return self
+
+
+class SnapshotSpec(_Section):
+    """A copy of a folder (or of a commit of it) that every node gets as CODE_SOURCE_PATH."""
+
+    root_path: str = Field(
+        description="Folder to ship. Relative paths resolve against the YAML file's folder; '~' and $VAR are "
+        "expanded. The files shipped are those git would see: tracked plus untracked-but-not-ignored "
+        "(.gitignore honoured also outside a repository).",
+        examples=["."],
+    )
+    include_paths: list[str] | None = Field(
+        None,
+        description="Ship only these files or folders, relative to root_path (no '..'); not an empty list. "
+        "Default: all of root_path.",
+        examples=[["src", "configs"]],
+    )
+    git: GitSpec | None = Field(
+        None,
+        description="Pin the snapshot to a branch or a commit instead of the working tree; root_path must be "
+        "in a git repository.",
+        examples=[{"commit": "3f2c1ab"}],
+    )
+
+    @field_validator("root_path")
+    @classmethod
+    def _root_path(cls, value: str) -> str:
+        if not value.strip():
+            _fail("must name a folder, got ''")
+        return value
+
+    @field_validator("include_paths")
+    @classmethod
+    def _include_paths(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            _fail("must not be an empty list (remove the key to ship all of root_path)")
+        out: list[str] = []
+        for raw in value:
+            text = raw.strip().replace("\\", "/")
+            if not text or text.startswith(("/", "~")) or os.path.isabs(text):
+                _fail(f"must hold paths relative to root_path, got {show_value(raw)}")
+            parts = [p for p in text.split("/") if p not in ("", ".")]
+            if ".." in parts:
+                _fail(f"must not leave root_path ('..'), got {show_value(raw)}")
+            out.append("/".join(parts) or ".")
+        return out
+
+
+class CodeSourceSpec(_Section):
+    """Code that ships with the run (CODE_SOURCE_PATH on every node)."""
+
+    type: Literal["snapshot"] = Field(
+        "snapshot", description="Kind of code source; 'snapshot' is the only one.", examples=["snapshot"]
+    )
+    snapshot: SnapshotSpec = Field(
+        description="The folder to copy into the run. Content-addressed: an unchanged tree is not copied twice.",
+        examples=[{"root_path": "."}],
+    )
+
+
+# ---- the workload -----------------------------------------------------------------------------------
+
+
+class WorkloadSpec(_Section):
+    """A workload YAML, validated. Build it with `load_workload`; `model_validate` skips path resolution."""
+
+    experiment_name: str = Field(
+        description="Name of the MLflow experiment the run logs to (created if missing, else appended to); also "
+        "how `air list runs` shows the run. Letters, digits, '_' and '-', at most 100 characters.",
+        examples=["llm-finetune"],
+    )
+    compute: ComputeSpec = Field(
+        description="What the command runs on: total accelerators and the node shape. The command runs once per "
+        "node; nodes = num_accelerators / devices per node.",
+        examples=[{"num_accelerators": 8, "accelerator_type": "GPU_8xH100"}],
+    )
+    command: str = Field(
+        description="Bash script run once per node (not once per accelerator) under `set -euo pipefail`; start "
+        "one process per accelerator yourself (torchrun, accelerate, ray). It sees CODE_SOURCE_PATH, "
+        "MASTER_ADDR, MASTER_PORT, NUM_NODES, NODE_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MLFLOW_RUN_ID, "
+        "MLFLOW_TRACKING_URI, HYPERPARAMETERS_PATH (with parameters) and your env_variables and secrets. "
+        "At most 1000 lines.",
+        examples=[
+            "cd $CODE_SOURCE_PATH\ntorchrun --nnodes=$NUM_NODES --node_rank=$NODE_RANK \\\n"
+            "  --master_addr=$MASTER_ADDR --master_port=$MASTER_PORT \\\n"
+            "  --nproc_per_node=$LOCAL_WORLD_SIZE train.py\n"
+        ],
+    )
+    environment: EnvironmentSpec = Field(
+        default_factory=EnvironmentSpec,
+        description="Python environment of the command: a base environment plus extra packages (a uv virtual "
+        "environment, cached by content).",
+        examples=[{"dependencies": ["transformers>=4.45"]}],
+    )
+    code_source: CodeSourceSpec | None = Field(
+        None,
+        description="Code shipped with the run: a snapshot of a folder, seen by every node at CODE_SOURCE_PATH.",
+        examples=[{"type": "snapshot", "snapshot": {"root_path": "."}}],
+    )
+    max_retries: int = Field(
+        DEFAULT_MAX_RETRIES,
+        ge=0,
+        description="Retries after a failed or timed-out attempt; each attempt starts fresh, with its own logs "
+        "and MLflow run. 3 means up to 4 attempts; 0 turns retries off.",
+        examples=[1],
+    )
+    timeout_minutes: int | float | None = Field(
+        None,
+        description="Wall-clock limit of each attempt, in minutes; an attempt past it is ended (TIMEDOUT) and "
+        "retried while retries remain, so 90 minutes with max_retries: 2 can take up to 270. Unset: no limit.",
+        examples=[90],
+    )
+    env_variables: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        description="Environment variables of the command on every node, NAME: value. Numbers and booleans "
+        "become strings (quote a value to keep it literal: 'yes', '010'). A name may not also be in secrets, "
+        "nor be one air sets itself (MASTER_ADDR, NODE_RANK, WORLD_SIZE, CUDA_VISIBLE_DEVICES, …).",
+        examples=[{"NCCL_SOCKET_IFNAME": "eth0", "TOKENIZERS_PARALLELISM": "false"}],
+        json_schema_extra={"air_type": "map: NAME → string"},
+    )
+    secrets: dict[EnvName, SecretRef] = Field(
+        default_factory=dict,
+        description="Environment variables whose values come from the local secret store, NAME: scope/key. "
+        "The values are read when the run starts and never printed by dry-run, get, list or logs.",
+        examples=[{"HF_TOKEN": "huggingface/token"}],
+        json_schema_extra={"air_type": "map: NAME → scope/key"},
+    )
+    parameters: dict[str, Any] | None = Field(
+        None,
+        description="Hyperparameters, any nesting. Written to a YAML file on every node; its path is in "
+        "HYPERPARAMETERS_PATH.",
+        examples=[{"lr": 0.0001, "epochs": 3, "model": {"name": "Qwen/Qwen2.5-3B"}}],
+    )
+    mlflow_run_name: str | None = Field(
+        None,
+        description="Name of each attempt's MLflow run; default: experiment_name. Letters, digits, '_' and "
+        "'-', at most 100 characters.",
+        examples=["lr-1e-4"],
+    )
+    idempotency_token: str | None = Field(
+        None,
+        description="Submitting again with a token already used returns the existing run instead of starting "
+        "a new one. At most 64 characters; `air run --idempotency-key` wins over it.",
+        examples=["nightly-2024-06-01"],
+    )
+
+    _source_path: Path | None = PrivateAttr(default=None)
+    _source_dir: Path | None = PrivateAttr(default=None)
+
+    @field_validator("experiment_name")
+    @classmethod
+    def _experiment_name(cls, value: str) -> str:
+        return _check_name(value, "experiment_name")
+
+    @field_validator("mlflow_run_name")
+    @classmethod
+    def _run_name(cls, value: str | None) -> str | None:
+        return None if value is None else _check_name(value, "mlflow_run_name")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str) -> str:
+        if not value.strip():
+            _fail("must not be empty: it is the bash script each node runs")
+        lines = len(value.splitlines())
+        if lines > MAX_COMMAND_LINES:
+            _fail(
+                f"has {lines} lines, more than {MAX_COMMAND_LINES}; put the script in your code_source and run "
+                "it from there (bash $CODE_SOURCE_PATH/run.sh)"
+            )
+        return value
+
+    @field_validator("environment", "env_variables", "secrets", mode="before")
+    @classmethod
+    def _empty_block(cls, value: Any) -> Any:
+        """`environment:` with nothing under it means the defaults, not an error."""
+        return {} if value is None else value
+
+    @field_validator("timeout_minutes", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(f"must be a number of minutes, got {show_value(value)}")
+        if not math.isfinite(value) or value <= 0:
+            _fail(f"must be greater than 0 (remove it for no limit), got {show_value(value)}")
+        return value
+
+    @field_validator("idempotency_token", mode="before")
+    @classmethod
+    def _token(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            _fail(f"must be a string, got {show_value(value)}")
+        token = value.strip()
+        if not token:
+            _fail("must not be empty")
+        if len(token) > MAX_IDEMPOTENCY_TOKEN:
+            _fail(f"is {len(token)} characters long; at most {MAX_IDEMPOTENCY_TOKEN}")
+        return token
+
+    @field_validator("secrets")
+    @classmethod
+    def _no_shared_names(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        plain = info.data.get("env_variables") or {}
+        both = sorted(set(plain) & set(value))
+        if both:
+            _fail(
+                f"{', '.join(both)} {'is' if len(both) == 1 else 'are'} also in env_variables; "
+                "a name is either a plain variable or a secret",
+                field=both[0],
+            )
+        return value
+
+    # ---- derived values ----
+
+    @property
+    def accelerator(self) -> AcceleratorType:
+        """The node shape (GPU_8xH100 → kind GPU, 8 per node, model H100)."""
+        return self.compute.accelerator
+
+    @property
+    def per_node(self) -> int:
+        return self.compute.per_node
+
+    @property
+    def num_nodes(self) -> int:
+        return self.compute.num_nodes
+
+    @property
+    def run_name(self) -> str:
+        """The MLflow run name: mlflow_run_name, else experiment_name."""
+        return self.mlflow_run_name or self.experiment_name
+
+    @property
+    def source_path(self) -> Path | None:
+        """The YAML file this spec was read from (absolute), or None when built from a dict."""
+        return self._source_path
+
+    @property
+    def source_dir(self) -> Path | None:
+        """The folder relative paths were resolved against."""
+        return self._source_dir
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The resolved spec (absolute paths, defaults filled in) as plain data, for the run store.
+
+        Loading it again with `WorkloadSpec.model_validate` gives an equal spec.
+        """
+        data = self.model_dump(mode="python", exclude_none=True)
+        data["mlflow_run_name"] = self.run_name
+        return data
+
+
+# ---- schema navigation (shared with overrides.py and config_help.py) ----------------------------------
+
+
+def annotation_members(annotation: Any) -> tuple[Any, ...]:
+    """The member types of an annotation, without Annotated wrappers and without None."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return annotation_members(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return tuple(m for arg in get_args(annotation) for m in annotation_members(arg))
+    if annotation is type(None):
+        return ()
+    return (annotation,)
+
+
+def accepts_none(annotation: Any) -> bool:
+    """Whether a field may be set to null (`str | None`, Any), as opposed to `str`."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return accepts_none(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return any(accepts_none(arg) for arg in get_args(annotation))
+    return annotation is type(None) or annotation is Any
+
+
+def section_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model an annotation holds (ComputeSpec for `compute`), or None for other fields."""
+    for member in annotation_members(annotation):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            return member
+    return None
+
+
+_NOT_A_MAP = object()
+
+
+def map_values(annotation: Any) -> Any:
+    """The value type of a free-form map field (Any for parameters, str for env_variables), else _NOT_A_MAP."""
+    if annotation is Any:
+        return Any
+    for member in annotation_members(annotation):
+        if member is Any:
+            return Any
+        if get_origin(member) is dict:
+            return get_args(member)[1]
+    return _NOT_A_MAP
+
+
+def is_map(annotation: Any) -> bool:
+    return map_values(annotation) is not _NOT_A_MAP
+
+
+def model_at(loc: Sequence[str | int], root: type[BaseModel] | None = None) -> type[BaseModel] | None:
+    """The section model at a field path (ComputeSpec at ('compute',)), or None if it is no section."""
+    model: type[BaseModel] | None = root or WorkloadSpec
+    for seg in loc:
+        if model is None or not isinstance(seg, str) or seg not in model.model_fields:
+            return None
+        model = section_model(model.model_fields[seg].annotation)
+    return model
+
+
+def unknown_key_message(model: type[BaseModel], parent: Sequence[str | int], key: str | int) -> str:
+    """Why `key` is not allowed under `parent`: a rename hint, a "did you mean", and the valid keys."""
+    full = ".".join(str(s) for s in (*parent, key))
+    if full in RENAMED_KEYS:
+        return f"unknown key: {RENAMED_KEYS[full]}"
+    if full in HOSTED_ONLY_KEYS:
+        return f"unknown key: {HOSTED_ONLY_KEYS[full]}"
+    names = list(model.model_fields)
+    message = "unknown key"
+    lowered = {name.lower(): name for name in names}
+    close = (
+        [lowered[str(key).lower()]] if str(key).lower() in lowered
+        else difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+    )
+    if close:
+        message += f"; did you mean {close[0]!r}?"
+    here = f"under {dotted(parent)}" if parent else "at the top level"
+    return f"{message} (valid keys {here}: {', '.join(names)})"
+
+
+# ---- problems and the error that lists them ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a workload: where (field path, YAML line, override) and what."""
+
+    loc: tuple[str | int, ...]
+    message: str
+    line: int | None = None
+    override: str | None = None
+
+    def render(self, source: str) -> str:
+        where = f"{dotted(self.loc)}: " if self.loc else ""
+        text = f"{source}: {where}{self.message}"
+        if self.override:
+            text += f" (from --override {self.override})"
+        elif self.line:
+            text += f" (line {self.line})"
+        return text
+
+
+class WorkloadSpecError(UserInputError):
+    """A workload YAML (or its overrides) that does not validate; `problems` lists every one of them."""
+
+    def __init__(self, source: str, problems: Sequence[Problem], *, hint: str | None = None) -> None:
+        self.source = source
+        self.problems = list(problems)
+        super().__init__("\n".join(p.render(source) for p in self.problems), hint=hint)
+
+
+def _problems_from(exc: ValidationError, lines: Mapping[tuple[str, ...], int]) -> list[Problem]:
+    """Turn pydantic's errors into our problems: paths cleaned up, messages in the user's words."""
+    problems: list[Problem] = []
+    for err in exc.errors(include_url=False):
+        loc = tuple(s for s in err["loc"] if not (isinstance(s, str) and "[" in s))
+        ctx = err.get("ctx") or {}
+        if ctx.get("air_field"):
+            loc = (*loc, ctx["air_field"])
+        message = _describe(err, loc)
+        if "[key]" in err["loc"]:  # the name of a map entry is wrong, not its value
+            message = f"the key {message}"
+        problems.append(Problem(loc, message, line=_line_of(loc, lines)))
+    return problems
+
+
+def _describe(err: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
+    kind, value = err["type"], err.get("input")
+    if kind == "air_invalid":
+        return str(err["msg"])
+    if kind == "extra_forbidden":
+        parent = model_at(loc[:-1])
+        return unknown_key_message(parent, loc[:-1], loc[-1]) if parent else "unknown key"
+    if kind == "missing":
+        return _missing_message(loc)
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        topic = ".".join(str(s) for s in loc)
+        return f"must be a mapping of keys (see `air -h config.{topic}`), got {show_value(value)}"
+    message = str(err["msg"]).replace("Input should be", "must be").replace("a valid integer", "an integer")
+    message = message.replace("a valid ", "a ")
+    if kind in ("string_type", "int_type", "float_type", "list_type", "bool_type", "literal_error",
+                "greater_than", "greater_than_equal", "int_from_float"):
+        message += f", got {show_value(value)}"
+    return message
+
+
+def _missing_message(loc: tuple[str | int, ...]) -> str:
+    parent = model_at(loc[:-1])
+    field = parent.model_fields.get(str(loc[-1])) if parent else None
+    message = "required field is missing"
+    example = field.examples[0] if field is not None and field.examples else None
+    if example is not None and not (isinstance(example, str) and "\n" in example):
+        flow = yaml.safe_dump(example, default_flow_style=True, sort_keys=False, width=200).strip().removesuffix("...").strip()
+        message += f", e.g. {loc[-1]}: {flow}"
+    return message
+
+
+def _line_of(loc: Sequence[str | int], lines: Mapping[tuple[str, ...], int]) -> int | None:
+    key = tuple(str(s) for s in loc)
+    for end in range(len(key), 0, -1):
+        if key[:end] in lines:
+            return lines[key[:end]]
+    return None
+
+
+def _hint_for(problems: Sequence[Problem]) -> str:
+    """Point at the help page of the first problem's section (or field, at the top level)."""
+    topic = "config"
+    first = next((p.loc for p in problems if p.loc), ())
+    if first and first[0] in WorkloadSpec.model_fields:
+        depth = max(k for k in range(1, len(first) + 1) if k == 1 or model_at(first[:k]) is not None)
+        topic = f"config.{dotted(first[:depth])}"
+    return f"See `air -h {topic}` for what each field takes."
+
+
+# ---- reading YAML -----------------------------------------------------------------------------------
+
+
+def _read_yaml(path: Path, shown: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int], list[Problem]]:
+    """Parse the file: its data, the line of every key, and duplicate keys (which YAML would hide)."""
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise UserInputError(
+            f"{shown}: a workload file must end in .yaml or .yml",
+            hint="Pass the workload YAML, e.g. `air run -f train.yaml`.",
+        )
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UserInputError(f"{shown}: no such file", hint="Check the path of the workload YAML.") from None
+    except IsADirectoryError:
+        raise UserInputError(f"{shown}: is a folder, not a YAML file") from None
+    except OSError as exc:
+        raise UserInputError(f"{shown}: cannot be read ({exc.strerror or exc})") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise UserInputError(
+            f"{shown}: the file is {len(raw)} bytes; a workload YAML must be under {MAX_YAML_BYTES} bytes",
+            hint="Keep data in the code snapshot (code_source), not in parameters.",
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{shown}: is not UTF-8 text (byte {exc.start})") from None
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = exc.problem or "syntax error"
+        if exc.context and exc.context_mark and exc.context_mark is not mark:
+            what += f" ({exc.context} at line {exc.context_mark.line + 1})"
+        elif exc.context:
+            what += f" ({exc.context})"
+        if isinstance(exc, yaml.constructor.ConstructorError):
+            hint = "A workload is plain YAML: tags such as !!python/… are not allowed."
+        elif exc.context and "single document" in exc.context:
+            what, hint = "the file holds more than one YAML document ('---')", "A workload is one document."
+        else:
+            hint = "Check the indentation (spaces, not tabs) and the quotes around that line."
+        raise UserInputError(f"{shown}: invalid YAML{where}: {what}", hint=hint) from None
+    except yaml.YAMLError as exc:
+        raise UserInputError(f"{shown}: invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+    if data is None:
+        raise UserInputError(
+            f"{shown}: the file is empty; a workload needs at least experiment_name, compute and command",
+            hint="See `air -h config` for an example.",
+        )
+    if not isinstance(data, dict):
+        raise UserInputError(
+            f"{shown}: the top level must be a mapping of fields (experiment_name: …, compute: …, command: …), "
+            f"got {show_value(data)}",
+            hint="See `air -h config` for an example.",
+        )
+    assert node is not None  # data came from it
+    lines: dict[tuple[str, ...], int] = {}
+    problems: list[Problem] = []
+    _index_lines(node, (), lines, problems, depth=0)
+    return data, lines, problems
+
+
+def _index_lines(
+    node: yaml.Node, loc: tuple[str, ...], lines: dict[tuple[str, ...], int], problems: list[Problem], depth: int
+) -> None:
+    if depth > 64:  # aliases can make cycles; nothing real nests this deep
+        return
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = key_node.value, key_node.start_mark.line + 1
+            here = (*loc, key)
+            if key in seen:
+                problems.append(
+                    Problem(here, f"duplicate key (first at line {seen[key]}); YAML keeps only the last", line=line)
+                )
+            seen[key] = line
+            lines[here] = line
+            _index_lines(value_node, here, lines, problems, depth + 1)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            here = (*loc, str(index))
+            lines[here] = item.start_mark.line + 1
+            _index_lines(item, here, lines, problems, depth + 1)
+
+
+# ---- paths ------------------------------------------------------------------------------------------
+
+
+def _expand(text: str, base_dir: Path) -> tuple[Path | None, str | None]:
+    """`~`, $VAR and `project_root/` expanded, relative paths joined to base_dir; or why it failed."""
+    if text.startswith("project_root/"):
+        text = text[len("project_root/"):] or "."
+    expanded = os.path.expanduser(os.path.expandvars(text))
+    unset = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if unset:
+        return None, f"environment variable ${unset[0]} is not set (in {text!r})"
+    path = Path(expanded)
+    if not path.is_absolute():
+        path = base_dir / path
+    return Path(os.path.normpath(path)), None
+
+
+def _resolve_paths(data: dict[str, Any], base_dir: Path) -> list[Problem]:
+    """Make the file's paths absolute (in place) and check they exist; type errors are left to the model."""
+    code_source = data.get("code_source")
+    snapshot = code_source.get("snapshot") if isinstance(code_source, dict) else None
+    environment = data.get("environment")
+    problems: list[Problem] = []
+    if isinstance(snapshot, dict):
+        problems += _resolve_snapshot(snapshot, base_dir)
+    if isinstance(environment, dict):
+        problems += _resolve_dependencies(environment, base_dir)
+    return problems
+
+
+def _resolve_snapshot(snapshot: dict[str, Any], base_dir: Path) -> list[Problem]:
+    loc = ("code_source", "snapshot", "root_path")
+    given = snapshot.get("root_path")
+    if not isinstance(given, str) or not given.strip():
+        return []
+    root, why = _expand(given.strip(), base_dir)
+    if root is None:
+        return [Problem(loc, str(why))]
+    if not root.exists():
+        return [Problem(loc, f"folder {root} does not exist (from {given.strip()!r}, relative to {base_dir})")]
+    if not root.is_dir():
+        return [Problem(loc, f"{root} is not a folder")]
+    snapshot["root_path"] = str(root)
+    includes = snapshot.get("include_paths")
+    if snapshot.get("git") is not None or not isinstance(includes, list):
+        return []  # a pinned commit's tree is checked by the snapshot, not the working tree
+    problems = []
+    for index, item in enumerate(includes):
+        if not isinstance(item, str) or not item.strip() or os.path.isabs(item.strip()):
+            continue  # the model says what is wrong with it
+        if ".." not in item.replace("\\", "/").split("/") and not (root / item.strip()).exists():
+            problems.append(Problem(("code_source", "snapshot", "include_paths", index),
+                                    f"{item.strip()!r} does not exist in {root}"))
+    return problems
+
+
+def _resolve_dependencies(environment: dict[str, Any], base_dir: Path) -> list[Problem]:
+    loc = ("environment", "dependencies")
+    deps = environment.get("dependencies")
+    if not isinstance(deps, str) or not deps.strip():
+        return []
+    path, why = _expand(deps.strip(), base_dir)
+    if path is None:
+        return [Problem(loc, str(why))]
+    if not path.is_file():
+        state = "is not a file" if path.exists() else "does not exist"
+        return [Problem(loc, f"requirements file {path} {state} (from {deps.strip()!r}, relative to {base_dir}); "
+                             "give a list of requirements or a file path")]
+    environment["dependencies"] = str(path)
+    return []
+
+
+# ---- entry points -----------------------------------------------------------------------------------
+
+
+def parse_workload(
+    data: Mapping[str, Any],
+    *,
+    source: str = "workload",
+    base_dir: str | Path | None = None,
+    overrides: Sequence[str] = (),
+) -> WorkloadSpec:
+    """Validate workload data already in memory (a stored spec, a generated one); `source` names it in
+    messages, and relative paths resolve against base_dir (default: the working directory)."""
+    base = Path(os.path.abspath(base_dir if base_dir is not None else os.getcwd()))
+    return _validate(data, source, base, overrides, lines={}, problems=[])
+
+
+def load_workload(path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSpec:
+    """Read, override, resolve and validate a workload YAML; every problem is reported at once.
+
+    Raises `UserInputError` (a `WorkloadSpecError` when the file parses but does not validate) whose
+    message names the file and each field path.
+    """
+    shown = str(path)
+    source = Path(os.path.abspath(os.path.expanduser(shown)))
+    data, lines, problems = _read_yaml(source, shown)
+    spec = _validate(data, shown, source.parent, overrides, lines=lines, problems=problems)
+    spec._source_path = source
+    return spec
+
+
+def _validate(
+    data: Mapping[str, Any],
+    source: str,
+    base_dir: Path,
+    overrides: Sequence[str],
+    *,
+    lines: Mapping[tuple[str, ...], int],
+    problems: list[Problem],
+) -> WorkloadSpec:
+    """Overrides, then paths, then the model; all their problems in one error, in file order."""
+    from air.workload.overrides import apply_overrides  # overrides.py builds on this module
+
+    data, override_problems, overridden = apply_overrides(copy.deepcopy(dict(data)), overrides)
+    problems = [*problems, *_resolve_paths(data, base_dir), *override_problems]
+    spec: WorkloadSpec | None = None
+    try:
+        spec = WorkloadSpec.model_validate(data)
+    except ValidationError as exc:
+        problems += _problems_from(exc, lines)
+    if problems or spec is None:
+        problems = [_mark_override(p, overridden) for p in _dedupe(problems)]
+        problems.sort(key=lambda p: (p.line is None, p.line or 0))
+        raise WorkloadSpecError(source, problems, hint=_hint_for(problems))
+    spec._source_dir = base_dir
+    return spec
+
+
+def _mark_override(problem: Problem, overridden: Mapping[tuple[str, ...], str]) -> Problem:
+    """Blame the --override that set a field, not the YAML line it replaced."""
+    if problem.override:
+        return problem
+    key = tuple(str(s) for s in problem.loc)
+    for path, text in overridden.items():
+        if key[: len(path)] == path:
+            return Problem(problem.loc, problem.message, None, text)
+    return problem
+
+
+def _dedupe(problems: Sequence[Problem]) -> list[Problem]:
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for problem in problems:
+        key = (problem.loc, problem.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(problem)
+    return out
+
+
+__all__ = [
+    "CodeSourceSpec",
+    "ComputeSpec",
+    "EnvironmentSpec",
+    "GitSpec",
+    "Problem",
+    "RESERVED_ENV_NAMES",
+    "SnapshotSpec",
+    "WorkloadSpec",
+    "WorkloadSpecError",
+    "load_workload",
+    "parse_workload",
+]

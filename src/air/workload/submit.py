@@ -1,0 +1,128 @@
+"""`air run`: validate everything, then create the run, its folder and its supervisor.
+
+Validation (spec, profile, the backend's capacity, secrets that must exist) happens before anything
+is written, so bad input leaves nothing behind. Once the run exists, any failure to prepare it ends it
+as INTERNAL_ERROR with the reason: a run never stays PENDING without a supervisor.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from air.backends.base import Backend
+from air.runs.paths import RunPaths, atomic_write_text
+from air.runs.states import FailureClass, RunStatus
+from air.runs.store import Run, RunStore
+from air.workload.plan import RunPlan, make_plan
+from air.workload.spec import WorkloadSpec, load_workload
+
+
+@dataclass
+class Prepared:
+    """A validated submission: the spec, its plan, the backend, and the snapshot plan (if any)."""
+
+    spec: WorkloadSpec
+    plan: RunPlan
+    backend: Backend
+    snapshot: Any | None
+
+
+def backend_for(profile_name: str | None) -> tuple[str, str, str | None]:
+    """(profile name, backend name, address) of the chosen profile."""
+    from air.config import resolve_profile
+
+    profile = resolve_profile(profile_name)
+    return profile.name, profile.backend, getattr(profile, "address", None)
+
+
+def make_backend_for(backend: str, address: str | None, store: RunStore | None = None) -> Backend:
+    if backend == "ray":
+        from air.backends.ray_backend import RayBackend
+
+        return RayBackend(address)  # type: ignore[return-value]
+    from air.backends.local import LocalBackend
+
+    return LocalBackend(store=store)
+
+
+def prepare(path: str | Path, overrides: list[str] | tuple[str, ...] = (), profile: str | None = None) -> Prepared:
+    """Everything `--dry-run` shows and `air run` needs; raises UserInputError on bad input."""
+    spec = load_workload(path, overrides)
+    profile_name, backend_name, address = backend_for(profile)
+    backend = make_backend_for(backend_name, address)
+    backend.check_shape(spec.accelerator, spec.num_nodes)
+    snapshot = None
+    if spec.code_source is not None:
+        from air.workload.snapshot import plan_snapshot
+
+        snap = spec.code_source.snapshot
+        git = snap.git
+        snapshot = plan_snapshot(Path(snap.root_path), snap.include_paths,
+                                 git_branch=git.branch if git else None, git_commit=git.commit if git else None)
+    plan = make_plan(spec, profile=profile_name, backend=backend_name, backend_address=address, snapshot_plan=snapshot)
+    if spec.secrets:
+        from air.workload.secrets import resolve_secrets
+
+        resolve_secrets(spec.secrets)  # every scope/key must exist now, not minutes later on a node
+    return Prepared(spec, plan, backend, snapshot)
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """The run's own copy of the snapshot: hard links (instant, no space) where the filesystem allows."""
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, dest, symlinks=True, copy_function=link_or_copy)
+
+
+def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: RunStore | None = None,
+           start_supervisor: bool = True) -> tuple[Run, bool]:
+    """Create the run and start its supervisor. Returns (run, existing) — existing for a replayed key."""
+    store = store or RunStore()
+    spec, plan = prepared.spec, prepared.plan
+    key = idempotency_key or spec.idempotency_token
+    created = store.create_run(
+        experiment=spec.experiment_name, accelerator_type=plan.accelerator, num_accelerators=plan.num_accelerators,
+        num_nodes=plan.num_nodes, spec_yaml=yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False),
+        run_name=plan.run_name, backend=plan.backend, profile=plan.profile, kind="workload", idempotency_key=key)
+    run = created.run
+    if created.existing:
+        return run, True
+    paths = RunPaths(run.id)
+    try:
+        paths.create()
+        plan.run_id = run.id
+        atomic_write_text(paths.spec, run.spec_yaml)
+        atomic_write_text(paths.command, plan.command if plan.command.endswith("\n") else plan.command + "\n")
+        plan.command_path = str(paths.command)
+        if plan.parameters is not None:
+            from air.workload.parameters import write_parameters
+
+            write_parameters(plan.parameters, paths.hyperparameters)
+            plan.parameters_path = str(paths.hyperparameters)
+        if prepared.snapshot is not None:
+            from air.workload.snapshot import materialize_snapshot
+
+            cached = materialize_snapshot(prepared.snapshot)
+            code = paths.folder / "code" / cached.name
+            _link_tree(cached, code)
+            plan.code_path = str(code)
+        atomic_write_text(paths.folder / "submission.json", plan.to_json())
+        if start_supervisor:
+            from air.supervisor import spawn
+
+            spawn(run.id)
+    except BaseException as exc:
+        store.transition(run.id, RunStatus.INTERNAL_ERROR, reason=f"Could not prepare the run: {exc}",
+                         failure_class=FailureClass.SETUP)
+        raise
+    return store.get_run(run.id), False

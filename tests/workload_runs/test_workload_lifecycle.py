@@ -1,0 +1,183 @@
+"""Workloads end to end through the real CLI, supervisor and SQLite store: retries, timeouts, cancel,
+a killed supervisor, and the slot ledger under 20 concurrent runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import alive, read_pids, wait_for
+from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
+
+from air.runs.paths import RunPaths
+from air.runs.store import RunStore
+
+
+def test_failed_attempt_is_retried_and_both_logs_are_kept(tmp_path: Path) -> None:
+    marker = tmp_path / "first-attempt-done"
+    path = write_workload(tmp_path, "flaky", f"""
+        experiment_name: flaky
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 2
+        command: |
+          echo "attempt $AIR_ATTEMPT starting"
+          if [ ! -e {marker} ]; then touch {marker}; echo "ValueError: first try fails" >&2; exit 3; fi
+          echo "second try works"
+    """)
+    run_id = submit(path)
+    run = wait_terminal(run_id)
+    assert run.status.value == "SUCCESS" and run.attempt_count == 2
+    paths = RunPaths(run_id)
+    assert "first try fails" in paths.node_log(0, 0).read_text()
+    assert "second try works" in paths.node_log(1, 0).read_text()
+    attempts = RunStore().list_attempts(run_id)
+    assert [a.status.value for a in attempts] == ["FAILED", "SUCCESS"]
+    assert "ValueError: first try fails" in attempts[0].termination_reason
+    shown = air("logs", run_id, "--retry", "0")
+    assert shown.returncode == 0 and "first try fails" in shown.stdout
+    got = json.loads(air("get", "run", run_id, "--json").stdout)["data"]
+    assert got["status"] == "SUCCESS" and got["attempts"] == 2
+
+
+def test_failure_without_retries_ends_failed_with_reason_and_exit_1(tmp_path: Path) -> None:
+    path = write_workload(tmp_path, "oom", """
+        experiment_name: oom
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        max_retries: 0
+        command: |
+          echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" >&2
+          exit 1
+    """)
+    result = air("run", "-f", str(path), "--watch")
+    assert result.returncode == 1, result.stderr
+    assert "FAILED" in result.stderr and "CUDA out of memory" in result.stderr
+
+
+def test_timeout_ends_timedout_and_kills_the_tree(tmp_path: Path, pid_dir: Path) -> None:
+    path = write_workload(tmp_path, "slow", f"""
+        experiment_name: slow
+        compute: {{num_accelerators: 2, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        timeout_minutes: 0.05
+        command: |
+          echo $$ > {pid_dir}/node$NODE_RANK.pid
+          sleep 1000 & echo $! > {pid_dir}/child$NODE_RANK.pid
+          setsid sleep 1000 & echo $! > {pid_dir}/escaped$NODE_RANK.pid
+          wait
+    """)
+    run = wait_terminal(submit(path))
+    assert run.status.value == "TIMEDOUT" and "Timed out" in (run.termination_reason or "")
+    pids = read_pids(pid_dir)
+    assert len(pids) == 6 and alive(pids) == []
+
+
+def test_cancel_ends_every_process(tmp_path: Path, pid_dir: Path) -> None:
+    path = write_workload(tmp_path, "long", f"""
+        experiment_name: long
+        compute: {{num_accelerators: 2, accelerator_type: CPU_1xCPU}}
+        command: |
+          python -c "import subprocess, time; subprocess.Popen(['sleep', '1000']); time.sleep(1000)" &
+          echo $! > {pid_dir}/py$NODE_RANK.pid
+          sleep 1000 & echo $! > {pid_dir}/sleep$NODE_RANK.pid
+          wait
+    """)
+    run_id = submit(path)
+    wait_for(lambda: len(read_pids(pid_dir)) >= 4, "both nodes to start", timeout=60)
+    tagged = _tagged(run_id)
+    assert len(tagged) >= 6  # bash, python, its sleep child, sleep — per node
+    result = air("cancel", run_id, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["data"]["runs"] == [{"run_id": run_id, "status": "CANCELED"}]
+    assert alive(read_pids(pid_dir) + tagged) == []
+    assert RunStore().get_run(run_id).status.value == "CANCELED"
+
+
+def _tagged(run_id: str) -> list[int]:
+    from air.launcher import tagged_processes
+    from air.supervisor import process_tag
+
+    return [p.pid for p in tagged_processes(process_tag(run_id))]
+
+
+def test_killed_supervisor_is_noticed_by_the_next_command(tmp_path: Path, pid_dir: Path) -> None:
+    path = write_workload(tmp_path, "orphan", f"""
+        experiment_name: orphan
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        command: |
+          sleep 1000 & echo $! > {pid_dir}/sleep.pid
+          wait
+    """)
+    run_id = submit(path)
+    wait_for(lambda: read_pids(pid_dir), "the node to start", timeout=60)
+    run = wait_status(run_id, "RUNNING")
+    tagged = _tagged(run_id)
+    os.kill(run.supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: alive([run.supervisor_pid]) == [], "the supervisor to die")
+    listed = air("list", "runs", "--all-status", "--json")
+    assert listed.returncode == 0, listed.stderr
+    after = RunStore().get_run(run_id)
+    assert after.status.value == "INTERNAL_ERROR"
+    assert "supervisor" in after.termination_reason and "died" in after.termination_reason
+    assert alive(read_pids(pid_dir) + tagged) == []
+
+
+def test_twenty_concurrent_runs_share_two_slots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIR_CPU_SLOTS", "2")
+    events = tmp_path / "events.log"
+    path = write_workload(tmp_path, "queue", f"""
+        experiment_name: queue
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: |
+          echo "start $(date +%s.%N) $AIR_RUN_ID $AIR_NODE_SLOTS" >> {events}
+          sleep 0.3
+          echo "end $(date +%s.%N) $AIR_RUN_ID $AIR_NODE_SLOTS" >> {events}
+    """)
+    procs = [subprocess.Popen([sys.executable, "-m", "air.cli.main", "run", "-f", str(path), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(20)]
+    run_ids = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        run_ids.append(json.loads(out)["data"]["run_id"])
+    ends = [wait_terminal(r, timeout=300) for r in run_ids]
+    assert [r.status.value for r in ends] == ["SUCCESS"] * 20
+    lines = [line.split() for line in events.read_text().splitlines()]
+    assert len(lines) == 40
+    running, peak, slots_in_use = 0, 0, set()
+    for kind, _, run_id, slot in sorted(lines, key=lambda x: (float(x[1]), x[0] == "start")):
+        if kind == "start":
+            assert slot not in slots_in_use, f"slot {slot} shared"
+            slots_in_use.add(slot)
+            running += 1
+        else:
+            slots_in_use.discard(slot)
+            running -= 1
+        peak = max(peak, running)
+    assert peak <= 2
+
+
+def test_shape_the_machine_can_never_hold_is_refused_at_submit(tmp_path: Path, air_home: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIR_CPU_SLOTS", "2")
+    path = write_workload(tmp_path, "big", """
+        experiment_name: big
+        compute: {num_accelerators: 4, accelerator_type: CPU_2xCPU}
+        command: echo never
+    """)
+    result = air("run", "-f", str(path))
+    assert result.returncode == 2
+    assert "4 CPU slots" in result.stderr and "2 CPU slots" in result.stderr
+    gpu = write_workload(tmp_path, "gpu", """
+        experiment_name: gpu
+        compute: {num_accelerators: 8, accelerator_type: GPU_8xH100}
+        command: echo never
+    """)
+    result = air("run", "-f", str(gpu))
+    assert result.returncode == 2 and "CPU_8xCPU" in result.stderr
+    assert RunStore().list_runs(statuses="all") == []
