@@ -9,10 +9,11 @@ Why it looks the way it does:
   base is itself a virtual environment (the usual case) that flag exposes the *system* interpreter's
   packages, not the base venv's.
 * **uv does not look at layered packages** (astral-sh/uv#2500, #4466): left alone it would reinstall
-  torch into every environment. So the packages the base already has are passed to uv as `--excludes`,
-  except those that a dependency needs in another version: after each install we check every installed
-  requirement against the base's versions and let uv install the ones the base cannot satisfy (pip's
-  "requirement already satisfied", done with uv).
+  torch into every environment. So the packages the base already has are left out of uv's resolution
+  (an override `name ; python_version < '0'`, which every uv understands), except those that a
+  dependency needs in another version: after each install we check every installed requirement against
+  the base's versions and let uv install the ones the base cannot satisfy (pip's "requirement already
+  satisfied", done with uv).
 * **Cached by content.** The key (`environment_key`) covers what decides the result: the base
   interpreter's path, full version and platform, the normalised dependency lines and whole-install
   options, and the content of local wheels, folders and constraint files they name. A hit is a `stat`:
@@ -31,6 +32,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -66,7 +68,7 @@ _COMPLETE = ".air-complete"  # written last: the environment is ready
 _LAST_USED = ".air-last-used"  # mtime = last time a run used it
 _META = "air-env.json"  # what it was built from
 _REQUIREMENTS = "air-requirements.txt"  # what uv was asked to install
-_EXCLUDES = "air-excludes.txt"  # base packages uv was told to leave alone
+_EXCLUDES = "air-excludes.txt"  # base packages uv was told to leave alone (as overrides)
 _LAYER_PTH = "_air_base_layer.pth"  # puts the base interpreter's site folders behind ours
 
 CacheState = Literal["cached", "will build"]
@@ -911,11 +913,16 @@ if site.ENABLE_USER_SITE:
     dirs.append(site.getusersitepackages())
 seen, dists = set(), []
 for dist in md.distributions():  # in sys.path order: the first of each name is the one imported
-    name = dist.metadata["Name"]
+    path = getattr(dist, "_path", None)
+    stem = os.path.basename(str(path))[: -len(".dist-info")] if str(path).endswith(".dist-info") else ""
+    if stem.count("-") == 1:  # name-version.dist-info: no need to parse METADATA
+        name, version = stem.split("-")
+    else:
+        name, version = dist.metadata["Name"], dist.version
     key = re.sub(r"[-_.]+", "-", name).lower() if name else None
     if key and key not in seen:
         seen.add(key)
-        dists.append({"name": key, "version": dist.version, "requires": dist.requires or []})
+        dists.append({"name": key, "version": version, "path": str(path) if path is not None else None})
 impl = sys.implementation
 iver = "{0.major}.{0.minor}.{0.micro}".format(impl.version)
 if impl.version.releaselevel != "final":
@@ -935,12 +942,20 @@ print(json.dumps({
 """
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Dist:
+    """A distribution the environment sees; its requirements are read only when a check needs them."""
+
     name: str
     version: str
     own: bool  # installed in the environment itself (else: seen through the base layer)
-    requires: tuple[str, ...]
+    path: str | None  # its .dist-info / .egg-info folder
+
+    @functools.cached_property
+    def requires(self) -> tuple[str, ...]:
+        if self.path is None:
+            return ()
+        return tuple(importlib.metadata.PathDistribution(Path(self.path)).requires or ())
 
 
 @dataclass(frozen=True)
@@ -955,9 +970,9 @@ class _Layer:
         """What the environment's python sees now: its own distributions first, then the base's."""
         own: dict[str, _Dist] = {}
         for dist in importlib.metadata.distributions(path=[str(self.site_packages)]):
-            name = dist.metadata["Name"]
-            if name and canonical_name(name) not in own:
-                own[canonical_name(name)] = _Dist(canonical_name(name), dist.version, True, tuple(dist.requires or ()))
+            name = canonical_name(dist.metadata["Name"] or "")
+            if name and name not in own:
+                own[name] = _Dist(name, dist.version, True, str(getattr(dist, "_path", "")) or None)
         return {**self.base_dists, **own}
 
 
@@ -973,7 +988,7 @@ def _layer_base(base: Path, path: Path, log: Log) -> _Layer:
     (site_packages / _LAYER_PTH).write_text(pth + "\n")
     linked = _link_base_scripts(Path(info["scripts"]), path / "bin")
     log(f"air: layered on {len(site_dirs)} site folder(s) of {base}; {linked} of its scripts run with this environment")
-    base_dists = {d["name"]: _Dist(d["name"], d["version"], False, tuple(d["requires"])) for d in info["dists"]}
+    base_dists = {d["name"]: _Dist(d["name"], d["version"], False, d["path"]) for d in info["dists"]}
     return _Layer(site_packages, base_dists, info["markers"])
 
 
@@ -1071,11 +1086,11 @@ def _install(deps: DependencySet, path: Path, layer: _Layer, log: Log, uv: str) 
     scoped = [d for d in deps.dependencies if d.flags]
     options = [arg for o in deps.options for arg in ([o.flag, o.value] if o.value is not None else [o.flag])]
     for round_number in range(_MAX_INSTALL_ROUNDS):
-        (path / _EXCLUDES).write_text("".join(f"{name}\n" for name in sorted(excluded)))
+        (path / _EXCLUDES).write_text("".join(f"{name} ; python_version < '0'\n" for name in sorted(excluded)))
         requirements = [d.line for d in plain if d.name is None or d.name not in excluded] + sorted(set(extra_lines))
         (path / _REQUIREMENTS).write_text("".join(f"{line}\n" for line in requirements))
         common = [uv, "pip", "install", "--python", str(path / "bin" / "python"), *options,
-                  "--excludes", str(path / _EXCLUDES)]
+                  "--overrides", str(path / _EXCLUDES)]
         if requirements:
             _run([*common, "-r", str(path / _REQUIREMENTS)], log, deps, what="install the dependencies",
                  only=[d for d in plain if d.name is None or d.name not in excluded])

@@ -168,6 +168,9 @@ class Supervisor:
             from air.environments import activation_env
 
             base = activation_env(environment, base)
+        else:  # the base environment itself: its python, torchrun, ray… come first on PATH
+            bin_dir = str(Path(self.plan.base_python).parent)
+            base["PATH"] = os.pathsep.join([bin_dir, *[p for p in base.get("PATH", "").split(os.pathsep) if p != bin_dir]])
         cwd = Path(self.plan.code_path) if self.plan.code_path else self.paths.folder
         tasks = []
         for node in range(self.plan.num_nodes):

@@ -128,3 +128,22 @@ def test_bad_uri_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     warnings: list[str] = []
     assert start_attempt_run("exp", None, {}, {}, warn=warnings.append) is None
     assert len(warnings) == 1 and "nosuchscheme://x" in warnings[0]
+
+
+@pytest.mark.gpu
+def test_sampler_logs_gpu_metrics_through_nvml() -> None:
+    """On the lent GPU machine: NVML readings land as system/node_<n>/gpu_<i>_... metrics."""
+    pynvml = pytest.importorskip("pynvml")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pytest.skip("no NVIDIA driver here")
+    from mlflow import MlflowClient
+
+    handle = start_attempt_run("gpu-metrics", None, {}, {})
+    assert handle is not None
+    with SystemMetricsSampler(handle.run_id, node_rank=1, interval_s=0.1, gpu_indices=[0]):
+        pass
+    metrics = MlflowClient(tracking_uri()).get_run(handle.run_id).data.metrics
+    assert "system/node_1/gpu_0_utilization_percentage" in metrics
+    assert "system/node_1/gpu_0_memory_usage_megabytes" in metrics

@@ -51,6 +51,7 @@ class SystemMetricsSampler:
         self._gpus: list[Any] = []
         self._nvml = False
         self._failed = False
+        self._cpu_last: tuple[float, float] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -58,9 +59,7 @@ class SystemMetricsSampler:
         """Begin sampling in a daemon thread; a second call does nothing."""
         if self._thread is not None:
             return
-        import psutil
-
-        psutil.cpu_percent(None)  # prime: the first reading covers the time since this call
+        self._cpu_percent()  # prime: the first reading covers the time since start()
         self._init_gpus()
         self._thread = threading.Thread(
             target=self._loop, name=f"air-sysmetrics-node{self.node_rank}", daemon=True
@@ -98,13 +97,30 @@ class SystemMetricsSampler:
 
         mem = psutil.virtual_memory()
         metrics: dict[str, float] = {
-            "cpu_utilization_percentage": psutil.cpu_percent(None),
+            "cpu_utilization_percentage": self._cpu_percent(),
             "system_memory_usage_megabytes": mem.used / 1e6,
             "system_memory_usage_percentage": mem.used / mem.total * 100,
         }
         for i, handle in enumerate(self._gpus):
             metrics.update(_gpu_sample(i, handle))
         return {k: round(v, 2) for k, v in metrics.items()}
+
+    def _cpu_percent(self) -> float:
+        """Machine CPU use since this sampler's previous reading.
+
+        Not `psutil.cpu_percent(None)`: its "since last call" state is global to the process, so two
+        samplers in one supervisor (two local nodes) would cut each other's intervals.
+        """
+        import psutil
+
+        t = psutil.cpu_times()
+        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # in user already
+        idle = t.idle + getattr(t, "iowait", 0.0)
+        last, self._cpu_last = self._cpu_last, (total, idle)
+        if last is None or total <= last[0]:
+            return 0.0
+        busy = 1.0 - (idle - last[1]) / (total - last[0])
+        return min(100.0, max(0.0, busy * 100.0))
 
     def _loop(self) -> None:
         """Sample, log, wait; the last sample is taken when `stop()` is called."""
