@@ -192,7 +192,7 @@ def parse_dependencies(dependencies: list[str] | str | Path | None, base_dir: Pa
                 f"environment.dependencies entries must be strings, got {bad[0]!r}.",
                 hint="Quote version-like entries in YAML, e.g. - \"numpy==1.26\".",
             )
-        parser.add_lines(list(dependencies), base_dir, origin="environment.dependencies")
+        parser.add_lines(list(dependencies), base_dir, origin="environment.dependencies", inline=True)
         return parser.result(source=None, version=None)
     raise UserInputError(
         f"environment.dependencies must be a list of packages or a path to a requirements file, "
@@ -279,18 +279,19 @@ class _Parser:
         self.add_lines(_join_continuations(text.splitlines()), path.parent, origin=str(path))
         self._files.pop()
 
-    def add_lines(self, lines: Iterable[str], base_dir: Path, origin: str) -> None:
+    def add_lines(self, lines: Iterable[str], base_dir: Path, origin: str, *, inline: bool = False) -> None:
+        """Add lines of a file (`origin` is its path) or of an inline list (`inline`: entries are numbered)."""
         for number, raw in enumerate(lines, start=1):
             text = re.sub(r"(^|\s)#.*$", "", raw).strip()
             if text:
-                self._add_line(text, base_dir, f"{origin}, line {number}" if origin else "")
+                self._add_line(text, base_dir, f"{origin}[{number - 1}]" if inline else f"{origin}, line {number}")
 
     def _add_line(self, text: str, base_dir: Path, where: str) -> None:
         display = text
         while text.startswith("-"):
-            head, _, rest = text.partition(" ")
+            head, *tail = text.split(None, 1)
             flag, eq, value = head.partition("=")
-            rest = rest.strip()
+            rest = tail[0].strip() if tail else ""
             if flag in _PER_ENTRY:
                 self._pending_flags.append(_PER_ENTRY[flag])
                 text = rest
@@ -505,17 +506,18 @@ def environment_key(deps: DependencySet, base_python: Path | str) -> str:
         "base": str(base),
         "interpreter": _interpreter_identity(base),
         "options": [[o.flag, _option_material(o, digests)] for o in deps.options],
-        "dependencies": sorted(
-            json.dumps([
-                _normalised(d), list(d.flags), d.editable,
-                digests.of_path(d.local_path, editable=d.editable) if d.local_path else None,
-            ])
-            for d in deps.dependencies
-        ),
+        # Plain entries are a set (order does not change uv's answer); per-entry ones install in order.
+        "dependencies": sorted(_dependency_material(d, digests) for d in deps.dependencies if not d.flags),
+        "installed_one_by_one": [_dependency_material(d, digests) for d in deps.dependencies if d.flags],
     }
     digests.save()
     blob = json.dumps(material, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:_KEY_LENGTH]
+
+
+def _dependency_material(dep: Dependency, digests: _Digests) -> str:
+    content = digests.of_path(dep.local_path, editable=dep.editable) if dep.local_path else None
+    return json.dumps([_normalised(dep), list(dep.flags), dep.editable, content])
 
 
 def _option_material(option: InstallOption, digests: _Digests) -> str | None:
@@ -533,9 +535,22 @@ _SKIP_DIRS = frozenset({
 _BUILD_FILES = ("pyproject.toml", "setup.py", "setup.cfg")
 
 
+def _tree_files(path: Path) -> list[tuple[str, Path]]:
+    """The files of a source folder that can change what it builds, in a stable order."""
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            full = Path(root, name)
+            if not name.endswith((".pyc", ".pyo")) and (full.is_symlink() or full.is_file()):
+                found.append((full.relative_to(path).as_posix(), full))
+    return found
+
+
 class _Digests:
-    """Content hashes of local files, remembered by (path, size, mtime, inode) so a hit does not re-read
-    a large wheel. The memo lives in `envs/.digests.json`; losing it only costs a re-read."""
+    """Content hashes of local files and folders, remembered by their `stat` (path, size, mtime, inode) so
+    a hit does not re-read a large wheel or a source tree. The memo lives in `envs/.digests.json`;
+    losing it only costs a re-read."""
 
     def __init__(self) -> None:
         self._path: Path | None = None
@@ -551,15 +566,17 @@ class _Digests:
                 self._memo = {}
         return self._memo
 
-    def of_file(self, path: Path) -> str:
+    def of_file(self, path: Path, *, remember: bool = True) -> str:
         st = path.stat()
         memo_key = f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
-        memo = self._load()
+        memo = self._load() if remember else {}
         if memo_key not in memo:
             sha = hashlib.sha256()
             with path.open("rb") as fh:
                 for chunk in iter(lambda: fh.read(1 << 20), b""):
                     sha.update(chunk)
+            if not remember:
+                return sha.hexdigest()
             memo[memo_key] = sha.hexdigest()
             self._dirty = True
         return memo[memo_key]
@@ -577,16 +594,22 @@ class _Digests:
                 if (path / name).is_file():
                     sha.update(f"{name}\0{self.of_file(path / name)}\0".encode())
             return sha.hexdigest()
-        for root, dirs, files in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith(".egg-info"))
-            for name in sorted(files):
-                full = Path(root, name)
-                rel = full.relative_to(path).as_posix()
+        files = _tree_files(path)
+        signature = hashlib.sha256()  # stat only: when nothing changed, the remembered digest is reused
+        for rel, full in files:
+            st = full.lstat()
+            signature.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\0".encode())
+        memo_key = f"dir|{path}|{signature.hexdigest()}"
+        memo = self._load()
+        if memo_key not in memo:
+            for rel, full in files:
                 if full.is_symlink():
                     sha.update(f"{rel}\0link:{os.readlink(full)}\0".encode())
-                elif full.is_file() and not name.endswith((".pyc", ".pyo")):
-                    sha.update(f"{rel}\0{self.of_file(full)}\0".encode())
-        return sha.hexdigest()
+                else:
+                    sha.update(f"{rel}\0{self.of_file(full, remember=False)}\0".encode())
+            memo[memo_key] = sha.hexdigest()
+            self._dirty = True
+        return memo[memo_key]
 
     @staticmethod
     def of_find_links(path: Path) -> str:

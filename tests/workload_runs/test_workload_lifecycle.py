@@ -181,3 +181,61 @@ def test_shape_the_machine_can_never_hold_is_refused_at_submit(tmp_path: Path, a
     result = air("run", "-f", str(gpu))
     assert result.returncode == 2 and "CPU_8xCPU" in result.stderr
     assert RunStore().list_runs(statuses="all") == []
+
+
+def test_watch_json_is_a_jsonl_event_stream_with_retry(tmp_path: Path) -> None:
+    marker = tmp_path / "once"
+    path = write_workload(tmp_path, "events", f"""
+        experiment_name: events
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 1
+        secrets: {{API_TOKEN: team/token}}
+        command: |
+          echo "token is $API_TOKEN"
+          if [ ! -e {marker} ]; then touch {marker}; exit 7; fi
+          echo done
+    """)
+    assert air("secrets", "put", "team", "token", input="s3cr3t-value\n").returncode == 0
+    dry = air("run", "-f", str(path), "--dry-run")
+    assert dry.returncode == 0 and "s3cr3t-value" not in dry.stdout and "API_TOKEN: '***'" in dry.stdout
+    result = air("run", "-f", str(path), "--watch", "--json")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "SUBMITTED" and kinds[-1] == "TERMINAL" and "RETRY" in kinds
+    assert events[-1]["status"] == "SUCCESS"
+    assert {"RUNNING", "SUCCESS"} <= {e["status"] for e in events if e["type"] == "STATUS"}
+    logs = [e["line"] for e in events if e["type"] == "LOG"]
+    assert "done" in logs and "token is ***" in logs and "s3cr3t-value" not in result.stdout
+    run_id = events[0]["run_id"]
+    shown = air("logs", run_id)
+    assert "token is ***" in shown.stdout and "s3cr3t-value" not in shown.stdout
+
+
+def test_cancel_all_asks_unless_yes(tmp_path: Path) -> None:
+    path = write_workload(tmp_path, "idle", """
+        experiment_name: idle
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        command: sleep 1000
+    """)
+    run_id = submit(path)
+    wait_status(run_id, "RUNNING")
+    refused = air("cancel", "--all")
+    assert refused.returncode == 2 and "-y" in refused.stderr
+    assert air("cancel", "--all", "-y").returncode == 0
+    assert RunStore().get_run(run_id).status.value == "CANCELED"
+    listed = air("list", "runs", "--all-status", "--filter", "experiment=id*", "--json")
+    assert [r["id"] for r in json.loads(listed.stdout)["data"]["runs"]] == [run_id]
+
+
+def test_idempotency_key_returns_the_existing_run(tmp_path: Path) -> None:
+    path = write_workload(tmp_path, "once", """
+        experiment_name: once
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        command: echo hi
+    """)
+    first = submit(path, "--idempotency-key", "nightly-1")
+    second = air("run", "-f", str(path), "--json", "--idempotency-key", "nightly-1")
+    data = json.loads(second.stdout)["data"]
+    assert data["run_id"] == first and data["existing"] is True
+    wait_terminal(first)

@@ -13,6 +13,18 @@ from air.cli.output import envelope, event, stderr
 from air.errors import UserInputError
 
 
+class _LiteralDumper(yaml.SafeDumper):
+    """Multi-line strings (the command) as YAML literal blocks, the way the user wrote them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _str)
+
+
 @click.command()
 @click.argument("file_arg", required=False, metavar="FILE")
 @click.option("-f", "--file", "file_opt", default=None, metavar="FILE", help="Workload YAML (.yaml/.yml).")
@@ -42,7 +54,7 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
         if s.json:
             envelope({"status": "DRY_RUN_OK", "plan": plan})
         else:
-            sys.stdout.write(yaml.safe_dump(plan, sort_keys=False, width=100))
+            sys.stdout.write(yaml.dump(plan, Dumper=_LiteralDumper, sort_keys=False, width=100))
             stderr("DRY_RUN_OK: the workload is valid; nothing was created.")
         return 0
     run_, existing = submit(prepared, idempotency_key=idempotency_key)

@@ -1,0 +1,316 @@
+"""The node agent: one Ray actor per node of a run, inside that node's placement-group bundle.
+
+It starts the node's processes with the same node launcher as the local backend (`start_processes`),
+so process groups, AIR_PROCESS_TAG teardown and log pumping behave identically on every backend. The
+submitting side never blocks inside the actor: it long-polls `poll()` for new lines and exits, and
+calls `terminate()` from another thread of this threaded actor.
+
+A *sentinel* process per launch watches the agent: if the agent dies (its raylet was killed, the
+driver went away and Ray reaped its actors), the sentinel ends every process carrying the launch's
+tag, so a lost node or a dead supervisor leaves no training process holding GPUs behind.
+
+This module imports nothing heavy at import time; `ray` is imported inside the methods that need it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
+
+#: Placeholder in argv/env/cwd values that the agent replaces with its node-local work folder.
+NODE_DIR = "@AIR_NODE_DIR@"
+
+#: Lines kept for the submitting side before the oldest are dropped (it normally polls every 0.2 s).
+MAX_BUFFERED_LINES = 200_000
+
+#: Variables Ray sets for the agent's own worker process that the node's processes must not inherit.
+_RAY_PROCESS_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONBREAKPOINT")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def local_versions() -> dict[str, str | None]:
+    """What a pickled call needs to match between caller and nodes (read without importing torch)."""
+    import cloudpickle
+
+    return {"python": platform.python_version(), "cloudpickle": cloudpickle.__version__,
+            "torch": _version("torch"), "air": _version("air-runtime")}
+
+
+def agent_root(run_id: str, node_rank: int) -> Path:
+    """Node-local folder of one node of one run: unpacked code, call payloads, node logs."""
+    base = Path(os.environ.get("AIR_AGENT_DIR") or tempfile.gettempdir()) / f"air-agent-{os.getuid()}"
+    return base / run_id / f"node_{node_rank}"
+
+
+class NodeAgent:
+    """Runs one node's processes for the submitting side (see the module docstring)."""
+
+    def __init__(self, run_id: str, node_rank: int) -> None:
+        self.run_id = run_id
+        self.node_rank = node_rank
+        self.root = agent_root(run_id, node_rank)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._cond = threading.Condition()
+        self._lines: list[tuple[int, str, str]] = []
+        self._first = 0  # sequence number of self._lines[0]
+        self._dropped = 0
+        self._launch: Any = None
+        self._thread: threading.Thread | None = None
+        self._result: Any = None
+        self._stop = threading.Event()
+        self._ports: list[Any] = []
+        self._sentinel: subprocess.Popen[bytes] | None = None
+        self._attempt = 0
+
+    # -- what this node is ------------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "ip": ray.util.get_node_ip_address(), "node_id": context.get_node_id(), "hostname": socket.gethostname(),
+            "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "root": str(self.root),
+            "executable": sys.executable, **local_versions(),
+        }
+
+    def reserve_ports(self, count: int) -> list[int]:
+        """Free ports on this node, held (no other air launch takes them) until the next launch ends."""
+        from air.launcher import reserve_port
+
+        for reservation in self._ports:
+            reservation.release()
+        self._ports = [reserve_port("0.0.0.0") for _ in range(count)]
+        return [r.port for r in self._ports]
+
+    # -- code and files ---------------------------------------------------------------------------
+
+    def has_path(self, path: str) -> bool:
+        return Path(path).is_dir()
+
+    def unpack(self, key: str, data: bytes) -> str:
+        """Unpack a shipped folder (a tar.gz) once per key; returns where it is on this node."""
+        target = self.root.parent / "code" / key
+        if target.is_dir():
+            return str(target)
+        tmp = target.with_name(f".{key}.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(tmp, filter="data")
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another agent of the same run on this machine won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+        return str(target)
+
+    def write_files(self, files: Mapping[str, bytes]) -> str:
+        """Write files into this node's work folder (a call's payload); returns the folder."""
+        work = self.root / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            path = work / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        return str(work)
+
+    def read_files(self, names: Sequence[str]) -> dict[str, bytes | None]:
+        """Files of the work folder (rank outcomes), None for those that do not exist."""
+        out: dict[str, bytes | None] = {}
+        for name in names:
+            try:
+                out[name] = (self.root / "work" / name).read_bytes()
+            except FileNotFoundError:
+                out[name] = None
+        return out
+
+    # -- processes --------------------------------------------------------------------------------
+
+    def _node_env(self, task_env: Mapping[str, str]) -> dict[str, str]:
+        from air.ray.cluster import clean_ray_env
+
+        env = clean_ray_env(os.environ)
+        for key in _RAY_PROCESS_ENV:
+            env.pop(key, None)
+        env.pop(PROCESS_TAG_ENV, None)
+        env.update(task_env)
+        return env
+
+    def _expand(self, value: str) -> str:
+        return value.replace(NODE_DIR, str(self.root / "work"))
+
+    def start(self, procs: Sequence[Mapping[str, Any]], tag: str, grace_s: float = TERMINATE_GRACE_S) -> list[int]:
+        """Start this node's processes at once: each {name, argv, env, cwd}. Returns their PIDs."""
+        from air.launcher import ProcessSpec, start_processes
+
+        if self._thread is not None and self._thread.is_alive():
+            raise RuntimeError("this node is still running the previous launch")
+        self._attempt += 1
+        self._stop.clear()
+        self._result = None
+        logs = self.root / "logs" / f"launch_{self._attempt}"
+        specs = []
+        for index, proc in enumerate(procs):
+            env = {k: self._expand(v) for k, v in self._node_env(proc["env"]).items()}
+            env.setdefault("AIR_LAUNCHER_PID", str(os.getpid()))
+            cwd = self._expand(proc["cwd"]) if proc.get("cwd") else None
+            if cwd and not Path(cwd).is_dir():
+                cwd = None
+            specs.append(ProcessSpec(name=proc["name"], argv=[self._expand(a) for a in proc["argv"]], env=env,
+                                     log_path=logs / f"proc_{index}.log", cwd=Path(cwd) if cwd else None))
+        self._start_sentinel(tag)
+        self._launch = start_processes(specs, on_line=self._on_line, tag=tag, grace_s=grace_s)
+        self._thread = threading.Thread(target=self._wait, name="air-agent-wait", daemon=True)
+        self._thread.start()
+        return list(self._launch.pids)
+
+    def _start_sentinel(self, tag: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k != PROCESS_TAG_ENV}
+        try:
+            self._sentinel = subprocess.Popen(
+                [sys.executable, "-m", "air.backends.ray_agent", tag], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+                close_fds=True,
+            )
+        except OSError:
+            self._sentinel = None
+
+    def _stop_sentinel(self) -> None:
+        sentinel, self._sentinel = self._sentinel, None
+        if sentinel is None or sentinel.stdin is None:
+            return
+        try:
+            sentinel.stdin.write(b"done\n")
+            sentinel.stdin.close()
+        except OSError:
+            pass
+        try:
+            sentinel.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            sentinel.kill()
+
+    def _on_line(self, index: int, stream: str, text: str) -> None:
+        with self._cond:
+            self._lines.append((index, stream, text))
+            if len(self._lines) > MAX_BUFFERED_LINES:
+                cut = len(self._lines) - MAX_BUFFERED_LINES
+                del self._lines[:cut]
+                self._first += cut
+                self._dropped += cut
+            self._cond.notify_all()
+
+    def _wait(self) -> None:
+        launch = self._launch
+        try:
+            result = launch.wait(timeout=None, fail_fast=True, should_stop=self._stop.is_set)
+            exits = [{"index": e.index, "name": e.name, "returncode": e.returncode, "ended_at": e.ended_at,
+                      "killed_by_launcher": e.killed_by_launcher} for e in result.exits]
+        except BaseException as exc:  # noqa: BLE001 - reported to the submitting side as data
+            launch.terminate()
+            exits = [{"index": i, "name": s.name, "returncode": -9, "ended_at": time.time(),
+                      "killed_by_launcher": True, "error": repr(exc)} for i, s in enumerate(launch.specs)]
+        for reservation in self._ports:
+            reservation.release()
+        self._ports = []
+        self._stop_sentinel()
+        with self._cond:
+            self._result = exits
+            self._cond.notify_all()
+
+    def poll(self, cursor: int, wait_s: float = 0.0) -> dict[str, Any]:
+        """Lines from sequence number `cursor` on, and the exits once every process ended.
+
+        Blocks up to `wait_s` for something new, so a quiet node costs one call per `wait_s`. Lines
+        before `cursor` were received by the caller and are freed.
+        """
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while True:
+                end = self._first + len(self._lines)
+                if end > cursor or self._result is not None:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            if cursor > self._first:
+                del self._lines[: cursor - self._first]
+                self._first = cursor
+            start = max(cursor - self._first, 0)
+            lines = self._lines[start:]
+            return {"lines": list(lines), "cursor": self._first + len(self._lines), "dropped": self._dropped,
+                    "exits": self._result, "started": self._launch is not None}
+
+    def terminate(self) -> list[dict[str, Any]] | None:
+        """End this node's processes now (idempotent); returns their exits."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=TERMINATE_GRACE_S * 3 + 30)
+        with self._cond:
+            return self._result
+
+    def reap(self, tag: str) -> int:
+        """End leftovers of a launch on this node (a dead supervisor's); returns how many."""
+        return reap_tag(tag)
+
+    def cleanup(self) -> None:
+        """Drop this node's folder of the run (payloads, node logs, unpacked code)."""
+        self.terminate()
+        for reservation in self._ports:
+            reservation.release()
+        shutil.rmtree(self.root, ignore_errors=True)
+        try:
+            self.root.parent.rmdir()  # the run's folder, once every node of it on this machine is gone
+        except OSError:
+            pass
+
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def reap_tag(tag: str) -> int:
+    """End every process of this user carrying AIR_PROCESS_TAG=tag; returns how many there were."""
+    from air.launcher import tagged_processes, terminate_tree
+
+    procs = tagged_processes(tag)
+    if procs:
+        terminate_tree(others=procs, tag=tag)
+    return len(procs)
+
+
+def _sentinel_main(tag: str) -> int:
+    """Block until the agent closes our stdin: "done" first means a clean end, anything else (EOF
+    alone) means the agent died, so the launch's processes are ended."""
+    data = sys.stdin.buffer.read()
+    if data.startswith(b"done"):
+        return 0
+    reap_tag(tag)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_sentinel_main(sys.argv[1]))
