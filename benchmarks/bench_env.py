@@ -32,7 +32,7 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE.parent / "tests" / "environments"))
 
-from wheelhouse import write_wheel  # noqa: E402  (the tests' hand-made wheels: no build backend needed)
+from env_wheels import write_wheel  # noqa: E402  (the tests' hand-made wheels: no build backend needed)
 
 PACKAGES = 8
 MODULES = 150

@@ -763,30 +763,40 @@ def use_environment(deps: DependencySet, base_python: Path | str, *, log: Log) -
 
 
 def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bool) -> tuple[Environment, _Lock | None]:
+    """Find or build the environment. Waiting is done with a shared lock, which is granted as soon as no
+    one builds or prunes, even while runs hold the environment; only a builder asks for the exclusive one."""
     base = Path(os.path.abspath(base_python))
     key = environment_key(deps, base)
     path = envs_dir() / key
     if not hold and _is_complete(path):  # the hot path: one stat, one utime
         _touch_last_used(path)
         return _env_for(key, cache_hit=True), None
+    waited: list[bool] = []
+
+    def on_wait() -> None:
+        if not waited:
+            log(f"air: waiting for another run that is building environment {key} …")
+            waited.append(True)
+
     while True:
         lock = _Lock(key)
-        if hold and lock.acquire(fcntl.LOCK_SH, blocking=False):
-            if _is_complete(path):
-                _touch_last_used(path)
+        lock.acquire(fcntl.LOCK_SH, on_wait=on_wait)
+        if _is_complete(path):
+            _touch_last_used(path)
+            if waited:
+                log(f"air: environment {key} is ready (built by another run)")
+            if hold:
                 return _env_for(key, cache_hit=True), lock
             lock.release()
-        lock.acquire(
-            fcntl.LOCK_EX,
-            on_wait=lambda: log(f"air: waiting for another run that is building environment {key} …"),
-        )
-        built = False
+            return _env_for(key, cache_hit=True), None
+        lock.release()
+        if not lock.acquire(fcntl.LOCK_EX, blocking=False):
+            time.sleep(0.01)  # someone else got there first: wait for them with the shared lock
+            continue
         try:
-            if _is_complete(path):
-                log(f"air: environment {key} is ready (built by another run)")
-            else:
+            built = not _is_complete(path)  # complete: built by another run between our two locks
+            if built:
                 _build(deps, base, key, path, log)
-                built = True
             _touch_last_used(path)
             if not hold:
                 lock.release()
@@ -814,9 +824,12 @@ def _build(deps: DependencySet, base: Path, key: str, path: Path, log: Log) -> N
         log(f"air: warning: {warning}")
     try:
         uv = _uv_bin()
-        _run([uv, "venv", "--python", str(base), "--no-project", str(path)], log, deps, what="create the venv")
+        _run([uv, "venv", "--python", str(base), "--no-project", str(path)], log, deps, what="create the venv",
+             only=[])
         layer = _layer_base(base, path, log)
         excluded, satisfied = _install(deps, path, layer, log, uv)
+        linked = _link_base_scripts(layer.base_scripts, path / "bin")  # after installing: ours win
+        log(f"air: {linked} of the base's scripts (torchrun, ray, …) run with this environment")
         meta = {
             "key": key,
             "schema": _SCHEMA,
@@ -882,7 +895,8 @@ def _run(cmd: list[str], log: Log, deps: DependencySet, *, what: str, only: list
 
 
 def _redact(text: str) -> str:
-    return re.sub(r"(?<=://)[^/@\s:]+:[^/@\s]+@", "***@", text)
+    """Index credentials in installer output (uv hides most; this catches the rest)."""
+    return re.sub(r"(?<=://)[^/@\s]+@", "***@", text)
 
 
 def _build_error(lines: list[str], candidates: list[Dependency], what: str) -> EnvironmentBuildError:
@@ -892,17 +906,16 @@ def _build_error(lines: list[str], candidates: list[Dependency], what: str) -> E
         detail = next((line for line in reversed(lines) if line.strip()), "the installer failed")
     else:
         parts = [lines[start][len("error:"):].strip()]
-        for line in lines[start + 1:]:
+        for line in lines[start + 1:]:  # the causes uv prints under its error line, indented
             stripped = line.strip()
-            for prefix in ("cause:", "Caused by:", "╰─▶", "help:"):
+            if line and not line[0].isspace() and not stripped.startswith(("Caused by:", "╰─▶")):
+                break
+            if not stripped or stripped.startswith("help:"):
+                continue
+            for prefix in ("cause:", "Caused by:", "╰─▶"):
                 if stripped.startswith(prefix):
                     stripped = stripped[len(prefix):].strip()
-                    break
-            else:
-                if not line.startswith(" "):
-                    break
-            if stripped and not line.strip().startswith("help:"):
-                parts.append(stripped)
+            parts.append(stripped)
         detail = parts[0] + (": " + " ".join(parts[1:]) if len(parts) > 1 else "")
     lowered = detail.lower()
     named = [d for d in candidates if _mentioned(d, lowered)] or candidates
@@ -988,6 +1001,7 @@ class _Layer:
     site_packages: Path
     base_dists: dict[str, _Dist]
     markers: dict[str, str]  # PEP 508 marker values of the interpreter
+    base_scripts: Path  # the base's bin/ (console scripts)
 
     def dists(self) -> dict[str, _Dist]:
         """What the environment's python sees now: its own distributions first, then the base's."""
@@ -1009,10 +1023,9 @@ def _layer_base(base: Path, path: Path, log: Log) -> _Layer:
     site_dirs = tuple(d for d in info["site_dirs"] if os.path.isdir(d))
     pth = "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in site_dirs) if site_dirs else ""
     (site_packages / _LAYER_PTH).write_text(pth + "\n")
-    linked = _link_base_scripts(Path(info["scripts"]), path / "bin")
-    log(f"air: layered on {len(site_dirs)} site folder(s) of {base}; {linked} of its scripts run with this environment")
+    log(f"air: layered on {len(site_dirs)} site folder(s) of {base}")
     base_dists = {d["name"]: _Dist(d["name"], d["version"], False, d["path"]) for d in info["dists"]}
-    return _Layer(site_packages, base_dists, info["markers"])
+    return _Layer(site_packages, base_dists, info["markers"], Path(info["scripts"]))
 
 
 def _check_output(cmd: list[str], what: str) -> str:
@@ -1108,6 +1121,12 @@ def _install(deps: DependencySet, path: Path, layer: _Layer, log: Log, uv: str) 
     plain = [d for d in deps.dependencies if not d.flags]
     scoped = [d for d in deps.dependencies if d.flags]
     options = [arg for o in deps.options for arg in ([o.flag, o.value] if o.value is not None else [o.flag])]
+    # uv reuses its cached build of a local folder while its pyproject.toml is unchanged: our key saw the
+    # content change, so make uv rebuild (and re-read local archives) too.
+    local = [d for d in deps.dependencies if d.local_path is not None]
+    if any(d.name is None for d in local):
+        options.append("--reinstall")
+    options.extend(arg for d in local if d.name for arg in ("--reinstall-package", d.name))
     for round_number in range(_MAX_INSTALL_ROUNDS):
         (path / _EXCLUDES).write_text("".join(f"{name} ; python_version < '0'\n" for name in sorted(excluded)))
         requirements = [d.line for d in plain if d.name is None or d.name not in excluded] + sorted(set(extra_lines))

@@ -21,18 +21,13 @@ from typing import Any
 from air.accelerators import parse_accelerator_type
 from air.backends.base import AttemptOutcome, Backend, NodeTask
 from air.errors import AirError, EnvironmentBuildError
-from air.runs.paths import RunPaths
+from air.runs.paths import RunPaths, process_tag
 from air.runs.reasons import termination_reason
 from air.runs.states import AttemptStatus, FailureClass, RetryDecision, RetryPolicy, RunStatus, StatusConflictError
 from air.runs.store import RunStore
 from air.workload.plan import RunPlan
 
 CANCEL_POLL_S = 0.25
-
-
-def process_tag(run_id: str) -> str:
-    """AIR_PROCESS_TAG of every process a run starts, on any node (reconcile and cancel find them by it)."""
-    return f"air-run-{run_id}"
 
 
 def make_backend(plan: RunPlan, store: RunStore) -> Backend:
@@ -66,7 +61,7 @@ class Supervisor:
         self.run_id = run_id
         self.store = store or RunStore()
         self.paths = RunPaths(run_id)
-        self.plan = RunPlan.from_json((self.paths.folder / "submission.json").read_text())
+        self.plan = RunPlan.from_json(self.paths.submission.read_text())
         self.accelerator = parse_accelerator_type(self.plan.accelerator)
         self.backend = make_backend(self.plan, self.store)
         self.policy = RetryPolicy(self.plan.max_retries)

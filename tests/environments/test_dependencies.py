@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from env_fixtures import offline_uv_fixture, uv_cache_fixture, wheelhouse_fixture  # noqa: F401
 
 from air.environments import cache_state, environment_key, parse_dependencies
 from air.errors import UserInputError

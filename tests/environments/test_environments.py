@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from env_fixtures import offline_uv_fixture, uv_cache_fixture, wheelhouse_fixture  # noqa: F401
 
 from air import environments
 from air.environments import (
@@ -19,6 +21,7 @@ from air.environments import (
     activation_env,
     cache_state,
     ensure_environment,
+    environment_key,
     envs_dir,
     list_environments,
     parse_dependencies,
@@ -26,6 +29,7 @@ from air.environments import (
     use_environment,
 )
 from air.errors import EnvironmentBuildError
+from conftest import wait_for
 
 BASE = Path(sys.executable)
 
@@ -123,6 +127,41 @@ def test_two_runs_started_together_build_once(tmp_path: Path, wheelhouse: Path) 
     assert info.state == "ready"
 
 
+def test_a_waiting_run_gets_the_environment_while_the_builder_still_holds_it(
+    tmp_path: Path, wheelhouse: Path
+) -> None:
+    # We play the builder by hand: exclusive lock, build, then keep a shared hold as a running node does.
+    # The waiter must return once the build is done, not when our "run" ends.
+    lines = offline(wheelhouse, "airtest-other")
+    deps = parse_dependencies(lines, tmp_path)
+    key = environment_key(deps, BASE)
+    lock = environments._Lock(key)
+    lock.acquire(fcntl.LOCK_EX)
+    log_file = tmp_path / "waiter.log"
+    program = (
+        "import json, sys\nfrom pathlib import Path\n"
+        "from air.environments import ensure_environment, parse_dependencies\n"
+        "log = open(sys.argv[2], 'a', buffering=1)\n"
+        "env = ensure_environment(parse_dependencies(json.loads(sys.argv[1]), Path.cwd()), sys.executable,"
+        " log=lambda line: print(line, file=log))\n"
+        "print(env.cache_hit)\n"
+    )
+    waiter = subprocess.Popen([sys.executable, "-c", program, json.dumps(lines), str(log_file)],
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        wait_for(lambda: log_file.exists() and "waiting for another run" in log_file.read_text(),
+                 "the second run to wait for the build", timeout=60)
+        environments._build(deps, BASE, key, envs_dir() / key, log=lambda line: None)
+        lock.convert(fcntl.LOCK_SH)
+        out, _ = waiter.communicate(timeout=60)
+        assert out.strip() == "True" and waiter.returncode == 0
+        assert "is ready (built by another run)" in log_file.read_text()
+    finally:
+        lock.release()
+        if waiter.poll() is None:
+            waiter.kill()
+
+
 def test_a_dependency_that_cannot_be_installed(tmp_path: Path, wheelhouse: Path) -> None:
     deps = parse_dependencies(offline(wheelhouse, "airtest-hello", "nonexistent-pkg==9.9"), tmp_path)
     lines: list[str] = []
@@ -178,6 +217,26 @@ def test_requirements_yaml_with_a_local_wheel_and_a_variable(
     )
     env = ensure_environment(parse_dependencies("requirements.yaml", tmp_path), BASE, log=lambda line: None)
     assert run_in(env, "python -c 'import airtest_hello'").returncode == 0
+
+
+def test_a_local_folder_is_rebuilt_when_its_content_changes(tmp_path: Path, wheelhouse: Path) -> None:
+    # Built offline with the base's setuptools (--no-build-isolation, scoped to this entry): the layering
+    # makes the base's build tools visible to the build.
+    pkg = tmp_path / "pkg"
+    (pkg / "airtest_local").mkdir(parents=True)
+    (pkg / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "airtest-local"\nversion = "0.1"\n'
+    )
+    source = pkg / "airtest_local" / "__init__.py"
+    lines = offline(wheelhouse, "--no-build-isolation ./pkg")
+    values = []
+    for value in ("first", "second"):  # same pyproject.toml, new code: uv alone would reuse its cached build
+        source.write_text(f"VALUE = {value!r}\n")
+        env = ensure_environment(parse_dependencies(lines, tmp_path), BASE, log=lambda line: None)
+        assert not env.cache_hit
+        values.append(run_in(env, "python -c 'import airtest_local; print(airtest_local.VALUE)'").stdout.strip())
+    assert values == ["first", "second"]
 
 
 def test_prune_by_age_and_unused_but_never_a_held_one(tmp_path: Path, wheelhouse: Path) -> None:

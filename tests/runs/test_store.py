@@ -52,9 +52,12 @@ def test_a_newer_schema_is_refused_with_advice(tmp_path: Path) -> None:
     RunStore(path).schema_version()
     with sqlite3.connect(path) as raw:
         raw.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    newer = RunStore(path)
     with pytest.raises(UserInputError, match="newer than this air understands") as info:
-        RunStore(path).list_runs()
+        newer.list_runs()
     assert "Upgrade air" in (info.value.hint or "")
+    with pytest.raises(UserInputError):
+        newer.list_runs()  # refused every time, not only the first
 
 
 # ---- creating and finding runs ----------------------------------------------------------------------
@@ -314,6 +317,7 @@ def test_mlflow_and_supervisor_fields(store: RunStore, make_run: MakeRun) -> Non
     assert supervisor_alive(mine) is True
 
     # Same pid, different create time: the pid was reused by someone else.
+    assert mine.supervisor_started_at is not None
     store.set_supervisor(run.id, os.getpid(), started_at=mine.supervisor_started_at - 3600)
     assert supervisor_alive(store.get_run(run.id)) is False
 

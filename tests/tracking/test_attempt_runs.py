@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -27,6 +28,9 @@ from air.tracking import (
     tracking_uri,
     ui_command,
 )
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 EXPERIMENT = "team/vit-cifar10"
 NODES = 4
@@ -102,7 +106,7 @@ def attempt(module_env: None, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="module")
-def run(attempt: Attempt):  # noqa: ANN201 — mlflow.entities.Run, imported lazily
+def run(attempt: Attempt) -> Run:
     from mlflow import MlflowClient
 
     return MlflowClient(attempt.handle.tracking_uri).get_run(attempt.handle.run_id)
@@ -129,7 +133,7 @@ def test_experiment_created_tagged_with_artifacts_under_air_home(attempt: Attemp
     assert exp.artifact_location.startswith(artifact_root().as_uri() + "/")
 
 
-def test_run_has_name_tags_and_flattened_params(run, attempt: Attempt) -> None:  # noqa: ANN001
+def test_run_has_name_tags_and_flattened_params(run: Run, attempt: Attempt) -> None:
     assert run.info.run_name == "vit-finetune"
     tags = run.data.tags
     assert tags["air.run_id"] == "run-7f3a"
@@ -148,7 +152,7 @@ def test_run_has_name_tags_and_flattened_params(run, attempt: Attempt) -> None: 
     assert attempt.warnings == []
 
 
-def test_plain_log_metric_from_concurrent_nodes_all_lands(run, attempt: Attempt) -> None:  # noqa: ANN001
+def test_plain_log_metric_from_concurrent_nodes_all_lands(run: Run, attempt: Attempt) -> None:
     from mlflow import MlflowClient
 
     outputs = [log.read_text() for log in attempt.logs]
@@ -161,7 +165,7 @@ def test_plain_log_metric_from_concurrent_nodes_all_lands(run, attempt: Attempt)
     assert run.data.metrics["loss"] == 0.25
 
 
-def test_air_sets_final_status_even_after_user_ended_the_run(run) -> None:  # noqa: ANN001
+def test_air_sets_final_status_even_after_user_ended_the_run(run: Run) -> None:
     assert run.info.status == "FAILED"
     assert run.info.end_time is not None
 
@@ -177,7 +181,7 @@ def test_node_logs_stored_as_artifacts(attempt: Attempt) -> None:
     assert stored.read_text() == f"node 2 logged {METRICS_PER_NODE} metrics\n"
 
 
-def test_system_metrics_logged_per_node(run, attempt: Attempt) -> None:  # noqa: ANN001
+def test_system_metrics_logged_per_node(run: Run, attempt: Attempt) -> None:
     from mlflow import MlflowClient
 
     assert "system/node_0/cpu_utilization_percentage" in run.data.metrics

@@ -99,7 +99,7 @@ def test_cancel_ends_every_process(tmp_path: Path, pid_dir: Path) -> None:
 
 def _tagged(run_id: str) -> list[int]:
     from air.launcher import tagged_processes
-    from air.supervisor import process_tag
+    from air.runs.paths import process_tag
 
     return [p.pid for p in tagged_processes(process_tag(run_id))]
 

@@ -18,8 +18,8 @@ CANCEL_WAIT_S = 30.0
 def cancel_run(store: RunStore, run_id: str) -> RunStatus:
     """Ask the supervisor to end the run (TERMINATING), wait for it; end it here if it has no supervisor."""
     from air.launcher import reap_tag
-    from air.runs.reconcile import supervisor_alive
-    from air.supervisor import process_tag
+    from air.runs.paths import process_tag
+    from air.runs.store import supervisor_alive
 
     run = store.get_run(run_id)
     if run.is_terminal:
@@ -34,8 +34,9 @@ def cancel_run(store: RunStore, run_id: str) -> RunStatus:
         run = store.get_run(run.id)
         if run.is_terminal:
             return run.status
-        if not supervisor_alive(run):
-            break
+        alive = supervisor_alive(run)
+        if alive is False or (alive is None and time.monotonic() > deadline - CANCEL_WAIT_S + 5):
+            break  # dead, or never started: nobody else will end it
         time.sleep(0.1)
     # No supervisor (or it did not answer in time): end the processes here.
     reap_tag(process_tag(run.id))

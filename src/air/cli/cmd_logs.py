@@ -20,7 +20,7 @@ from air.runs.store import RunStore
 def masker_for(run_id: str) -> Callable[[str], str]:
     """Hide the run's secret values should the user's code print them."""
     try:
-        plan = json.loads((RunPaths(run_id).folder / "submission.json").read_text())
+        plan = json.loads(RunPaths(run_id).submission.read_text())
         refs = plan.get("secret_refs") or {}
         if not refs:
             return lambda text: text

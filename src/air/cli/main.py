@@ -40,7 +40,26 @@ def common(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: Subcommand name → (module, attribute); imported only when used, so `air list runs` stays quick.
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("air.cli.cmd_run", "run"), "get": ("air.cli.cmd_runs", "get"), "list": ("air.cli.cmd_runs", "list_"),
+    "logs": ("air.cli.cmd_logs", "logs"), "cancel": ("air.cli.cmd_cancel", "cancel"),
+    "env": ("air.cli.cmd_env", "env"), "secrets": ("air.cli.cmd_secrets", "secrets"), "ui": ("air.cli.cmd_ui", "ui"),
+}
+
+
 class AirGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in _COMMANDS:
+            return None
+        import importlib
+
+        module, attr = _COMMANDS[cmd_name]
+        return getattr(importlib.import_module(module), attr)
+
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         formatter.write_paragraph()
         formatter.write_text("Workload YAML reference: `air -h config` or `air -h config.<section>` "
@@ -82,19 +101,6 @@ def _reconcile_quietly() -> None:
         stderr(f"air: warning: could not check run supervisors: {exc}")
 
 
-def _register() -> None:
-    from air.cli import cmd_cancel, cmd_env, cmd_logs, cmd_run, cmd_runs, cmd_secrets, cmd_ui
-
-    cli.add_command(cmd_run.run)
-    cli.add_command(cmd_runs.get)
-    cli.add_command(cmd_runs.list_)
-    cli.add_command(cmd_logs.logs)
-    cli.add_command(cmd_cancel.cancel)
-    cli.add_command(cmd_env.env)
-    cli.add_command(cmd_secrets.secrets)
-    cli.add_command(cmd_ui.ui)
-
-
 def _config_help(argv: list[str]) -> int | None:
     """`air -h config[.section]`: help on the workload YAML, generated from its schema."""
     flags = [a for a in argv if a in ("-h", "--help")]
@@ -116,7 +122,6 @@ def main(argv: list[str] | None = None) -> None:
         code = _config_help(argv)
         if code is not None:
             sys.exit(code)
-        _register()
         result = cli.main(args=argv, prog_name="air", standalone_mode=False)
         sys.exit(result if isinstance(result, int) else 0)
     except click.exceptions.Exit as exc:

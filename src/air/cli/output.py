@@ -71,11 +71,12 @@ def print_table(columns: list[str], rows: list[list[str]], title: str | None = N
     from rich.table import Table
 
     table = Table(title=title, show_lines=False, header_style="bold", box=None, pad_edge=False)
-    for column in columns:
-        table.add_column(column, overflow="fold")
+    for index, column in enumerate(columns):
+        table.add_column(column, no_wrap=index < len(columns) - 1, overflow="fold")
     for row in rows:
         table.add_row(*row)
-    Console(soft_wrap=True).print(table)
+    # Piped output is read by programs and people with wide windows: never fold it at 80 columns.
+    Console(soft_wrap=True, width=None if sys.stdout.isatty() else 250).print(table)
 
 
 def print_fields(pairs: list[tuple[str, str]]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -81,7 +81,7 @@ def follow(
     *,
     tail: int | None = None,
     sleep: Callable[[float], None] = time.sleep,
-) -> Iterator[str]:
+) -> Generator[str, None, None]:
     """Yield complete lines of `path` as they are appended, until `stop()` is true and the file is
     drained; then the last line even without a newline, and the end.
 

@@ -202,3 +202,8 @@ __all__ = [
     "parse_run_id",
     "parse_run_id_fragment",
 ]
+
+
+def process_tag(run_id: str) -> str:
+    """AIR_PROCESS_TAG of every process a run starts, on any node (cancel and reconcile find them by it)."""
+    return f"air-run-{run_id}"

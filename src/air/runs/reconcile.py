@@ -10,38 +10,22 @@ from __future__ import annotations
 
 import time
 
-import psutil
-
 from air.runs.states import FailureClass, RunStatus, StatusConflictError
-from air.runs.store import Run, RunStore
+from air.runs.paths import process_tag
+from air.runs.store import Run, RunStore, supervisor_alive
 
 #: A PENDING run with no supervisor recorded after this long never got one.
 SUPERVISOR_START_GRACE_S = 60.0
 
 
-def supervisor_alive(run: Run) -> bool:
-    if run.supervisor_pid is None:
-        return False
-    try:
-        proc = psutil.Process(run.supervisor_pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        if run.supervisor_started_at is not None and abs(proc.create_time() - run.supervisor_started_at) > 1.0:
-            return False  # the PID was recycled by another process
-        return True
-    except psutil.Error:
-        return False
-
-
 def reconcile(store: RunStore, *, now: float | None = None) -> list[str]:
     """End runs whose supervisor is gone; returns their ids. Cheap when nothing is wrong."""
     from air.launcher import reap_tag
-    from air.supervisor import process_tag
 
     now = time.time() if now is None else now
     ended: list[str] = []
     for run in store.list_runs(statuses=RunStatus.active(), limit=None):
-        if supervisor_alive(run):
+        if supervisor_alive(run) is True:
             continue
         if run.supervisor_pid is None:
             if now - run.submitted_at < SUPERVISOR_START_GRACE_S:
@@ -65,8 +49,6 @@ def _reap_remote(run: Run) -> int:
     try:
         from air.backends.ray_backend import RayBackend
         from air.config import resolve_profile
-        from air.supervisor import process_tag
-
         profile = resolve_profile(run.profile)
         return int(RayBackend(getattr(profile, "address", None)).reap(process_tag(run.id)))
     except Exception:

@@ -3,18 +3,18 @@
 A *Run* moves through these states; every change goes through `check_transition`, so a bug or a lost
 race shows up as an error instead of a run that is RUNNING forever or SUCCESS twice::
 
-                       slots free
-      PENDING ───────► QUEUED ───────► RUNNING ───────────────► SUCCESS
-       │   setup done    │  (FIFO)      │    │ attempt failed,
-       │                 │              │    │ no retries left ─► FAILED | TIMEDOUT
-       │                 │              │    ▼
-       │                 │              │  WAITING_FOR_RETRY ──► QUEUED | PENDING | RUNNING
-       │                 │              │    │                   (the next attempt)
-       │ cancel          │ cancel       │ cancel / timeout / teardown
-       ▼                 ▼              ▼    ▼
-      CANCELED ◄──── TERMINATING (process tree being ended) ────► CANCELED | FAILED | TIMEDOUT | SUCCESS
-
-      any state that is not terminal ─► INTERNAL_ERROR   (air itself broke, e.g. the supervisor died)
+                setup done          slots free (FIFO)
+      PENDING -------------> QUEUED -------------> RUNNING ------------> SUCCESS
+        |                      |                    |   |
+        | cancel               | cancel             |   | attempt failed, no retries left
+        v                      v                    |   +--------------> FAILED | TIMEDOUT
+      CANCELED              CANCELED                | attempt failed, retries left
+                                                    v
+                                          WAITING_FOR_RETRY --> QUEUED | PENDING | RUNNING
+                                                                (the next attempt)
+      RUNNING (or any state before it) -- cancel / timeout --> TERMINATING
+      TERMINATING (process tree being ended) --> CANCELED | TIMEDOUT | FAILED | SUCCESS
+      any state that is not terminal --> INTERNAL_ERROR   (air itself broke: the supervisor died)
 
 Terminal states (SUCCESS, FAILED, CANCELED, TIMEDOUT, INTERNAL_ERROR) never change again. A RUNNING run is
 never CANCELED directly: cancel goes through TERMINATING, so "canceled" always means "and its processes
@@ -78,6 +78,7 @@ class RunStatus(str, Enum):
 
     @classmethod
     def terminal(cls) -> frozenset[RunStatus]:
+        """The five end states."""
         return _TERMINAL_RUN
 
     def __str__(self) -> str:

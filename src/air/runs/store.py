@@ -313,10 +313,14 @@ class RunStore:
         if conn is not None:  # inherited through fork
             _INHERITED.append(conn)
         conn = self._open()
-        self._local.conn, self._local.pid = conn, pid
         if self._migrated_in != pid:
-            self._migrate(conn)
+            try:
+                self._migrate(conn)
+            except BaseException:
+                conn.close()  # and ask again next time: a refused schema stays refused
+                raise
             self._migrated_in = pid
+        self._local.conn, self._local.pid = conn, pid
         return conn
 
     def _open(self) -> sqlite3.Connection:
@@ -559,7 +563,7 @@ class RunStore:
         elif statuses == "all":
             wanted = None
         else:
-            wanted = frozenset(RunStatus(s) for s in statuses)  # type: ignore[arg-type]
+            wanted = frozenset(RunStatus(s) for s in statuses)
         if wanted is not None:
             if not wanted:
                 return []
@@ -797,7 +801,8 @@ class RunStore:
         Strictly first in first out: a run gets slots only when no run that entered the queue before
         it (same kind, same backend) is still waiting without slots, even if enough slots are free for
         this one. Returns the slot indices (lowest free first), or None: not its turn or not enough
-        free yet; try again later. A run that already holds slots gets them back. A run no longer
+        free yet; try again later. A run that already holds slots gets them back (and one that gave
+        them back while still QUEUED waits again, at its old place). A run no longer
         QUEUED (canceled meanwhile) raises StatusConflictError; a `count` above `capacity` can never be
         met and raises GPUValidationError.
         """

@@ -113,10 +113,10 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
             from air.workload.snapshot import materialize_snapshot
 
             cached = materialize_snapshot(prepared.snapshot)
-            code = paths.folder / "code" / cached.name
+            code = paths.code / cached.name
             _link_tree(cached, code)
             plan.code_path = str(code)
-        atomic_write_text(paths.folder / "submission.json", plan.to_json())
+        atomic_write_text(paths.submission, plan.to_json())
         if start_supervisor:
             from air.supervisor import spawn
 

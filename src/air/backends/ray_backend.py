@@ -1,0 +1,692 @@
+"""The `ray` backend: a run's nodes on an existing Ray cluster.
+
+A run's nodes are one placement group with one bundle per node (its GPUs plus the accelerator type,
+or its CPU slots), strategy STRICT_SPREAD: every node on a distinct Ray node, all placed together or
+not at all (gang scheduling; no run ever holds half its nodes). In each bundle sits a `NodeAgent`
+actor (ray_agent.py) that starts the node's processes with the same node launcher as the local
+backend. MASTER_ADDR is node 0's address and MASTER_PORT a port reserved free there by node 0's
+agent; CUDA_VISIBLE_DEVICES comes from the GPU ids Ray assigned to the bundle.
+
+Lines reach the submitting side by long-polling the agents (`RayAttempt.wait`), which writes them to
+each NodeTask's log file and hands them to `on_line`. An agent that stops answering is checked against
+the cluster's view of its node: a node Ray declared dead ends the attempt with
+`lost_node = "node <address> lost"`; the other nodes' process trees are ended.
+
+Ray is imported lazily (inside functions), so `import air.backends.ray_backend` is cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from air.accelerators import AcceleratorType, normalize_model
+from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLineCallback, NodeTask
+from air.backends.ray_agent import NODE_DIR, NodeAgent, local_versions, reap_tag
+from air.constants import TERMINATE_GRACE_S
+from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
+
+_log = logging.getLogger("air.backends.ray")
+
+#: How long an agent's long-poll blocks waiting for output (one call per node per this, when quiet).
+POLL_WAIT_S = 0.5
+#: An agent call unanswered for this long makes the attempt ask Ray whether the node is still alive.
+SUSPECT_AFTER_S = 3.0
+#: How often `acquire` reports that it is still waiting.
+WAIT_REPORT_S = 10.0
+#: Ray's share of a node's accelerator-type resource per bundle, as Ray Train asks for it.
+ACCELERATOR_SHARE = 0.001
+
+#: on_proc_line(node_rank, process_index, stream, text): a line of one process of one node.
+ProcLineCallback = Callable[[int, int, str, str], None]
+
+
+@dataclass(frozen=True)
+class NodeProcess:
+    """One process of a node, as the agent will start it. `log_path` is on the submitting side.
+
+    Strings in argv, env and cwd may contain `NODE_DIR`, replaced on the node by its work folder.
+    """
+
+    name: str
+    argv: Sequence[str]
+    env: dict[str, str]
+    log_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything one node runs in one attempt: processes, the node log, files to put there first."""
+
+    node_rank: int
+    processes: Sequence[NodeProcess]
+    log_path: Path
+    cwd: Path | str | None = None
+    files: Mapping[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
+class _Held:
+    """What the backend holds for one allocation: the placement group and one agent per bundle."""
+
+    pg: Any
+    agents: list[Any]
+    infos: list[dict[str, Any]]
+    bundle: dict[str, float]
+    code: dict[str, tuple[str, Any]] = field(default_factory=dict)  # cwd → (key, object ref of its tar.gz)
+
+
+def _ray() -> Any:
+    import ray
+
+    return ray
+
+
+class RayBackend:
+    """Backend on an existing Ray cluster (a profile with `backend: ray`). See the module docstring.
+
+    `address` is what `ray.init` takes (`host:port`, `auto`, `ray://…` is refused: agents need a real
+    driver). `code_shipping="always"` ships NodeTask.cwd through the object store even when the same
+    path exists on a node (for clusters whose nodes might hold a stale copy at that path).
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, *, namespace: str = "air", code_shipping: str = "auto",
+                 poll_wait_s: float = POLL_WAIT_S, agent_start_timeout_s: float = 180.0,
+                 wait_report_s: float = WAIT_REPORT_S) -> None:
+        if code_shipping not in ("auto", "always"):
+            raise ValueError(f"code_shipping must be 'auto' or 'always', got {code_shipping!r}")
+        self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
+        self.namespace = namespace
+        self.code_shipping = code_shipping
+        self.poll_wait_s = poll_wait_s
+        self.agent_start_timeout_s = agent_start_timeout_s
+        self.wait_report_s = wait_report_s
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+
+    # -- connection -------------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Join the cluster as a driver (once per process); clear errors for the usual mistakes."""
+        ray = _ray()
+        if ray.is_initialized():
+            return
+        if self.address.startswith("ray://"):
+            raise BackendUnavailableError(
+                f"The ray profile's address {self.address!r} is a Ray Client address; air needs the cluster's "
+                "GCS address.",
+                hint="Use the address `ray start --head` printed (host:6379 or the port you chose).",
+            )
+        try:
+            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False,
+                     logging_level=logging.WARNING)
+        except Exception as exc:  # ConnectionError, AuthenticationError, …
+            text = f"{type(exc).__name__}: {exc}"
+            auth = "auth" in text.lower() or "token" in text.lower()
+            raise BackendUnavailableError(
+                f"Cannot connect to the Ray cluster at {self.address}: {text.splitlines()[0][:400]}",
+                hint="Set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token, "
+                "or RAY_AUTH_MODE=disabled for a cluster started without authentication."
+                if auth else "Check the profile's address (`air -h config.profiles`) and that the cluster is up "
+                "(`ray status --address ...`).",
+            ) from None
+
+    # -- capacity ---------------------------------------------------------------------------------
+
+    def _alive_nodes(self) -> list[dict[str, Any]]:
+        self.connect()
+        return [n for n in _ray().nodes() if n.get("Alive")]
+
+    @staticmethod
+    def _node_address(node: Mapping[str, Any]) -> str:
+        return f"{node.get('NodeManagerAddress')}:{node.get('NodeManagerPort')}"
+
+    def _accelerator_key(self, model: str, nodes: Sequence[Mapping[str, Any]]) -> str | None:
+        """The cluster's resource name for a GPU model (Ray says A10G where air says A10)."""
+        counts: dict[str, int] = {}
+        for node in nodes:
+            for key in node.get("Resources", {}):
+                if key.startswith("accelerator_type:"):
+                    name = key.split(":", 1)[1]
+                    if name.upper() == model.upper() or normalize_model(name) == model:
+                        counts[key] = counts.get(key, 0) + 1
+        return max(counts, key=lambda k: counts[k]) if counts else None
+
+    def bundle_for(self, accelerator: AcceleratorType, nodes: Sequence[Mapping[str, Any]] | None = None
+                   ) -> dict[str, float]:
+        """One node's bundle: its CPU slots, or its GPUs plus a sliver of the accelerator type."""
+        if accelerator.is_cpu:
+            return {"CPU": float(accelerator.per_node)}
+        nodes = nodes if nodes is not None else self._alive_nodes()
+        key = self._accelerator_key(accelerator.model, nodes) or f"accelerator_type:{accelerator.model}"
+        return {"GPU": float(accelerator.per_node), key: ACCELERATOR_SHARE}
+
+    def describe_capacity(self) -> str:
+        nodes = self._alive_nodes()
+        cpus = sum(n["Resources"].get("CPU", 0) for n in nodes)
+        gpus: dict[str, float] = {}
+        for node in nodes:
+            count = node["Resources"].get("GPU", 0)
+            if count:
+                models = [k.split(":", 1)[1] for k in node["Resources"] if k.startswith("accelerator_type:")]
+                model = models[0] if models else "GPU"
+                gpus[model] = gpus.get(model, 0) + count
+        gpu_text = ", ".join(f"{g:g} × {m}" for m, g in sorted(gpus.items())) or "no GPU"
+        return f"Ray cluster at {self.address}: {len(nodes)} nodes, {gpu_text}, {cpus:g} CPUs"
+
+    def _nodes_fitting(self, bundle: Mapping[str, float], nodes: Sequence[Mapping[str, Any]],
+                       resources_of: Callable[[Mapping[str, Any]], Mapping[str, float]]) -> int:
+        return sum(1 for n in nodes if all(resources_of(n).get(k, 0) >= v for k, v in bundle.items()))
+
+    def check_shape(self, accelerator: AcceleratorType, num_nodes: int) -> None:
+        nodes = self._alive_nodes()
+        bundle = self.bundle_for(accelerator, nodes)
+        fit = self._nodes_fitting(bundle, nodes, lambda n: n.get("Resources", {}))
+        if fit >= num_nodes:
+            return
+        per_node = f"{accelerator.per_node} × {accelerator.model} GPU" if not accelerator.is_cpu \
+            else f"{accelerator.per_node} CPU"
+        raise GPUValidationError(
+            f"{num_nodes} node(s) of {accelerator.name} need {num_nodes} distinct Ray nodes with {per_node} "
+            f"each; {fit} node(s) of the cluster can ever hold that. {self.describe_capacity()}.",
+            hint="Ask for fewer nodes or another accelerator type, or add nodes to the cluster "
+            "(`ray start --address ... --num-gpus N --resources '{\"accelerator_type:MODEL\": 1}'`).",
+        )
+
+    def _waiting_line(self, bundle: Mapping[str, float], num_nodes: int) -> str:
+        try:
+            from ray._private.state import available_resources_per_node
+
+            free = available_resources_per_node()
+            room = sum(1 for res in free.values() if all(res.get(k, 0) >= v for k, v in bundle.items()))
+        except Exception:  # an internal API: the message is a courtesy
+            room = -1
+        want = ", ".join(f"{k} {v:g}" for k, v in bundle.items())
+        room_text = f"{room} node(s) have room now" if room >= 0 else "the cluster is busy"
+        return f"waiting for capacity: {num_nodes} Ray node(s) with {{{want}}} each; {room_text}"
+
+    def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
+                should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
+        """Reserve the placement group (gang: all bundles or none), then start one agent per bundle."""
+        ray = _ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        nodes = self._alive_nodes()
+        bundle = self.bundle_for(accelerator, nodes)
+        pg = placement_group([dict(bundle) for _ in range(num_nodes)], strategy="STRICT_SPREAD",
+                             name=f"air:{run_id}")
+        next_report = time.monotonic()
+        try:
+            while not pg.wait(timeout_seconds=0.5):
+                if should_stop():
+                    remove_placement_group(pg)
+                    return None
+                if time.monotonic() >= next_report:
+                    on_wait(self._waiting_line(bundle, num_nodes))
+                    next_report = time.monotonic() + self.wait_report_s
+            agents = [self._new_agent(pg, i, run_id, accelerator, bundle) for i in range(num_nodes)]
+            infos = self._agent_infos(agents, should_stop)
+            if infos is None:
+                self._drop(agents, pg)
+                return None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
+            raise
+        by_id = {n["NodeID"]: n for n in ray.nodes()}
+        for info in infos:
+            node = by_id.get(info["node_id"], {})
+            info["address"] = self._node_address(node) if node else info["ip"]
+        with self._lock:
+            self._held[run_id] = _Held(pg=pg, agents=agents, infos=infos, bundle=bundle)
+        slots = tuple(tuple(i["gpu_ids"]) if not accelerator.is_cpu else tuple(str(s) for s in range(accelerator.per_node))
+                      for i in infos)
+        return Allocation(run_id=run_id, accelerator=accelerator, num_nodes=num_nodes, slots_per_node=slots,
+                          details={"backend": "ray", "placement_group": pg.id.hex(),
+                                   "nodes": [{k: i[k] for k in ("node_id", "ip", "address", "gpu_ids", "hostname")}
+                                             for i in infos]})
+
+    def _new_agent(self, pg: Any, index: int, run_id: str, accelerator: AcceleratorType,
+                   bundle: Mapping[str, float]) -> Any:
+        ray = _ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        actor = ray.remote(NodeAgent).options(
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), resources=extra or None,
+            max_concurrency=16, max_restarts=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
+        )
+        return actor.remote(run_id, index)
+
+    def _agent_infos(self, agents: Sequence[Any], should_stop: Callable[[], bool]) -> list[dict[str, Any]] | None:
+        ray = _ray()
+        refs = [a.info.remote() for a in agents]
+        deadline = time.monotonic() + self.agent_start_timeout_s
+        while True:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.5)
+            if len(ready) == len(refs):
+                try:
+                    return ray.get(refs)
+                except Exception as exc:
+                    raise LaunchError(f"An air agent could not start on a Ray node: {exc}") from exc
+            if should_stop():
+                return None
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"The air agents did not start within {self.agent_start_timeout_s:g} s on the Ray nodes "
+                    "(placement group ready, actors not).",
+                    hint="Check that air and its dependencies are installed in the Python the Ray nodes run "
+                    "(`ray status`, and the raylet logs under the node's Ray temp dir).",
+                )
+
+    def _drop(self, agents: Sequence[Any], pg: Any) -> None:
+        ray = _ray()
+        from ray.util.placement_group import remove_placement_group
+
+        for agent in agents:
+            with contextlib.suppress(Exception):
+                ray.kill(agent)
+        with contextlib.suppress(Exception):
+            remove_placement_group(pg)
+
+    def node_infos(self, allocation: Allocation) -> list[dict[str, Any]]:
+        """What each allocated node reported: ip, address, gpu_ids and its Python/cloudpickle/torch versions."""
+        return [dict(i) for i in self._get(allocation).infos]
+
+    def version_mismatches(self, allocation: Allocation) -> list[str]:
+        """One line per node whose Python, cloudpickle or torch differs from this process's."""
+        mine = local_versions()
+        lines = []
+        for rank, info in enumerate(self._get(allocation).infos):
+            diffs = [f"{name} {info.get(name) or 'not installed'} (here {mine[name] or 'not installed'})"
+                     for name in ("python", "cloudpickle", "torch") if info.get(name) != mine[name]]
+            if diffs:
+                lines.append(f"node {rank} ({info['address']}): " + ", ".join(diffs))
+        return lines
+
+    def _get(self, allocation: Allocation) -> _Held:
+        with self._lock:
+            held = self._held.get(allocation.run_id)
+        if held is None:
+            raise LaunchError(f"Run {allocation.run_id} holds no Ray allocation (released already?).")
+        return held
+
+    # -- attempts ---------------------------------------------------------------------------------
+
+    def start_attempt(self, allocation: Allocation, nodes: Sequence[NodeTask], *, tag: str,
+                      on_line: NodeLineCallback | None = None) -> RayAttempt:
+        launches = [
+            NodeLaunch(node_rank=t.node_rank, log_path=t.log_path, cwd=t.cwd,
+                       processes=[NodeProcess(name=f"node {t.node_rank}", argv=list(t.argv), env=dict(t.env))])
+            for t in sorted(nodes, key=lambda t: t.node_rank)
+        ]
+        forward = None if on_line is None else (lambda node, _index, stream, text: on_line(node, stream, text))
+        return self.start_node_processes(allocation, launches, tag=tag, on_line=forward)
+
+    def start_node_processes(self, allocation: Allocation, launches: Sequence[NodeLaunch], *, tag: str,
+                             on_line: ProcLineCallback | None = None, master_port: int | None = None
+                             ) -> RayAttempt:
+        """Start every node's processes at once. Adds MASTER_ADDR/MASTER_PORT (free on node 0),
+        CUDA_VISIBLE_DEVICES (the bundle's GPUs) and the node's code folder to each process."""
+        ray = _ray()
+        held = self._get(allocation)
+        self._ensure_agents(allocation, held)
+        if len(launches) != len(held.agents):
+            raise LaunchError(f"{len(launches)} node launches for an allocation of {len(held.agents)} nodes.")
+        node0 = held.infos[0]
+        if master_port is None:
+            master_port = ray.get(held.agents[0].reserve_ports.remote(1), timeout=60)[0]
+        cwds = self._place_code(allocation.run_id, held, launches)
+        starts = []
+        for launch, agent, info, cwd in zip(launches, held.agents, held.infos, cwds, strict=True):
+            if launch.files:
+                ray.get(agent.write_files.remote(dict(launch.files)), timeout=300)
+            procs = []
+            for proc in launch.processes:
+                env = dict(proc.env)
+                env.update({"MASTER_ADDR": node0["ip"], "MASTER_PORT": str(master_port)})
+                if allocation.accelerator.is_cpu:
+                    env["CUDA_VISIBLE_DEVICES"] = ""
+                else:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(info["gpu_ids"])
+                original = str(launch.cwd) if launch.cwd else None
+                if original and cwd != original:
+                    env = {k: (cwd + v[len(original):] if v == original or v.startswith(original + "/") else v)
+                           for k, v in env.items()}
+                procs.append({"name": proc.name, "argv": list(proc.argv), "env": env, "cwd": cwd})
+            starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S))
+        attempt = RayAttempt(self, allocation, held, launches, tag=tag, on_line=on_line,
+                             poll_wait_s=self.poll_wait_s, master_addr=node0["ip"], master_port=master_port)
+        try:
+            ray.get(starts, timeout=120)
+        except Exception as exc:
+            attempt.terminate()
+            raise LaunchError(f"The node processes could not be started: {exc}") from exc
+        return attempt
+
+    def _ensure_agents(self, allocation: Allocation, held: _Held) -> None:
+        """Agents die with their node; a retry after a lost node gets new ones in the rescheduled bundle."""
+        ray = _ray()
+        from ray.util.placement_group import placement_group_table
+
+        pings = [a.ping.remote() for a in held.agents]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=10)
+        dead = []
+        for index, ref in enumerate(pings):
+            if ref not in ready:
+                dead.append(index)
+                continue
+            try:
+                ray.get(ref)
+            except Exception:
+                dead.append(index)
+        if not dead:
+            return
+        state = placement_group_table(held.pg).get("state")
+        if state != "CREATED":
+            raise LaunchError(
+                f"Node(s) {', '.join(map(str, dead))} of run {allocation.run_id} were lost and Ray has not "
+                f"placed them again yet (placement group {state}).",
+                hint="Release the allocation and acquire it again; it waits until the cluster has room.",
+            )
+        for index in dead:
+            with contextlib.suppress(Exception):
+                ray.kill(held.agents[index])
+            held.agents[index] = self._new_agent(held.pg, index, allocation.run_id, allocation.accelerator,
+                                                 held.bundle)
+        infos = self._agent_infos([held.agents[i] for i in dead], lambda: False) or []
+        by_id = {n["NodeID"]: n for n in ray.nodes()}
+        for index, info in zip(dead, infos, strict=True):
+            node = by_id.get(info["node_id"], {})
+            info["address"] = self._node_address(node) if node else info["ip"]
+            held.infos[index] = info
+
+    def _place_code(self, run_id: str, held: _Held, launches: Sequence[NodeLaunch]) -> list[str | None]:
+        """Each node's working folder: the path itself where the node has it, else an unpacked copy
+        shipped once per run through the object store."""
+        ray = _ray()
+        wanted = [str(launch.cwd) if launch.cwd else None for launch in launches]
+        checks = {i: held.agents[i].has_path.remote(cwd) for i, cwd in enumerate(wanted) if cwd}
+        present = {i: ray.get(ref, timeout=60) for i, ref in checks.items()}
+        placed: list[str | None] = list(wanted)
+        unpacks = {}
+        for index, cwd in enumerate(wanted):
+            if cwd is None or (present.get(index) and self.code_shipping == "auto"):
+                continue
+            if cwd not in held.code:
+                if not Path(cwd).is_dir():
+                    raise LaunchError(f"The code folder {cwd} does not exist here, so it cannot be shipped.")
+                data = _tar_folder(Path(cwd))
+                key = hashlib.sha256(data).hexdigest()[:20]
+                held.code[cwd] = (key, ray.put(data))
+            key, ref = held.code[cwd]
+            unpacks[index] = held.agents[index].unpack.remote(key, ref)
+        for index, ref in unpacks.items():
+            placed[index] = ray.get(ref, timeout=600)
+        return placed
+
+    def release(self, allocation: Allocation) -> None:
+        ray = _ray()
+        with self._lock:
+            held = self._held.pop(allocation.run_id, None)
+        if held is None:
+            return
+        cleanups = [a.cleanup.remote() for a in held.agents]
+        with contextlib.suppress(Exception):
+            ray.wait(cleanups, num_returns=len(cleanups), timeout=TERMINATE_GRACE_S * 3 + 30)
+        self._drop(held.agents, held.pg)
+
+    def reap(self, tag: str) -> int:
+        """End leftover processes tagged `tag` on every alive node of the cluster."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(num_cpus=0, max_retries=0)(reap_tag)
+        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(tag)
+                for n in self._alive_nodes()]
+        total = 0
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                total += int(ray.get(ref, timeout=120))
+        return total
+
+
+def _tar_folder(folder: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        tar.add(str(folder), arcname=".")
+    return buf.getvalue()
+
+
+class RayAttempt:
+    """A started attempt on Ray nodes: `wait()` pumps lines and watches exits and node health."""
+
+    def __init__(self, backend: RayBackend, allocation: Allocation, held: _Held, launches: Sequence[NodeLaunch], *,
+                 tag: str, on_line: ProcLineCallback | None, poll_wait_s: float, master_addr: str,
+                 master_port: int) -> None:
+        self.backend = backend
+        self.allocation = allocation
+        self.tag = tag
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self._held = held
+        self._agents = list(held.agents)
+        self._infos = list(held.infos)
+        self._launches = list(launches)
+        self._on_line = on_line
+        self._poll_wait_s = poll_wait_s
+        self._cursors = [0] * len(launches)
+        self._exits: list[list[dict[str, Any]] | None] = [None] * len(launches)
+        self._lost: dict[int, str] = {}
+        self._files: dict[Path, BinaryIO] = {}
+        self._terminated = False
+        self._outcome: AttemptOutcome | None = None
+        self._lock = threading.Lock()
+
+    # -- lines --------------------------------------------------------------------------------------
+
+    def _file(self, path: Path) -> BinaryIO:
+        fh = self._files.get(path)
+        if fh is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in _close_files
+            self._files[path] = fh
+        return fh
+
+    def _deliver(self, node: int, reply: Mapping[str, Any]) -> None:
+        launch = self._launches[node]
+        for index, stream, text in reply["lines"]:
+            data = (text + "\n").encode("utf-8", errors="replace")
+            self._file(launch.log_path).write(data)
+            if 0 <= index < len(launch.processes):
+                proc_log = launch.processes[index].log_path
+                if proc_log is not None and proc_log != launch.log_path:
+                    self._file(proc_log).write(data)
+            if self._on_line is not None:
+                try:
+                    self._on_line(launch.node_rank, index, stream, text)
+                except Exception:  # a broken callback must not stop the attempt
+                    _log.exception("on_line callback failed")
+        self._cursors[node] = reply["cursor"]
+        if reply.get("exits") is not None and self._exits[node] is None:
+            self._exits[node] = list(reply["exits"])
+
+    def _close_files(self) -> None:
+        for fh in self._files.values():
+            with contextlib.suppress(OSError):
+                fh.close()
+        self._files.clear()
+
+    # -- health ---------------------------------------------------------------------------------------
+
+    def _node_dead(self, node: int) -> bool:
+        ray = _ray()
+        node_id = self._infos[node]["node_id"]
+        try:
+            for entry in ray.nodes():
+                if entry.get("NodeID") == node_id:
+                    return not entry.get("Alive")
+        except Exception:
+            return False
+        return True
+
+    def _mark_lost(self, node: int, why: str | None = None) -> None:
+        address = self._infos[node].get("address") or self._infos[node].get("ip")
+        self._lost.setdefault(node, f"node {address} lost" + (f" ({why})" if why else ""))
+
+    # -- waiting ------------------------------------------------------------------------------------
+
+    def wait(self, *, timeout_s: float | None, should_stop: Callable[[], bool]) -> AttemptOutcome:
+        """Block until every node ends, one fails or is lost, the timeout passes or should_stop()."""
+        if self._outcome is not None:
+            return self._outcome
+        ray = _ray()
+        from ray.exceptions import RayActorError
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending: dict[int, tuple[Any, float]] = {}
+        last_health = 0.0
+        timed_out = stopped = False
+        try:
+            while True:
+                for node, agent in enumerate(self._agents):
+                    if node in pending or node in self._lost or self._exits[node] is not None:
+                        continue
+                    pending[node] = (agent.poll.remote(self._cursors[node], self._poll_wait_s), time.monotonic())
+                if pending:
+                    refs = [ref for ref, _ in pending.values()]
+                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.1)
+                    ready_set = set(ready)
+                    for node in [n for n, (ref, _) in pending.items() if ref in ready_set]:
+                        ref, _ = pending.pop(node)
+                        try:
+                            self._deliver(node, ray.get(ref))
+                        except RayActorError as exc:
+                            if self._node_dead(node):
+                                self._mark_lost(node)
+                            else:
+                                self._mark_lost(node, f"its air agent died: {str(exc).splitlines()[0][:200]}")
+                    now = time.monotonic()
+                    slow = [n for n, (_, since) in pending.items() if now - since > self._poll_wait_s + SUSPECT_AFTER_S]
+                    if slow and now - last_health > 1.0:
+                        last_health = now
+                        for node in slow:
+                            if self._node_dead(node):
+                                pending.pop(node, None)
+                                self._mark_lost(node)
+                if self._lost or self._first_failure() is not None:
+                    break
+                if all(e is not None for e in self._exits):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                if should_stop():
+                    stopped = True
+                    break
+        except BaseException:
+            self.terminate()
+            raise
+        ok = not self._lost and not timed_out and not stopped and self._first_failure() is None
+        if not ok:
+            self.terminate()
+        else:
+            self._close_files()
+        self._outcome = self._build_outcome(timed_out=timed_out, stopped=stopped)
+        return self._outcome
+
+    def _first_failure(self) -> tuple[int, dict[str, Any]] | None:
+        failures = [(node, e) for node, exits in enumerate(self._exits) if exits
+                    for e in exits if e["returncode"] not in (None, 0) and not e.get("killed_by_launcher")]
+        if not failures:
+            return None
+        return min(failures, key=lambda f: f[1].get("ended_at") or float("inf"))
+
+    def _build_outcome(self, *, timed_out: bool, stopped: bool) -> AttemptOutcome:
+        exits = []
+        for node, launch in enumerate(self._launches):
+            address = self._infos[node].get("address", self._infos[node].get("ip", ""))
+            records = self._exits[node]
+            if records is None:
+                exits.append(NodeExit(launch.node_rank, None, None, killed_by_air=False, address=address))
+                continue
+            bad = sorted((e for e in records if e["returncode"] not in (None, 0)),
+                         key=lambda e: (bool(e.get("killed_by_launcher")), e.get("ended_at") or float("inf")))
+            record = bad[0] if bad else (records[0] if records else {"returncode": 0})
+            code = record.get("returncode")
+            signal_name = None
+            if code is not None and code < 0:
+                import signal as _signal
+
+                try:
+                    signal_name = _signal.Signals(-code).name
+                except ValueError:
+                    signal_name = f"signal {-code}"
+            exits.append(NodeExit(launch.node_rank, code, signal_name,
+                                  killed_by_air=bool(record.get("killed_by_launcher")), address=address))
+        first = self._first_failure()
+        first_exit = exits[first[0]] if first is not None else None
+        if first_exit is not None and first_exit.killed_by_air:  # the earliest real failure, not teardown
+            first_exit = NodeExit(first_exit.node_rank, first[1]["returncode"], first_exit.signal_name, False,
+                                  first_exit.address)
+        lost = next(iter(self._lost.values())) if self._lost else None
+        return AttemptOutcome(exits=tuple(exits), first_failure=first_exit, timed_out=timed_out,
+                              stopped=stopped, lost_node=lost)
+
+    def terminate(self) -> None:
+        """End every node's process tree (idempotent), then collect their last lines and exits."""
+        with self._lock:
+            if self._terminated:
+                return
+            self._terminated = True
+        ray = _ray()
+        live = [n for n in range(len(self._agents)) if n not in self._lost]
+        refs = {n: self._agents[n].terminate.remote() for n in live}
+        for node, ref in refs.items():
+            try:
+                exits = ray.get(ref, timeout=TERMINATE_GRACE_S * 3 + 35)
+            except Exception:
+                if self._node_dead(node):
+                    self._mark_lost(node)
+                continue
+            try:
+                self._deliver(node, ray.get(self._agents[node].poll.remote(self._cursors[node], 0.0), timeout=30))
+            except Exception:
+                pass
+            if exits is not None and self._exits[node] is None:
+                self._exits[node] = list(exits)
+        self._close_files()
+
+    def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
+        """Files the node's processes wrote in its work folder (e.g. rank outcomes)."""
+        if node in self._lost:
+            return dict.fromkeys(names)
+        ray = _ray()
+        try:
+            return ray.get(self._agents[node].read_files.remote(list(names)), timeout=300)
+        except Exception:
+            return dict.fromkeys(names)
+
+    def process_exits(self, node: int) -> list[dict[str, Any]] | None:
+        """Per-process exits of a node ({index, name, returncode, ended_at, killed_by_launcher})."""
+        return self._exits[node]
+
+    @property
+    def lost_nodes(self) -> dict[int, str]:
+        return dict(self._lost)
+
+
+__all__ = ["NODE_DIR", "NodeLaunch", "NodeProcess", "RayAttempt", "RayBackend"]

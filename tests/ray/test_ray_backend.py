@@ -1,0 +1,189 @@
+"""The Ray backend on a real 3-node Ray cluster: gang placement, node env, logs, failure, loss, teardown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from air.accelerators import AcceleratorType, cpu_type, parse_accelerator_type
+from air.backends.base import NodeTask
+from air.backends.ray_backend import RayBackend
+from air.errors import GPUValidationError
+from air.launcher import tagged_processes
+
+from ray_helpers import never, wait_for
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture
+def backend(ray_cluster) -> RayBackend:
+    return RayBackend(ray_cluster.address, poll_wait_s=0.2, wait_report_s=0.5)
+
+
+def node_tasks(tmp_path: Path, script: str, num_nodes: int, cwd: Path | None = None) -> list[NodeTask]:
+    return [NodeTask(node_rank=n, argv=["bash", "-c", script],
+                     env={"NODE_RANK": str(n), "NUM_NODES": str(num_nodes)},
+                     log_path=tmp_path / "logs" / f"node_{n}.log", cwd=cwd)
+            for n in range(num_nodes)]
+
+
+def run_id() -> str:
+    return f"run-260101-{uuid.uuid4().hex[:8]}"
+
+
+def test_two_cpu_nodes_get_distinct_ranks_and_one_master(backend: RayBackend, tmp_path: Path) -> None:
+    rid = run_id()
+    allocation = backend.acquire(rid, cpu_type(1), 2, should_stop=never, on_wait=lambda _: None)
+    assert allocation is not None
+    assert len({n["node_id"] for n in allocation.details["nodes"]}) == 2  # STRICT_SPREAD: distinct nodes
+    lines: list[tuple[int, str, str]] = []
+    try:
+        tasks = node_tasks(tmp_path, 'echo "rank=$NODE_RANK addr=$MASTER_ADDR port=$MASTER_PORT '
+                           'cuda=[$CUDA_VISIBLE_DEVICES]"; echo to-stderr >&2', 2)
+        handle = backend.start_attempt(allocation, tasks, tag=f"air-{rid}", on_line=lambda *a: lines.append(a))
+        outcome = handle.wait(timeout_s=60, should_stop=never)
+    finally:
+        backend.release(allocation)
+    assert outcome.ok, outcome
+    assert [e.returncode for e in outcome.exits] == [0, 0]
+    logs = [(tmp_path / "logs" / f"node_{n}.log").read_text() for n in range(2)]
+    ranks = {line.split()[0] for log in logs for line in log.splitlines() if line.startswith("rank=")}
+    masters = {line.split()[1] + line.split()[2] for log in logs for line in log.splitlines() if line.startswith("rank=")}
+    assert ranks == {"rank=0", "rank=1"}
+    assert len(masters) == 1, logs
+    assert all("cuda=[]" in log and "to-stderr" in log for log in logs)
+    assert {(n, s) for n, s, t in lines if t == "to-stderr"} == {(0, "stderr"), (1, "stderr")}
+
+
+def test_gpu_shape_schedules_on_the_node_that_advertises_it(backend: RayBackend, tmp_path: Path) -> None:
+    backend.check_shape(parse_accelerator_type("GPU_2xH100"), 1)
+    with pytest.raises(GPUValidationError, match="2 × H100"):
+        backend.check_shape(parse_accelerator_type("GPU_2xH100"), 2)
+    with pytest.raises(GPUValidationError, match="0 node"):
+        backend.check_shape(AcceleratorType("GPU", 1, "A100"), 1)
+    rid = run_id()
+    allocation = backend.acquire(rid, parse_accelerator_type("GPU_2xH100"), 1, should_stop=never,
+                                 on_wait=lambda _: None)
+    assert allocation is not None and allocation.slots_per_node == (("0", "1"),)
+    try:
+        # The only GPU node is busy now: a second run queues, says why, and gives up when told to.
+        waits: list[str] = []
+        second = backend.acquire(run_id(), parse_accelerator_type("GPU_2xH100"), 1,
+                                 should_stop=lambda: len(waits) >= 2, on_wait=waits.append)
+        assert second is None
+        assert waits and waits[0].startswith("waiting for capacity:") and "GPU 2" in waits[0]
+        handle = backend.start_attempt(allocation, node_tasks(tmp_path, "echo cuda=$CUDA_VISIBLE_DEVICES", 1),
+                                       tag=f"air-{rid}")
+        assert handle.wait(timeout_s=60, should_stop=never).ok
+    finally:
+        backend.release(allocation)
+    assert "cuda=0,1" in (tmp_path / "logs" / "node_0.log").read_text()
+
+
+def test_a_failing_node_ends_the_others(backend: RayBackend, tmp_path: Path) -> None:
+    rid, tag = run_id(), f"air-{run_id()}"
+    allocation = backend.acquire(rid, cpu_type(1), 2, should_stop=never, on_wait=lambda _: None)
+    assert allocation is not None
+    try:
+        script = 'if [ "$NODE_RANK" = 1 ]; then sleep 0.5; echo boom >&2; exit 3; fi; sleep 300'
+        handle = backend.start_attempt(allocation, node_tasks(tmp_path, script, 2), tag=tag)
+        started = time.monotonic()
+        outcome = handle.wait(timeout_s=120, should_stop=never)
+    finally:
+        backend.release(allocation)
+    assert time.monotonic() - started < 30
+    assert outcome.first_failure is not None and outcome.first_failure.node_rank == 1
+    assert outcome.first_failure.returncode == 3
+    assert outcome.exits[0].killed_by_air
+    assert "boom" in (tmp_path / "logs" / "node_1.log").read_text()
+    assert not tagged_processes(tag)
+
+
+def test_terminate_and_timeout_leave_no_process_on_any_node(backend: RayBackend, tmp_path: Path) -> None:
+    rid = run_id()
+    allocation = backend.acquire(rid, cpu_type(1), 2, should_stop=never, on_wait=lambda _: None)
+    assert allocation is not None
+    # Children that leave the process group, like DataLoader workers or daemons, must go too.
+    script = "setsid sleep 300 & sleep 300 & echo started; wait"
+    try:
+        tag = f"air-{rid}-0"
+        handle = backend.start_attempt(allocation, node_tasks(tmp_path / "a", script, 2), tag=tag)
+        wait_for(lambda: len(tagged_processes(tag)) >= 6, "both nodes' processes", timeout=30)
+        handle.terminate()
+        assert not tagged_processes(tag)
+        tag = f"air-{rid}-1"
+        handle = backend.start_attempt(allocation, node_tasks(tmp_path / "b", script, 2), tag=tag)
+        outcome = handle.wait(timeout_s=2, should_stop=never)
+        assert outcome.timed_out and not outcome.ok
+        assert not tagged_processes(tag)
+        assert "started" in (tmp_path / "b" / "logs" / "node_1.log").read_text()
+    finally:
+        backend.release(allocation)
+
+
+def test_code_folder_is_shipped_when_asked(ray_cluster, tmp_path: Path) -> None:
+    code = tmp_path / "snapshot"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "marker.txt").write_text("shipped-code\n")
+    backend = RayBackend(ray_cluster.address, code_shipping="always", poll_wait_s=0.2)
+    rid = run_id()
+    allocation = backend.acquire(rid, cpu_type(1), 1, should_stop=never, on_wait=lambda _: None)
+    assert allocation is not None
+    try:
+        task = NodeTask(0, ["bash", "-c", 'cat pkg/marker.txt; echo "pwd=$(pwd) src=$CODE_SOURCE_PATH"'],
+                        {"CODE_SOURCE_PATH": str(code)}, tmp_path / "node_0.log", cwd=code)
+        assert backend.start_attempt(allocation, [task], tag=f"air-{rid}").wait(timeout_s=60, should_stop=never).ok
+    finally:
+        backend.release(allocation)
+    log = (tmp_path / "node_0.log").read_text()
+    assert "shipped-code" in log
+    pwd = log.split("pwd=")[1].split()[0]
+    assert pwd != str(code) and "air-agent" in pwd and f"src={pwd}" in log
+
+
+def test_reap_ends_tagged_leftovers(backend: RayBackend) -> None:
+    tag = f"air-leftover-{uuid.uuid4().hex[:6]}"
+    proc = subprocess.Popen(["sleep", "300"], env={**os.environ, "AIR_PROCESS_TAG": tag}, start_new_session=True)
+    try:
+        assert backend.reap(tag) >= 1
+        assert proc.wait(timeout=10) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, backend: RayBackend,
+                                                                tmp_path: Path) -> None:
+    victim = ray_cluster.add_node(num_cpus=1)
+    rid = run_id()
+    tag = f"air-{rid}"
+    allocation = None
+    try:
+        # Four 1-CPU bundles, strictly spread: every node of the cluster, the victim included.
+        allocation = backend.acquire(rid, cpu_type(1), 4, should_stop=never, on_wait=lambda _: None)
+        assert allocation is not None
+        handle = backend.start_attempt(allocation, node_tasks(tmp_path, "echo up; sleep 300", 4), tag=tag)
+        wait_for(lambda: len(tagged_processes(tag)) >= 8, "all four nodes running", timeout=30)
+        raylet = [p for p in victim.processes() if p.name() == "raylet"]
+        assert raylet
+        raylet[0].kill()
+        started = time.monotonic()
+        outcome = handle.wait(timeout_s=120, should_stop=never)
+        assert outcome.lost_node is not None and outcome.lost_node.startswith("node ")
+        assert outcome.lost_node.endswith(" lost")
+        assert time.monotonic() - started < 30
+        # The victim's own processes are ended by its sentinel once its agent is gone.
+        wait_for(lambda: not [p for p in tagged_processes(tag) if p.status() != psutil.STATUS_ZOMBIE],
+                 "no process of the attempt left", timeout=20)
+    finally:
+        if allocation is not None:
+            backend.release(allocation)
+        victim.stop(grace_s=1.0)
+        ray_cluster.nodes.remove(victim)
