@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.stamp-setup
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-gpu lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,12 @@ setup: $(STAMP)
 demo: setup
 	AIR_HOME=$${AIR_HOME:-$(CURDIR)/.air-home} $(PY) examples/quickstart/ddp_cpu.py
 
+# GPU tests run only on a GPU machine: `make test-gpu` there.
 test: setup
-	$(PY) -m pytest -q -x --durations=15 tests
+	$(PY) -m pytest -q --durations=15 -m "not gpu" tests
+
+test-gpu: setup
+	$(PY) -m pytest -q -m gpu tests
 
 lint: setup
 	$(PY) -m ruff check src tests

@@ -31,3 +31,8 @@ DEFAULT_MAX_RETRIES: int = 3
 #: Environment variable that marks every process of one launch; inherited by all descendants, so a
 #: teardown finds processes that left the process group or were re-parented.
 PROCESS_TAG_ENV: str = "AIR_PROCESS_TAG"
+
+#: A rank that died without reporting (signal, os._exit) within this many seconds after another rank
+#: raised is taken as the root cause: its peers' errors ("Connection reset by peer") are echoes of it,
+#: and the moment a death is noticed can lag the moment it happened on a busy machine.
+ECHO_WINDOW_S: float = 2.0

@@ -34,7 +34,6 @@ import errno
 import fcntl
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -48,8 +47,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import unquote, urlparse
-
-import yaml
 
 from air.errors import EnvironmentBuildError, UserInputError
 from air.home import air_home
@@ -181,7 +178,7 @@ def parse_dependencies(dependencies: list[str] | str | Path | None, base_dir: Pa
         version: str | int | None = None
         if source.suffix in (".yaml", ".yml"):
             version, lines = _read_yaml_requirements(source)
-            parser.add_lines(lines, source.parent, origin=str(source))
+            parser.add_lines(lines, source.parent, origin=f"{source}: dependencies", inline=True)
         else:
             parser.add_file(source, origin="environment.dependencies")
         return parser.result(source=source, version=version)
@@ -201,6 +198,8 @@ def parse_dependencies(dependencies: list[str] | str | Path | None, base_dir: Pa
 
 
 def _read_yaml_requirements(path: Path) -> tuple[str | int | None, list[str]]:
+    import yaml  # only for this form: keep it off the cache-hit path
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
@@ -453,6 +452,7 @@ def _interpreter_identity(python: Path) -> dict[str, Any]:
     memo_key = (os.path.realpath(python), st.st_mtime_ns, st.st_size)
     if memo_key in _identity_memo:
         return _identity_memo[memo_key]
+    identity: dict[str, Any]
     if memo_key[0] == os.path.realpath(sys.executable):
         scope: dict[str, Any] = {}
         exec(_IDENTITY_SOURCE, scope)  # the same interpreter binary gives the same answer, without a subprocess
@@ -991,6 +991,8 @@ class _Dist:
     def requires(self) -> tuple[str, ...]:
         if self.path is None:
             return ()
+        import importlib.metadata  # build time only: keep it off the cache-hit path
+
         return tuple(importlib.metadata.PathDistribution(Path(self.path)).requires or ())
 
 
@@ -1005,6 +1007,8 @@ class _Layer:
 
     def dists(self) -> dict[str, _Dist]:
         """What the environment's python sees now: its own distributions first, then the base's."""
+        import importlib.metadata
+
         own: dict[str, _Dist] = {}
         for dist in importlib.metadata.distributions(path=[str(self.site_packages)]):
             name = canonical_name(dist.metadata["Name"] or "")
@@ -1124,15 +1128,14 @@ def _install(deps: DependencySet, path: Path, layer: _Layer, log: Log, uv: str) 
     # uv reuses its cached build of a local folder while its pyproject.toml is unchanged: our key saw the
     # content change, so make uv rebuild (and re-read local archives) too.
     local = [d for d in deps.dependencies if d.local_path is not None]
-    if any(d.name is None for d in local):
-        options.append("--reinstall")
-    options.extend(arg for d in local if d.name for arg in ("--reinstall-package", d.name))
+    rebuild = ["--reinstall"] if any(d.name is None for d in local) else []
+    rebuild += [arg for d in local if d.name for arg in ("--reinstall-package", d.name)]
     for round_number in range(_MAX_INSTALL_ROUNDS):
         (path / _EXCLUDES).write_text("".join(f"{name} ; python_version < '0'\n" for name in sorted(excluded)))
         requirements = [d.line for d in plain if d.name is None or d.name not in excluded] + sorted(set(extra_lines))
         (path / _REQUIREMENTS).write_text("".join(f"{line}\n" for line in requirements))
         common = [uv, "pip", "install", "--python", str(path / "bin" / "python"), *options,
-                  "--overrides", str(path / _EXCLUDES)]
+                  *(rebuild if round_number == 0 else []), "--overrides", str(path / _EXCLUDES)]
         if requirements:
             _run([*common, "-r", str(path / _REQUIREMENTS)], log, deps, what="install the dependencies",
                  only=[d for d in plain if d.name is None or d.name not in excluded])
@@ -1148,9 +1151,10 @@ def _install(deps: DependencySet, path: Path, layer: _Layer, log: Log, uv: str) 
         new_lines = set(more_lines) - set(extra_lines)
         if not need_own and not new_lines:
             break
-        for name in sorted(need_own):
-            log(f"air: {name} {dists[name].version} from the base does not satisfy a dependency; installing another version")
-        excluded -= need_own
+        for name, wanted in sorted(need_own.items()):
+            log(f"air: {name} {dists[name].version} from the base does not satisfy {', '.join(wanted)}; "
+                "installing another version into the environment")
+        excluded -= set(need_own)
         extra_lines.extend(sorted(new_lines))
     else:
         log("air: warning: some requirements may still not be satisfied by the base environment's versions")
@@ -1182,7 +1186,7 @@ class _Checker:
         return req.marker is None or req.marker.evaluate({**markers, "extra": extra})
 
     def _version_ok(self, req: Any, dist: _Dist) -> bool:
-        return req.specifier.contains(dist.version, prereleases=True)
+        return bool(req.specifier.contains(dist.version, prereleases=True))
 
     def _missing_extras(self, req: Any, dist: _Dist, dists: dict[str, _Dist], markers: dict[str, str]) -> list[str]:
         """Requirement lines that `req`'s extras add to `dist` and the visible packages do not satisfy."""
@@ -1212,9 +1216,10 @@ class _Checker:
 
     def unsatisfied(
         self, dists: dict[str, _Dist], markers: dict[str, str], excluded: set[str]
-    ) -> tuple[set[str], list[str]]:
-        """After an install: base packages that must come in another version, and lines still missing."""
-        need_own: set[str] = set()
+    ) -> tuple[dict[str, list[str]], list[str]]:
+        """After an install: base packages that must come in another version (with the requirements the
+        base's version fails), and the requirement lines to install next."""
+        need_own: dict[str, list[str]] = {}
         lines: list[str] = []
         for dist in dists.values():
             if not dist.own:
@@ -1228,7 +1233,9 @@ class _Checker:
                 # A missing target was installed with --no-deps on purpose (uv resolved everything else).
                 if target is not None and not target.own and name in excluded:
                     if not self._version_ok(req, target):
-                        need_own.add(name)
+                        wanted = str(req).split(";")[0].strip()
+                        need_own.setdefault(name, []).append(f"{wanted} (needed by {dist.name})")
+                        lines.append(wanted)
                     else:
                         lines.extend(self._missing_extras(req, target, dists, markers))
         return need_own, lines

@@ -8,13 +8,15 @@ process of the run gone. If it dies anyway (kill -9), any later `air` command no
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,6 @@ class Supervisor:
         from air.workload.secrets import resolve_secrets
 
         secrets = resolve_secrets(self.plan.secret_refs) if self.plan.secret_refs else {}
-        environment = None
         while True:
             if not self._move(RunStatus.QUEUED, {RunStatus.PENDING, RunStatus.WAITING_FOR_RETRY}):
                 return self._end_canceled()
@@ -98,17 +99,18 @@ class Supervisor:
                 for path in logs.values():
                     path.touch()
                 air_log = NodeLogs(list(logs.values()))
-                tracking = _AttemptTracking(self.plan, self.run_id, attempt.index, air_log)
+                tracking = _AttemptTracking(self.plan, self.run_id, attempt.index, air_log,
+                                            self.paths.attempt_dir(attempt.index))
                 outcome: AttemptOutcome | None = None
                 setup_failure: str | None = None
                 try:
-                    if self.plan.dependencies is not None and environment is None:
-                        environment = self._environment(air_log)
-                    nodes = self._node_tasks(attempt.index, logs, secrets, environment, tracking.env())
-                    self.say(f"attempt {attempt.index}: starting {len(nodes)} node(s)")
-                    handle = self.backend.start_attempt(allocation, nodes, tag=process_tag(self.run_id))
-                    timeout_s = self.plan.timeout_minutes * 60 if self.plan.timeout_minutes else None
-                    outcome = handle.wait(timeout_s=timeout_s, should_stop=self.cancel_requested)
+                    with self._environment(air_log) as environment:
+                        nodes = self._node_tasks(attempt.index, logs, secrets, environment, tracking.env())
+                        self.say(f"attempt {attempt.index}: starting {len(nodes)} node(s)")
+                        handle = self.backend.start_attempt(allocation, nodes, tag=process_tag(self.run_id))
+                        tracking.start_samplers(allocation, self.plan.num_nodes)
+                        timeout_s = self.plan.timeout_minutes * 60 if self.plan.timeout_minutes else None
+                        outcome = handle.wait(timeout_s=timeout_s, should_stop=self.cancel_requested)
                 except EnvironmentBuildError as exc:
                     setup_failure = exc.message
                     air_log(f"environment setup failed: {exc.message}")
@@ -144,15 +146,20 @@ class Supervisor:
         self.say("canceled")
         return RunStatus.CANCELED
 
-    def _environment(self, air_log: Callable[[str], None]) -> Any:
-        from air.environments import ensure_environment, parse_dependencies
+    @contextlib.contextmanager
+    def _environment(self, air_log: Callable[[str], None]) -> Iterator[Any]:
+        """The attempt's environment, held (so `air env prune` cannot remove it) while its nodes run."""
+        if self.plan.dependencies is None:
+            yield None
+            return
+        from air.environments import parse_dependencies, use_environment
 
         deps = parse_dependencies(self.plan.dependencies, Path(self.plan.dependencies_base_dir or "."))
         started = time.monotonic()
-        env = ensure_environment(deps, Path(self.plan.base_python), log=air_log)
-        air_log(f"environment {'reused' if env.cache_hit else 'built'} in {time.monotonic() - started:.2f} s: "
-                f"{env.path}")
-        return env
+        with use_environment(deps, Path(self.plan.base_python), log=air_log) as env:
+            air_log(f"environment {'reused' if env.cache_hit else 'built'} in {time.monotonic() - started:.2f} s: "
+                    f"{env.path}")
+            yield env
 
     def _node_tasks(self, attempt: int, logs: dict[int, Path], secrets: dict[str, str], environment: Any,
                     tracking_env: dict[str, str]) -> list[NodeTask]:
@@ -209,7 +216,7 @@ class Supervisor:
         self.say(f"attempt {attempt} ended: {reason} [{failure_class}]")
         self.store.finish_attempt(self.run_id, attempt, failure_class.attempt_status, reason=reason,
                                   failure_class=failure_class, exit_code=exit_code, signal=sig)
-        tracking.end("KILLED" if canceled else "FAILED", logs)
+        tracking.end("KILLED" if canceled else "FAILED", logs, reason)
         if canceled:
             self.store.transition(self.run_id, RunStatus.CANCELED, reason=reason, failure_class=failure_class)
             return RunStatus.CANCELED
@@ -231,52 +238,68 @@ class Supervisor:
 
 
 class _AttemptTracking:
-    """MLflow for one attempt; never decides whether training runs (every failure is a warning)."""
+    """MLflow for one attempt; never decides whether training runs (every failure is a warning line
+    in the node logs). One MLflow run per attempt, per-node system metrics while it runs."""
 
-    def __init__(self, plan: RunPlan, run_id: str, attempt: int, warn: Callable[[str], None]) -> None:
+    def __init__(self, plan: RunPlan, run_id: str, attempt: int, warn: Callable[[str], None],
+                 folder: Path) -> None:
         self.handle: Any = None
         self.attempt = attempt
         self.warn = warn
+        self.samplers: list[Any] = []
         try:
-            from air.tracking import start_attempt_run
-        except ImportError:
-            return
-        tags = {"air.run_id": run_id, "air.attempt": str(attempt), "air.accelerator_type": plan.accelerator,
-                "air.num_accelerators": str(plan.num_accelerators), "air.num_nodes": str(plan.num_nodes)}
-        if plan.git and plan.git.get("commit"):
-            tags["air.git_commit"] = str(plan.git["commit"])
-        try:
+            from air.tracking import attempt_tags, start_attempt_run
+
+            tags = attempt_tags(run_id=run_id, attempt=attempt, accelerator_type=plan.accelerator,
+                                num_accelerators=plan.num_accelerators, num_nodes=plan.num_nodes,
+                                git_commit=str(plan.git["commit"]) if plan.git and plan.git.get("commit") else None)
             self.handle = start_attempt_run(plan.experiment, plan.run_name, tags=tags, params=plan.parameters or {},
                                             warn=warn)
         except Exception as exc:  # noqa: BLE001 - tracking must never fail a run
-            warn(f"MLflow tracking is off for this attempt: {exc}")
+            warn(f"tracking: off for this attempt: {exc}")
             self.handle = None
-        if self.handle is not None:
-            run_id_mlflow = getattr(self.handle, "run_id", None)
-            if run_id_mlflow:
-                try:
-                    RunStore().set_mlflow_run_id(run_id, run_id_mlflow, attempt=attempt)
-                except Exception:
-                    pass
-
-    def env(self) -> dict[str, str]:
-        if self.handle is None:
-            return {}
-        try:
-            return dict(self.handle.env())
-        except Exception as exc:  # noqa: BLE001
-            self.warn(f"MLflow tracking: {exc}")
-            return {}
-
-    def end(self, status: str, logs: dict[int, Path]) -> None:
         if self.handle is None:
             return
         try:
-            for node, path in logs.items():
-                self.handle.log_node_log(path, self.attempt, node)
-            self.handle.end(status)
+            RunStore().set_mlflow_run_id(run_id, self.handle.run_id, attempt=attempt)
+            (folder / "tracking.json").write_text(json.dumps({
+                "run_id": self.handle.run_id, "experiment_id": self.handle.experiment_id,
+                "tracking_uri": self.handle.tracking_uri}))
         except Exception as exc:  # noqa: BLE001
-            self.warn(f"MLflow tracking: {exc}")
+            warn(f"tracking: {exc}")
+
+    def env(self) -> dict[str, str]:
+        return dict(self.handle.env()) if self.handle is not None else {}
+
+    def start_samplers(self, allocation: Any, num_nodes: int) -> None:
+        """System metrics per node (this machine's CPU and memory; the node's own GPUs)."""
+        if self.handle is None or getattr(allocation, "accelerator", None) is None:
+            return
+        try:
+            from air.tracking import SystemMetricsSampler
+
+            for node in range(num_nodes):
+                gpus = None
+                if not allocation.accelerator.is_cpu:
+                    gpus = [int(g) for g in allocation.slots_per_node[node] if str(g).isdigit()]
+                sampler = SystemMetricsSampler(self.handle.run_id, node, tracking_uri=self.handle.tracking_uri,
+                                               gpu_indices=gpus, warn=self.warn)
+                sampler.start()
+                self.samplers.append(sampler)
+        except Exception as exc:  # noqa: BLE001
+            self.warn(f"tracking: no system metrics: {exc}")
+
+    def end(self, status: str, logs: dict[int, Path], reason: str | None = None) -> None:
+        for sampler in self.samplers:
+            try:
+                sampler.stop()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.handle is None:
+            return
+        for node, path in logs.items():
+            self.handle.log_node_log(path, self.attempt, node)
+        self.handle.end(status, reason)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import rank_programs as rp
-from conftest import alive, read_pids, wait_for
+from proc_helpers import alive, read_pids, wait_for
 
 from air import distributed
 from air.errors import LocalExecutionTimeoutError, RankFailedError, SerializationError

@@ -1,6 +1,6 @@
 """One real multi-node Ray cluster per test session, started on this machine with `ray start`.
 
-Head (1 CPU) + a CPU node (2 CPUs) + a node advertising fake GPUs (2 × "H100", 1 CPU). Every node has
+Head (2 CPUs) + a CPU node (2 CPUs) + a node advertising fake GPUs (2 × "H100", 2 CPUs). Every node has
 its own ports and temp dir and token authentication with a session token, so it never collides with
 other Ray clusters on the machine; teardown stops exactly these nodes' processes (never `ray stop`).
 Health checks are tightened so a killed raylet is declared dead in ~2 s instead of ~15 s.
@@ -50,7 +50,7 @@ class RayTestCluster:
 def ray_cluster() -> Iterator[RayTestCluster]:
     auth = RayAuth.new_token()
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")}
-    head = start_ray_node(head=True, num_cpus=1, object_store_memory=OBJECT_STORE, auth=auth,
+    head = start_ray_node(head=True, num_cpus=2, object_store_memory=OBJECT_STORE, auth=auth,
                           system_config=FAST_HEALTH)
     cluster = RayTestCluster(address=head.address, auth=auth, nodes=[head])
     errors: list[BaseException] = []
@@ -62,7 +62,7 @@ def ray_cluster() -> Iterator[RayTestCluster]:
             errors.append(exc)
 
     threads = [threading.Thread(target=join, kwargs={"num_cpus": 2}),
-               threading.Thread(target=join, kwargs={"num_cpus": 1, "num_gpus": 2,
+               threading.Thread(target=join, kwargs={"num_cpus": 2, "num_gpus": 2,
                                                      "resources": {"accelerator_type:H100": 1}})]
     for thread in threads:
         thread.start()

@@ -133,11 +133,9 @@ def test_bad_uri_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.gpu
 def test_sampler_logs_gpu_metrics_through_nvml() -> None:
     """On the lent GPU machine: NVML readings land as system/node_<n>/gpu_<i>_... metrics."""
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        pytest.skip("no NVIDIA driver here")
+    import pynvml
+
+    pynvml.nvmlInit()  # deselected off GPU machines (-m "not gpu"); here a missing driver is a failure
     from mlflow import MlflowClient
 
     handle = start_attempt_run("gpu-metrics", None, {}, {})

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import alive, read_pids, wait_for
+from proc_helpers import alive, read_pids, wait_for
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
 from air.runs.paths import RunPaths

@@ -32,8 +32,13 @@ from typing import Any
 
 from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
 
-#: Placeholder in argv/env/cwd values that the agent replaces with its node-local work folder.
+#: Placeholders in argv/env/cwd values that the agent replaces with its node-local work folder and
+#: with the node's Python (the interpreter the Ray node runs, not the submitting machine's path).
 NODE_DIR = "@AIR_NODE_DIR@"
+NODE_PYTHON = "@AIR_NODE_PYTHON@"
+
+#: Separates an attempt's tag from a node's rank in that node's AIR_PROCESS_TAG.
+NODE_TAG_SEP = ".node"
 
 #: Lines kept for the submitting side before the oldest are dropped (it normally polls every 0.2 s).
 MAX_BUFFERED_LINES = 200_000
@@ -160,7 +165,7 @@ class NodeAgent:
         return env
 
     def _expand(self, value: str) -> str:
-        return value.replace(NODE_DIR, str(self.root / "work"))
+        return value.replace(NODE_DIR, str(self.root / "work")).replace(NODE_PYTHON, sys.executable)
 
     def start(self, procs: Sequence[Mapping[str, Any]], tag: str, grace_s: float = TERMINATE_GRACE_S) -> list[int]:
         """Start this node's processes at once: each {name, argv, env, cwd}. Returns their PIDs."""
@@ -181,6 +186,7 @@ class NodeAgent:
                 cwd = None
             specs.append(ProcessSpec(name=proc["name"], argv=[self._expand(a) for a in proc["argv"]], env=env,
                                      log_path=logs / f"proc_{index}.log", cwd=Path(cwd) if cwd else None))
+        tag = node_tag(tag, self.node_rank)
         self._start_sentinel(tag)
         self._launch = start_processes(specs, on_line=self._on_line, tag=tag, grace_s=grace_s)
         self._thread = threading.Thread(target=self._wait, name="air-agent-wait", daemon=True)
@@ -292,13 +298,40 @@ class NodeAgent:
         return os.getpid()
 
 
-def reap_tag(tag: str) -> int:
-    """End every process of this user carrying AIR_PROCESS_TAG=tag; returns how many there were."""
-    from air.launcher import tagged_processes, terminate_tree
+def node_tag(tag: str, node_rank: int) -> str:
+    """The AIR_PROCESS_TAG of one node's processes. Each node has its own, so a node's teardown never
+    touches another node of the same attempt placed on the same machine; `reap(tag)` covers them all."""
+    return f"{tag}{NODE_TAG_SEP}{node_rank}"
 
-    procs = tagged_processes(tag)
+
+def tagged_processes_any_node(tag: str) -> list:
+    """Processes of this user tagged `tag` or `node_tag(tag, n)` for any n (read from /proc)."""
+    import psutil
+
+    exact = f"{PROCESS_TAG_ENV}={tag}".encode()
+    prefix = exact + NODE_TAG_SEP.encode()
+    me = os.getpid()
+    found = []
+    for pid in psutil.pids():
+        if pid == me:
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                entries = fh.read().split(b"\0")
+            if any(e == exact or e.startswith(prefix) for e in entries):
+                found.append(psutil.Process(pid))
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def reap_tag(tag: str) -> int:
+    """End every process of this user carrying the tag (any node's); returns how many there were."""
+    from air.launcher import terminate_tree
+
+    procs = tagged_processes_any_node(tag)
     if procs:
-        terminate_tree(others=procs, tag=tag)
+        terminate_tree(others=procs)
     return len(procs)
 
 

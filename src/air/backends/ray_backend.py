@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 
 from air.accelerators import AcceleratorType, normalize_model
 from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLineCallback, NodeTask
-from air.backends.ray_agent import NODE_DIR, NodeAgent, local_versions, reap_tag
+from air.backends.ray_agent import NODE_DIR, NODE_PYTHON, NodeAgent, local_versions, reap_tag, tagged_processes_any_node
 from air.constants import TERMINATE_GRACE_S
 from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
 
@@ -55,13 +55,15 @@ ProcLineCallback = Callable[[int, int, str, str], None]
 class NodeProcess:
     """One process of a node, as the agent will start it. `log_path` is on the submitting side.
 
-    Strings in argv, env and cwd may contain `NODE_DIR`, replaced on the node by its work folder.
+    Strings in argv, env and cwd may contain `NODE_DIR` and `NODE_PYTHON`, replaced on the node by its
+    work folder and its Python. `cwd` is used when the launch has none (and only if it exists there).
     """
 
     name: str
     argv: Sequence[str]
     env: dict[str, str]
     log_path: Path | None = None
+    cwd: str | None = None
 
 
 @dataclass(frozen=True)
@@ -328,6 +330,8 @@ class RayBackend:
 
     def start_attempt(self, allocation: Allocation, nodes: Sequence[NodeTask], *, tag: str,
                       on_line: NodeLineCallback | None = None) -> RayAttempt:
+        """Start every node's command at once. Node n's processes carry AIR_PROCESS_TAG=`tag`.node<n>
+        (`reap(tag)` finds them all)."""
         launches = [
             NodeLaunch(node_rank=t.node_rank, log_path=t.log_path, cwd=t.cwd,
                        processes=[NodeProcess(name=f"node {t.node_rank}", argv=list(t.argv), env=dict(t.env))])
@@ -366,7 +370,7 @@ class RayBackend:
                 if original and cwd != original:
                     env = {k: (cwd + v[len(original):] if v == original or v.startswith(original + "/") else v)
                            for k, v in env.items()}
-                procs.append({"name": proc.name, "argv": list(proc.argv), "env": env, "cwd": cwd})
+                procs.append({"name": proc.name, "argv": list(proc.argv), "env": env, "cwd": cwd or proc.cwd})
             starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S))
         attempt = RayAttempt(self, allocation, held, launches, tag=tag, on_line=on_line,
                              poll_wait_s=self.poll_wait_s, master_addr=node0["ip"], master_port=master_port)
@@ -689,4 +693,4 @@ class RayAttempt:
         return dict(self._lost)
 
 
-__all__ = ["NODE_DIR", "NodeLaunch", "NodeProcess", "RayAttempt", "RayBackend"]
+__all__ = ["NODE_DIR", "NODE_PYTHON", "NodeLaunch", "NodeProcess", "RayAttempt", "RayBackend", "tagged_processes_any_node"]

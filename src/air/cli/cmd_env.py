@@ -46,6 +46,6 @@ def env_prune(older_than_days: float | None, all_unused: bool) -> None:
         raise UserInputError("Say what to prune: --older-than-days N or --all-unused.")
     removed = prune_environments(older_than_days=older_than_days, all_unused=all_unused)
     if settings().json:
-        envelope({"removed": [str(r) for r in removed]})
+        envelope({"removed": [r.key for r in removed]})
     else:
         stderr(f"Removed {len(removed)} environment(s).")

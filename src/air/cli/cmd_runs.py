@@ -25,12 +25,21 @@ def run_dict(run: Run) -> dict[str, Any]:
 
 
 def mlflow_link(run: Run) -> str | None:
-    if not run.mlflow_run_id:
+    """A link into the MLflow UI for the run's latest attempt (the supervisor notes the experiment)."""
+    import json
+
+    from air.runs.paths import RunPaths
+
+    if not run.mlflow_run_id or run.current_attempt is None:
         return None
     try:
+        info = json.loads((RunPaths(run.id).attempt_dir(run.current_attempt) / "tracking.json").read_text())
+        if not info.get("tracking_uri", "").startswith("sqlite"):
+            base = info["tracking_uri"].rstrip("/")
+            return f"{base}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}"
         from air.tracking import run_url
 
-        return run_url(run.mlflow_run_id)
+        return run_url(info["run_id"], info["experiment_id"])
     except Exception:
         return None
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import cloudpickle
 
+from air.constants import ECHO_WINDOW_S
 from air.errors import AirError, LocalExecutionTimeoutError, RankFailedError, SerializationError
 from air.launcher.node import LaunchResult, read_tail
 
@@ -142,7 +143,8 @@ def resolve(
               if e.returncode not in (None, 0) and outcomes[e.index] is None and not e.killed_by_launcher]
     first_error = min(errors, key=lambda o: o.raised_at) if errors else None
     first_death = min(deaths, key=lambda e: e.ended_at or float("inf")) if deaths else None
-    if first_error is not None and (first_death is None or first_error.raised_at < (first_death.ended_at or 0)):
+    if first_error is not None and (
+            first_death is None or (first_death.ended_at or 0.0) > first_error.raised_at + ECHO_WINDOW_S):
         same = sorted(o.rank for o in errors
                       if o.exc_type == first_error.exc_type and o.exc_message == first_error.exc_message)
         raise _rebuild_exception(first_error, world_size, log_paths[first_error.rank], same)

@@ -1,15 +1,101 @@
-"""A local call recorded in MLflow: one MLflow run per call, rank logs as artifacts, status at the end."""
+"""A local call recorded in MLflow: one MLflow run per call, rank logs as artifacts, status at the end.
+
+Tracking never decides whether training runs: failures are one warning line. The run is created in a
+background thread while the ranks start (see mlflow_gate.py), unless the caller already uses MLflow
+(then it is quick, and it must see the caller's active run, which MLflow keeps per thread).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from air.distributed.local import run_local
+from air.distributed.local import new_call_dir, run_local
 from air.distributed.shape import LocalShape
+
+
+def _warn(message: str) -> None:
+    sys.stderr.write(f"[air] {message}\n")
+
+
+def tracking_enabled() -> bool:
+    return os.environ.get("AIR_TRACKING", "on").lower() not in ("0", "off", "false", "no")
+
+
+class CallTracking:
+    """The MLflow run of one call, created off the critical path."""
+
+    def __init__(self, func_name: str, call_dir: Path, tags: Mapping[str, str]) -> None:
+        self.env_file = call_dir / "mlflow_env.json"
+        self.handle: Any = None
+        self._thread: threading.Thread | None = None
+        self._func_name = func_name
+        self._tags = dict(tags)
+        if not tracking_enabled():
+            self._write({})
+        elif "mlflow" in sys.modules:
+            self._start()
+        else:
+            self._thread = threading.Thread(target=self._start, name="air-mlflow-call", daemon=True)
+            self._thread.start()
+
+    def _write(self, values: Mapping[str, str]) -> None:
+        tmp = self.env_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(values)))
+        os.replace(tmp, self.env_file)
+
+    def _start(self) -> None:
+        values: dict[str, str] = {}
+        try:
+            from air.tracking import start_call_run
+
+            self.handle = start_call_run(self._func_name, tags=self._tags, warn=_warn)
+            if self.handle is not None:
+                values = dict(self.handle.env())
+        except Exception as exc:  # noqa: BLE001 - tracking never fails a call
+            _warn(f"tracking: {exc}")
+        finally:
+            self._write(values)
+
+    def finish(self, status: str, log_paths: Sequence[Path]) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+        if self.handle is None:
+            return
+        for rank, path in enumerate(log_paths):
+            self.handle.log_rank_log(path, rank)
+        self.handle.end(status)
+        try:
+            from air.tracking import run_url
+
+            url = run_url(self.handle.run_id, self.handle.experiment_id)
+        except Exception:
+            url = ""
+        _warn(f"MLflow run {self.handle.run_id} (experiment {self.handle.experiment_id})"
+              + (f": {url}  (start the UI with `air ui`)" if url and "sqlite" in self.handle.tracking_uri else ""))
 
 
 def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], shape: LocalShape,
                       timeout_s: float | None) -> list[Any]:
-    values, _ = run_local(func, args, kwargs, shape, timeout_s)
-    return values
+    name = getattr(func, "__name__", "fn")
+    call_dir = new_call_dir(name)
+    tracking = CallTracking(name, call_dir, {
+        "air.call": call_dir.name, "air.accelerator_type": shape.accelerator.name,
+        "air.num_accelerators": str(shape.world_size), "air.num_nodes": "1"})
+    status = "FAILED"
+    log_paths = [call_dir / f"rank_{r}.log" for r in range(shape.world_size)]
+    try:
+        values, _ = run_local(func, args, kwargs, shape, timeout_s, call_dir=call_dir,
+                              extra_env={"AIR_MLFLOW_ENV_FILE": str(tracking.env_file)})
+        status = "FINISHED"
+        return values
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        tracking.finish(status, log_paths)

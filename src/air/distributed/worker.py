@@ -47,6 +47,9 @@ def main(call_dir: Path) -> int:
     for entry in reversed(json.loads(os.environ.get("AIR_SYS_PATH", "[]"))):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    from air.distributed.mlflow_gate import install
+
+    install(os.environ.get("AIR_MLFLOW_ENV_FILE"))
     try:
         with open(call_dir / "payload.pkl", "rb") as fh:
             func, args, kwargs = cloudpickle.load(fh)

@@ -108,6 +108,21 @@ class RayNode:
         return count
 
 
+def use_auth(auth: RayAuth) -> None:
+    """Make this process a client of a cluster with `auth`. Ray caches the mode when `ray._raylet` is
+    first imported, so an already-imported Ray is told to read it again."""
+    os.environ.update(auth.env())
+    if auth.mode != "token":
+        os.environ.pop(AUTH_TOKEN_ENV, None)
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None:
+        try:
+            raylet.Config.initialize("")
+            raylet.AuthenticationTokenLoader.instance().reset_cache()
+        except Exception:  # noqa: BLE001 - older Ray without these: nothing was cached
+            pass
+
+
 def processes_with_env(key: str, value: str) -> list:
     """This user's processes whose initial environment holds key=value (read from /proc)."""
     import psutil
@@ -281,5 +296,5 @@ def _local_ip(output: str) -> str:
 
 __all__ = [
     "NODE_MARKER_ENV", "RAY_WORKER_ENV", "RayAuth", "RayNode", "clean_ray_env", "processes_with_env",
-    "ray_executable", "short_temp_dir", "start_ray_node", "stop_marked",
+    "ray_executable", "short_temp_dir", "start_ray_node", "stop_marked", "use_auth",
 ]

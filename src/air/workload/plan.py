@@ -111,13 +111,20 @@ def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address
     """The pure half of a launch. `snapshot_plan` is air.workload.snapshot's SnapshotPlan, when any."""
     from air.config import resolve_base_python
 
-    base_python = str(resolve_base_python(spec.environment.version))
     deps = spec.environment.dependencies
     state = None
+    version = spec.environment.version
+    parsed = None
     if deps is not None:
-        from air.environments import cache_state, parse_dependencies
+        from air.environments import parse_dependencies
 
-        state = cache_state(parse_dependencies(deps, spec.source_dir or Path.cwd()), Path(base_python))
+        parsed = parse_dependencies(deps, spec.source_dir or Path.cwd())
+        version = version if version is not None else parsed.version  # a requirements.yaml's own version
+    base_python = str(resolve_base_python(version))
+    if parsed is not None:
+        from air.environments import cache_state
+
+        state = cache_state(parsed, Path(base_python))
     plan = RunPlan(
         experiment=spec.experiment_name, run_name=spec.run_name, accelerator=spec.accelerator.name,
         num_accelerators=spec.compute.num_accelerators, num_nodes=spec.num_nodes, per_node=spec.per_node,
@@ -125,7 +132,7 @@ def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address
         parameters=spec.parameters, max_retries=spec.max_retries, timeout_minutes=spec.timeout_minutes,
         profile=profile, backend=backend, backend_address=backend_address,
         dependencies=deps, dependencies_base_dir=str(spec.source_dir or Path.cwd()),
-        environment_version=spec.environment.version, base_python=base_python, environment_state=state,
+        environment_version=version, base_python=base_python, environment_state=state,
     )
     if snapshot_plan is not None:
         plan.code_root = str(snapshot_plan.root_path)

@@ -1,0 +1,239 @@
+"""`ray_launch`: `@distributed`, but the ranks first become a Ray cluster and the function runs once,
+as the Ray driver, on global rank 0.
+
+Every call gets its own cluster: the head on node 0 with its GCS on MASTER_PORT (a port air already
+reserved free on node 0), the other nodes joining it; each node advertises its GPUs (`--num-gpus`)
+and `accelerator_type:<MODEL>`, so `ScalingConfig(use_gpu=True, accelerator_type="H100")` and
+fractional `resources_per_worker={"GPU": 0.5}` schedule. Ports and temp dirs are its own, token
+authentication uses a fresh per-call token, and teardown ends only that cluster's processes.
+
+Only local rank 0 of each node takes part; the other ranks return None at once. Nodes other than 0
+stay up until the head goes away (the driver finished), then stop their own Ray node.
+`.distributed()` returns `[driver's value, None, …]`, one entry per rank, as `@distributed` does.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
+from air.distributed.decorator import DistributedFunction
+from air.distributed.shape import CallSettings, check_settings
+from air.errors import AirError, RayInitializationError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Environment variable that holds the call's node shape for the ranks (set by air, read by the bootstrap).
+ACCELERATOR_TYPE_ENV = "AIR_ACCELERATOR_TYPE"
+#: The metrics export port of this node's Ray, for RayMetricsMonitor.
+METRICS_PORT_ENV = "AIR_RAY_METRICS_PORT"
+#: Set to 0 to keep Ray metrics out of MLflow.
+RAY_METRICS_ENV = "AIR_RAY_METRICS"
+#: Object store size of the Ray nodes a call starts (bytes); Ray's default (30% of RAM) otherwise.
+OBJECT_STORE_ENV = "AIR_RAY_OBJECT_STORE_MEMORY"
+#: How long the head waits for every node to join before running the driver anyway.
+JOIN_TIMEOUT_S = float(os.environ.get("AIR_RAY_JOIN_TIMEOUT_S", "120"))
+
+
+class RayLaunchBootstrap:
+    """What every rank of a `ray_launch` call runs (pickled with the user's function)."""
+
+    def __init__(self, func: Callable[..., Any], token: str, model: str | None, kind: str | None,
+                 dashboard: bool = False) -> None:
+        self.func = func
+        self.token = token
+        self.model = model
+        self.kind = kind
+        self.dashboard = dashboard
+        self.__name__ = getattr(func, "__name__", "ray_launch")
+        self.__qualname__ = getattr(func, "__qualname__", self.__name__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+            return None
+        from air.ray.cluster import RayAuth, start_ray_node, use_auth
+
+        node_rank = int(os.environ.get("NODE_RANK", "0"))
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        num_nodes = int(os.environ.get("NUM_NODES") or int(os.environ.get("WORLD_SIZE", "1")) // max(per_node, 1))
+        host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ["MASTER_PORT"])
+        auth = RayAuth("token", self.token)
+        kind, model = self._shape()
+        gpus = 0
+        if kind == "GPU":
+            visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+            gpus = len(visible) or per_node
+        resources = {f"accelerator_type:{model}": 1} if kind == "GPU" and model else None
+        common: dict[str, Any] = {
+            "auth": auth, "num_gpus": gpus,
+            "num_cpus": max(per_node, os.cpu_count() or 1) if kind == "CPU" else None,
+            "resources": resources,
+            "object_store_memory": int(os.environ[OBJECT_STORE_ENV]) if os.environ.get(OBJECT_STORE_ENV) else None,
+            "labels": {"air-node-rank": str(node_rank)},
+        }
+        if node_rank != 0:
+            node = start_ray_node(head=False, address=f"{host}:{port}", retry_until=time.monotonic() + JOIN_TIMEOUT_S,
+                                  **common)
+            try:
+                print(f"[air] node {node_rank} joined the Ray cluster at {host}:{port}", flush=True)
+                _wait_head_gone(host, port)
+            finally:
+                node.stop()
+            return None
+        node = start_ray_node(head=True, gcs_port=port, include_dashboard=self.dashboard, **common)
+        address = f"{host}:{port}"
+        monitor = None
+        try:
+            use_auth(auth)  # the driver (this process) is a client of the new cluster from here on
+            os.environ["RAY_ADDRESS"] = address
+            joined = _wait_for_nodes(address, num_nodes, auth)
+            print(f"[air] Ray cluster up at {address}: {joined} of {num_nodes} node(s)"
+                  + (f", dashboard {node.dashboard_url}" if node.dashboard_url else ""), flush=True)
+            os.environ[METRICS_PORT_ENV] = str(node.metrics_export_port)
+            from air.ray.tracking import enable_train_report_logging
+
+            enable_train_report_logging()
+            if os.environ.get("MLFLOW_RUN_ID") and os.environ.get(RAY_METRICS_ENV, "1") != "0":
+                from air.ray.metrics import RayMetricsMonitor
+
+                monitor = RayMetricsMonitor(os.environ["MLFLOW_RUN_ID"], is_head_node=True)
+                monitor.start()
+            return self.func(*args, **kwargs)
+        finally:
+            if monitor is not None:
+                monitor.finish()
+            _shutdown_driver()
+            node.stop()
+
+    def _shape(self) -> tuple[str, str | None]:
+        if self.kind:
+            return self.kind, self.model
+        text = os.environ.get(ACCELERATOR_TYPE_ENV, "")
+        if text:
+            from air.accelerators import parse_accelerator_type
+
+            parsed = parse_accelerator_type(text)
+            return parsed.kind, parsed.model
+        kind = os.environ.get("AIR_ACCELERATOR_KIND", "CPU")
+        if kind == "GPU":
+            from air.accelerators import discover
+
+            return kind, discover().gpu_model
+        return kind, None
+
+
+def _shutdown_driver() -> None:
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001 - the cluster is being stopped anyway
+            pass
+
+
+def _wait_for_nodes(address: str, expected: int, auth: Any, timeout_s: float = JOIN_TIMEOUT_S) -> int:
+    """Alive nodes once `expected` have joined (or the timeout passed); asks the GCS directly, so the
+    user's own `ray.init(...)` (with its runtime_env) is the driver's first and only connection."""
+    if expected <= 1:
+        return 1
+    from ray._raylet import GcsClient
+
+    client = GcsClient(address=address)
+    deadline = time.monotonic() + timeout_s
+    alive = 0
+    while time.monotonic() < deadline:
+        try:
+            infos = client.get_all_node_info(timeout=5)
+            alive = sum(1 for info in infos.values() if int(getattr(info, "state", 1)) == 0)
+        except Exception:  # noqa: BLE001 - the GCS may still be starting
+            alive = 0
+        if alive >= expected:
+            return alive
+        time.sleep(0.5)
+    raise RayInitializationError(
+        f"Failed to start a ray cluster: {alive} of {expected} nodes joined {address} within {timeout_s:g} s.",
+        hint="The other nodes' logs (air logs RUN --node N) show why they could not join.",
+    )
+
+
+def _wait_head_gone(host: str, port: int, interval_s: float = 1.0) -> None:
+    """Block while the head's GCS port answers; two refusals in a row mean the driver is done."""
+    misses = 0
+    while misses < 2:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                misses = 0
+        except OSError:
+            misses += 1
+        time.sleep(interval_s)
+
+
+class RayLaunchFunction(DistributedFunction[P, R], Generic[P, R]):
+    """A `ray_launch`-decorated function: `.distributed()` runs it once as the Ray driver on rank 0."""
+
+    def with_overrides(self, *args: Any, **kwargs: Any) -> RayLaunchFunction[P, R]:
+        plain = super().with_overrides(*args, **kwargs)
+        return RayLaunchFunction(self.func, plain._settings)
+
+    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> list[R]:  # type: ignore[override]
+        """Start a Ray cluster over the call's nodes, run the function as its driver, return
+        `[driver's value, None, …]` (one entry per rank)."""
+        import secrets
+
+        try:
+            import ray  # noqa: F401
+        except ImportError as exc:
+            raise ImportError("ray_launch needs Ray: pip install 'air-runtime[ray]'") from exc
+        call_args, call_kwargs = self._bind(args, kwargs)
+        settings = self._settings
+        token = secrets.token_hex(16)
+        try:
+            if settings.remote:
+                from air.distributed.remote import run_remote
+
+                boot = RayLaunchBootstrap(self.func, token, None, None)
+                return run_remote(boot, call_args, call_kwargs, settings)
+            from air.distributed.shape import resolve_local
+            from air.distributed.tracked import run_local_tracked
+
+            shape = resolve_local(settings)
+            boot = RayLaunchBootstrap(self.func, token, shape.accelerator.model, shape.accelerator.kind)
+            return run_local_tracked(boot, call_args, call_kwargs, shape, settings.timeout)
+        except Exception as exc:
+            if isinstance(exc, AirError) or hasattr(exc, "air_rank"):
+                raise exc.with_traceback(None) from exc.__cause__
+            raise
+
+
+@overload
+def ray_launch(func: Callable[P, R], /) -> RayLaunchFunction[P, R]: ...
+
+
+@overload
+def ray_launch(num_accelerators: int | None = None, accelerator_type: str | None = None, remote: bool = False,
+               timeout: float | None = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: int | None = None,
+               gpu_type: str | None = None) -> Callable[[Callable[P, R]], RayLaunchFunction[P, R]]: ...
+
+
+def ray_launch(num_accelerators: Any = None, accelerator_type: Any = None, remote: Any = False,
+               timeout: Any = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: Any = None, gpu_type: Any = None) -> Any:
+    """Like `@distributed` (same arguments), but the nodes become a Ray cluster and the function runs
+    once as its driver: `@ray_launch(gpus=16, gpu_type='H100', remote=True)`, then `fn.distributed()`."""
+    if callable(num_accelerators) and not isinstance(num_accelerators, (int, bool)):
+        return RayLaunchFunction(num_accelerators, check_settings(timeout=DEFAULT_DISTRIBUTED_TIMEOUT_S))
+    settings: CallSettings = check_settings(num_accelerators, accelerator_type, remote, timeout, gpus, gpu_type)
+
+    def wrap(func: Callable[P, R]) -> RayLaunchFunction[P, R]:
+        return RayLaunchFunction(func, settings)
+
+    return wrap
+
+
+__all__ = ["RayLaunchBootstrap", "RayLaunchFunction", "ray_launch"]

@@ -1,0 +1,177 @@
+"""`RayMetricsMonitor`: Ray's own metrics (tasks, actors, object store, per-component CPU/memory) in
+the run's MLflow run, next to the training metrics.
+
+Every Ray node serves Prometheus text on its metrics export port. A daemon thread scrapes it every
+`sampling_interval` seconds, keeps a small set of families worth a chart (the cluster-wide ones on
+the head only, so they are not counted once per node), and logs them with one `log_batch` per sample
+under `system/ray/<family>/<label values>`. It stops on `finish()` or once the MLflow run is no
+longer RUNNING. A failing scrape or MLflow call is logged and skipped: metrics never fail a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping
+
+_log = logging.getLogger("air.ray.metrics")
+
+#: Cluster-wide families: logged by the head node's monitor only.
+GLOBAL_FAMILIES = ("ray_tasks", "ray_actors", "ray_placement_groups", "ray_cluster_active_nodes",
+                   "ray_cluster_failed_nodes", "ray_cluster_pending_nodes")
+#: Per-node families: logged by every node's monitor, under the node's name.
+NODE_FAMILIES = ("ray_resources", "ray_object_store_memory", "ray_component_cpu_percentage",
+                 "ray_component_uss_mb", "ray_node_disk_io_write_speed", "ray_node_disk_io_read_speed",
+                 "ray_node_network_receive_speed", "ray_node_network_send_speed", "ray_node_gpus_utilization",
+                 "ray_node_gram_used", "ray_node_mem_used", "ray_node_cpu_utilization")
+#: Labels that say nothing a chart needs (same value everywhere, or internal).
+_DROP_LABELS = {"SessionName", "Version", "NodeAddress", "WorkerId", "JobId", "instance", "ip", "pid",
+                "otel_scope_name", "otel_scope_schema_url", "otel_scope_version"}
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_UNSAFE = re.compile(r"[^A-Za-z0-9_\-. /]")
+
+
+def parse_prometheus(text: str, families: Iterable[str]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(family, labels) → value for the samples of `families` in Prometheus text (summed over dropped labels)."""
+    wanted = set(families)
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if not match or match.group(1) not in wanted:
+            continue
+        try:
+            value = float(match.group(4))
+        except ValueError:
+            continue
+        if value != value:  # NaN
+            continue
+        labels = tuple(sorted((k, v) for k, v in _LABEL.findall(match.group(3) or "") if k not in _DROP_LABELS))
+        key = (match.group(1), labels)
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def metric_key(prefix: str, family: str, labels: tuple[tuple[str, str], ...]) -> str:
+    """`system/ray/ray_tasks/RUNNING/train_fn`: label values in label-name order, MLflow-safe."""
+    parts = [prefix, family, *(v for _, v in labels if v)]
+    return _UNSAFE.sub("_", "/".join(parts))[:250]
+
+
+class RayMetricsMonitor:
+    """Scrapes this node's Ray metrics into an MLflow run (see the module docstring).
+
+    `metrics_url` defaults to this node's export port as air's Ray nodes publish it
+    (AIR_RAY_METRICS_PORT); `node_name` (default `node_<NODE_RANK>`) separates per-node metrics.
+    """
+
+    def __init__(self, run_id: str, is_head_node: bool, sampling_interval: float = 10, *,
+                 metrics_url: str | None = None, tracking_uri: str | None = None,
+                 node_name: str | None = None) -> None:
+        self.run_id = run_id
+        self.is_head_node = is_head_node
+        self.sampling_interval = float(sampling_interval)
+        port = os.environ.get("AIR_RAY_METRICS_PORT")
+        self.metrics_url = metrics_url or (f"http://127.0.0.1:{port}/metrics" if port else None)
+        self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        self.node_name = node_name or f"node_{os.environ.get('NODE_RANK', '0')}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._step = 0
+        self.samples_logged = 0
+        self.last_error: str | None = None
+
+    def _client(self):  # noqa: ANN202 - MlflowClient, imported lazily
+        from mlflow import MlflowClient
+
+        if self.tracking_uri is None:
+            try:
+                from air.tracking.store import tracking_uri
+
+                self.tracking_uri = tracking_uri()
+            except Exception:  # noqa: BLE001 - plain MLflow default
+                pass
+        return MlflowClient(self.tracking_uri)
+
+    def start(self) -> None:
+        """Start sampling in a daemon thread (idempotent)."""
+        if self._thread is not None or self.metrics_url is None:
+            if self.metrics_url is None:
+                _log.warning("RayMetricsMonitor: no metrics URL (AIR_RAY_METRICS_PORT unset); not started")
+            return
+        self._thread = threading.Thread(target=self._loop, name="air-ray-metrics", daemon=True)
+        self._thread.start()
+
+    def finish(self, timeout: float = 10.0) -> None:
+        """Take one last sample and stop."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join(timeout)
+
+    def sample(self) -> dict[str, float]:
+        """One scrape, as MLflow keys → values (no logging)."""
+        assert self.metrics_url is not None
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as response:
+            text = response.read().decode("utf-8", errors="replace")
+        values: dict[str, float] = {}
+        if self.is_head_node:
+            for (family, labels), value in parse_prometheus(text, GLOBAL_FAMILIES).items():
+                values[metric_key("system/ray", family, labels)] = value
+        for (family, labels), value in parse_prometheus(text, NODE_FAMILIES).items():
+            if family == "ray_resources" and dict(labels).get("Name") not in ("GPU", "CPU"):
+                continue
+            values[metric_key(f"system/ray/{self.node_name}", family, labels)] = value
+        return values
+
+    def log_sample(self, client: object | None = None) -> int:
+        """Scrape once and log it; returns how many metrics were logged."""
+        from mlflow.entities import Metric
+
+        client = client or self._client()
+        values = self.sample()
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, value, now, self._step) for key, value in values.items()]
+        for start in range(0, len(metrics), 900):  # MLflow caps a batch at 1000 metrics
+            client.log_batch(self.run_id, metrics=metrics[start : start + 900])  # type: ignore[attr-defined]
+        self._step += 1
+        self.samples_logged += 1
+        return len(metrics)
+
+    def _run_is_running(self, client: object) -> bool:
+        try:
+            return client.get_run(self.run_id).info.status == "RUNNING"  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - unknown: keep going
+            return True
+
+    def _loop(self) -> None:
+        client = None
+        while True:
+            stopping = self._stop.wait(self.sampling_interval if self.samples_logged else 1.0)
+            try:
+                client = client or self._client()
+                if not self._run_is_running(client):
+                    return
+                self.log_sample(client)
+                self.last_error = None
+            except Exception as exc:  # noqa: BLE001 - metrics never fail a run
+                if self.last_error is None:
+                    _log.warning("RayMetricsMonitor: %s: %s", type(exc).__name__, exc)
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            if stopping:
+                return
+
+
+def values_by_family(values: Mapping[str, float], family: str) -> dict[str, float]:
+    """The logged keys of one family (for tests and `air get run`)."""
+    return {k: v for k, v in values.items() if f"/{family}" in k}
+
+
+__all__ = ["GLOBAL_FAMILIES", "NODE_FAMILIES", "RayMetricsMonitor", "parse_prometheus"]

@@ -1,0 +1,38 @@
+"""Process helpers shared by tests: prove that nothing of a launch survived, wait without bare sleeps."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import psutil
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """PIDs still running (zombies count as gone: they hold no resources and cannot run)."""
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return running
+
+
+def wait_for(predicate: Callable[[], object], what: str, timeout: float = 10.0, interval: float = 0.05) -> object:
+    """Poll until `predicate()` is truthy; fail with the last value seen, never a bare sleep."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def read_pids(folder: Path) -> list[int]:
+    """PIDs that ranks and their children wrote to `folder` (one file per process)."""
+    return [int(p.read_text()) for p in folder.glob("*.pid") if p.read_text().strip()]

@@ -1,0 +1,123 @@
+"""`@distributed(remote=True)` on the test Ray cluster: a run in the store, per-rank results, errors, cancel."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from ray_helpers import wait_for
+
+from air import distributed
+from air.backends.ray_agent import tagged_processes_any_node
+from air.errors import BackendUnavailableError, RuntimeConfigurationError, WorkloadFailureException
+from air.runs.paths import RunPaths
+from air.runs.states import RunStatus
+from air.runs.store import RunStore
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture
+def ray_profile(ray_cluster, air_home: Path) -> Path:
+    ray_cluster.write_profile(air_home)
+    return air_home
+
+
+def latest_run():
+    return RunStore().list_runs(statuses="all", limit=1)[0]
+
+
+def test_remote_call_returns_every_rank_in_order(ray_profile: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    @distributed(num_accelerators=4, accelerator_type="CPU", remote=True)
+    def train(scale: int) -> tuple[int, int, int, str, float]:
+        import os
+
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")  # MASTER_ADDR/MASTER_PORT from air, across both nodes
+        total = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(total)
+        dist.destroy_process_group()
+        print(f"hello from rank {os.environ['RANK']}", flush=True)
+        return (int(os.environ["RANK"]), int(os.environ["NODE_RANK"]), int(os.environ["LOCAL_RANK"]),
+                os.environ["MASTER_ADDR"], total.item() * scale)
+
+    values = train.distributed(10)
+    assert [v[0] for v in values] == [0, 1, 2, 3]
+    assert [(v[1], v[2]) for v in values] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert len({v[3] for v in values}) == 1
+    assert {v[4] for v in values} == {60.0}  # (0+1+2+3) * 10 on every rank
+    out = capfd.readouterr().out
+    assert "[node 1 rank 3] hello from rank 3" in out
+    run = latest_run()
+    assert (run.kind, run.backend, run.status, run.num_nodes, run.accelerator_type) == (
+        "distributed", "ray", RunStatus.SUCCESS, 2, "CPU_2xCPU")
+    assert "hello from rank 3" in RunPaths(run.id).node_log(0, 1).read_text()
+
+
+def test_a_rank_exception_is_raised_here(ray_profile: Path) -> None:
+    @distributed(num_accelerators=2, accelerator_type="CPU_1xCPU", remote=True)
+    def fails() -> int:
+        import os
+
+        if os.environ["RANK"] == "1":
+            raise ValueError("bad input on rank 1")
+        return 0
+
+    with pytest.raises(ValueError, match="bad input on rank 1") as info:
+        fails.distributed()
+    assert getattr(info.value, "air_rank", None) == 1
+    run = latest_run()
+    assert run.status is RunStatus.FAILED and "ValueError" in (run.termination_reason or "")
+
+
+def test_version_mismatch_is_refused_with_every_difference(ray_profile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import air.backends.ray_backend as rb
+
+    real = rb.local_versions()
+    monkeypatch.setattr(rb, "local_versions", lambda: {**real, "torch": "1.0.0", "cloudpickle": "0.1"})
+
+    @distributed(num_accelerators=1, accelerator_type="CPU", remote=True)
+    def nothing() -> None:
+        return None
+
+    with pytest.raises(RuntimeConfigurationError) as info:
+        nothing.distributed()
+    text = str(info.value)
+    assert "torch" in text and "(here 1.0.0)" in text and "cloudpickle" in text and "node 0" in text
+    assert latest_run().status is RunStatus.FAILED
+
+
+def test_air_cancel_ends_every_rank(ray_profile: Path) -> None:
+    @distributed(num_accelerators=2, accelerator_type="CPU_1xCPU", remote=True)
+    def forever() -> None:
+        import time
+
+        print("started", flush=True)
+        time.sleep(300)
+
+    def cancel() -> None:
+        run = wait_for(lambda: next((r for r in RunStore().list_runs() if r.status is RunStatus.RUNNING), None),
+                       "the run to be RUNNING", timeout=60)
+        RunStore().transition(run.id, RunStatus.TERMINATING, reason="air cancel")
+
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    with pytest.raises(WorkloadFailureException, match="canceled"):
+        forever.distributed()
+    thread.join()
+    run = latest_run()
+    assert run.status is RunStatus.CANCELED
+    assert not tagged_processes_any_node(f"air-{run.id}")
+
+
+def test_local_profile_says_how_to_add_a_ray_profile(air_home: Path) -> None:
+    @distributed(num_accelerators=1, accelerator_type="CPU", remote=True)
+    def nothing() -> None:
+        return None
+
+    with pytest.raises(BackendUnavailableError, match="no remote backend configured") as info:
+        nothing.distributed()
+    assert "config.yaml" in str(info.value) and "backend: ray" in str(info.value)

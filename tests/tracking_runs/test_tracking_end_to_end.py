@@ -1,0 +1,148 @@
+"""MLflow records of real workload runs and real @distributed calls, in the embedded SQLite store."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from air import distributed
+from air.runs.store import RunStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
+from runs_helpers import submit, wait_terminal, write_workload  # noqa: E402
+
+
+def _client(air_home: Path):  # noqa: ANN202
+    import mlflow
+
+    return mlflow.MlflowClient(f"sqlite:///{air_home}/mlflow.db")
+
+
+def test_workload_run_lands_in_mlflow(tmp_path: Path, air_home: Path) -> None:
+    marker = tmp_path / "retry-once"
+    path = write_workload(tmp_path, "tracked", f"""
+        experiment_name: tracked-exp
+        mlflow_run_name: lr-sweep
+        compute: {{num_accelerators: 2, accelerator_type: CPU_1xCPU}}
+        max_retries: 1
+        parameters: {{lr: 0.001, model: {{name: tiny, layers: 2}}}}
+        command: |
+          python - <<'PY'
+          import os, mlflow
+          if os.environ["NODE_RANK"] == "0":
+              for step in range(3):
+                  mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
+          PY
+          echo "node $NODE_RANK done"
+          if [ ! -e {marker} ]; then
+            [ "$NODE_RANK" = 1 ] && {{ touch {marker}; echo "RuntimeError: first attempt" >&2; exit 1; }}
+            sleep 5
+          fi
+    """)
+    run = wait_terminal(submit(path), timeout=180)
+    assert run.status.value == "SUCCESS" and run.attempt_count == 2
+    attempts = RunStore().list_attempts(run.id)
+    client = _client(air_home)
+    experiment = client.get_experiment_by_name("tracked-exp")
+    assert experiment is not None and experiment.tags.get("air-show-logs") == "true"
+    mlflow_runs = {a.index: client.get_run(a.mlflow_run_id) for a in attempts}
+    assert len({r.info.run_id for r in mlflow_runs.values()}) == 2  # one MLflow run per attempt
+    first, second = mlflow_runs[0], mlflow_runs[1]
+    assert first.info.status == "FAILED" and second.info.status == "FINISHED"
+    assert second.info.run_name == "lr-sweep"
+    tags = second.data.tags
+    assert tags["air.run_id"] == run.id and tags["air.attempt"] == "1"
+    assert tags["air.accelerator_type"] == "CPU_1xCPU" and tags["air.num_nodes"] == "2"
+    assert second.data.params["lr"] == "0.001" and second.data.params["model.name"] == "tiny"
+    assert [m.value for m in client.get_metric_history(second.info.run_id, "loss")] == [1.0, 0.5, pytest.approx(1 / 3)]
+    artifacts = {a.path for a in client.list_artifacts(second.info.run_id, "logs/attempt_1")}
+    assert artifacts == {"logs/attempt_1/node_0.log", "logs/attempt_1/node_1.log"}
+    local = client.download_artifacts(second.info.run_id, "logs/attempt_1/node_1.log", str(tmp_path))
+    assert "node 1 done" in Path(local).read_text()
+    system = [k for k in second.data.metrics if k.startswith("system/node_")]
+    assert system, "no per-node system metrics were logged"
+
+
+def test_four_ranks_logging_200_metrics_each_all_land(air_home: Path) -> None:
+    @distributed(num_accelerators=4, accelerator_type="CPU")
+    def log_many() -> str:
+        import os
+
+        import mlflow
+
+        run_id = os.environ["MLFLOW_RUN_ID"]
+        rank = int(os.environ["RANK"])
+        for step in range(200):
+            mlflow.log_metric(f"rank{rank}", step, step=step)
+        return run_id
+
+    run_ids = log_many.distributed()
+    assert len(set(run_ids)) == 1
+    client = _client(air_home)
+    for rank in range(4):
+        assert len(client.get_metric_history(run_ids[0], f"rank{rank}")) == 200
+    record = client.get_run(run_ids[0])
+    assert record.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(run_ids[0], "logs")} == {f"logs/rank_{r}.log" for r in range(4)}
+
+
+def test_call_nested_under_the_callers_active_run(air_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlflow
+    from mlflow.tracking import fluent
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{air_home}/mlflow.db")
+    mlflow.set_experiment("notebook")
+    monkeypatch.setattr(fluent, "_active_experiment_id", fluent._active_experiment_id)  # undone after the test
+
+    @distributed(num_accelerators=2, accelerator_type="CPU")
+    def report() -> str:
+        import os
+
+        return os.environ["MLFLOW_RUN_ID"]
+
+    with mlflow.start_run() as parent:
+        ids = report.distributed()
+        assert mlflow.active_run().info.run_id == parent.info.run_id  # the caller's run is untouched
+    child = _client(air_home).get_run(ids[0])
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert child.info.experiment_id == parent.info.experiment_id and child.info.status == "FINISHED"
+
+
+def test_failed_call_is_marked_failed(air_home: Path) -> None:
+    @distributed(num_accelerators=2, accelerator_type="CPU")
+    def boom() -> str:
+        import os
+
+        if os.environ["RANK"] == "1":
+            raise ValueError("boom")
+        return "survived"
+
+    with pytest.raises(ValueError, match="boom"):
+        boom.distributed()
+    runs = _client(air_home).search_runs(
+        [e.experiment_id for e in _client(air_home).search_experiments()], filter_string="tags.`air.call` != ''")
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_unreachable_tracking_server_is_a_warning_not_a_failure(tmp_path: Path, air_home: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed_port = sock.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed_port}")
+    path = write_workload(tmp_path, "offline", """
+        experiment_name: offline
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        max_retries: 0
+        command: echo trained
+    """)
+    run = wait_terminal(submit(path), timeout=120)
+    assert run.status.value == "SUCCESS"
+    from air.runs.paths import RunPaths
+
+    log = RunPaths(run.id).node_log(0, 0).read_text()
+    assert "trained" in log and "tracking" in log
