@@ -1,7 +1,7 @@
 """Print the `ray start` flags a self-hosted node needs: a free port for everything, its devices.
 
 The document's command relies on Ray's fixed defaults (GCS 6379, dashboard agent 52365, client server
-10001, /tmp/ray). On one's own machines several Ray clusters can share a host (two nodes of this very
+10001, dashboard 8265, /tmp/ray). On one's own machines several Ray clusters can share a host (two nodes of this very
 workload do, in CI), so every port is picked free here (the command gives each node its own temp dir). The
 head's GCS port is not picked here: it is MASTER_PORT, which air chose free on node 0 and which every
 node already knows.
@@ -15,10 +15,11 @@ import argparse
 import os
 import socket
 
-#: Ray's ports besides the GCS port, on every node; the head also runs the client server.
+#: Ray's ports besides the GCS port, on every node; the head also runs the client server and the dashboard
+#: (Ray Train's placement-group cleaner asks the dashboard's state API whether the trainer still lives).
 NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
               "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
-HEAD_PORTS = ("ray-client-server-port",)
+HEAD_PORTS = ("ray-client-server-port", "dashboard-port")
 
 
 def free_port() -> int:
@@ -38,8 +39,6 @@ def node_args(head: bool) -> list[str]:
     ports = list(NODE_PORTS) + (list(HEAD_PORTS) if head else [])
     args = ["--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats"]
     args += [f"--{name}={free_port()}" for name in ports]
-    if head:
-        args.append("--include-dashboard=false")
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if os.environ.get("AIR_ACCELERATOR_KIND", "GPU") == "CPU":
         args += [f"--num-cpus={per_node}", "--num-gpus=0"]

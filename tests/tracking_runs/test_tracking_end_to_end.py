@@ -121,9 +121,11 @@ def test_failed_call_is_marked_failed(air_home: Path) -> None:
 
     with pytest.raises(ValueError, match="boom"):
         boom.distributed()
-    runs = _client(air_home).search_runs(
-        [e.experiment_id for e in _client(air_home).search_experiments()], filter_string="tags.`air.call` != ''")
+    client = _client(air_home)
+    runs = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+            if "air.call" in r.data.tags]
     assert [r.info.status for r in runs] == ["FAILED"]
+    assert {a.path for a in client.list_artifacts(runs[0].info.run_id, "logs")} == {"logs/rank_0.log", "logs/rank_1.log"}
 
 
 def test_unreachable_tracking_server_is_a_warning_not_a_failure(tmp_path: Path, air_home: Path,

@@ -44,7 +44,7 @@ class RayLaunchBootstrap:
     """What every rank of a `ray_launch` call runs (pickled with the user's function)."""
 
     def __init__(self, func: Callable[..., Any], token: str, model: str | None, kind: str | None,
-                 dashboard: bool = False) -> None:
+                 dashboard: bool = True) -> None:
         self.func = func
         self.token = token
         self.model = model

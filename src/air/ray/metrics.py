@@ -60,8 +60,8 @@ def parse_prometheus(text: str, families: Iterable[str]) -> dict[tuple[str, tupl
 
 def metric_key(prefix: str, family: str, labels: tuple[tuple[str, str], ...]) -> str:
     """`system/ray/ray_tasks/RUNNING/train_fn`: label values in label-name order, MLflow-safe."""
-    parts = [prefix, family, *(v for _, v in labels if v)]
-    return _UNSAFE.sub("_", "/".join(parts))[:250]
+    values = [_UNSAFE.sub("_", v.rstrip("/").rsplit("/", 1)[-1]) for _, v in labels if v.strip("/")]
+    return "/".join([prefix, family, *(v for v in values if v)])[:250]
 
 
 class RayMetricsMonitor:

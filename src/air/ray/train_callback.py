@@ -1,4 +1,9 @@
-"""The Ray Train callback behind `air.ray.tracking` (imports Ray Train: only loaded by Ray Train itself)."""
+"""The Ray Train callback behind `air.ray.tracking` (imports Ray Train: only loaded by Ray Train itself).
+
+Callbacks named in RAY_TRAIN_CALLBACKS must be Ray Train's internal `RayTrainCallback`s; the report
+hook among them is `ReportCallback.after_report(training_report, metrics)` (Ray 2.5x/2.60). The
+arguments are taken by name and defensively, so a changed signature costs the metrics, not the run.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,12 @@ import os
 import time
 from typing import Any
 
-from ray.train.v2.api.callback import UserCallback
+from ray.train.v2._internal.execution.callback import ReportCallback
 
 _log = logging.getLogger("air.ray.train")
 
 
-class MlflowReportCallback(UserCallback):
+class MlflowReportCallback(ReportCallback):
     """Logs world rank 0's `ray.train.report` metrics to MLFLOW_RUN_ID (read in the driver, where it is
     set; the callback then runs in the Train controller, possibly on another node)."""
 
@@ -30,7 +35,8 @@ class MlflowReportCallback(UserCallback):
         self.reports = 0
         self._failed = False
 
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+    def after_report(self, *args: Any, **kwargs: Any) -> None:
+        metrics = kwargs.get("metrics", args[1] if len(args) > 1 else None)
         if not self.run_id or not metrics or self._failed:
             return
         first = metrics[0] or {}
