@@ -62,6 +62,7 @@ def main() -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     launchers: dict[str, list[str]] = {
         "air @distributed": [sys.executable, "-c", AIR_DRIVER],
+        "air, tracking off": ["env", "AIR_TRACKING=off", sys.executable, "-c", AIR_DRIVER],
         "torchrun --standalone": [torchrun, "--standalone", "--nproc_per_node=2", str(HERE / "trivial_ddp.py")],
     }
     try:

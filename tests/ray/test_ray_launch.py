@@ -103,7 +103,7 @@ def test_accelerator_type_and_fractional_gpus_schedule_on_the_nodes_that_adverti
     def schedule() -> dict:
         import ray
         import ray.train
-        from ray.train import RunConfig, ScalingConfig
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
         def loop() -> None:
@@ -115,7 +115,9 @@ def test_accelerator_type_and_fractional_gpus_schedule_on_the_nodes_that_adverti
             return DataParallelTrainer(
                 loop, scaling_config=ScalingConfig(num_workers=2, use_gpu=True, accelerator_type=accelerator,
                                                    resources_per_worker={"GPU": 0.5}),
-                run_config=RunConfig(storage_path=str(tmp_path / "results"), name=accelerator))
+                run_config=RunConfig(storage_path=str(tmp_path / "results"), name=accelerator,
+                                     # Ray Train waits for capacity forever by default; fail on the first timeout.
+                                     failure_config=FailureConfig(controller_failure_limit=0)))
 
         ray.init()
         trainer("H100").fit()

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from proc_helpers import wait_for
 
 from air import distributed
 from air.runs.store import RunStore
@@ -15,9 +16,14 @@ from runs_helpers import submit, wait_terminal, write_workload  # noqa: E402
 
 
 def _client(air_home: Path):  # noqa: ANN202
+    """A client of the embedded store, created under air's lock (a recorder may be creating it too)."""
     import mlflow
 
-    return mlflow.MlflowClient(f"sqlite:///{air_home}/mlflow.db")
+    from air.tracking import prepare_store
+
+    uri = f"sqlite:///{air_home}/mlflow.db"
+    prepare_store(uri)
+    return mlflow.MlflowClient(uri)
 
 
 def test_workload_run_lands_in_mlflow(tmp_path: Path, air_home: Path) -> None:
@@ -122,8 +128,15 @@ def test_failed_call_is_marked_failed(air_home: Path) -> None:
     with pytest.raises(ValueError, match="boom"):
         boom.distributed()
     client = _client(air_home)
-    runs = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
-            if "air.call" in r.data.tags]
+
+    def call_runs() -> list:  # noqa: ANN202
+        found = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+                 if "air.call" in r.data.tags and r.info.status != "RUNNING"]
+        if not found or len(client.list_artifacts(found[0].info.run_id, "logs")) != 2:
+            return []
+        return found
+
+    runs = wait_for(call_runs, "the call's MLflow run", timeout=60)  # recorded after the call, if no rank used MLflow
     assert [r.info.status for r in runs] == ["FAILED"]
     assert {a.path for a in client.list_artifacts(runs[0].info.run_id, "logs")} == {"logs/rank_0.log", "logs/rank_1.log"}
 
@@ -148,3 +161,35 @@ def test_unreachable_tracking_server_is_a_warning_not_a_failure(tmp_path: Path, 
 
     log = RunPaths(run.id).node_log(0, 0).read_text()
     assert "trained" in log and "tracking" in log
+
+
+def test_call_whose_ranks_never_use_mlflow_is_recorded_after_it_returns(tmp_path: Path, air_home: Path) -> None:
+    import subprocess
+    import textwrap
+
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        from air import distributed
+
+        @distributed(num_accelerators=2, accelerator_type="CPU")
+        def plain():
+            return 1
+
+        assert plain.distributed() == [1, 1]
+        print("mlflow imported by the caller:", "mlflow" in sys.modules)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "mlflow imported by the caller: False" in out.stdout
+    client = _client(air_home)
+
+    def recorded() -> list:  # noqa: ANN202
+        try:
+            runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        except Exception:  # the recorder may be creating the store right now
+            return []
+        return [r for r in runs if r.data.tags.get("air.call") and r.info.status == "FINISHED"]
+
+    runs = wait_for(recorded, "the recorder to log the call", timeout=90)
+    assert len(runs) == 1 and runs[0].info.run_name == "plain"

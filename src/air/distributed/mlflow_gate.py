@@ -1,11 +1,11 @@
-"""Ranks learn their MLflow run without waiting for it at start-up.
+"""Ranks get their MLflow run only when they use MLflow, and nobody waits for it otherwise.
 
-Creating the call's MLflow run costs the caller an `import mlflow` (1–2 s) and, on a fresh store, its
-schema set-up. The caller does that in a background thread while the ranks start, and writes the
-run's variables (MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, …) to a file. A rank waits for that file only
-when its code first imports mlflow (an import hook), and a background thread copies the variables
-into the rank's environment as soon as they exist, so subprocesses it starts later inherit them.
-Code that never uses MLflow never waits.
+Creating the call's MLflow run costs an `import mlflow` (1–2 s of CPU) and, on a fresh store, its
+schema set-up: on the hot path of every call, and competing with the ranks' own start-up. So the
+run is made on demand: the first time a rank imports mlflow (an import hook), it asks the caller for
+the run (a request file) and waits for its variables (MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, …); a
+background thread then copies them into the rank's environment, so subprocesses it starts later
+inherit them. A call whose ranks never use MLflow is recorded after it ends (see tracked.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ GATE_TIMEOUT_S = 60.0
 class _Variables:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.request = path.with_name("mlflow_request")
         self.ready = threading.Event()
         self._lock = threading.Lock()
 
@@ -55,6 +56,10 @@ class _MlflowImportGate(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: object, target: object = None) -> None:
         if fullname == "mlflow" or fullname.startswith("mlflow."):
+            try:
+                self.variables.request.touch()
+            except OSError:
+                pass
             self.variables.wait(GATE_TIMEOUT_S)
             try:
                 sys.meta_path.remove(self)
@@ -72,7 +77,8 @@ def install(path: str | None) -> None:
         return
     sys.meta_path.insert(0, _MlflowImportGate(variables))
 
-    def poll() -> None:
-        variables.wait(GATE_TIMEOUT_S)
+    def poll() -> None:  # the run may also exist because another rank asked for it
+        while not variables.load():
+            time.sleep(0.1)
 
     threading.Thread(target=poll, name="air-mlflow-env", daemon=True).start()

@@ -1,8 +1,10 @@
 """A local call recorded in MLflow: one MLflow run per call, rank logs as artifacts, status at the end.
 
-Tracking never decides whether training runs: failures are one warning line. The run is created in a
-background thread while the ranks start (see mlflow_gate.py), unless the caller already uses MLflow
-(then it is quick, and it must see the caller's active run, which MLflow keeps per thread).
+Tracking never decides whether training runs: failures are one warning line. When the caller already
+uses MLflow, the run is made before the ranks start (quick, and it must see the caller's active run,
+which MLflow keeps per thread). Otherwise it is made on demand when a rank imports mlflow (see
+mlflow_gate.py); and a call whose ranks never did is recorded after it returns, by a short-lived
+recorder process, so the caller does not pay an `import mlflow` for it.
 """
 
 from __future__ import annotations
@@ -36,13 +38,23 @@ class CallTracking:
         self._thread: threading.Thread | None = None
         self._func_name = func_name
         self._tags = dict(tags)
-        if not tracking_enabled():
+        self._done = threading.Event()
+        self.enabled = tracking_enabled()
+        if not self.enabled:
             self._write({})
         elif "mlflow" in sys.modules:
             self._start()
         else:
-            self._thread = threading.Thread(target=self._start, name="air-mlflow-call", daemon=True)
+            self._thread = threading.Thread(target=self._on_request, name="air-mlflow-call", daemon=True)
             self._thread.start()
+
+    def _on_request(self) -> None:
+        request = self.env_file.with_name("mlflow_request")
+        while not self._done.is_set():
+            if request.exists():
+                self._start()
+                return
+            self._done.wait(0.05)
 
     def _write(self, values: Mapping[str, str]) -> None:
         tmp = self.env_file.with_suffix(".tmp")
@@ -63,9 +75,12 @@ class CallTracking:
             self._write(values)
 
     def finish(self, status: str, log_paths: Sequence[Path]) -> None:
+        self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=120)
         if self.handle is None:
+            if self.enabled and not self.env_file.exists():
+                self._record_later(status, log_paths)
             return
         for rank, path in enumerate(log_paths):
             self.handle.log_rank_log(path, rank)
@@ -78,6 +93,34 @@ class CallTracking:
             url = ""
         _warn(f"MLflow run {self.handle.run_id} (experiment {self.handle.experiment_id})"
               + (f": {url}  (start the UI with `air ui`)" if url and "sqlite" in self.handle.tracking_uri else ""))
+
+
+    def _record_later(self, status: str, log_paths: Sequence[Path]) -> None:
+        """Record a call no rank asked MLflow about, in a detached process that exits when done."""
+        import subprocess
+
+        job = self.env_file.with_name("mlflow_record.json")
+        job.write_text(json.dumps({"func_name": self._func_name, "tags": self._tags, "status": status,
+                                   "logs": [str(p) for p in log_paths]}))
+        with open(job.with_suffix(".log"), "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "air.distributed.tracked", str(job)], stdin=subprocess.DEVNULL,
+                             stdout=log, stderr=log, start_new_session=True, close_fds=True,
+                             env={k: v for k, v in os.environ.items() if k != "AIR_PROCESS_TAG"})
+
+
+def record_call(job_file: Path) -> int:
+    """The recorder process: make the call's MLflow run after the fact, with its logs and status."""
+    from air.tracking import start_call_run
+
+    job = json.loads(job_file.read_text())
+    handle = start_call_run(job["func_name"], tags=job["tags"], warn=_warn)
+    if handle is None:
+        return 1
+    for rank, path in enumerate(job["logs"]):
+        handle.log_rank_log(Path(path), rank)
+    handle.end(job["status"])
+    (job_file.with_name("mlflow_env.json")).write_text(json.dumps(dict(handle.env())))
+    return 0
 
 
 def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], shape: LocalShape,
@@ -99,3 +142,7 @@ def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Map
         raise
     finally:
         tracking.finish(status, log_paths)
+
+
+if __name__ == "__main__":
+    sys.exit(record_call(Path(sys.argv[1])))
