@@ -34,16 +34,19 @@ def node_args(head: bool) -> list[str]:
 
     On a CPU node (AIR_ACCELERATOR_KIND=CPU) the node offers LOCAL_WORLD_SIZE CPUs and no GPU, so the
     driver starts one Ray Train worker per CPU slot; on a GPU node it offers LOCAL_WORLD_SIZE GPUs, as
-    the document's `--num-gpus="$GPUS_PER_NODE"` does.
+    the document's `--num-gpus="$GPUS_PER_NODE"` does. RAY_NODE_NUM_CPUS overrides the CPU count (Ray
+    Data needs CPUs besides the training workers').
     """
     ports = list(NODE_PORTS) + (list(HEAD_PORTS) if head else [])
     args = ["--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats"]
     args += [f"--{name}={free_port()}" for name in ports]
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if os.environ.get("AIR_ACCELERATOR_KIND", "GPU") == "CPU":
-        args += [f"--num-cpus={per_node}", "--num-gpus=0"]
+        args += [f"--num-cpus={os.environ.get('RAY_NODE_NUM_CPUS') or per_node}", "--num-gpus=0"]
     else:
         args.append(f"--num-gpus={per_node}")
+        if os.environ.get("RAY_NODE_NUM_CPUS"):
+            args.append(f"--num-cpus={os.environ['RAY_NODE_NUM_CPUS']}")
     if os.environ.get("RAY_NODE_OBJECT_STORE_BYTES"):  # small in CI; Ray's default is 30% of the memory
         args.append(f"--object-store-memory={int(os.environ['RAY_NODE_OBJECT_STORE_BYTES'])}")
     return args

@@ -99,9 +99,11 @@ def test_air_cancel_ends_every_rank(ray_profile: Path) -> None:
         time.sleep(300)
 
     def cancel() -> None:
-        run = wait_for(lambda: next((r for r in RunStore().list_runs() if r.status is RunStatus.RUNNING), None),
-                       "the run to be RUNNING", timeout=60)
-        RunStore().transition(run.id, RunStatus.TERMINATING, reason="air cancel")
+        try:
+            wait_for(lambda: any(r.status is RunStatus.RUNNING for r in RunStore().list_runs()),
+                     "the run to be RUNNING", timeout=180)
+        finally:  # as `air cancel` does: the run's own process sees TERMINATING and ends every rank
+            RunStore().transition(latest_run().id, RunStatus.TERMINATING, reason="air cancel")
 
     thread = threading.Thread(target=cancel)
     thread.start()

@@ -99,8 +99,8 @@ def test_call_nested_under_the_callers_active_run(air_home: Path, monkeypatch: p
     from mlflow.tracking import fluent
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{air_home}/mlflow.db")
-    mlflow.set_experiment("notebook")
     monkeypatch.setattr(fluent, "_active_experiment_id", fluent._active_experiment_id)  # undone after the test
+    mlflow.set_experiment("notebook")
 
     @distributed(num_accelerators=2, accelerator_type="CPU")
     def report() -> str:

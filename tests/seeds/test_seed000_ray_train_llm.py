@@ -1,0 +1,82 @@
+"""Seed 000 as a user runs it: `air run -f train_cpu.yaml --watch` on 2 CPU nodes of this machine, a Ray
+cluster started by the workload's own command, Ray Train fine-tuning a tiny Qwen2 offline."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from seed_helpers import SEED000, air_cli, losses, processes_with_env, run, tail
+
+
+def command_lines(path: Path) -> list[str]:
+    import yaml
+
+    return yaml.safe_load(path.read_text())["command"].splitlines()
+
+
+def test_cpu_yaml_runs_the_gpu_yaml_command_after_its_offline_prelude() -> None:
+    """The CI variant must keep testing the document's command: only the prelude and the trap differ."""
+    def ray_part(lines: list[str]) -> list[str]:
+        lines = lines[lines.index("RAY_HEAD_PORT=$MASTER_PORT"):]
+        return [re.sub(r" \$WORK'", "'", line) for line in lines if not line.strip().startswith("#")]
+
+    gpu, cpu = command_lines(SEED000 / "train.yaml"), command_lines(SEED000 / "train_cpu.yaml")
+    assert ray_part(cpu) == ray_part(gpu), "train_cpu.yaml's Ray part drifted from train.yaml's"
+
+
+def test_gpu_yaml_is_valid_for_an_8_gpu_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIR_FAKE_GPUS", "8:H100")
+    result = air_cli("run", "-f", str(SEED000 / "train.yaml"), "--dry-run")
+    assert result.returncode == 0, result.stdout
+    assert "DRY_RUN_OK" in result.stdout and "GPU_8xH100" in result.stdout
+
+
+def test_offline_assets_load_with_the_scripts_own_calls(tmp_path: Path) -> None:
+    """make_tiny_assets.py builds what AutoTokenizer/AutoModelForCausalLM/load_dataset read, twice alike."""
+    code = (
+        "import sys, torch; sys.path.insert(0, '.');"
+        "from make_tiny_assets import build_assets, read_jsonl, instruction_rows, SHIPPED_DATA;"
+        f"out = build_assets(__import__('pathlib').Path({str(tmp_path / 'a')!r}));"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer; from datasets import load_dataset;"
+        "tok = AutoTokenizer.from_pretrained(out / 'tiny-qwen2');"
+        "model = AutoModelForCausalLM.from_pretrained(out / 'tiny-qwen2', dtype=torch.float32);"
+        "data = load_dataset('json', data_files=str(out / 'instructions.jsonl'), split='train');"
+        "assert model.config.model_type == 'qwen2' and tok.eos_token == '<|endoftext|>';"
+        "assert len(data) == 96 and read_jsonl(SHIPPED_DATA) == instruction_rows();"
+        "print('ok', model.num_parameters(), len(tok))"
+    )
+    checked = run([sys.executable, "-c", code], cwd=SEED000, env={"HF_HOME": str(tmp_path / "hf")}, timeout=180)
+    assert checked.returncode == 0 and "ok" in checked.stdout, tail(checked.stdout)
+
+
+def test_cpu_workload_trains_with_falling_loss_and_logs_to_mlflow(air_home: Path, tmp_path: Path) -> None:
+    result = air_cli("run", "-f", str(SEED000 / "train_cpu.yaml"), "--watch", "--json",
+                     env={"HF_HOME": str(tmp_path / "hf")}, timeout=600)
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    log = [e["line"] for e in events if e.get("type") == "LOG"]
+    assert result.returncode == 0, tail(result.stdout, 120)
+    assert events[-1]["type"] == "TERMINAL" and events[-1]["status"] == "SUCCESS"
+    run_id = events[0]["run_id"]
+
+    seen = losses(log)
+    assert len(seen) == 12, "\n".join(log[-40:])
+    assert seen[-1] < seen[0] * 0.9, seen  # the loss falls, as --watch shows
+    assert any("Ray cluster ready" in line for line in log)
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{air_home / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("air-ray-train-distributed-cpu")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    history = client.get_metric_history(runs[0].info.run_id, "train_loss")
+    assert [m.step for m in history] == list(range(1, 13))
+    assert history[-1].value < history[0].value
+    # Nothing of the run's Ray cluster is left (the command stops it by PID, never `ray stop`).
+    assert not processes_with_env("AIR_RUN_ID", lambda v: v == run_id)
+    assert not Path(f"/tmp/air-seed000-{run_id}").exists()
