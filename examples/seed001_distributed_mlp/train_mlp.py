@@ -108,7 +108,7 @@ def run_train(num_epochs: int, batch_size: int, num_samples: int = 5000) -> dict
     return {"rank": runtime.get_global_rank(), "device": str(device), "epoch_losses": epoch_losses}
 
 
-def main() -> None:
+def main() -> list[dict]:
     import argparse
 
     from air.accelerators import discover
@@ -134,6 +134,7 @@ def main() -> None:
     for result in results:
         print(result)
     print(f"OK: {len(results)} rank(s) trained the MLP with DDP; every rank's result came back.")
+    return results
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -187,3 +188,54 @@ def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, bac
             backend.release(allocation)
         victim.stop(grace_s=1.0)
         ray_cluster.nodes.remove(victim)
+
+
+SEED_000_COMMAND = r"""
+set -euo pipefail
+RAY_HEAD_PORT=6379
+if [ "${NODE_RANK:-0}" = "0" ]; then
+  ray start --head --port=$RAY_HEAD_PORT --num-cpus=1 --object-store-memory=80000000 --include-dashboard=false
+  python - <<'PY'
+import time, ray
+ray.init(address="auto")
+deadline = time.time() + 90
+while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
+    time.sleep(0.5)
+print("alive nodes:", len([n for n in ray.nodes() if n["Alive"]]), "gcs:", ray.get_runtime_context().gcs_address)
+PY
+  ray stop
+else
+  for i in $(seq 1 12); do
+    if ray start --address="$MASTER_ADDR:$RAY_HEAD_PORT" --num-cpus=1 --object-store-memory=80000000 --block 2>/dev/null; then
+      break
+    fi
+    echo "Attempt $i failed, retrying in 5s..."
+    sleep 5
+  done
+fi
+"""
+
+
+def test_a_command_that_starts_ray_by_hand_works_on_two_nodes(backend: RayBackend, tmp_path: Path) -> None:
+    """Seed 000's command, unchanged but for CPUs: both nodes share this host and the host runs another
+    Ray (the test cluster) on its own ports, so Ray's defaults would collide without air's `ray` shim."""
+    rid = run_id()
+    tag = f"air-{rid}"
+    allocation = backend.acquire(rid, cpu_type(1), 2, should_stop=never, on_wait=lambda _: None)
+    assert allocation is not None
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    tasks = [NodeTask(n, ["bash", "-c", SEED_000_COMMAND], {"NODE_RANK": str(n), "PATH": path},
+                      tmp_path / f"node_{n}.log") for n in range(2)]
+    try:
+        started = time.monotonic()
+        outcome = backend.start_attempt(allocation, tasks, tag=tag).wait(timeout_s=240, should_stop=never)
+        took = time.monotonic() - started
+    finally:
+        backend.release(allocation)
+    logs = [(tmp_path / f"node_{n}.log").read_text() for n in range(2)]
+    assert outcome.ok, (outcome, logs)
+    assert "alive nodes: 2" in logs[0], logs[0]
+    assert "[air] ray start: GCS port 6379 ->" in logs[0]
+    assert "the head node stopped" in logs[1]  # node 1's `ray start --block` ended by itself
+    assert took < 180
+    assert not tagged_processes(tag)

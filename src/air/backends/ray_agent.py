@@ -37,6 +37,9 @@ from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
 NODE_DIR = "@AIR_NODE_DIR@"
 NODE_PYTHON = "@AIR_NODE_PYTHON@"
 
+#: A folder the agent puts first on the node processes' PATH (the node's own PATH follows).
+PATH_PREFIX_ENV = "AIR_PATH_PREFIX"
+
 #: Separates an attempt's tag from a node's rank in that node's AIR_PROCESS_TAG.
 NODE_TAG_SEP = ".node"
 
@@ -87,6 +90,7 @@ class NodeAgent:
         self._ports: list[Any] = []
         self._sentinel: subprocess.Popen[bytes] | None = None
         self._attempt = 0
+        self._ray_tmpdirs: list[Path] = []
 
     # -- what this node is ------------------------------------------------------------------------
 
@@ -110,6 +114,16 @@ class NodeAgent:
         return [r.port for r in self._ports]
 
     # -- code and files ---------------------------------------------------------------------------
+
+    def ray_workload_dirs(self) -> dict[str, str]:
+        """This node's `ray` shim folder and a fresh short RAY_TMPDIR, for commands that start Ray by hand."""
+        from air.ray.cluster import short_temp_dir
+        from air.ray.shim import install_shim
+
+        shim = install_shim(self.root / "bin")
+        tmp = short_temp_dir("air-rt")
+        self._ray_tmpdirs.append(tmp)
+        return {"shim_dir": str(shim), "ray_tmpdir": str(tmp)}
 
     def has_path(self, path: str) -> bool:
         return Path(path).is_dir()
@@ -162,6 +176,9 @@ class NodeAgent:
             env.pop(key, None)
         env.pop(PROCESS_TAG_ENV, None)
         env.update(task_env)
+        prefix = env.pop(PATH_PREFIX_ENV, None)
+        if prefix:
+            env["PATH"] = prefix + os.pathsep + env.get("PATH", os.defpath)
         return env
 
     def _expand(self, value: str) -> str:
@@ -289,6 +306,8 @@ class NodeAgent:
         for reservation in self._ports:
             reservation.release()
         shutil.rmtree(self.root, ignore_errors=True)
+        for tmp in self._ray_tmpdirs:
+            shutil.rmtree(tmp, ignore_errors=True)
         try:
             self.root.parent.rmdir()  # the run's folder, once every node of it on this machine is gone
         except OSError:

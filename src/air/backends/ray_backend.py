@@ -32,9 +32,19 @@ from typing import Any, BinaryIO
 
 from air.accelerators import AcceleratorType, normalize_model
 from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLineCallback, NodeTask
-from air.backends.ray_agent import NODE_DIR, NODE_PYTHON, NodeAgent, local_versions, reap_tag, tagged_processes_any_node
+from air.backends.ray_agent import (
+    NODE_DIR,
+    NODE_PYTHON,
+    PATH_PREFIX_ENV,
+    NodeAgent,
+    local_versions,
+    reap_tag,
+    tagged_processes_any_node,
+)
 from air.constants import TERMINATE_GRACE_S
 from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
+from air.ray.cluster import RayAuth
+from air.ray.shim import workload_ray_env
 
 _log = logging.getLogger("air.backends.ray")
 
@@ -331,14 +341,30 @@ class RayBackend:
     def start_attempt(self, allocation: Allocation, nodes: Sequence[NodeTask], *, tag: str,
                       on_line: NodeLineCallback | None = None) -> RayAttempt:
         """Start every node's command at once. Node n's processes carry AIR_PROCESS_TAG=`tag`.node<n>
-        (`reap(tag)` finds them all)."""
-        launches = [
-            NodeLaunch(node_rank=t.node_rank, log_path=t.log_path, cwd=t.cwd,
-                       processes=[NodeProcess(name=f"node {t.node_rank}", argv=list(t.argv), env=dict(t.env))])
-            for t in sorted(nodes, key=lambda t: t.node_rank)
-        ]
+        (`reap(tag)` finds them all). Each command also gets what a hand-started Ray needs
+        (`air.ray.shim.workload_ray_env`: a `ray` shim first on PATH, RAY_TMPDIR, AIR_RAY_HEAD_PORT, a
+        per-attempt auth token); variables the task already sets win."""
+        ray = _ray()
+        held = self._get(allocation)
+        self._ensure_agents(allocation, held)
+        master_port, head_port = ray.get(held.agents[0].reserve_ports.remote(2), timeout=60)
+        dirs = ray.get([a.ray_workload_dirs.remote() for a in held.agents], timeout=60)
+        auth = RayAuth.new_token()
+        launches = []
+        for task, node_dirs in zip(sorted(nodes, key=lambda t: t.node_rank), dirs, strict=True):
+            env = dict(task.env)
+            extra = workload_ray_env(node_rank=task.node_rank, head_port=head_port, auth=auth,
+                                     shim_dir=Path(node_dirs["shim_dir"]), ray_tmpdir=Path(node_dirs["ray_tmpdir"]),
+                                     mlflow_run_id=env.get("MLFLOW_RUN_ID"), path="")
+            extra.pop("PATH")
+            extra[PATH_PREFIX_ENV] = node_dirs["shim_dir"]
+            for key, value in extra.items():
+                env.setdefault(key, value)
+            launches.append(NodeLaunch(node_rank=task.node_rank, log_path=task.log_path, cwd=task.cwd,
+                                       processes=[NodeProcess(name=f"node {task.node_rank}", argv=list(task.argv),
+                                                              env=env)]))
         forward = None if on_line is None else (lambda node, _index, stream, text: on_line(node, stream, text))
-        return self.start_node_processes(allocation, launches, tag=tag, on_line=forward)
+        return self.start_node_processes(allocation, launches, tag=tag, on_line=forward, master_port=master_port)
 
     def start_node_processes(self, allocation: Allocation, launches: Sequence[NodeLaunch], *, tag: str,
                              on_line: ProcLineCallback | None = None, master_port: int | None = None

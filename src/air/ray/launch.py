@@ -79,10 +79,13 @@ class RayLaunchBootstrap:
         if node_rank != 0:
             node = start_ray_node(head=False, address=f"{host}:{port}", retry_until=time.monotonic() + JOIN_TIMEOUT_S,
                                   **common)
+            monitor = _node_monitor(node.metrics_export_port)
             try:
                 print(f"[air] node {node_rank} joined the Ray cluster at {host}:{port}", flush=True)
                 _wait_head_gone(host, port)
             finally:
+                if monitor is not None:
+                    monitor.finish()
                 node.stop()
             return None
         node = start_ray_node(head=True, gcs_port=port, include_dashboard=self.dashboard, **common)
@@ -98,11 +101,7 @@ class RayLaunchBootstrap:
             from air.ray.tracking import enable_train_report_logging
 
             enable_train_report_logging()
-            if os.environ.get("MLFLOW_RUN_ID") and os.environ.get(RAY_METRICS_ENV, "1") != "0":
-                from air.ray.metrics import RayMetricsMonitor
-
-                monitor = RayMetricsMonitor(os.environ["MLFLOW_RUN_ID"], is_head_node=True)
-                monitor.start()
+            monitor = _node_monitor(node.metrics_export_port, head=True)
             return self.func(*args, **kwargs)
         finally:
             if monitor is not None:
@@ -125,6 +124,18 @@ class RayLaunchBootstrap:
 
             return kind, discover().gpu_model
         return kind, None
+
+
+def _node_monitor(port: int, head: bool = False) -> Any:
+    """This node's RayMetricsMonitor, started, when the call has an MLflow run (and metrics are on)."""
+    if not os.environ.get("MLFLOW_RUN_ID") or os.environ.get(RAY_METRICS_ENV, "1") == "0":
+        return None
+    from air.ray.metrics import RayMetricsMonitor
+
+    monitor = RayMetricsMonitor(os.environ["MLFLOW_RUN_ID"], is_head_node=head,
+                                metrics_url=f"http://127.0.0.1:{port}/metrics")
+    monitor.start()
+    return monitor
 
 
 def _shutdown_driver() -> None:

@@ -1,0 +1,98 @@
+"""Pure parts of the Ray integration: the `ray start` rewrite of the shim, Prometheus parsing, shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from air.distributed.remote import plan_shape
+from air.distributed.shape import check_settings
+from air.errors import GPUValidationError, RuntimeConfigurationError
+from air.ray.cluster import RayAuth
+from air.ray.metrics import metric_key, parse_prometheus
+from air.ray.shim import rewrite_start, workload_ray_env
+
+
+def test_head_port_is_moved_and_missing_ports_are_filled() -> None:
+    env = {"AIR_RAY_HEAD_PORT": "41000", "MASTER_ADDR": "10.0.0.5"}
+    args, notes = rewrite_start(["--head", "--port=6379", "--num-gpus", "8", "--dashboard-host=0.0.0.0"], env)
+    assert "--port=41000" in args and "--port=6379" not in args
+    assert "--num-gpus" in args and "8" in args
+    for option in ("dashboard-agent-listen-port", "metrics-export-port", "node-manager-port", "dashboard-port",
+                   "ray-client-server-port", "runtime-env-agent-port"):
+        assert any(a.startswith(f"--{option}=") for a in args), option
+    assert "--min-worker-port=0" in args
+    assert notes and "6379 -> 41000" in notes[0]
+
+
+def test_a_joining_node_follows_the_moved_head_port_and_keeps_given_ports() -> None:
+    env = {"AIR_RAY_HEAD_PORT": "41000", "MASTER_ADDR": "10.0.0.5"}
+    args, _ = rewrite_start(["--address", "10.0.0.5:6379", "--metrics-export-port", "9000", "--block"], env)
+    assert "--address=10.0.0.5:41000" in args and "10.0.0.5:6379" not in args
+    assert "9000" in args and not any(a.startswith("--metrics-export-port=") for a in args)
+    assert not any(a.startswith("--dashboard-port=") for a in args)  # head-only options stay off workers
+    other, _ = rewrite_start(["--address=elsewhere:6379"], env)
+    assert "--address=elsewhere:6379" in other  # another cluster the user names explicitly is left alone
+
+
+def test_workload_env_is_explicit_about_auth_and_temp_dir(tmp_path: Path) -> None:
+    env = workload_ray_env(node_rank=1, head_port=41000, shim_dir=tmp_path / "bin", ray_tmpdir=tmp_path / "rt",
+                           auth=RayAuth("token", "secret"), path="/usr/bin", mlflow_run_id="abc")
+    assert env["PATH"] == f"{tmp_path / 'bin'}:/usr/bin"
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == "secret"
+    assert env["RAY_TMPDIR"] == str(tmp_path / "rt") and env["AIR_RAY_HEAD_PORT"] == "41000"
+    assert "air.ray.train_callback.MlflowReportCallback" in env["RAY_TRAIN_CALLBACKS"]
+
+
+def test_prometheus_samples_become_mlflow_keys() -> None:
+    text = "\n".join([
+        "# HELP ray_tasks Current number of tasks",
+        'ray_tasks{Name="train",State="RUNNING",SessionName="s",Version="2.60.0"} 3.0',
+        'ray_tasks{Name="train",State="RUNNING",SessionName="s",Version="2.60.0",WorkerId="w2"} 2.0',
+        'ray_component_uss_mb{Component="/usr/bin/python",SessionName="s"} 12.5',
+        'ray_other{a="b"} 1',
+    ])
+    values = parse_prometheus(text, ["ray_tasks", "ray_component_uss_mb"])
+    assert values == {("ray_tasks", (("Name", "train"), ("State", "RUNNING"))): 5.0,
+                      ("ray_component_uss_mb", (("Component", "/usr/bin/python"),)): 12.5}
+    assert metric_key("system/ray", "ray_tasks", (("Name", "train"), ("State", "RUNNING"))) == \
+        "system/ray/ray_tasks/train/RUNNING"
+    assert metric_key("system/ray/node_0", "ray_component_uss_mb", (("Component", "/usr/bin/python"),)) == \
+        "system/ray/node_0/ray_component_uss_mb/python"
+
+
+class FakeCluster:
+    """What plan_shape reads from a backend: its alive nodes."""
+
+    def __init__(self, nodes: list[dict]) -> None:
+        self.nodes = nodes
+
+    def _alive_nodes(self) -> list[dict]:
+        return self.nodes
+
+    def describe_capacity(self) -> str:
+        return f"{len(self.nodes)} nodes"
+
+
+CLUSTER = FakeCluster([
+    {"Resources": {"CPU": 8, "GPU": 8, "accelerator_type:H100": 1}},
+    {"Resources": {"CPU": 8, "GPU": 8, "accelerator_type:H100": 1}},
+    {"Resources": {"CPU": 4, "GPU": 1, "accelerator_type:A10G": 1}},
+])
+
+
+@pytest.mark.parametrize(("count", "kind", "expected"), [
+    (16, "H100", ("GPU_8xH100", 2)), (4, "h100", ("GPU_4xH100", 1)), (1, "A10", ("GPU_1xA10", 1)),
+    (16, "GPU_8xH100", ("GPU_8xH100", 2)), (4, "CPU", ("CPU_4xCPU", 1)), (2, "cpu_1xcpu", ("CPU_1xCPU", 2)),
+])
+def test_remote_shapes(count: int, kind: str, expected: tuple[str, int]) -> None:
+    accelerator, nodes = plan_shape(CLUSTER, check_settings(count, kind, True))
+    assert (accelerator.name, nodes) == expected
+
+
+def test_remote_shapes_that_cannot_fit_or_are_incomplete() -> None:
+    with pytest.raises(GPUValidationError, match="do not fit"):
+        plan_shape(CLUSTER, check_settings(24, "H100", True))
+    with pytest.raises(RuntimeConfigurationError, match="accelerator_type"):
+        plan_shape(CLUSTER, check_settings(8, None, True))
