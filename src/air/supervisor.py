@@ -25,7 +25,14 @@ from air.backends.base import AttemptOutcome, Backend, NodeTask
 from air.errors import AirError, EnvironmentBuildError
 from air.runs.paths import RunPaths, process_tag
 from air.runs.reasons import termination_reason
-from air.runs.states import AttemptStatus, FailureClass, RetryDecision, RetryPolicy, RunStatus, StatusConflictError
+from air.runs.states import (
+    AttemptStatus,
+    FailureClass,
+    RetryDecision,
+    RetryPolicy,
+    RunStatus,
+    StatusConflictError,
+)
 from air.runs.store import RunStore
 from air.workload.plan import RunPlan
 

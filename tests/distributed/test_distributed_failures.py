@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import rank_programs as rp
-from proc_helpers import alive, read_pids, wait_for
 
 from air import distributed
 from air.errors import LocalExecutionTimeoutError, RankFailedError, SerializationError
+from proc_helpers import alive, read_pids, wait_for
 
 #: Ranks stuck in a collective must be gone long before any NCCL/gloo timeout; generous for busy CI.
 PROMPT_S = 20.0

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from ray_helpers import never, wait_for
 
 from air.accelerators import AcceleratorType, cpu_type, parse_accelerator_type
 from air.backends.base import NodeTask
+from air.backends.ray_agent import tagged_processes_any_node as tagged_processes
 from air.backends.ray_backend import RayBackend
 from air.errors import GPUValidationError
-from air.backends.ray_agent import tagged_processes_any_node as tagged_processes
-
-from ray_helpers import never, wait_for
 
 pytestmark = pytest.mark.ray
 

@@ -123,3 +123,50 @@ def test_local_profile_says_how_to_add_a_ray_profile(air_home: Path) -> None:
     with pytest.raises(BackendUnavailableError, match="no remote backend configured") as info:
         nothing.distributed()
     assert "config.yaml" in str(info.value) and "backend: ray" in str(info.value)
+
+
+INTERRUPTED_CALLER = '''
+import sys
+from air import distributed
+
+@distributed(num_accelerators=2, accelerator_type="CPU_1xCPU", remote=True)
+def forever():
+    import time
+    print("started", flush=True)
+    time.sleep(300)
+
+try:
+    forever.distributed()
+except KeyboardInterrupt:
+    print("caller saw KeyboardInterrupt", flush=True)
+    sys.exit(130)
+'''
+
+
+def test_ctrl_c_in_the_caller_cancels_the_run(ray_profile: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "caller.py"
+    script.write_text(INTERRUPTED_CALLER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "AIR_HOME": str(ray_profile)})
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "started" in line and "[node" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(lines) + rest
+    assert "caller saw KeyboardInterrupt" in rest
+    run = latest_run()
+    assert run.status is RunStatus.CANCELED and "user signal" in (run.termination_reason or "")
+    assert not tagged_processes_any_node(f"air-{run.id}")

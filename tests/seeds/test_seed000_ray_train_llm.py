@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from seed_helpers import SEED000, air_cli, losses, processes_with_env, run, tail
 
 

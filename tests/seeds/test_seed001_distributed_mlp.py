@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from seed_helpers import SEED001, processes_with_env, python, tail
 
 

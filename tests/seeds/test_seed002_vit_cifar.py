@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from seed_helpers import SEED002, air_cli, python, tail
 
 TINY = {"VIT_SIZE": "tiny", "EPOCHS": "1", "LR": "3e-3", "GLOBAL_BATCH_SIZE": "64", "CIFAR10_DOWNLOAD": "0",
@@ -25,7 +24,6 @@ def test_generated_set_has_cifar10s_layouts_and_the_fallback_reads_it(fake_cifar
     assert set(entry) >= {"data", "labels", "filenames", "batch_label"}
     sys.path.insert(0, str(SEED002))
     try:
-        import torch
         from torchvision_fallback import CIFAR10, VisionTransformer, transforms
 
         data = CIFAR10(str(fake_cifar), train=True, transform=transforms.Compose(

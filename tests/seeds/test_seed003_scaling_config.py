@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from seed_helpers import SEED003, processes_with_env, python, tail
 
 pytestmark = pytest.mark.ray

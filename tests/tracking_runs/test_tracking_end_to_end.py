@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from proc_helpers import wait_for
 
 from air import distributed
 from air.runs.store import RunStore
+from proc_helpers import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import submit, wait_terminal, write_workload  # noqa: E402

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, read_pids, wait_for
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
 from air.runs.paths import RunPaths
 from air.runs.store import RunStore
+from proc_helpers import alive, read_pids, wait_for
 
 
 def test_failed_attempt_is_retried_and_both_logs_are_kept(tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_twenty_concurrent_runs_share_two_slots(tmp_path: Path, monkeypatch: pyt
     lines = [line.split() for line in events.read_text().splitlines()]
     assert len(lines) == 40
     running, peak, slots_in_use = 0, 0, set()
-    for kind, _, run_id, slot in sorted(lines, key=lambda x: (float(x[1]), x[0] == "start")):
+    for kind, _, _run_id, slot in sorted(lines, key=lambda x: (float(x[1]), x[0] == "start")):
         if kind == "start":
             assert slot not in slots_in_use, f"slot {slot} shared"
             slots_in_use.add(slot)

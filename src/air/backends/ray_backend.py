@@ -119,7 +119,7 @@ class RayBackend:
                  wait_report_s: float = WAIT_REPORT_S) -> None:
         if code_shipping not in ("auto", "always"):
             raise ValueError(f"code_shipping must be 'auto' or 'always', got {code_shipping!r}")
-        self.address = address or os.environ.get("RAY_ADDRESS") or "auto"
+        self.address = address or os.environ.get("RAY_ADDRESS") or ""
         self.namespace = namespace
         self.code_shipping = code_shipping
         self.poll_wait_s = poll_wait_s
@@ -132,8 +132,15 @@ class RayBackend:
 
     def connect(self) -> None:
         """Join the cluster as a driver (once per process); clear errors for the usual mistakes."""
+        if not self.address:
+            raise BackendUnavailableError(
+                "The ray profile has no address (and RAY_ADDRESS is not set).",
+                hint="Set profiles.NAME.address in $AIR_HOME/config.yaml to the cluster's GCS address (host:port). "
+                "air does not guess: on a shared machine 'auto' may find someone else's cluster.",
+            )
         ray = _ray()
         if ray.is_initialized():
+            self._check_same_cluster(ray)
             return
         if self.address.startswith("ray://"):
             raise BackendUnavailableError(
@@ -154,6 +161,20 @@ class RayBackend:
                 if auth else "Check the profile's address (`air -h config.profiles`) and that the cluster is up "
                 "(`ray status --address ...`).",
             ) from None
+
+    def _check_same_cluster(self, ray: Any) -> None:
+        """One process drives one Ray cluster: refuse to silently use another one."""
+        try:
+            current = ray.get_runtime_context().gcs_address
+        except Exception:  # noqa: BLE001
+            return
+        if self.address == "auto" or not current:
+            return
+        if current.rsplit(":", 1)[-1] != self.address.rsplit(":", 1)[-1]:
+            raise BackendUnavailableError(
+                f"This process is already connected to the Ray cluster at {current}, not {self.address}.",
+                hint="Use one Ray cluster per process (call ray.shutdown() first, or run from a fresh process).",
+            )
 
     # -- capacity ---------------------------------------------------------------------------------
 

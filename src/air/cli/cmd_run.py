@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import sys
 
 import click
@@ -69,8 +68,8 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
         if not watch:
             stderr(f"Follow it: air logs {run_.id} --follow   Status: air get run {run_.id}")
     if watch:
-        from air.cli.watch import watch as watch_run
         from air.cli.cmd_logs import masker_for
+        from air.cli.watch import watch as watch_run
 
         return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_.id))
     return 0

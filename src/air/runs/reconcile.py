@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from air.runs.states import FailureClass, RunStatus, StatusConflictError
 from air.runs.paths import process_tag
+from air.runs.states import FailureClass, RunStatus, StatusConflictError
 from air.runs.store import Run, RunStore, supervisor_alive
 
 #: A PENDING run with no supervisor recorded after this long never got one.

@@ -7,9 +7,7 @@ are quoted, and `yaml.safe_load` returns exactly the map that was written (tuple
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import yaml
 
 from air.errors import UserInputError
+from air.runs.paths import atomic_write_text
 
 # Plain scalars that PyYAML reads as strings but YAML 1.2 loaders read as numbers.
 _NUMBER_LIKE = re.compile(
@@ -59,23 +58,7 @@ def write_parameters(parameters: Mapping[str, Any], path: Path) -> Path:
     except yaml.YAMLError as exc:
         where = _unrepresentable(parameters, "parameters") or "parameters"
         raise UserInputError(f"{where}: cannot be written to YAML ({exc})") from exc
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+    return atomic_write_text(Path(path), text)
 
 
 def _unrepresentable(value: Any, where: str) -> str | None:

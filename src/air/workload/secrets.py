@@ -19,6 +19,7 @@ from pathlib import Path
 
 from air.errors import NotFoundError, UserInputError
 from air.home import air_home
+from air.runs.paths import atomic_write_text
 
 SECRETS_FILE = "secrets.json"
 _FORMAT_VERSION = 1
@@ -180,23 +181,9 @@ def _read(path: Path) -> Store:
 
 
 def _write(path: Path, data: Store) -> None:
-    """Write atomically: a 0600 temporary file (0600 from its creation), fsync, rename over the store."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o600)  # in case a stale temporary file existed with other bits
-            json.dump({"version": _FORMAT_VERSION, "scopes": data}, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write atomically: a temporary file that is 0600 from its creation (mkstemp), fsync, rename."""
+    text = json.dumps({"version": _FORMAT_VERSION, "scopes": data}, indent=2, sort_keys=True) + "\n"
+    atomic_write_text(path, text, mode=0o600)
 
 
 __all__ = [

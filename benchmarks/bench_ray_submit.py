@@ -1,0 +1,150 @@
+"""Submit-to-running latency on a warm Ray cluster: air's RayBackend beside `ray job submit`.
+
+What is timed: from the moment of submission until *every* node runs the user's command (the command's
+first act is to write the wall-clock time to a file). For air that is acquire (placement group, one
+agent actor per node) + start_attempt; for Ray Jobs it is the job submission until the entrypoint runs
+(one node only: Ray Jobs has no notion of per-node commands), both through the Python SDK (warm,
+in-process, like air's backend) and through the `ray job submit` CLI (what a user types).
+
+    python benchmarks/bench_ray_submit.py                 # starts a 2-node cluster of its own, stops it
+    python benchmarks/bench_ray_submit.py --reps 10 --nodes 2 --address HOST:PORT --dashboard http://HOST:8265
+
+Prints the medians (and min/max) in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+
+def _wait_file(path: Path, timeout: float = 120.0) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            text = path.read_text().strip()
+            if text:
+                return float(text)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.005)
+    raise TimeoutError(f"{path} never appeared")
+
+
+def bench_air(address: str, nodes: int, reps: int, work: Path) -> list[float]:
+    from air.accelerators import cpu_type
+    from air.backends.base import NodeTask
+    from air.backends.ray_backend import RayBackend
+
+    backend = RayBackend(address, poll_wait_s=0.2)
+    backend.connect()
+    times = []
+    for rep in range(reps + 1):  # the first one warms Ray's worker pool and imports; not counted
+        run_id = f"run-260101-{uuid.uuid4().hex[:8]}"
+        marks = work / f"air-{rep}"
+        marks.mkdir()
+        tasks = [NodeTask(n, ["bash", "-c", f'date +%s.%N > {marks}/node_$NODE_RANK'], {"NODE_RANK": str(n)},
+                          work / f"air-{rep}-node_{n}.log") for n in range(nodes)]
+        submitted = time.time()
+        allocation = backend.acquire(run_id, cpu_type(1), nodes, should_stop=lambda: False, on_wait=lambda _: None)
+        assert allocation is not None
+        handle = backend.start_attempt(allocation, tasks, tag=f"air-{run_id}")
+        started = max(_wait_file(marks / f"node_{n}") for n in range(nodes))
+        outcome = handle.wait(timeout_s=60, should_stop=lambda: False)
+        backend.release(allocation)
+        assert outcome.ok, outcome
+        if rep:
+            times.append(started - submitted)
+    return times
+
+
+def bench_job_sdk(dashboard: str, reps: int, work: Path) -> list[float]:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client = JobSubmissionClient(dashboard)
+    times = []
+    for rep in range(reps + 1):
+        mark = work / f"job-{rep}"
+        submitted = time.time()
+        job = client.submit_job(entrypoint=f"bash -c 'date +%s.%N > {mark}'")
+        started = _wait_file(mark)
+        deadline = time.monotonic() + 60
+        while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if rep:
+            times.append(started - submitted)
+    return times
+
+
+def bench_job_cli(dashboard: str, reps: int, work: Path) -> list[float]:
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    times = []
+    for rep in range(reps + 1):
+        mark = work / f"cli-{rep}"
+        submitted = time.time()
+        subprocess.run([ray_cli, "job", "submit", "--address", dashboard, "--no-wait", "--",
+                        "bash", "-c", f"date +%s.%N > {mark}"], check=True, capture_output=True)
+        started = _wait_file(mark)
+        if rep:
+            times.append(started - submitted)
+    return times
+
+
+def _summary(name: str, values: list[float]) -> str:
+    return (f"{name:<44} median {statistics.median(values):6.3f} s   min {min(values):6.3f}   "
+            f"max {max(values):6.3f}   (n={len(values)})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--address", help="GCS address of an existing cluster (default: start one)")
+    parser.add_argument("--dashboard", help="dashboard URL of that cluster, for Ray Jobs")
+    args = parser.parse_args()
+    from air.ray.cluster import RayAuth, start_ray_node, use_auth
+
+    started = []
+    address, dashboard = args.address, args.dashboard
+    if address is None:
+        auth = RayAuth.new_token()
+        head = start_ray_node(head=True, num_cpus=2, object_store_memory=100 * 1024 * 1024, auth=auth,
+                              include_dashboard=True)
+        started.append(head)
+        for _ in range(args.nodes - 1):
+            started.append(start_ray_node(head=False, address=head.address, num_cpus=2, auth=auth,
+                                          object_store_memory=100 * 1024 * 1024))
+        address, dashboard = head.address, head.dashboard_url
+        use_auth(auth)
+        time.sleep(5)  # let the dashboard and agents settle
+    try:
+        with tempfile.TemporaryDirectory(prefix="air-bench-") as tmp:
+            work = Path(tmp)
+            print(f"cluster {address}, {args.nodes} node(s), {args.reps} reps (+1 warm-up each), "
+                  f"{os.cpu_count()} CPUs on this machine", flush=True)
+            air_times = bench_air(address, args.nodes, args.reps, work)
+            print(_summary(f"air RayBackend, all {args.nodes} nodes running", air_times), flush=True)
+            if dashboard:
+                print(_summary("Ray Jobs SDK submit_job, entrypoint running", bench_job_sdk(dashboard, args.reps, work)),
+                      flush=True)
+                print(_summary("`ray job submit` CLI, entrypoint running", bench_job_cli(dashboard, args.reps, work)),
+                      flush=True)
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        for node in reversed(started):
+            node.stop(grace_s=2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
