@@ -21,7 +21,6 @@ import os
 import time
 
 import mlflow
-import ray
 import ray.train
 import torch
 from datasets import load_dataset
@@ -29,6 +28,8 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import ray
 
 DEFAULTS = {
     "model_name": "Qwen/Qwen2.5-3B",

@@ -19,6 +19,7 @@ from serverless_gpu.ray import ray_launch
 @ray_launch(gpus=16, remote=True, gpu_type='A10')
 def foo():
     import os  # noqa: F401 - as in the document
+
     import ray
 
     ray.init()  # RAY_ADDRESS points at the cluster ray_launch started for this call
@@ -32,13 +33,14 @@ def train(num_epochs: int = 3, batch_size: int = 64, num_samples: int = 5000) ->
     import os
     import tempfile
 
-    import ray
     import ray.train
     import torch
     import torch.nn as nn
     from ray.train import Checkpoint, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model
     from torch.utils.data import DataLoader, TensorDataset
+
+    import ray
 
     def simple_mlp(input_dim: int = 10, hidden_dim: int = 64, output_dim: int = 1) -> nn.Module:
         """The document's SimpleMLP (train_mlp.py), inline so the Ray workers need no module of ours."""

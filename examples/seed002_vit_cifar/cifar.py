@@ -39,6 +39,8 @@ VIT_SIZES: dict[str, dict[str, int]] = {
     "tiny": {"num_layers": 2, "num_heads": 4, "hidden_dim": 64, "mlp_dim": 128},
 }
 DEFAULT_PARQUET = "s3://ray-example-data/cifar10-parquet"
+#: The settings above that code running on Ray's workers reads (the driver passes them on).
+WORKER_SETTINGS = ("CIFAR10_ROOT", "CIFAR10_DOWNLOAD", "VIT_SIZE", "TQDM_DISABLE")
 
 
 def env(name: str, default: Any) -> Any:
@@ -107,6 +109,13 @@ def get_dataloaders(batch_size):
     test_dataloader = DataLoader(testing_data, batch_size=batch_size)
 
     return train_dataloader, test_dataloader
+
+
+def runtime_env(folder: str) -> dict[str, Any]:
+    """The Ray job's runtime_env: this folder as working_dir (the workers import cifar.py from it) and
+    the settings the workers read, so a cluster started elsewhere sees what this driver was given."""
+    return {"working_dir": folder, "excludes": ["*.md", "__pycache__"],
+            "env_vars": {name: os.environ[name] for name in WORKER_SETTINGS if name in os.environ}}
 
 
 def storage_path() -> str | None:

@@ -8,10 +8,9 @@ come from the environment with the tutorial's values as defaults (see cifar.py).
 """
 
 import torch
+from cifar import backend_note, env, get_dataloaders, make_vit
 from torch import nn
 from tqdm import tqdm
-
-from cifar import backend_note, env, get_dataloaders, make_vit
 
 
 def train_func():

@@ -5,28 +5,27 @@
 
 The code is the tutorial's; `train_cifar_10(num_workers=8, use_gpu=True)` takes NUM_WORKERS / USE_GPU
 from the environment, the checkpoints go to RAY_STORAGE_PATH (the tutorial's /mnt/cluster_storage is
-Anyscale's), and this folder is shipped to the workers as the job's working_dir (cifar.py lives here).
+Anyscale's), and this folder and those settings reach the workers through the job's runtime_env.
 """
 
 import os
 import tempfile
 import uuid
-from typing import Dict
 
-import ray
 import ray.train
 import torch
+from cifar import backend_note, env, get_dataloaders, make_vit, runtime_env, storage_path
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
 from tqdm import tqdm
 
-from cifar import backend_note, env, get_dataloaders, make_vit, storage_path
+import ray
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def train_func_per_worker(config: Dict):
+def train_func_per_worker(config: dict):
     lr = config["lr"]
     epochs = config["epochs"]
     batch_size = config["batch_size_per_worker"]
@@ -131,7 +130,7 @@ def train_cifar_10(num_workers, use_gpu):
 
 
 if __name__ == "__main__":
-    # The workers import cifar.py (and the fallback) from this folder: ship it as the job's working_dir.
-    ray.init(runtime_env={"working_dir": HERE, "excludes": ["*.md", "__pycache__"]})
+    # The workers import cifar.py (and the fallback) from this folder and read the same settings.
+    ray.init(runtime_env=runtime_env(HERE))
     print(f"step 2: Ray Train on {ray.cluster_resources()}, models and data from {backend_note()}")
     train_cifar_10(num_workers=env("NUM_WORKERS", 8), use_gpu=env("USE_GPU", True))

@@ -11,32 +11,41 @@ step 2, NUM_WORKERS / USE_GPU / RAY_STORAGE_PATH come from the environment.
 import os
 import tempfile
 import uuid
-from typing import Dict
 
 import numpy as np
-import ray
 import ray.data
 import ray.train
 import torch
+from cifar import (
+    DEFAULT_PARQUET,
+    Normalize,
+    ToTensor,
+    backend_note,
+    env,
+    make_vit,
+    runtime_env,
+    storage_path,
+    transforms,
+)
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
 from tqdm import tqdm
 
-from cifar import DEFAULT_PARQUET, Normalize, ToTensor, backend_note, env, make_vit, storage_path, transforms
+import ray
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STORAGE_PATH = env("CIFAR10_PARQUET", DEFAULT_PARQUET)
 
 
-def transform_cifar(row: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+def transform_cifar(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     # Define the torchvision transform.
     transform = transforms.Compose([ToTensor(), Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
     row["image"] = transform(row["image"])
     return row
 
 
-def train_func_per_worker(config: Dict):
+def train_func_per_worker(config: dict):
     lr = config["lr"]
     epochs = config["epochs"]
     batch_size = config["batch_size_per_worker"]
@@ -136,8 +145,8 @@ def train_cifar_10(num_workers, use_gpu):
 
 
 if __name__ == "__main__":
-    # The workers import cifar.py (and the fallback) from this folder: ship it as the job's working_dir.
-    ray.init(runtime_env={"working_dir": HERE, "excludes": ["*.md", "__pycache__"]})
+    # The workers import cifar.py (and the fallback) from this folder and read the same settings.
+    ray.init(runtime_env=runtime_env(HERE))
     print(f"step 3: Ray Train + Ray Data on {ray.cluster_resources()}, transforms from {backend_note()}")
 
     train_dataset = ray.data.read_parquet(f'{STORAGE_PATH}/train')

@@ -80,13 +80,17 @@ class _Encoder(nn.Module):
         return self.ln(self.layers(self.dropout(inputs + self.pos_embedding)))
 
 
+#: torchvision's default norm layer (a module-level value, so the default argument is not a call).
+_LAYER_NORM = partial(nn.LayerNorm, eps=1e-6)
+
+
 class VisionTransformer(nn.Module):
     """Stand-in for `torchvision.models.VisionTransformer` (ViT, arXiv:2010.11929); same arguments."""
 
     def __init__(self, image_size: int, patch_size: int, num_layers: int, num_heads: int, hidden_dim: int,
                  mlp_dim: int, dropout: float = 0.0, attention_dropout: float = 0.0, num_classes: int = 1000,
                  representation_size: int | None = None,
-                 norm_layer: Callable[..., nn.Module] = partial(nn.LayerNorm, eps=1e-6),
+                 norm_layer: Callable[..., nn.Module] = _LAYER_NORM,
                  conv_stem_configs: Sequence[Any] | None = None) -> None:
         super().__init__()
         if image_size % patch_size:

@@ -15,7 +15,7 @@ document's.
 
 The document's sizes assume a big cluster (8 workers, 4 CPUs each, …). Each setting is tried as
 written and, when that does not fit this cluster, also scaled to it, so both outcomes are shown.
-A request that cannot be placed is refused after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (5 s here;
+A request that cannot be placed is refused after RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (10 s here;
 Ray's default waits 60 s per try and retries for ever, expecting an autoscaler).
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 from serverless_gpu.ray import ray_launch
 
 #: How long a trial waits for its placement group before it counts as refused.
-START_TIMEOUT_S = "5"
+START_TIMEOUT_S = "10"
 
 
 @dataclass
@@ -127,10 +127,11 @@ def scale(trial: Trial, gpus: int, cpus: int, model: str | None) -> Trial | None
 
 def probe(config: dict) -> None:
     """The training function of every trial: report where this worker landed and what it was given."""
-    import ray
     import ray.train
     import torch.distributed as dist
     from ray.train.torch import get_device, get_devices
+
+    import ray
 
     context = ray.train.get_context()
     config["collector"].add.remote({
@@ -149,10 +150,11 @@ def probe(config: dict) -> None:
 @ray_launch(gpus=8, gpu_type="H100")
 def tour(iface: str, storage: str, quick: bool = False) -> dict[str, Any]:
     """The Ray driver: run every trial on this call's cluster and return the rows of the table."""
-    import ray
     import torch
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
+    import ray
 
     # The document's way to give every training worker NCCL_SOCKET_IFNAME: the job's runtime_env.
     ray.init(runtime_env={"env_vars": {"NCCL_SOCKET_IFNAME": iface}})
@@ -175,6 +177,7 @@ def tour(iface: str, storage: str, quick: bool = False) -> dict[str, Any]:
     collector = Collector.remote()
     rows = []
     for index, trial in enumerate(plan_trials(gpus, cpus, model, iface, quick)):
+        wait_until_idle(ray, resources)  # the previous trial's workers release their resources asynchronously
         row: dict[str, Any] = {"name": trial.name, "code": trial.code, "notes": list(trial.notes)}
         backend = trial.backend
         if backend is None and trial.scaling.get("use_gpu") and fake_gpus:
@@ -201,6 +204,18 @@ def tour(iface: str, storage: str, quick: bool = False) -> dict[str, Any]:
         print(f"[{row['outcome']}] {trial.code}: {row['why']}", flush=True)
         rows.append(row)
     return {"rows": rows, "gpus": gpus, "cpus": cpus, "model": model, "fake_gpus": fake_gpus, "iface": iface}
+
+
+def wait_until_idle(ray: Any, total: dict[str, float], timeout_s: float = 60.0) -> None:
+    """Block until every CPU and GPU of the cluster is free again, so each trial starts on an idle cluster."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        free = ray.available_resources()
+        if all(free.get(k, 0) >= total.get(k, 0) for k in ("CPU", "GPU")):
+            return
+        time.sleep(0.5)
 
 
 def refusal_reason(exc: BaseException, trial: Trial, gpus: int, cpus: int, model: str | None) -> str:

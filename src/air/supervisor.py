@@ -254,6 +254,10 @@ class _AttemptTracking:
         self.attempt = attempt
         self.warn = warn
         self.samplers: list[Any] = []
+        from air.tracking.store import tracking_enabled
+
+        if not tracking_enabled():
+            return
         try:
             from air.tracking import attempt_tags, start_attempt_run
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from air.ray.cluster import RayAuth, RayNode, start_ray_node
+from air.ray.cluster import RayAuth, RayNode, start_ray_node, use_auth
 
 pytestmark = pytest.mark.ray
 
@@ -68,7 +68,7 @@ def ray_cluster() -> Iterator[RayTestCluster]:
         thread.start()
     for thread in threads:
         thread.join()
-    os.environ.update(auth.env())
+    use_auth(auth)  # also refreshes a Ray imported earlier in this process (it caches the mode)
     os.environ.pop("RAY_ADDRESS", None)
     try:
         if errors:

@@ -55,6 +55,11 @@ def test_remote_call_returns_every_rank_in_order(ray_profile: Path, capfd: pytes
     assert (run.kind, run.backend, run.status, run.num_nodes, run.accelerator_type) == (
         "distributed", "ray", RunStatus.SUCCESS, 2, "CPU_2xCPU")
     assert "hello from rank 3" in RunPaths(run.id).node_log(0, 1).read_text()
+    from mlflow import MlflowClient
+
+    from air.tracking.store import tracking_uri
+
+    assert run.mlflow_run_id and MlflowClient(tracking_uri()).get_run(run.mlflow_run_id).info.status == "FINISHED"
 
 
 def test_a_rank_exception_is_raised_here(ray_profile: Path) -> None:

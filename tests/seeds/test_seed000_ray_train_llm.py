@@ -53,6 +53,7 @@ def test_offline_assets_load_with_the_scripts_own_calls(tmp_path: Path) -> None:
     assert checked.returncode == 0 and "ok" in checked.stdout, tail(checked.stdout)
 
 
+@pytest.mark.timeout(600)  # a Ray cluster on 2 busy cores: minutes, not seconds
 def test_cpu_workload_trains_with_falling_loss_and_logs_to_mlflow(air_home: Path, tmp_path: Path) -> None:
     result = air_cli("run", "-f", str(SEED000 / "train_cpu.yaml"), "--watch", "--json",
                      env={"HF_HOME": str(tmp_path / "hf")}, timeout=600)

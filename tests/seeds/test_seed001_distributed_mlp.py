@@ -40,6 +40,7 @@ def test_distributed_mlp_returns_every_ranks_result_and_logs_loss(
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(600)  # a Ray cluster on 2 busy cores: minutes, not seconds
 def test_ray_launch_runs_ray_train_on_the_cluster_it_starts(air_home: Path) -> None:
     result = python(SEED001 / "ray_launch_mlp.py", "--cpu", "2", "--only", "train", "--epochs", "1",
                     "--samples", "128", timeout=400)

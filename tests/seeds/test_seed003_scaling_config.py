@@ -17,6 +17,7 @@ def row(table: str, setting: str) -> str:
     return lines[0]
 
 
+@pytest.mark.timeout(600)  # a Ray cluster on 2 busy cores: minutes, not seconds
 def test_quick_tour_prints_scheduled_and_refused_settings(air_home: Path) -> None:
     result = python(SEED003 / "scaling_config_tour.py", "--quick", "--fake-gpus", "2", timeout=500)
     assert result.returncode == 0, tail(result.stdout, 80)

@@ -128,6 +128,7 @@ def test_killed_supervisor_is_noticed_by_the_next_command(tmp_path: Path, pid_di
 
 def test_twenty_concurrent_runs_share_two_slots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIR_CPU_SLOTS", "2")
+    monkeypatch.setenv("AIR_TRACKING", "off")  # the ledger is under test here, not 20 MLflow imports on 2 cores
     events = tmp_path / "events.log"
     path = write_workload(tmp_path, "queue", f"""
         experiment_name: queue

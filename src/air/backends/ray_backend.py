@@ -43,8 +43,9 @@ from air.backends.ray_agent import (
 )
 from air.constants import TERMINATE_GRACE_S
 from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
-from air.ray.cluster import RayAuth
+from air.ray.cluster import RayAuth, refresh_auth
 from air.ray.shim import workload_ray_env
+from air.ray.tracking import train_report_env
 
 _log = logging.getLogger("air.backends.ray")
 
@@ -148,6 +149,7 @@ class RayBackend:
                 "GCS address.",
                 hint="Use the address `ray start --head` printed (host:6379 or the port you chose).",
             )
+        refresh_auth()
         try:
             ray.init(address=self.address, namespace=self.namespace, log_to_driver=False,
                      logging_level=logging.WARNING)
@@ -364,7 +366,7 @@ class RayBackend:
         """Start every node's command at once. Node n's processes carry AIR_PROCESS_TAG=`tag`.node<n>
         (`reap(tag)` finds them all). Each command also gets what a hand-started Ray needs
         (`air.ray.shim.workload_ray_env`: a `ray` shim first on PATH, RAY_TMPDIR, AIR_RAY_HEAD_PORT, a
-        per-attempt auth token); variables the task already sets win."""
+        per-attempt auth token, RAY_ADDRESS removed); these override what the task env holds."""
         ray = _ray()
         held = self._get(allocation)
         self._ensure_agents(allocation, held)
@@ -379,8 +381,13 @@ class RayBackend:
                                      mlflow_run_id=env.get("MLFLOW_RUN_ID"), path="")
             extra.pop("PATH")
             extra[PATH_PREFIX_ENV] = node_dirs["shim_dir"]
-            for key, value in extra.items():
-                env.setdefault(key, value)
+            # The supervisor passes its whole environment: a RAY_ADDRESS or token there points at the
+            # cluster air runs on, not at the Ray a node command starts, so these are always air's.
+            env.pop("RAY_ADDRESS", None)
+            callbacks = extra.pop("RAY_TRAIN_CALLBACKS", None)
+            env.update(extra)
+            if callbacks:
+                env.update(train_report_env(env.get("RAY_TRAIN_CALLBACKS")))
             launches.append(NodeLaunch(node_rank=task.node_rank, log_path=task.log_path, cwd=task.cwd,
                                        processes=[NodeProcess(name=f"node {task.node_rank}", argv=list(task.argv),
                                                               env=env)]))

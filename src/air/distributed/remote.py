@@ -216,6 +216,7 @@ class _RemoteCall:
         self.echo = echo
         self.extra_env = extra_env
         self.call_dir = new_call_dir(name)
+        self.tracking: Any = None
         self._echo_lock = threading.Lock()
         self._next_cancel_check = 0.0
 
@@ -250,14 +251,52 @@ class _RemoteCall:
                 raise RuntimeConfigurationError(
                     message, hint="Install the same Python, cloudpickle and torch versions on the cluster's "
                     "nodes as here (or run from an environment that matches the cluster).")
-            return self._attempt(allocation)
+            self.tracking = self._start_tracking()
+            values = self._attempt(allocation)
+            self._end_tracking("FINISHED")
+            return values
         except KeyboardInterrupt:
             record.finish("CANCELED", "Canceled by user signal.", "CANCEL")
+            self._end_tracking("KILLED", "Canceled by user signal.")
             self._say(f"run {record.run_id} canceled; every rank was ended")
+            raise
+        except BaseException as exc:
+            self._end_tracking("FAILED", f"{type(exc).__name__}: {exc}"[:500])
             raise
         finally:
             if allocation is not None:
                 self.backend.release(allocation)
+
+    def _start_tracking(self) -> Any:
+        """The call's MLflow run (air's tracking library; never fails the call), linked to the run."""
+        from air.distributed.tracked import tracking_enabled
+
+        if not tracking_enabled():
+            return None
+        try:
+            from air.tracking.call import start_call_run
+
+            handle = start_call_run(self.name, tags={"air.run_id": self.record.run_id, "air.backend": "ray"},
+                                    warn=self._say)
+        except Exception as exc:  # noqa: BLE001
+            self._say(f"tracking: {type(exc).__name__}: {exc}")
+            return None
+        if handle is not None:
+            self.record._safe(self.record.store.set_mlflow_run_id, self.record.run_id, handle.run_id)
+        return handle
+
+    def _end_tracking(self, status: str, reason: str | None = None) -> None:
+        handle, self.tracking = self.tracking, None
+        if handle is None:
+            return
+        try:
+            for rank in range(self.world):
+                path = self.call_dir / f"rank_{rank}.log"
+                if path.is_file():
+                    handle.log_rank_log(path, rank)
+            handle.end(status, reason)
+        except Exception as exc:  # noqa: BLE001 - tracking never fails a call
+            self._say(f"tracking: {type(exc).__name__}: {exc}")
 
     def _attempt(self, allocation: Any) -> list[Any]:
         from air.backends.ray_backend import NODE_DIR, NODE_PYTHON, NodeLaunch, NodeProcess
@@ -270,9 +309,12 @@ class _RemoteCall:
             "NUM_NODES": str(self.num_nodes), "AIR_RUN_ID": record.run_id,
             "AIR_ACCELERATOR_TYPE": self.accelerator.name,
         }
-        for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME"):
-            if os.environ.get(key):
-                base[key] = os.environ[key]
+        if self.tracking is not None:
+            base.update(self.tracking.env())
+        else:
+            for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME"):
+                if os.environ.get(key):
+                    base[key] = os.environ[key]
         base.update(self.extra_env)
         launches = []
         for node in range(self.num_nodes):

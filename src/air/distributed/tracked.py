@@ -19,14 +19,11 @@ from typing import Any
 
 from air.distributed.local import new_call_dir, run_local
 from air.distributed.shape import LocalShape
+from air.tracking.store import tracking_enabled
 
 
 def _warn(message: str) -> None:
     sys.stderr.write(f"[air] {message}\n")
-
-
-def tracking_enabled() -> bool:
-    return os.environ.get("AIR_TRACKING", "on").lower() not in ("0", "off", "false", "no")
 
 
 class CallTracking:

@@ -211,7 +211,7 @@ def _start(args: Sequence[str]) -> int:
 
 
 def _stop() -> int:
-    count = stop_marked(_marker(os.environ), grace_s=5.0)
+    count = stop_marked(_marker(os.environ))
     print(f"[air] ray stop: ended this node's Ray ({count} processes); other Ray clusters on this machine "
           "are left alone", flush=True)
     return 0

@@ -12,11 +12,19 @@ from air.tracking.attempt import attempt_tags, log_params, start_attempt_run
 from air.tracking.call import DEFAULT_CALL_EXPERIMENT, start_call_run
 from air.tracking.handle import END_STATUSES, EndStatus, TrackingHandle
 from air.tracking.params import flatten_params
-from air.tracking.store import artifact_root, embedded_uri, is_embedded, prepare_store, tracking_uri
+from air.tracking.store import (
+    artifact_root,
+    embedded_uri,
+    is_embedded,
+    prepare_store,
+    tracking_enabled,
+    tracking_uri,
+)
 from air.tracking.sysmetrics import SystemMetricsSampler
 from air.tracking.ui import experiment_url, run_url, ui_base_url, ui_command
 
 __all__ = [
+    "tracking_enabled",
     "DEFAULT_CALL_EXPERIMENT",
     "END_STATUSES",
     "EndStatus",

@@ -238,3 +238,8 @@ def os_user() -> str:
         return getpass.getuser()
     except Exception:  # noqa: BLE001 — no passwd entry in some containers
         return "unknown"
+
+
+def tracking_enabled() -> bool:
+    """AIR_TRACKING=off turns MLflow recording off for workloads and @distributed calls alike."""
+    return os.environ.get("AIR_TRACKING", "on").strip().lower() not in ("0", "off", "false", "no")
