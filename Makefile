@@ -12,7 +12,7 @@ STAMP := $(VENV)/.stamp-setup
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,ray]"
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,ray,examples]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -17,6 +17,10 @@ def air_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment() exports it
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     monkeypatch.delenv("AIR_PROFILE", raising=False)
+    # Anything a test (or MLflow, with its ./mlruns default) writes to the current folder lands here.
+    work = tmp_path / "cwd"
+    work.mkdir(exist_ok=True)
+    monkeypatch.chdir(work)
     return home
 
 

@@ -138,10 +138,10 @@ def probe(config: dict) -> None:
         "trial": config["trial"],
         "rank": context.get_world_rank(),
         "node": ray.get_runtime_context().get_node_id()[:8],
-        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "gpu_ids": sorted(str(g) for g in ray.get_gpu_ids()),
         "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         "device": str(get_device()),
-        "devices": [str(d) for d in get_devices()],
+        "devices": sorted(str(d) for d in get_devices()),
         "backend": dist.get_backend() if dist.is_initialized() else "none",
         "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME", ""),
     })

@@ -94,12 +94,15 @@ def test_four_ranks_logging_200_metrics_each_all_land(air_home: Path) -> None:
     assert {a.path for a in client.list_artifacts(run_ids[0], "logs")} == {f"logs/rank_{r}.log" for r in range(4)}
 
 
-def test_call_nested_under_the_callers_active_run(air_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_call_nested_under_the_callers_active_run(air_home: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import mlflow
     from mlflow.tracking import fluent
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{air_home}/mlflow.db")
     monkeypatch.setattr(fluent, "_active_experiment_id", fluent._active_experiment_id)  # undone after the test
+    # The user's own experiment (MLflow would put its artifacts in ./mlruns; keep them in the test's folder).
+    _client(air_home).create_experiment("notebook", artifact_location=(tmp_path / "artifacts").as_uri())
     mlflow.set_experiment("notebook")
 
     @distributed(num_accelerators=2, accelerator_type="CPU")
