@@ -15,6 +15,7 @@ from ray_helpers import never, wait_for
 
 from air.accelerators import AcceleratorType, cpu_type, parse_accelerator_type
 from air.backends.base import NodeTask
+from air.backends.ray_agent import agent_root
 from air.backends.ray_agent import tagged_processes_any_node as tagged_processes
 from air.backends.ray_backend import RayBackend
 from air.errors import GPUValidationError
@@ -169,8 +170,9 @@ def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, bac
         # Four 1-CPU bundles, strictly spread: every node of the cluster, the victim included.
         allocation = backend.acquire(rid, cpu_type(1), 4, should_stop=never, on_wait=lambda _: None)
         assert allocation is not None
-        handle = backend.start_attempt(allocation, node_tasks(tmp_path, "echo up; sleep 300", 4), tag=tag)
-        wait_for(lambda: len(tagged_processes(tag)) >= 4, "all four nodes running", timeout=30)
+        # A child under each node's bash: Ray kills a dying worker's direct children, not theirs.
+        handle = backend.start_attempt(allocation, node_tasks(tmp_path, "echo up; sleep 300 & wait", 4), tag=tag)
+        wait_for(lambda: len(tagged_processes(tag)) >= 8, "all four nodes running", timeout=30)
         raylet = [p for p in victim.processes() if p.name() == "raylet"]
         assert raylet
         raylet[0].kill()
@@ -179,9 +181,12 @@ def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, bac
         assert outcome.lost_node is not None and outcome.lost_node.startswith("node ")
         assert outcome.lost_node.endswith(" lost")
         assert time.monotonic() - started < 30
-        # The victim's own processes are ended by its sentinel once its agent is gone.
+        # The victim's own processes are ended by its sentinel once its agent is gone, and its folder removed.
         wait_for(lambda: not [p for p in tagged_processes(tag) if p.status() != psutil.STATUS_ZOMBIE],
                  "no process of the attempt left", timeout=20)
+        backend.release(allocation)
+        allocation = None
+        wait_for(lambda: not agent_root(rid, 0).parent.exists(), "the run's node folders removed", timeout=20)
     finally:
         if allocation is not None:
             backend.release(allocation)

@@ -175,3 +175,25 @@ def test_ctrl_c_in_the_caller_cancels_the_run(ray_profile: Path, tmp_path: Path)
     run = latest_run()
     assert run.status is RunStatus.CANCELED and "user signal" in (run.termination_reason or "")
     assert not tagged_processes_any_node(f"air-{run.id}")
+
+
+def test_ray_launch_remote_builds_a_cluster_over_two_ray_nodes(ray_profile: Path) -> None:
+    """`@ray_launch(remote=True)`: the call's two nodes (two Ray nodes of the test cluster) become a new
+    Ray cluster of their own (its own ports, temp dirs and token), whose driver sees both nodes."""
+    from air.ray import ray_launch
+
+    @ray_launch(num_accelerators=2, accelerator_type="CPU_1xCPU", remote=True)
+    def driver() -> dict:
+        import os
+
+        import ray
+
+        ray.init()
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        return {"nodes": len(nodes), "ranks": sorted(n["Labels"].get("air-node-rank", "?") for n in nodes),
+                "address": os.environ["RAY_ADDRESS"]}
+
+    values = driver.distributed()
+    assert values[1] is None
+    assert values[0]["nodes"] == 2 and values[0]["ranks"] == ["0", "1"], values[0]
+    assert latest_run().status is RunStatus.SUCCESS

@@ -11,7 +11,7 @@ from air.distributed.shape import check_settings
 from air.errors import GPUValidationError, RuntimeConfigurationError
 from air.ray.cluster import RayAuth
 from air.ray.metrics import metric_key, parse_prometheus
-from air.ray.shim import rewrite_start, workload_ray_env
+from air.ray.shim import local_workload_ray_env, rewrite_start, workload_ray_env
 
 
 def test_head_port_is_moved_and_missing_ports_are_filled() -> None:
@@ -45,6 +45,16 @@ def test_workload_env_is_explicit_about_auth_and_temp_dir(tmp_path: Path) -> Non
     assert "air.ray.train_callback.MlflowReportCallback" in env["RAY_TRAIN_CALLBACKS"]
 
 
+def test_local_nodes_share_head_port_and_token_but_not_temp_dirs(tmp_path: Path) -> None:
+    with local_workload_ray_env(2, shim_dir=tmp_path / "bin", path="/usr/bin") as envs:
+        assert envs[0]["AIR_RAY_HEAD_PORT"] == envs[1]["AIR_RAY_HEAD_PORT"]
+        assert envs[0]["RAY_AUTH_TOKEN"] == envs[1]["RAY_AUTH_TOKEN"]
+        assert envs[0]["RAY_TMPDIR"] != envs[1]["RAY_TMPDIR"]
+        dirs = [Path(e["RAY_TMPDIR"]) for e in envs]
+        assert all(d.is_dir() for d in dirs) and (tmp_path / "bin" / "ray").is_file()
+    assert not any(d.exists() for d in dirs)
+
+
 def test_prometheus_samples_become_mlflow_keys() -> None:
     text = "\n".join([
         "# HELP ray_tasks Current number of tasks",
@@ -60,6 +70,15 @@ def test_prometheus_samples_become_mlflow_keys() -> None:
         "system/ray/ray_tasks/train/RUNNING"
     assert metric_key("system/ray/node_0", "ray_component_uss_mb", (("Component", "/usr/bin/python"),)) == \
         "system/ray/node_0/ray_component_uss_mb/python"
+
+
+def test_versions_compare_what_unpickling_needs() -> None:
+    from air.backends.ray_backend import _comparable
+
+    assert _comparable("torch", "2.13.0+cpu") == _comparable("torch", "2.13.0+cu124")
+    assert _comparable("torch", "2.13.0") != _comparable("torch", "2.12.1")
+    assert _comparable("python", "3.11.7") == _comparable("python", "3.11.9") != _comparable("python", "3.12.1")
+    assert _comparable("cloudpickle", "3.1.2") != _comparable("cloudpickle", "3.1.1")
 
 
 class FakeCluster:

@@ -7,7 +7,8 @@ calls `terminate()` from another thread of this threaded actor.
 
 A *sentinel* process per launch watches the agent: if the agent dies (its raylet was killed, the
 driver went away and Ray reaped its actors), the sentinel ends every process carrying the launch's
-tag, so a lost node or a dead supervisor leaves no training process holding GPUs behind.
+tag, so a lost node or a dead supervisor leaves no training process holding GPUs behind. (Ray itself
+kills only a dying worker's direct children, not a rank's DataLoader workers or a command's children.)
 
 This module imports nothing heavy at import time; `ray` is imported inside the methods that need it.
 """
@@ -211,10 +212,14 @@ class NodeAgent:
         return list(self._launch.pids)
 
     def _start_sentinel(self, tag: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k != PROCESS_TAG_ENV}
+        from air.ray.cluster import NODE_MARKER_ENV
+
+        # Neither the launch's tag nor the Ray node's marker: stopping either must not stop the sentinel.
+        env = {k: v for k, v in os.environ.items() if k not in (PROCESS_TAG_ENV, NODE_MARKER_ENV)}
         try:
             self._sentinel = subprocess.Popen(
-                [sys.executable, "-m", "air.backends.ray_agent", tag], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "air.backends.ray_agent", "--detach", tag, str(self.root),
+                 *(str(t) for t in self._ray_tmpdirs)], stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
                 close_fds=True,
             )
@@ -231,7 +236,7 @@ class NodeAgent:
         except OSError:
             pass
         try:
-            sentinel.wait(timeout=5)
+            sentinel.wait(timeout=5)  # the first process exits at once (see _sentinel_main); never a zombie
         except subprocess.TimeoutExpired:
             sentinel.kill()
 
@@ -308,10 +313,7 @@ class NodeAgent:
         shutil.rmtree(self.root, ignore_errors=True)
         for tmp in self._ray_tmpdirs:
             shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            self.root.parent.rmdir()  # the run's folder, once every node of it on this machine is gone
-        except OSError:
-            pass
+        _remove_run_folder(self.root.parent)  # with its unpacked code, once every node of it here is gone
 
     def ping(self) -> int:
         return os.getpid()
@@ -354,15 +356,36 @@ def reap_tag(tag: str) -> int:
     return len(procs)
 
 
-def _sentinel_main(tag: str) -> int:
+def _sentinel_main(tag: str, folders: Sequence[str]) -> int:
     """Block until the agent closes our stdin: "done" first means a clean end, anything else (EOF
-    alone) means the agent died, so the launch's processes are ended."""
+    alone) means the agent died, so the launch's processes are ended and its node folders removed
+    (nobody else is left to do it on this node)."""
     data = sys.stdin.buffer.read()
     if data.startswith(b"done"):
         return 0
     reap_tag(tag)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    if folders:
+        _remove_run_folder(Path(folders[0]).parent)
     return 0
 
 
+def _remove_run_folder(run_folder: Path) -> None:
+    """Remove a run's folder on this node once no node of it is left (only unpacked code remains)."""
+    try:
+        if not any(p.name.startswith("node_") for p in run_folder.iterdir()):
+            shutil.rmtree(run_folder, ignore_errors=True)
+    except OSError:
+        pass
+
+
 if __name__ == "__main__":
-    sys.exit(_sentinel_main(sys.argv[1]))
+    args = sys.argv[1:]
+    if args and args[0] == "--detach":
+        # Ray kills a dying worker's direct children; the sentinel must outlive the agent, so it runs as
+        # a grandchild (re-parented to init) holding the same stdin pipe.
+        if os.fork() > 0:
+            os._exit(0)
+        args = args[1:]
+    sys.exit(_sentinel_main(args[0], args[1:]))

@@ -99,6 +99,9 @@ class _Held:
     code: dict[str, tuple[str, Any]] = field(default_factory=dict)  # cwd → (key, object ref of its tar.gz)
 
 
+_AGENT_CLASS: Any = None  # ray.remote(NodeAgent), made once per process
+
+
 def _ray() -> Any:
     import ray
 
@@ -128,6 +131,18 @@ class RayBackend:
         self.wait_report_s = wait_report_s
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_profile(cls, profile: Any) -> RayBackend:
+        """A backend for a `backend: ray` profile. Reads optional settings defensively, so they work as
+        soon as the profile model accepts them: `auth_token_path` (the cluster's token file; sets
+        RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH for this process) and `code_shipping`."""
+        token_path = getattr(profile, "auth_token_path", None)
+        if token_path:
+            os.environ["RAY_AUTH_MODE"] = "token"
+            os.environ["RAY_AUTH_TOKEN_PATH"] = os.path.expanduser(str(token_path))
+            refresh_auth()
+        return cls(getattr(profile, "address", None), code_shipping=getattr(profile, "code_shipping", None) or "auto")
 
     # -- connection -------------------------------------------------------------------------------
 
@@ -298,8 +313,11 @@ class RayBackend:
         ray = _ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        global _AGENT_CLASS
+        if _AGENT_CLASS is None:
+            _AGENT_CLASS = ray.remote(NodeAgent)
         extra = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-        actor = ray.remote(NodeAgent).options(
+        actor = _AGENT_CLASS.options(
             num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), resources=extra or None,
             max_concurrency=16, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
@@ -342,12 +360,17 @@ class RayBackend:
         return [dict(i) for i in self._get(allocation).infos]
 
     def version_mismatches(self, allocation: Allocation) -> list[str]:
-        """One line per node whose Python, cloudpickle or torch differs from this process's."""
+        """One line per node whose Python, cloudpickle or torch differs from this process's.
+
+        What must match is what unpickling needs: Python's major.minor (bytecode), cloudpickle exactly,
+        torch's public version (a CPU build here and a CUDA build there, `+cpu` vs `+cu124`, is fine).
+        """
         mine = local_versions()
         lines = []
         for rank, info in enumerate(self._get(allocation).infos):
             diffs = [f"{name} {info.get(name) or 'not installed'} (here {mine[name] or 'not installed'})"
-                     for name in ("python", "cloudpickle", "torch") if info.get(name) != mine[name]]
+                     for name in ("python", "cloudpickle", "torch")
+                     if _comparable(name, info.get(name)) != _comparable(name, mine[name])]
             if diffs:
                 lines.append(f"node {rank} ({info['address']}): " + ", ".join(diffs))
         return lines
@@ -401,7 +424,8 @@ class RayBackend:
         CUDA_VISIBLE_DEVICES (the bundle's GPUs) and the node's code folder to each process."""
         ray = _ray()
         held = self._get(allocation)
-        self._ensure_agents(allocation, held)
+        if master_port is None:  # else start_attempt checked the agents a moment ago
+            self._ensure_agents(allocation, held)
         if len(launches) != len(held.agents):
             raise LaunchError(f"{len(launches)} node launches for an allocation of {len(held.agents)} nodes.")
         node0 = held.infos[0]
@@ -520,6 +544,17 @@ class RayBackend:
             with contextlib.suppress(Exception):
                 total += int(ray.get(ref, timeout=120))
         return total
+
+
+def _comparable(name: str, version: str | None) -> str | None:
+    """The part of a version a pickled call depends on (see `version_mismatches`)."""
+    if version is None:
+        return None
+    if name == "python":
+        return ".".join(version.split(".")[:2])
+    if name == "torch":
+        return version.split("+", 1)[0]
+    return version
 
 
 def _tar_folder(folder: Path) -> bytes:

@@ -61,7 +61,7 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
         )
     from air.backends.ray_backend import RayBackend
 
-    backend = RayBackend(profile.address)
+    backend = RayBackend.from_profile(profile)
     backend.connect()
     accelerator, num_nodes = plan_shape(backend, settings)
     backend.check_shape(accelerator, num_nodes)

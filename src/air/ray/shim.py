@@ -21,13 +21,14 @@ last on the machine. Authentication is explicit: a per-run token in RAY_AUTH_MOD
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from air.ray.cluster import NODE_MARKER_ENV, RayAuth, stop_marked
@@ -69,6 +70,27 @@ def workload_ray_env(*, node_rank: int, head_port: int, shim_dir: Path, ray_tmpd
     if mlflow_run_id:
         env.update(train_report_env(os.environ.get("RAY_TRAIN_CALLBACKS")))
     return env
+
+
+@contextlib.contextmanager
+def local_workload_ray_env(num_nodes: int, *, shim_dir: Path, path: str | None = None,
+                           mlflow_run_id: str | None = None) -> Iterator[list[dict[str, str]]]:
+    """For a backend whose nodes all run on this machine (the local backend): one env addition per
+    node, for the duration of an attempt. Holds the head port reserved (no other air launch takes it)
+    and removes the nodes' RAY_TMPDIRs afterwards. Also drop RAY_ADDRESS from the nodes' env."""
+    from air.launcher import reserve_port
+    from air.ray.cluster import short_temp_dir
+
+    install_shim(shim_dir)
+    auth = RayAuth.new_token()
+    tmpdirs = [short_temp_dir("air-rt") for _ in range(num_nodes)]
+    try:
+        with reserve_port("0.0.0.0") as head:
+            yield [workload_ray_env(node_rank=n, head_port=head.port, shim_dir=shim_dir, ray_tmpdir=tmpdirs[n],
+                                    auth=auth, path=path, mlflow_run_id=mlflow_run_id) for n in range(num_nodes)]
+    finally:
+        for tmp in tmpdirs:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _is_shim(folder: str) -> bool:
@@ -231,4 +253,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["HEAD_PORT_ENV", "install_shim", "rewrite_start", "workload_ray_env"]
+__all__ = ["HEAD_PORT_ENV", "install_shim", "local_workload_ray_env", "rewrite_start", "workload_ray_env"]
