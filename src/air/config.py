@@ -43,6 +43,10 @@ class Profile(BaseModel):
     backend: Literal["local", "ray"] = "local"
     #: Ray: the cluster address (`host:port`, `ray://host:port`, or `auto`). Unused by `local`.
     address: str | None = None
+    #: Ray: the cluster's auth token file (RAY_AUTH_MODE=token); unset: the environment's Ray auth settings.
+    auth_token_path: str | None = None
+    #: Ray: "auto" ships the code snapshot only to nodes that lack its path; "always" ships it everywhere.
+    code_shipping: Literal["auto", "always"] | None = None
 
 
 class BaseEnvironment(BaseModel):

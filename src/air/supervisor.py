@@ -42,8 +42,9 @@ CANCEL_POLL_S = 0.25
 def make_backend(plan: RunPlan, store: RunStore) -> Backend:
     if plan.backend == "ray":
         from air.backends.ray_backend import RayBackend
+        from air.config import resolve_profile
 
-        return RayBackend(plan.backend_address)  # type: ignore[return-value]
+        return RayBackend.from_profile(resolve_profile(plan.profile))  # type: ignore[return-value]
     from air.backends.local import LocalBackend
 
     return LocalBackend(store=store)

@@ -48,12 +48,11 @@ def test_ray_launch_runs_a_torch_trainer_and_reports_to_mlflow(air_home: Path, t
     def fit(steps: int) -> dict:
         import tempfile
 
+        import ray
         import ray.train
         import torch
         from ray.train import Checkpoint, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer, prepare_model
-
-        import ray
 
         def train_func(config: dict) -> None:
             torch.manual_seed(0)
@@ -102,11 +101,10 @@ def test_accelerator_type_and_fractional_gpus_schedule_on_the_nodes_that_adverti
 
     @ray_launch(num_accelerators=2, gpu_type="H100")
     def schedule() -> dict:
+        import ray
         import ray.train
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-        import ray
 
         def loop() -> None:
             rank = ray.train.get_context().get_world_rank()

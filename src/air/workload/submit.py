@@ -41,11 +41,12 @@ def backend_for(profile_name: str | None) -> tuple[str, str, str | None]:
     return profile.name, profile.backend, getattr(profile, "address", None)
 
 
-def make_backend_for(backend: str, address: str | None, store: RunStore | None = None) -> Backend:
+def make_backend_for(backend: str, profile_name: str | None, store: RunStore | None = None) -> Backend:
     if backend == "ray":
         from air.backends.ray_backend import RayBackend
+        from air.config import resolve_profile
 
-        return RayBackend(address)  # type: ignore[return-value]
+        return RayBackend.from_profile(resolve_profile(profile_name))  # type: ignore[return-value]
     from air.backends.local import LocalBackend
 
     return LocalBackend(store=store)
@@ -55,7 +56,7 @@ def prepare(path: str | Path, overrides: list[str] | tuple[str, ...] = (), profi
     """Everything `--dry-run` shows and `air run` needs; raises UserInputError on bad input."""
     spec = load_workload(path, overrides)
     profile_name, backend_name, address = backend_for(profile)
-    backend = make_backend_for(backend_name, address)
+    backend = make_backend_for(backend_name, profile_name)
     backend.check_shape(spec.accelerator, spec.num_nodes)
     snapshot = None
     if spec.code_source is not None:
