@@ -14,18 +14,21 @@ The temporary AIR_HOME (and the 1 GB file) is removed at the end.
 
 from __future__ import annotations
 
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
 import argparse
 import importlib.util
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from timing import median_ms  # noqa: E402
 
 
 def write_log(path: Path, size_bytes: int) -> int:
@@ -45,15 +48,6 @@ def write_log(path: Path, size_bytes: int) -> int:
             written += len(block)
             lines += per_block
     return lines
-
-
-def median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
 
 
 def main() -> None:

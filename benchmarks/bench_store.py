@@ -17,6 +17,10 @@ medians over `--repeat` runs, in milliseconds:
 
 from __future__ import annotations
 
+import sys as _sys
+from pathlib import Path as _Path
+
+_sys.path.insert(0, str(_Path(__file__).resolve().parent))
 import argparse
 import importlib.util
 import os
@@ -30,6 +34,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from timing import median_ms  # noqa: E402
 
 EXPERIMENTS = ("qwen-sft", "llama-dpo", "vit-cifar", "bert-mlm", "resnet50", "mistral-rl", "t5-xl", "gpt2")
 SHAPES = (("GPU_1xA10", 1, 1), ("GPU_8xH100", 8, 1), ("GPU_8xH100", 16, 2), ("GPU_1xH100", 1, 1),
@@ -75,15 +81,6 @@ def fill(home: Path, count: int) -> tuple[float, list[str]]:
     elapsed = time.perf_counter() - t0
     store.close()
     return elapsed, [runs[0].id, runs[count // 2].id, runs[-1].id]
-
-
-def median_ms(fn: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000
 
 
 def main() -> None:
