@@ -155,11 +155,10 @@ def bench_vit_ray_train(args: argparse.Namespace) -> dict[str, Any]:
 
     @ray_launch(num_accelerators=args.gpus, accelerator_type="CPU" if args.cpu_smoke else "GPU")
     def fit(workers: int, use_gpu: bool, rank_batch: int, max_steps: int | None, out: str) -> list[dict]:
+        import ray
         import ray.train
         from ray.train import ScalingConfig
         from ray.train.torch import TorchTrainer
-
-        import ray
 
         def train_func(config: dict) -> None:
             import torch
@@ -207,11 +206,10 @@ def bench_llm(args: argparse.Namespace) -> dict[str, Any]:
 
     @ray_launch(num_accelerators=args.gpus, accelerator_type="CPU" if args.cpu_smoke else "GPU")
     def fit(workers: int, use_gpu: bool, arch: dict, batch: int, seq: int, steps: int, out: str) -> list[dict]:
+        import ray
         import ray.train
         from ray.train import ScalingConfig
         from ray.train.torch import TorchTrainer
-
-        import ray
 
         def train_func(config: dict) -> None:
             import torch
