@@ -6,6 +6,7 @@ import os
 
 
 def _float_env(name: str, default: float) -> float:
+    """A tunable read from the environment (tests set small values), else its default."""
     try:
         return float(os.environ.get(name, default))
     except ValueError:

@@ -328,11 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(detail)
         try:
-            from air.launcher import tagged_processes, terminate_tree
-
-            leftovers = tagged_processes(process_tag(run_id))
-            if leftovers:
-                terminate_tree(others=leftovers, tag=process_tag(run_id))
+            _reap_after_crash(supervisor, run_id)
             run = store.get_run(run_id)
             if not run.status.is_terminal():
                 what = "was stopped (SIGTERM)" if isinstance(exc, SystemExit) else f"failed: {type(exc).__name__}: {exc}"
@@ -344,6 +340,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if supervisor is not None:
             supervisor.log.close()
+
+
+def _reap_after_crash(supervisor: Supervisor | None, run_id: str) -> None:
+    """End what the run left running: here (the local backend's nodes, and any `tag.node<n>` of nodes
+    placed on this machine) and, through the backend, on every node of a Ray cluster."""
+    from air.launcher import reap_tag
+
+    tag = process_tag(run_id)
+    reap_tag(tag, subtags=True)
+    backend = getattr(supervisor, "backend", None)
+    if backend is not None and getattr(backend, "name", "local") != "local":
+        try:
+            backend.reap(tag)
+        except Exception:  # noqa: BLE001 - best effort: each Ray node's sentinel also ends its processes
+            traceback.print_exc()
 
 
 def _supervisor_env(run_id: str) -> dict[str, str]:

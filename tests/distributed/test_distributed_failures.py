@@ -117,7 +117,9 @@ def test_ctrl_c_in_the_caller_ends_every_rank(tmp_path: Path, pid_dir: Path) -> 
     _expect_no_survivors(pid_dir, 8)
 
 
-def test_killed_caller_takes_its_ranks_with_it(tmp_path: Path, pid_dir: Path) -> None:
+def test_killed_caller_takes_its_ranks_and_everything_they_started_with_it(tmp_path: Path, pid_dir: Path) -> None:
+    """SIGKILL leaves the caller no chance to clean up: the warm start's zygote outlives it by the
+    moment it takes to end the ranks (pdeathsig) and sweep what they started (the launch's tag)."""
     script = tmp_path / "caller.py"
     script.write_text(textwrap.dedent(f"""
         import sys
@@ -133,3 +135,5 @@ def test_killed_caller_takes_its_ranks_with_it(tmp_path: Path, pid_dir: Path) ->
     os.kill(caller.pid, signal.SIGKILL)
     caller.wait()
     wait_for(lambda: alive(ranks) == [], "the ranks to follow their killed caller", timeout=PROMPT_S)
+    wait_for(lambda: alive(read_pids(pid_dir)) == [], "the ranks' children, escaped and orphaned ones too",
+             timeout=PROMPT_S)

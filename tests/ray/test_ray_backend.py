@@ -243,3 +243,41 @@ def test_a_command_that_starts_ray_by_hand_works_on_two_nodes(backend: RayBacken
     assert "the head node stopped" in logs[1]  # node 1's `ray start --block` ended by itself
     assert took < 180
     assert not tagged_processes(tag)
+
+
+def test_the_same_command_works_on_the_local_backend_with_both_nodes_on_this_host(ray_cluster, tmp_path: Path) -> None:
+    """Seed 000's command on the local backend: two nodes on one host, beside another Ray (the test
+    cluster). Without air's `ray` shim both nodes would want Ray's default ports and /tmp/ray, and
+    `ray stop` would stop the test cluster too."""
+    from air.backends.local import LocalBackend
+
+    others_before = {p.pid for p in psutil.process_iter() if _is_ray_process(p)}
+    backend = LocalBackend()
+    rid = run_id()
+    tag = f"air-{rid}"
+    allocation = backend.acquire(rid, cpu_type(1), 2, should_stop=never, on_wait=lambda _: None)
+    assert allocation is not None
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    tasks = [NodeTask(n, ["bash", "-c", SEED_000_COMMAND],
+                      {"NODE_RANK": str(n), "PATH": path, "RAY_ADDRESS": ray_cluster.address},
+                      tmp_path / f"node_{n}.log") for n in range(2)]
+    try:
+        outcome = backend.start_attempt(allocation, tasks, tag=tag).wait(timeout_s=240, should_stop=never)
+    finally:
+        backend.release(allocation)
+    logs = [(tmp_path / f"node_{n}.log").read_text() for n in range(2)]
+    assert outcome.ok, (outcome, logs)
+    assert "alive nodes: 2" in logs[0], logs[0]
+    assert "[air] ray start: GCS port 6379 ->" in logs[0]
+    assert f"gcs: 127.0.0.1:{ray_cluster.address.rsplit(':', 1)[1]}" not in logs[0]  # its own cluster
+    assert "the head node stopped" in logs[1]
+    assert not tagged_processes(tag)
+    # The test cluster's processes were left alone by the command's `ray stop`.
+    assert others_before <= {p.pid for p in psutil.process_iter() if _is_ray_process(p)}
+
+
+def _is_ray_process(proc: psutil.Process) -> bool:
+    try:
+        return any("raylet" in part or "gcs_server" in part for part in proc.cmdline()[:1])
+    except psutil.Error:
+        return False

@@ -36,6 +36,17 @@ def test_a_joining_node_follows_the_moved_head_port_and_keeps_given_ports() -> N
     assert "--address=elsewhere:6379" in other  # another cluster the user names explicitly is left alone
 
 
+def test_a_gcs_on_master_port_stays_there() -> None:
+    """MASTER_PORT is free on node 0 already (air reserved it): a command that uses it keeps it."""
+    env = {"AIR_RAY_HEAD_PORT": "41000", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29555"}
+    head, notes = rewrite_start(["--head", "--port=29555"], env)
+    assert "--port=29555" in head and notes == []
+    join, _ = rewrite_start(["--address=10.0.0.5:29555", "--block"], env)
+    assert "--address=10.0.0.5:29555" in join
+    moved, _ = rewrite_start(["--head", "--port=6379"], env)
+    assert "--port=41000" in moved
+
+
 def test_workload_env_is_explicit_about_auth_and_temp_dir(tmp_path: Path) -> None:
     env = workload_ray_env(node_rank=1, head_port=41000, shim_dir=tmp_path / "bin", ray_tmpdir=tmp_path / "rt",
                            auth=RayAuth("token", "secret"), path="/usr/bin", mlflow_run_id="abc")

@@ -92,3 +92,32 @@ def test_a_node_lost_mid_run_is_retried_once_capacity_is_back(ray_cluster, air_h
             if node is not None:
                 node.stop(grace_s=1.0)
                 ray_cluster.nodes.remove(node)
+
+
+def test_a_stopped_supervisor_ends_its_processes_on_every_ray_node(ray_cluster, air_home: Path,
+                                                                   tmp_path: Path) -> None:
+    """SIGTERM to the supervisor of a Ray run: INTERNAL_ERROR, and no process of the run is left on any
+    node (their tags are `<run tag>.node<n>`, so the crash handler reaps sub-tags through the backend)."""
+    import signal
+
+    ray_cluster.write_profile(air_home)
+    yaml = tmp_path / "w.yaml"
+    yaml.write_text(
+        "experiment_name: ray-supervisor-stopped\n"
+        "compute: {num_accelerators: 2, accelerator_type: CPU_1xCPU}\n"
+        "command: |\n"
+        "  sleep 600 &\n"
+        "  echo up\n"
+        "  wait\n"
+        "max_retries: 0\n")
+    air_run(yaml, air_home)
+    run = wait_for(only_run, "the run", timeout=60)
+    paths = RunPaths(run.id)  # type: ignore[attr-defined]
+    wait_for(lambda: all("up" in (p.read_text() if p.exists() else "") for p in
+                         (paths.node_log(0, n) for n in range(2))), "both nodes up", timeout=120)
+    tag = process_tag(run.id)  # type: ignore[attr-defined]
+    assert len(tagged_processes_any_node(tag)) >= 4  # bash and sleep on each node
+    store = RunStore()
+    os.kill(store.get_run(run.id).supervisor_pid, signal.SIGTERM)  # type: ignore[attr-defined]
+    wait_for(lambda: store.get_run(run.id).status is RunStatus.INTERNAL_ERROR, "INTERNAL_ERROR", timeout=60)
+    wait_for(lambda: tagged_processes_any_node(tag) == [], "no process of the run on any node", timeout=60)

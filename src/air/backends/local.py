@@ -7,6 +7,7 @@ concurrent runs never hold the same slot and a run waits QUEUED while slots are 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,10 @@ from dataclasses import dataclass
 from air.accelerators import AcceleratorType, MachineAccelerators, discover
 from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLineCallback, NodeTask
 from air.errors import GPUTypeError, GPUValidationError
-from air.launcher import Launch, PortReservation, ProcessSpec, reap_tag, reserve_port, start_processes
+from air.home import air_home
+from air.launcher import Launch, ProcessSpec, reap_tag, reserve_port, start_processes
+from air.ray.shim import local_workload_ray_env
+from air.ray.tracking import train_report_env
 
 QUEUE_POLL_S = 0.2
 
@@ -86,23 +90,31 @@ class LocalBackend:
 
     def start_attempt(self, allocation: Allocation, nodes: Sequence[NodeTask], *, tag: str,
                       on_line: NodeLineCallback | None = None) -> LocalAttempt:
-        port = reserve_port()
-        specs = []
-        for task in nodes:
-            env = dict(task.env)
-            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)})
-            slots = allocation.slots_per_node[task.node_rank]
-            env["CUDA_VISIBLE_DEVICES"] = "" if allocation.accelerator.is_cpu else ",".join(slots)
-            env["AIR_NODE_SLOTS"] = ",".join(slots)
-            specs.append(ProcessSpec(f"node {task.node_rank}", list(task.argv), env, task.log_path, task.cwd))
-        ranks = [t.node_rank for t in nodes]
-        callback = (lambda index, stream, text: on_line(ranks[index], stream, text)) if on_line else None
+        """Every node's command at once, as a process tree here. Each also gets what a hand-started Ray
+        needs when several nodes share this host (`air.ray.shim`: a `ray` shim first on PATH, its own
+        RAY_TMPDIR, a head port free here, an explicit auth token), as on the Ray backend."""
+        held = contextlib.ExitStack()
+        port = held.enter_context(reserve_port())
         try:
+            ray_envs = held.enter_context(local_workload_ray_env(
+                len(nodes), shim_dir=air_home() / "bin", path=nodes[0].env.get("PATH", ""),
+                mlflow_run_id=nodes[0].env.get("MLFLOW_RUN_ID")))
+            specs = []
+            for task, ray_env in zip(sorted(nodes, key=lambda t: t.node_rank), ray_envs, strict=True):
+                env = dict(task.env)
+                env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)})
+                slots = allocation.slots_per_node[task.node_rank]
+                env["CUDA_VISIBLE_DEVICES"] = "" if allocation.accelerator.is_cpu else ",".join(slots)
+                env["AIR_NODE_SLOTS"] = ",".join(slots)
+                _add_ray_env(env, ray_env)
+                specs.append(ProcessSpec(f"node {task.node_rank}", list(task.argv), env, task.log_path, task.cwd))
+            ranks = [t.node_rank for t in sorted(nodes, key=lambda t: t.node_rank)]
+            callback = (lambda index, stream, text: on_line(ranks[index], stream, text)) if on_line else None
             launch = start_processes(specs, on_line=callback, tag=tag)
         except BaseException:
-            port.release()
+            held.close()
             raise
-        return LocalAttempt(launch, ranks, port)
+        return LocalAttempt(launch, ranks, held)
 
     def release(self, allocation: Allocation) -> None:
         self.store.release_slots(allocation.run_id)
@@ -111,19 +123,32 @@ class LocalBackend:
         return reap_tag(tag)
 
 
+def _add_ray_env(env: dict[str, str], ray_env: dict[str, str]) -> None:
+    """A node's Ray additions win over what the supervisor passed: a RAY_ADDRESS there points at some
+    other cluster, not at the one the node command starts. Train-report callbacks are added to the
+    user's own RAY_TRAIN_CALLBACKS, not put in their place."""
+    env.pop("RAY_ADDRESS", None)
+    extra = dict(ray_env)
+    callbacks = extra.pop("RAY_TRAIN_CALLBACKS", None)
+    env.update(extra)
+    if callbacks:
+        env.update(train_report_env(env.get("RAY_TRAIN_CALLBACKS")))
+
+
 @dataclass
 class LocalAttempt:
-    """A started attempt on this machine: one Launch with one process per node."""
+    """A started attempt on this machine: one Launch with one process per node, and what it holds
+    while it runs (its MASTER_PORT and Ray head port reserved, the nodes' RAY_TMPDIRs)."""
 
     launch: Launch
     node_ranks: list[int]
-    port: PortReservation
+    held: contextlib.ExitStack
 
     def wait(self, *, timeout_s: float | None, should_stop: Callable[[], bool]) -> AttemptOutcome:
         try:
             result = self.launch.wait(timeout=timeout_s, fail_fast=True, should_stop=should_stop, poll_s=0.05)
         finally:
-            self.port.release()
+            self.held.close()
         exits = tuple(NodeExit(self.node_ranks[e.index], e.returncode, e.signal_name, e.killed_by_launcher)
                       for e in result.exits)
         first = None
@@ -133,4 +158,4 @@ class LocalAttempt:
 
     def terminate(self) -> None:
         self.launch.terminate()
-        self.port.release()
+        self.held.close()

@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
+from air.launcher.procs import reap_tag as reap_launch_tag
+from air.launcher.procs import tagged_processes
 
 #: Placeholders in argv/env/cwd values that the agent replaces with its node-local work folder and
 #: with the node's Python (the interpreter the Ray node runs, not the submitting machine's path).
@@ -327,33 +329,12 @@ def node_tag(tag: str, node_rank: int) -> str:
 
 def tagged_processes_any_node(tag: str) -> list:
     """Processes of this user tagged `tag` or `node_tag(tag, n)` for any n (read from /proc)."""
-    import psutil
-
-    exact = f"{PROCESS_TAG_ENV}={tag}".encode()
-    prefix = exact + NODE_TAG_SEP.encode()
-    me = os.getpid()
-    found = []
-    for pid in psutil.pids():
-        if pid == me:
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                entries = fh.read().split(b"\0")
-            if any(e == exact or e.startswith(prefix) for e in entries):
-                found.append(psutil.Process(pid))
-        except (OSError, psutil.Error):
-            continue
-    return found
+    return tagged_processes(tag, subtags=True)
 
 
 def reap_tag(tag: str) -> int:
     """End every process of this user carrying the tag (any node's); returns how many there were."""
-    from air.launcher import terminate_tree
-
-    procs = tagged_processes_any_node(tag)
-    if procs:
-        terminate_tree(others=procs)
-    return len(procs)
+    return reap_launch_tag(tag, subtags=True)
 
 
 def _sentinel_main(tag: str, folders: Sequence[str]) -> int:

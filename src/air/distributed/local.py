@@ -18,10 +18,16 @@ import cloudpickle
 
 from air.constants import TERMINATE_GRACE_S
 from air.distributed.outcome import read_outcome, resolve
+from air.distributed.preload import preload_for
 from air.distributed.shape import LocalShape
+from air.distributed.worker import release_timeout_s
 from air.errors import SerializationError
 from air.home import air_home
-from air.launcher import ProcessSpec, reserve_port, start_processes
+from air.launcher import ProcessSpec, WarmStart, reserve_port, start_processes
+from air.launcher.warm import python_can_fork
+
+#: AIR_WARM_START=0 starts every rank as its own interpreter instead of forking it from a warm zygote.
+WARM_START_ENV = "AIR_WARM_START"
 
 
 def new_call_dir(func_name: str) -> Path:
@@ -121,6 +127,7 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
     base_env["AIR_LAUNCHER_PID"] = str(os.getpid())
     base_env["AIR_CALL_DIR"] = str(call_dir)
     gpu_ids = list(shape.gpu_ids) if not shape.accelerator.is_cpu else []
+    preload = preload_for(func, args, kwargs)
     with reserve_port() as port:
         specs = [
             ProcessSpec(
@@ -136,16 +143,49 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
         ]
         width = len(str(world - 1))
         launch = start_processes(specs, on_line=_echo(lambda i: f"[rank {i:>{width}}] ") if echo else None,
-                                 grace_s=TERMINATE_GRACE_S)
+                                 grace_s=TERMINATE_GRACE_S,
+                                 warm=warm_start(preload, world, port.port, timeout_s) if warm_enabled() else None)
         if on_launched is not None:
             on_launched(call_dir, log_paths)
-        result = launch.wait(timeout=timeout_s, fail_fast=True)
+        result = launch.wait(timeout=timeout_s, fail_fast=True, is_failure=lambda e: not _reported_ok(call_dir, e.index))
     outcomes = [read_outcome(call_dir, r) for r in range(world)]
+    _warn_about_hung_releases(call_dir, world)
     try:
         values = resolve(outcomes, result, log_paths, timeout_s=timeout_s)
     finally:
         _cleanup(call_dir, world)
     return values, call_dir
+
+
+def _reported_ok(call_dir: Path, rank: int) -> bool:
+    """A rank that wrote a successful outcome is done, however its process ended afterwards."""
+    outcome = read_outcome(call_dir, rank)
+    return outcome is not None and outcome.ok
+
+
+def _warn_about_hung_releases(call_dir: Path, world: int) -> None:
+    for rank in range(world):
+        hang = call_dir / f"rank_{rank}.hang"
+        if hang.exists() and hang.stat().st_size > 0:
+            sys.stderr.write(
+                f"[air] rank {rank} reported its result, then hung for {release_timeout_s():g} s releasing what the "
+                "function left behind and was ended (its result stands). This is torch's process-group "
+                "destructor deadlocking, typically after destroy_process_group() while a DDP model is still "
+                f"alive: delete the model first. Stacks: {hang}\n")
+
+
+def warm_enabled() -> bool:
+    """Ranks are forked from a warm zygote (see air.launcher.warm) unless AIR_WARM_START=0 or no fork()."""
+    return python_can_fork() and os.environ.get(WARM_START_ENV, "1").strip().lower() not in ("0", "false", "off")
+
+
+def warm_start(preload: tuple[str, ...], world: int, port: int, timeout_s: float | None) -> WarmStart:
+    """One zygote imports `preload` once and forks every rank; with torch, it also hosts the rendezvous
+    store on MASTER_PORT (as torchrun's agent does), so no rank waits for rank 0 to open it."""
+    with_torch = "torch" in preload
+    return WarmStart(python=sys.executable, preload=preload, sys_path=tuple(p for p in sys.path if p),
+                     store_port=port if with_torch else None, world_size=world, grace_s=TERMINATE_GRACE_S,
+                     timeout_s=min(timeout_s or 1800.0, 1800.0))
 
 
 def _cleanup(call_dir: Path, world: int) -> None:

@@ -7,18 +7,26 @@ of heavy imports: the only cost a rank should pay is the user's own (torch).
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 
+from air.constants import _float_env
 from air.distributed.outcome import error, ok, write_outcome
 
 _PR_SET_PDEATHSIG = 1
+
+def release_timeout_s() -> float:
+    """Seconds a rank may take to release what its function left behind, after reporting its result."""
+    return _float_env("AIR_RELEASE_TIMEOUT_S", 10.0)
 
 
 def _die_with_launcher() -> None:
@@ -41,6 +49,54 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+class _FrameKeeper:
+    """Holds the user's function frame past its return, so the objects it leaves behind (a DDP model,
+    its process group) are released only after this rank's result is safely reported.
+
+    Why: releasing a DDP model after `destroy_process_group()` runs torch's process-group destructor,
+    which joins gloo's worker threads while holding the GIL; a worker thread that still needs the GIL to
+    drop a tensor then waits forever (torch 2.x; under torchrun the same race aborts or hangs the job).
+    A one-shot profile hook catches the first Python frame of the call, then switches itself off, so
+    the function itself runs untraced.
+    """
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+
+    def _hook(self, frame: Any, event: str, _arg: Any) -> None:
+        if event == "call":
+            self.frames.append(frame)
+            sys.setprofile(None)
+
+    def __enter__(self) -> _FrameKeeper:
+        sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        sys.setprofile(None)
+
+
+def release_guarded(call_dir: Path, rank: int, *held: Any) -> None:
+    """Drop what the call left behind, under a native watchdog: if the release deadlocks (see
+    _FrameKeeper), the process dumps every thread's stack to rank_<N>.hang and exits after
+    release_timeout_s(). Its result is already reported, so the call still succeeds (with a warning)."""
+    hang_file = call_dir / f"rank_{rank}.hang"
+    with open(hang_file, "w") as fh:  # noqa: SIM115 - must stay open until the watchdog is cancelled
+        faulthandler.dump_traceback_later(release_timeout_s(), exit=True, file=fh)
+        try:
+            if "torch.distributed" in sys.modules:
+                # Let the process group's worker threads finish dropping their tensors (they need the
+                # GIL for it) before the destructor that joins them runs with the GIL held.
+                time.sleep(0.05)
+            for item in held:
+                if isinstance(item, list):
+                    item.clear()
+            del held
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    hang_file.unlink(missing_ok=True)
+
+
 def main(call_dir: Path) -> int:
     _die_with_launcher()
     rank = int(os.environ.get("RANK", "0"))
@@ -56,25 +112,31 @@ def main(call_dir: Path) -> int:
     except Exception as exc:
         write_outcome(call_dir, error(rank, exc, _user_traceback(exc)))
         return 1
+    keeper = _FrameKeeper()
+    failure: list[BaseException] = []
+    value: Any = None
     try:
-        value = func(*args, **kwargs)
+        with keeper:
+            value = func(*args, **kwargs)
     except SystemExit as exc:
-        if exc.code in (None, 0):
-            value = None
-        else:
-            write_outcome(call_dir, error(rank, exc, _user_traceback(exc)))
-            return 1
+        if exc.code not in (None, 0):
+            failure.append(exc)
     except BaseException as exc:  # noqa: BLE001 - every failure is this rank's outcome
-        write_outcome(call_dir, error(rank, exc, _user_traceback(exc)))
+        failure.append(exc)
         sys.stderr.write(_user_traceback(exc))
-        return 1
-    outcome = ok(rank, value)
-    write_outcome(call_dir, outcome)
-    return 0 if outcome.ok else 1
+    if failure:
+        write_outcome(call_dir, error(rank, failure[0], _user_traceback(failure[0])))
+        code = 1
+    else:
+        outcome = ok(rank, value)
+        write_outcome(call_dir, outcome)
+        code = 0 if outcome.ok else 1
+    del func, args, kwargs, value
+    release_guarded(call_dir, rank, keeper.frames, failure)
+    return code
 
 
 if __name__ == "__main__":
-    code = main(Path(sys.argv[1]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    sys.exit(code)
+    from air.launcher.zygote import exit_now
+
+    exit_now(main(Path(sys.argv[1])))

@@ -21,6 +21,10 @@ from typing import BinaryIO
 from air.constants import LAUNCH_POLL_S, PROCESS_TAG_ENV, TERMINATE_GRACE_S
 from air.launcher.procs import terminate_tree
 from air.launcher.pump import LineCallback, OutputPump
+from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_zygote
+
+#: What the launcher holds for each started process: a Popen (cold start) or a ForkedProcess (warm).
+ProcessHandle = subprocess.Popen[bytes] | ForkedProcess
 
 
 @dataclass(frozen=True)
@@ -84,19 +88,46 @@ class Launch:
     """Processes started together; ended together. Use `start_processes()` to make one."""
 
     def __init__(self, specs: Sequence[ProcessSpec], *, on_line: LineCallback | None, tag: str,
-                 grace_s: float) -> None:
+                 grace_s: float, warm: WarmStart | None = None) -> None:
         self.specs = list(specs)
         self.tag = tag
         self.grace_s = grace_s
+        self.warm = warm
         self._on_line = on_line
-        self.popens: list[subprocess.Popen[bytes]] = []
+        self.popens: list[ProcessHandle] = []
+        self.zygote: Zygote | None = None
         self._logs: list[BinaryIO] = []
         self._ended_at: dict[int, float] = {}
         self._running_at_teardown: set[int] | None = None
         self._terminated = False
         self._pump = OutputPump(on_line)
 
+    def _open_logs(self) -> None:
+        for spec in self.specs:
+            spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._logs.append(open(spec.log_path, "ab", buffering=0))  # noqa: SIM115 - closed in terminate
+
+    def _start_warm(self, warm: WarmStart) -> None:
+        """Every process forked by one zygote that imported `warm.preload` once (see warm.py)."""
+        self._open_logs()
+        envs = [{**spec.env, PROCESS_TAG_ENV: self.tag} for spec in self.specs]
+        zygote = start_zygote(warm, [spec.argv for spec in self.specs], envs,
+                              [str(spec.cwd) if spec.cwd else None for spec in self.specs])
+        self.zygote = zygote
+        self.popens = list(zygote.handles)
+        for index, stream, pipe in zygote.pipes:
+            self._pump.add(index, stream, pipe, self._logs[index])
+        self._pump.add_control(zygote.status, zygote.on_status, zygote.on_status_closed)
+
     def _start(self) -> None:
+        if self.warm is not None:
+            try:
+                self._start_warm(self.warm)
+            except BaseException:
+                self.terminate()
+                raise
+            self._pump.start()
+            return
         try:
             for index, spec in enumerate(self.specs):
                 spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +154,8 @@ class Launch:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.popens]
+        """PIDs of the started processes (a warm start's children appear once forked)."""
+        return [p.pid for p in self.popens if p.pid is not None]
 
     def poll(self) -> list[ProcessExit]:
         now = time.time()
@@ -131,27 +163,32 @@ class Launch:
         for index, popen in enumerate(self.popens):
             code = popen.poll()
             if code is not None and index not in self._ended_at:
-                self._ended_at[index] = now
+                ended = popen.ended_at if isinstance(popen, ForkedProcess) else None
+                self._ended_at[index] = ended or now
             killed = self._running_at_teardown is not None and index in self._running_at_teardown
             exits.append(ProcessExit(index, self.specs[index].name, code, self._ended_at.get(index),
                                      killed_by_launcher=killed))
         return exits
 
     def wait(self, *, timeout: float | None = None, fail_fast: bool = True,
-             should_stop: Callable[[], bool] | None = None, poll_s: float = LAUNCH_POLL_S) -> LaunchResult:
+             should_stop: Callable[[], bool] | None = None, poll_s: float = LAUNCH_POLL_S,
+             is_failure: Callable[[ProcessExit], bool] | None = None) -> LaunchResult:
         """Block until all processes end, one fails (fail_fast), the timeout passes or `should_stop()`.
 
         In every case but a clean success of all, the whole tree is ended before this returns. A
-        KeyboardInterrupt also ends the tree, then propagates.
+        KeyboardInterrupt also ends the tree, then propagates. `is_failure` can excuse a non-zero exit
+        (a rank that reported its result, then crashed on the way out, failed nothing).
         """
+        def failing(e: ProcessExit) -> bool:
+            return e.returncode not in (None, 0) and (is_failure is None or is_failure(e))
+
         deadline = None if timeout is None else time.monotonic() + timeout
         first_failure: ProcessExit | None = None
         timed_out = interrupted = False
         try:
             while True:
                 exits = self.poll()
-                failed = sorted((e for e in exits if e.returncode not in (None, 0)),
-                                key=lambda e: e.ended_at or float("inf"))
+                failed = sorted((e for e in exits if failing(e)), key=lambda e: e.ended_at or float("inf"))
                 if failed and first_failure is None:
                     first_failure = failed[0]
                 if all(e.returncode is not None for e in exits) or (fail_fast and first_failure):
@@ -169,7 +206,7 @@ class Launch:
         killed = self.terminate()
         exits = self.poll()
         if first_failure is None and not timed_out and not interrupted:
-            failed = sorted((e for e in exits if not e.ok and not e.killed_by_launcher),
+            failed = sorted((e for e in exits if failing(e) and not e.killed_by_launcher),
                             key=lambda e: e.ended_at or float("inf"))
             first_failure = failed[0] if failed else None
         return LaunchResult(exits, first_failure, timed_out, interrupted, killed)
@@ -180,10 +217,20 @@ class Launch:
             return []
         if self._running_at_teardown is None:
             self._running_at_teardown = {i for i, p in enumerate(self.popens) if p.poll() is None}
-        killed = terminate_tree(self.popens, tag=self.tag, grace_s=self.grace_s)
-        self.poll()
+        children: list[ProcessHandle] = [p for p in self.popens if p.pid is not None]
+        if self.zygote is not None and all(p.poll() is not None for p in self.popens):
+            try:  # every child reported: the zygote leaves by itself in a moment
+                self.zygote.popen.wait(timeout=self.grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.zygote is not None:
+            children.append(self.zygote.popen)  # it forwards SIGTERM to its children and reaps them
+        killed = terminate_tree(children, tag=self.tag, grace_s=self.grace_s)
         if not self._pump.join(timeout=2.0):
             self._pump.stop()
+        if self.zygote is not None:
+            self.zygote.on_status_closed()  # children whose exit it never reported
+        self.poll()
         if not self._terminated:
             self._terminated = True
             for log in self._logs:
@@ -192,9 +239,15 @@ class Launch:
 
 
 def start_processes(specs: Sequence[ProcessSpec], *, on_line: LineCallback | None = None,
-                    tag: str | None = None, grace_s: float = TERMINATE_GRACE_S) -> Launch:
-    """Start every spec at once, each in its own session, all tagged for teardown."""
-    launch = Launch(specs, on_line=on_line, tag=tag or f"launch-{uuid.uuid4().hex[:12]}", grace_s=grace_s)
+                    tag: str | None = None, grace_s: float = TERMINATE_GRACE_S,
+                    warm: WarmStart | None = None) -> Launch:
+    """Start every spec at once, each in its own session, all tagged for teardown.
+
+    With `warm`, every spec (`python -m MODULE ...`) is forked from one zygote that imported
+    `warm.preload` once, instead of started as its own interpreter (see warm.py).
+    """
+    launch = Launch(specs, on_line=on_line, tag=tag or f"launch-{uuid.uuid4().hex[:12]}", grace_s=grace_s,
+                    warm=warm)
     launch._start()
     return launch
 

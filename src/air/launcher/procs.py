@@ -14,26 +14,42 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import psutil
 
 from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
 
 
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Processes of this user whose environment holds AIR_PROCESS_TAG=tag (the launch's own marker)."""
+class Waitable(Protocol):
+    """What teardown needs of a started process: `subprocess.Popen`, or a warm start's ForkedProcess."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def tagged_processes(tag: str, *, subtags: bool = False) -> list[psutil.Process]:
+    """Processes of this user whose environment holds AIR_PROCESS_TAG=tag (the launch's own marker).
+
+    `subtags`: also `tag.<anything>` (the Ray backend tags node n of an attempt `tag.node<n>`).
+    """
     found: list[psutil.Process] = []
     needle = f"{PROCESS_TAG_ENV}={tag}".encode()
+    prefix = needle + b"."
     me = os.getpid()
     for pid in psutil.pids():
         if pid == me:
             continue
         try:
             with open(f"/proc/{pid}/environ", "rb") as fh:
-                data = fh.read()
+                entries = fh.read().split(b"\0")
         except OSError:
             continue
-        if needle in data.split(b"\0"):
+        if needle in entries or (subtags and any(e.startswith(prefix) for e in entries)):
             try:
                 found.append(psutil.Process(pid))
             except psutil.Error:
@@ -72,7 +88,7 @@ def _signal_all(procs: Iterable[psutil.Process], sig: int, groups: Iterable[int]
             pass
 
 
-def _wait_popens(children: Sequence[subprocess.Popen], deadline: float) -> None:
+def _wait_popens(children: Sequence[Waitable], deadline: float) -> None:
     for child in children:
         remaining = deadline - time.monotonic()
         try:
@@ -82,7 +98,7 @@ def _wait_popens(children: Sequence[subprocess.Popen], deadline: float) -> None:
 
 
 def terminate_tree(
-    children: Sequence[subprocess.Popen] = (),
+    children: Sequence[Waitable] = (),
     *,
     others: Iterable[psutil.Process] = (),
     tag: str | None = None,
@@ -90,8 +106,9 @@ def terminate_tree(
 ) -> list[int]:
     """SIGTERM everything of the launch, wait `grace_s`, SIGKILL what is left. Idempotent.
 
-    `children` are our own direct children: they are waited on through `Popen`, so their exit codes
-    stay readable. Each was started in its own session, so its PID is also its process group.
+    `children` are the launch's own processes: waited on through `Popen` (or a warm start's
+    `ForkedProcess`, whose zygote reaps it), so their exit codes stay readable. Each was started in its
+    own session, so its PID is also its process group.
     Returns the PIDs that had to be killed with SIGKILL (for diagnostics).
     """
     roots: list[psutil.Process] = list(others)
@@ -119,7 +136,10 @@ def terminate_tree(
         stragglers.setdefault(pid, proc)
     for child in children:
         if child.poll() is None:
-            stragglers.setdefault(child.pid, psutil.Process(child.pid))
+            try:
+                stragglers.setdefault(child.pid, psutil.Process(child.pid))
+            except psutil.NoSuchProcess:
+                pass  # a forked child whose exit its zygote has not reported yet
     _signal_all(stragglers.values(), signal.SIGKILL, groups)
     if stragglers:
         final_deadline = time.monotonic() + max(grace_s, 1.0)
@@ -129,9 +149,10 @@ def terminate_tree(
     return sorted(stragglers)
 
 
-def reap_tag(tag: str, grace_s: float = TERMINATE_GRACE_S) -> int:
-    """End every process still carrying `tag` on this machine (a dead owner's leftovers); how many."""
-    leftovers = tagged_processes(tag)
+def reap_tag(tag: str, grace_s: float = TERMINATE_GRACE_S, *, subtags: bool = False) -> int:
+    """End every process still carrying `tag` (or, with `subtags`, `tag.<x>`) on this machine (a dead
+    owner's leftovers); returns how many there were."""
+    leftovers = tagged_processes(tag, subtags=subtags)
     if leftovers:
         terminate_tree(others=leftovers, tag=tag, grace_s=grace_s)
     return len(leftovers)

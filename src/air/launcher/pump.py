@@ -54,6 +54,13 @@ class OutputPump:
         self._exit_fds += 1
         return True
 
+    def add_control(self, pipe: BinaryIO, on_line: Callable[[str], None], on_close: Callable[[], None]) -> None:
+        """A pipe of status lines for the launcher itself (not logged): `on_line` each, `on_close` at EOF."""
+        os.set_blocking(pipe.fileno(), False)
+        self._selector.register(pipe, selectors.EVENT_READ, ("control", on_line, on_close))
+        self._buffers[pipe.fileno()] = bytearray()
+        self._open += 1
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="air-output-pump", daemon=True)
         self._thread.start()
@@ -79,23 +86,43 @@ class OutputPump:
         if self._on_line is not None:
             self._on_line(source, stream, line[:-1].decode("utf-8", errors="replace").rstrip("\r"))
 
-    def _read(self, key: selectors.SelectorKey, final: bool = False) -> None:
-        pipe = key.fileobj
-        source, stream, log = key.data
-        fd = pipe.fileno()  # type: ignore[union-attr]
-        buf = self._buffers[fd]
-        eof = False
+    def _drain(self, fd: int, buf: bytearray) -> bool:
+        """Read what is there now into `buf`; True at EOF."""
         while True:
             try:
                 chunk = os.read(fd, 65536)
             except BlockingIOError:
-                break
+                return False
             except OSError:
                 chunk = b""
             if not chunk:
-                eof = True
-                break
+                return True
             buf.extend(chunk)
+
+    def _read_control(self, key: selectors.SelectorKey) -> None:
+        _, on_line, on_close = key.data
+        fd = key.fileobj.fileno()  # type: ignore[union-attr]
+        buf = self._buffers[fd]
+        eof = self._drain(fd, buf)
+        *lines, rest = buf.split(b"\n")
+        buf[:] = rest
+        for raw in lines:
+            on_line(raw.decode("utf-8", errors="replace"))
+        if eof:
+            self._selector.unregister(key.fileobj)
+            key.fileobj.close()  # type: ignore[union-attr]
+            self._open -= 1
+            on_close()
+
+    def _read(self, key: selectors.SelectorKey, final: bool = False) -> None:
+        if key.data[0] == "control":
+            self._read_control(key)
+            return
+        pipe = key.fileobj
+        source, stream, log = key.data
+        fd = pipe.fileno()  # type: ignore[union-attr]
+        buf = self._buffers[fd]
+        eof = self._drain(fd, buf)
         while True:
             newline = buf.find(b"\n")
             if newline < 0:

@@ -8,7 +8,8 @@ another Ray (the Ray backend's own raylet holds Ray's default ports there).
 * `ray start`: adds a free port for every port option the user did not give (dashboard agent, metrics,
   node manager, object manager, runtime-env agent, and on the head client server and dashboard), and
   random worker ports; moves the GCS port to AIR_RAY_HEAD_PORT (free on node 0) both in `--head
-  --port=…` and in `--address=$MASTER_ADDR:…`, so a hard-coded 6379 never meets another cluster; marks
+  --port=…` and in `--address=$MASTER_ADDR:…`, so a hard-coded 6379 never meets another cluster (a GCS
+  put on $MASTER_PORT, which air reserved free on node 0 too, stays there); marks
   every process of the node, so `ray stop` can find them. `ray start --block` on a joining node returns
   0 once the head has gone away (the driver finished and stopped it) instead of retrying for minutes.
 * `ray stop`: stops this node's Ray only, never every Ray process of the machine.
@@ -161,16 +162,19 @@ def rewrite_start(args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str
     notes: list[str] = []
     head = "head" in given
     head_port = env.get(HEAD_PORT_ENV)
+    # MASTER_PORT is already a port air reserved free on node 0: a command that puts the GCS there
+    # (and joins it there) keeps it. Only Ray's fixed defaults (6379) are moved.
+    master_port = env.get("MASTER_PORT")
     if head_port:
         if head:
             asked = given.get("port", (0, None))[1]
-            if asked != head_port:
+            if asked not in (head_port, master_port) or asked is None:
                 out = _set_option(out, "port", head_port)
                 notes.append(f"GCS port {asked or 6379} -> {head_port} ({HEAD_PORT_ENV}, free on node 0)")
         elif "address" in given and given["address"][1]:
             host, _, port = given["address"][1].rpartition(":")
             master = env.get("MASTER_ADDR")
-            if host and host in {master, "127.0.0.1", "localhost"} and port != head_port:
+            if host and host in {master, "127.0.0.1", "localhost"} and port not in (head_port, master_port):
                 out = _set_option(out, "address", f"{host}:{head_port}")
                 notes.append(f"joining {host}:{head_port} ({HEAD_PORT_ENV}) instead of port {port}")
     for name in _PORT_OPTIONS + (_HEAD_PORT_OPTIONS if head else ()):

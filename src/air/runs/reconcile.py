@@ -33,7 +33,7 @@ def reconcile(store: RunStore, *, now: float | None = None) -> list[str]:
             reason = "The supervisor never started"
         else:
             reason = f"The supervisor (pid {run.supervisor_pid}) died unexpectedly"
-        killed = reap_tag(process_tag(run.id)) if run.backend == "local" else _reap_remote(run)
+        killed = reap_tag(process_tag(run.id), subtags=True) if run.backend == "local" else _reap_remote(run)
         if killed:
             reason += f"; {killed} leftover process(es) of the run were ended"
         try:

@@ -1,0 +1,205 @@
+"""Warm start: the processes of a launch forked from one process that imported the heavy modules once.
+
+Every rank of a `@distributed` call is `python -m air.distributed.worker CALL_DIR` with its own
+environment. Started cold, each pays an interpreter start and its own `import torch` (1-3 s, all ranks
+at once, contending for the same cores and disk), and the first rank to reach `init_process_group`
+waits for rank 0 to open the rendezvous store. Started warm, one zygote (zygote.py) imports torch once,
+forks every rank in milliseconds, and hosts the store, as torchrun's agent does. The ranks are the same
+processes in every other respect: own session, own pipes and log, own environment, same teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+#: Environment keys a forked child sets for itself (never inherited from the zygote's environment).
+_PER_CHILD = ("AIR_LAUNCHER_PID",)
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """How to start a launch warm. Every spec's argv must be `[python, "-m", module, *args]`.
+
+    `preload`: modules the zygote imports before forking. `store`: host the c10d TCPStore of a
+    torch.distributed rendezvous on 127.0.0.1:`store_port` for `world_size` ranks (needs torch preloaded).
+    """
+
+    python: str
+    preload: tuple[str, ...] = ()
+    sys_path: tuple[str, ...] = ()
+    store_port: int | None = None
+    world_size: int = 0
+    grace_s: float = 1.0
+    timeout_s: float = 1800.0
+
+    def module_of(self, argv: Sequence[str]) -> tuple[str, list[str]]:
+        if len(argv) < 3 or argv[0] != self.python or argv[1] != "-m":
+            raise ValueError(f"a warm start runs `{self.python} -m MODULE ...`, not {list(argv)[:3]}")
+        return argv[2], list(argv[3:])
+
+
+class ForkedProcess:
+    """A process the zygote forked: what `Popen` offers the launcher (pid, poll, wait, returncode).
+
+    Its pid and exit status arrive on the zygote's status pipe; until then it counts as running.
+    """
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.pid: int | None = None
+        self.returncode: int | None = None
+        self.ended_at: float | None = None
+        self._done = threading.Event()
+
+    def started(self, pid: int) -> None:
+        self.pid = pid
+
+    def ended(self, returncode: int, when: float) -> None:
+        if self.returncode is None:
+            self.returncode, self.ended_at = returncode, when
+            self._done.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise subprocess.TimeoutExpired(f"forked process {self.index}", timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def __repr__(self) -> str:
+        return f"ForkedProcess(index={self.index}, pid={self.pid}, returncode={self.returncode})"
+
+
+def common_env(envs: Sequence[dict[str, str]]) -> dict[str, str]:
+    """What every process's environment shares: the zygote's own (what native libraries read at import)."""
+    shared = dict(envs[0])
+    for env in envs[1:]:
+        shared = {k: v for k, v in shared.items() if env.get(k) == v}
+    for key in _PER_CHILD:
+        shared.pop(key, None)
+    return shared
+
+
+@dataclass
+class Zygote:
+    """The started zygote, the handles of its children, and the pipes the launcher must read."""
+
+    popen: subprocess.Popen[bytes]
+    handles: list[ForkedProcess]
+    pipes: list[tuple[int, str, BinaryIO]]  # (index, stream, read end) per child, plus the zygote's own as 0
+    status: BinaryIO
+    notes: list[str] = field(default_factory=list)
+
+    def on_status(self, line: str) -> None:
+        """One line from the zygote (pump thread): a child's pid, its exit, or a note."""
+        kind, _, rest = line.partition(" ")
+        parts = rest.split()
+        try:
+            if kind == "start":
+                self.handles[int(parts[0])].started(int(parts[1]))
+            elif kind == "exit":
+                self.handles[int(parts[0])].ended(int(parts[1]), float(parts[2]))
+            elif kind == "note":
+                self.notes.append(rest)
+        except (IndexError, ValueError):
+            self.notes.append(f"unreadable status line: {line!r}")
+
+    def on_status_closed(self) -> None:
+        """The zygote is gone: any child whose exit it did not report ended with it (killed)."""
+        try:
+            code = self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        now = time.time()
+        for handle in self.handles:
+            if handle.returncode is None and not _alive(handle.pid):
+                handle.ended(code if handle.pid is None and code else -signal.SIGKILL, now)
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def start_zygote(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[dict[str, str]],
+                 cwds: Sequence[str | None]) -> Zygote:
+    """Start the zygote with its plan; return at once (the forks happen while the caller goes on)."""
+    modules = [warm.module_of(argv) for argv in argvs]
+    shared = common_env(envs)
+    opened: list[int] = []
+    try:
+        out_pipes = [os.pipe() for _ in argvs]
+        err_pipes = [os.pipe() for _ in argvs]
+        status_r, status_w = os.pipe()
+        plan_r, plan_w = os.pipe()
+        opened = [fd for pair in (*out_pipes, *err_pipes, (status_r, status_w), (plan_r, plan_w)) for fd in pair]
+        procs = []
+        for index, ((module, args), env, cwd) in enumerate(zip(modules, envs, cwds, strict=True)):
+            procs.append({
+                "module": module, "args": args, "cwd": cwd,
+                "env": {k: v for k, v in env.items() if shared.get(k) != v},
+                "unset": [k for k in shared if k not in env],
+                "out": out_pipes[index][1], "err": err_pipes[index][1],
+            })
+        plan = {"preload": list(warm.preload), "sys_path": list(warm.sys_path), "procs": procs,
+                "grace_s": warm.grace_s,
+                "store": None if warm.store_port is None else {
+                    "host": "127.0.0.1", "port": warm.store_port, "world_size": warm.world_size,
+                    "timeout_s": warm.timeout_s}}
+        passed = [status_w, plan_r, *[w for _, w in out_pipes], *[w for _, w in err_pipes]]
+        popen = subprocess.Popen(
+            [warm.python, "-m", "air.launcher.zygote", str(plan_r), str(status_w)], env=shared, cwd=cwds[0],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            pass_fds=passed,
+        )
+    except BaseException:
+        for fd in opened:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        raise
+    for fd in passed:
+        os.close(fd)
+    data = json.dumps(plan).encode()
+    try:
+        with os.fdopen(plan_w, "wb") as fh:  # small: the shared environment went through Popen
+            fh.write(data)
+    except BrokenPipeError:
+        pass  # the zygote died at once; its stderr and exit code say why
+    assert popen.stdout is not None and popen.stderr is not None
+    pipes: list[tuple[int, str, BinaryIO]] = []
+    for index in range(len(argvs)):
+        pipes.append((index, "stdout", os.fdopen(out_pipes[index][0], "rb", buffering=0)))
+        pipes.append((index, "stderr", os.fdopen(err_pipes[index][0], "rb", buffering=0)))
+    pipes.append((0, "stdout", popen.stdout))
+    pipes.append((0, "stderr", popen.stderr))
+    return Zygote(popen, [ForkedProcess(i) for i in range(len(argvs))], pipes,
+                  os.fdopen(status_r, "rb", buffering=0))
+
+
+def python_can_fork() -> bool:
+    """Warm starts need fork() and pidfd-free status reporting: Linux (and any POSIX with fork)."""
+    return hasattr(os, "fork") and sys.platform.startswith("linux")

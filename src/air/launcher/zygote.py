@@ -1,0 +1,258 @@
+"""The warm-start process: import the heavy modules once, then fork every process of a launch from it.
+
+`python -m air.launcher.zygote PLAN_FD STATUS_FD`, started by `Launch` (see warm.py) with the launch's
+common environment. It reads its plan (JSON) from PLAN_FD, imports `preload` (torch, ...) once, forks
+one child per process (each in its own session, its stdout/stderr on the pipes the launcher reads, its
+own environment and cwd), optionally hosts the c10d TCPStore the ranks rendezvous on (as torchrun's
+agent does, so no rank waits for another to open it), and reports on STATUS_FD:
+
+    start <index> <pid>
+    exit <index> <returncode> <unix time>     (returncode < 0: killed by that signal, as in Popen)
+    note <text>
+
+A child is what `python -m MODULE ARGS` would be, but starts in milliseconds with `preload` already
+imported; on its way out it runs its atexit handlers, flushes, and `os._exit`s (skipping the interpreter
+teardown that costs torch processes most of a second and sometimes aborts in gloo's destructors).
+
+Kept to the standard library: this process is on the critical path of every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import io
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+_children: dict[int, int] = {}  # pid -> index
+_stopping = False
+_forking_done = False
+
+
+def _status(fd: int, text: str) -> None:
+    try:
+        os.write(fd, (text + "\n").encode())
+    except OSError:
+        pass  # the launcher is gone; the children still get reaped
+
+
+def _pdeathsig(sig: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _on_sigterm(_signum: int, _frame: Any) -> None:
+    """Before any fork: just go. After: pass it on to every child, keep reaping, then leave."""
+    global _stopping
+    _stopping = True
+    if not _forking_done and not _children:
+        os._exit(128 + signal.SIGTERM)
+    for pid in list(_children):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _reopen_stdio() -> None:
+    """Fresh sys.std* over fds 0-2 (now the child's own), unbuffered like PYTHONUNBUFFERED=1."""
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  line_buffering=True, write_through=True)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _reseed() -> None:
+    """A fresh process seeds numpy's global generator from the OS; a forked one would share the parent's."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        try:
+            numpy.random.seed()
+        except Exception:  # noqa: BLE001 - a numpy without the legacy global generator
+            pass
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    sys.stderr.write(f"{exc.code}\n")
+    return 1
+
+
+def _run_child(proc: dict[str, Any], zygote_pid: int, close_fds: list[int], go_fd: int | None) -> None:
+    """In the forked child: become `python -m MODULE ARGS` in the child's own session. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _pdeathsig(signal.SIGTERM)
+        if os.getppid() != zygote_pid:  # the zygote died before prctl took effect
+            os._exit(128 + signal.SIGTERM)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(proc["out"], 1)
+        os.dup2(proc["err"], 2)
+        for fd in {devnull, *close_fds} - {0, 1, 2, go_fd}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _reopen_stdio()
+        for key in proc.get("unset", []):
+            os.environ.pop(key, None)
+        os.environ.update(proc["env"])
+        os.environ["AIR_LAUNCHER_PID"] = str(zygote_pid)  # the parent this child must not outlive
+        if proc.get("cwd"):
+            os.chdir(proc["cwd"])
+        _reseed()
+        if go_fd is not None:  # wait (microseconds) until the zygote says whether its store is up
+            answer = os.read(go_fd, 1)
+            os.close(go_fd)
+            os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True" if answer == b"A" else "False"
+        sys.argv = [proc["module"], *proc["args"]]
+        sys.modules.pop(proc["module"], None)  # preloaded for its imports; runs afresh as __main__
+        try:
+            runpy.run_module(proc["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = _exit_code(exc)
+        except BaseException:  # noqa: BLE001 - printed as python -m would
+            traceback.print_exc()
+            code = 1
+    finally:
+        exit_now(code)
+
+
+def exit_now(code: int) -> None:
+    """Leave as a normal exit would (non-daemon threads joined, atexit handlers run, stdio flushed), but
+    skip the interpreter's teardown: with torch loaded it takes most of a second, and gloo's destructors
+    sometimes abort in it ("terminate called without an active exception") after the work succeeded."""
+    try:
+        import threading
+
+        threading._shutdown()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except Exception:  # noqa: BLE001
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    os._exit(code)
+
+
+def _host_store(store: dict[str, Any]) -> object | None:
+    """The c10d TCPStore every rank connects to (torchrun's agent store); None if it cannot be opened."""
+    try:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        return TCPStore(host_name=store["host"], port=int(store["port"]), world_size=int(store["world_size"]),
+                        is_master=True, timeout=timedelta(seconds=float(store.get("timeout_s", 1800))),
+                        wait_for_workers=False)
+    except Exception as exc:  # noqa: BLE001 - the ranks then open it themselves (rank 0), as without air
+        sys.stderr.write(f"air: warm start: rendezvous store not opened here ({exc}); rank 0 opens it\n")
+        return None
+
+
+def _sweep_orphans(launcher_pid: int, grace_s: float) -> None:
+    """The launcher died (SIGKILL): nobody else will end what the ranks started. Do it here."""
+    if os.getppid() == launcher_pid:
+        return
+    tag = os.environ.get("AIR_PROCESS_TAG")
+    if not tag:
+        return
+    try:
+        from air.launcher.procs import reap_tag
+
+        reap_tag(tag, grace_s=grace_s)
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+
+
+def main(plan_fd: int, status_fd: int) -> int:
+    global _forking_done
+    launcher_pid = os.getppid()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _pdeathsig(signal.SIGTERM)
+    if os.getppid() != launcher_pid:
+        return 128 + signal.SIGTERM
+    with os.fdopen(plan_fd, "rb") as fh:
+        plan = json.loads(fh.read())
+    for entry in reversed(plan.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    started = time.monotonic()
+    for name in [*plan.get("preload", []), *sorted({p["module"] for p in plan["procs"]})]:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - the child imports it again and fails in its own log
+            _status(status_fd, f"note preload of {name} failed: {type(exc).__name__}: {exc}")
+    _status(status_fd, f"note preloaded in {time.monotonic() - started:.3f}s")
+    store_plan = plan.get("store")
+    go_pipes: list[tuple[int, int]] = []
+    all_fds = [fd for p in plan["procs"] for fd in (p["out"], p["err"])] + [status_fd]
+    zygote_pid = os.getpid()
+    for index, proc in enumerate(plan["procs"]):
+        if _stopping:
+            break
+        go_r = go_w = None
+        if store_plan:
+            go_r, go_w = os.pipe()
+            go_pipes.append((go_r, go_w))
+        pid = os.fork()
+        if pid == 0:
+            _run_child(proc, zygote_pid, all_fds + [fd for pair in go_pipes for fd in pair], go_r)
+        _children[pid] = index
+        for fd in (proc["out"], proc["err"]) + ((go_r,) if go_r is not None else ()):
+            os.close(fd)
+        _status(status_fd, f"start {index} {pid}")
+    _forking_done = True
+    store = _host_store(store_plan) if store_plan and not _stopping else None
+    for _, go_w in go_pipes:
+        try:
+            os.write(go_w, b"A" if store is not None else b"R")
+        except OSError:
+            pass
+        os.close(go_w)
+    while _children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        index = _children.pop(pid, None)
+        if index is not None:
+            _status(status_fd, f"exit {index} {os.waitstatus_to_exitcode(status)} {time.time():.6f}")
+    if _stopping:
+        _sweep_orphans(launcher_pid, float(plan.get("grace_s", 1.0)))
+    del store
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(int(sys.argv[1]), int(sys.argv[2]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # the store and preloaded modules need no teardown

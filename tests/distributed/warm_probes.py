@@ -1,0 +1,54 @@
+"""Rank functions and import-time behaviours for the warm-start tests (a module, so they pickle by reference)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def lineage() -> dict[str, object]:
+    """Who started this rank, and what was imported before the function ran."""
+    import psutil
+
+    parent = psutil.Process(os.getppid())
+    return {"parent_pid": parent.pid, "parent_cmdline": " ".join(parent.cmdline()), "pid": os.getpid(),
+            "sid": os.getsid(0), "torch_preloaded": "torch" in sys.modules}
+
+
+def uses_torch_rendezvous() -> dict[str, object]:
+    """Names torch, so the warm start preloads it and hosts the store the ranks rendezvous on."""
+    torch_preloaded = "torch" in sys.modules
+    import numpy
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    value = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(value)
+    dist.destroy_process_group()
+    return {"torch_preloaded": torch_preloaded, "agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"),
+            "sum": float(value), "numpy_draw": float(numpy.random.rand()), "rank": os.environ["RANK"]}
+
+
+def plain() -> int:
+    return int(os.environ["RANK"])
+
+
+class BlocksWhenReleased:
+    """Stands in for torch's process-group destructor deadlock: releasing it never finishes."""
+
+    def __del__(self) -> None:
+        import time
+
+        time.sleep(1000)
+
+
+def leaves_a_deadlocking_object_behind() -> int:
+    stuck = BlocksWhenReleased()  # noqa: F841 - released when the frame is, after the result is reported
+    return int(os.environ["RANK"]) + 40
+
+
+def leaves_an_unclosed_file(path: str) -> int:
+    out = open(f"{path}.{os.environ['RANK']}", "w")  # noqa: SIM115 - closed by its release, as in CPython
+    out.write("written before return, flushed when released")
+    return 1
