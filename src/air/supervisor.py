@@ -328,12 +328,15 @@ def main(argv: list[str] | None = None) -> int:
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         sys.stderr.write(detail)
         try:
-            _reap_after_crash(supervisor, run_id)
+            from air.launcher import reap_tag
+
+            reap_tag(process_tag(run_id), subtags=True)  # this machine's share first: quick and sure
             run = store.get_run(run_id)
             if not run.status.is_terminal():
                 what = "was stopped (SIGTERM)" if isinstance(exc, SystemExit) else f"failed: {type(exc).__name__}: {exc}"
                 store.transition(run_id, RunStatus.INTERNAL_ERROR, reason=f"The supervisor {what}",
                                  failure_class=FailureClass.INFRASTRUCTURE)
+            _reap_remote_nodes(supervisor, run_id)
         except Exception:
             traceback.print_exc()
         return 1
@@ -342,19 +345,24 @@ def main(argv: list[str] | None = None) -> int:
             supervisor.log.close()
 
 
-def _reap_after_crash(supervisor: Supervisor | None, run_id: str) -> None:
-    """End what the run left running: here (the local backend's nodes, and any `tag.node<n>` of nodes
-    placed on this machine) and, through the backend, on every node of a Ray cluster."""
-    from air.launcher import reap_tag
-
-    tag = process_tag(run_id)
-    reap_tag(tag, subtags=True)
+def _reap_remote_nodes(supervisor: Supervisor | None, run_id: str, within_s: float = 30.0) -> None:
+    """End the run's processes on every node of a Ray cluster, through the backend, for at most
+    `within_s`: after a SIGTERM Ray's own handler may already be tearing this process's connection down.
+    Each Ray node's sentinel also ends its processes once this supervisor's agents are gone."""
     backend = getattr(supervisor, "backend", None)
-    if backend is not None and getattr(backend, "name", "local") != "local":
+    if backend is None or getattr(backend, "name", "local") == "local":
+        return
+    import threading
+
+    def reap() -> None:
         try:
-            backend.reap(tag)
-        except Exception:  # noqa: BLE001 - best effort: each Ray node's sentinel also ends its processes
+            backend.reap(process_tag(run_id))
+        except Exception:  # noqa: BLE001 - best effort, see above
             traceback.print_exc()
+
+    worker = threading.Thread(target=reap, name="air-reap-remote", daemon=True)
+    worker.start()
+    worker.join(within_s)
 
 
 def _supervisor_env(run_id: str) -> dict[str, str]:

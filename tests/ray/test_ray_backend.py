@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ray_helpers import never, wait_for
+from ray_helpers import SEED_000_COMMAND, never, wait_for
 
 from air.accelerators import AcceleratorType, cpu_type, parse_accelerator_type
 from air.backends.base import NodeTask
@@ -194,41 +194,17 @@ def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, bac
         ray_cluster.nodes.remove(victim)
 
 
-SEED_000_COMMAND = r"""
-set -euo pipefail
-RAY_HEAD_PORT=6379
-if [ "${NODE_RANK:-0}" = "0" ]; then
-  ray start --head --port=$RAY_HEAD_PORT --num-cpus=1 --object-store-memory=80000000 --include-dashboard=false
-  python - <<'PY'
-import time, ray
-ray.init(address="auto")
-deadline = time.time() + 90
-while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
-    time.sleep(0.5)
-print("alive nodes:", len([n for n in ray.nodes() if n["Alive"]]), "gcs:", ray.get_runtime_context().gcs_address)
-PY
-  ray stop
-else
-  for i in $(seq 1 12); do
-    if ray start --address="$MASTER_ADDR:$RAY_HEAD_PORT" --num-cpus=1 --object-store-memory=80000000 --block 2>/dev/null; then
-      break
-    fi
-    echo "Attempt $i failed, retrying in 5s..."
-    sleep 5
-  done
-fi
-"""
 
 
-def test_a_command_that_starts_ray_by_hand_works_on_two_nodes(backend: RayBackend, tmp_path: Path) -> None:
-    """Seed 000's command, unchanged but for CPUs: both nodes share this host and the host runs another
-    Ray (the test cluster) on its own ports, so Ray's defaults would collide without air's `ray` shim."""
+
+def run_seed000_command(backend, tmp_path: Path, extra_env: dict[str, str] | None = None):
+    """Seed 000's command on two CPU nodes of `backend`; returns (outcome, node logs, tag, seconds)."""
     rid = run_id()
     tag = f"air-{rid}"
     allocation = backend.acquire(rid, cpu_type(1), 2, should_stop=never, on_wait=lambda _: None)
     assert allocation is not None
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    tasks = [NodeTask(n, ["bash", "-c", SEED_000_COMMAND], {"NODE_RANK": str(n), "PATH": path},
+    tasks = [NodeTask(n, ["bash", "-c", SEED_000_COMMAND], {"NODE_RANK": str(n), "PATH": path, **(extra_env or {})},
                       tmp_path / f"node_{n}.log") for n in range(2)]
     try:
         started = time.monotonic()
@@ -241,43 +217,12 @@ def test_a_command_that_starts_ray_by_hand_works_on_two_nodes(backend: RayBacken
     assert "alive nodes: 2" in logs[0], logs[0]
     assert "[air] ray start: GCS port 6379 ->" in logs[0]
     assert "the head node stopped" in logs[1]  # node 1's `ray start --block` ended by itself
+    assert not tagged_processes(tag)
+    return outcome, logs, tag, took
+
+
+def test_a_command_that_starts_ray_by_hand_works_on_two_nodes(backend: RayBackend, tmp_path: Path) -> None:
+    """Seed 000's command, unchanged but for CPUs: both nodes share this host and the host runs another
+    Ray (the test cluster) on its own ports, so Ray's defaults would collide without air's `ray` shim."""
+    _, _, _, took = run_seed000_command(backend, tmp_path)
     assert took < 180
-    assert not tagged_processes(tag)
-
-
-def test_the_same_command_works_on_the_local_backend_with_both_nodes_on_this_host(ray_cluster, tmp_path: Path) -> None:
-    """Seed 000's command on the local backend: two nodes on one host, beside another Ray (the test
-    cluster). Without air's `ray` shim both nodes would want Ray's default ports and /tmp/ray, and
-    `ray stop` would stop the test cluster too."""
-    from air.backends.local import LocalBackend
-
-    others_before = {p.pid for p in psutil.process_iter() if _is_ray_process(p)}
-    backend = LocalBackend()
-    rid = run_id()
-    tag = f"air-{rid}"
-    allocation = backend.acquire(rid, cpu_type(1), 2, should_stop=never, on_wait=lambda _: None)
-    assert allocation is not None
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    tasks = [NodeTask(n, ["bash", "-c", SEED_000_COMMAND],
-                      {"NODE_RANK": str(n), "PATH": path, "RAY_ADDRESS": ray_cluster.address},
-                      tmp_path / f"node_{n}.log") for n in range(2)]
-    try:
-        outcome = backend.start_attempt(allocation, tasks, tag=tag).wait(timeout_s=240, should_stop=never)
-    finally:
-        backend.release(allocation)
-    logs = [(tmp_path / f"node_{n}.log").read_text() for n in range(2)]
-    assert outcome.ok, (outcome, logs)
-    assert "alive nodes: 2" in logs[0], logs[0]
-    assert "[air] ray start: GCS port 6379 ->" in logs[0]
-    assert f"gcs: 127.0.0.1:{ray_cluster.address.rsplit(':', 1)[1]}" not in logs[0]  # its own cluster
-    assert "the head node stopped" in logs[1]
-    assert not tagged_processes(tag)
-    # The test cluster's processes were left alone by the command's `ray stop`.
-    assert others_before <= {p.pid for p in psutil.process_iter() if _is_ray_process(p)}
-
-
-def _is_ray_process(proc: psutil.Process) -> bool:
-    try:
-        return any("raylet" in part or "gcs_server" in part for part in proc.cmdline()[:1])
-    except psutil.Error:
-        return False

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ray_helpers import wait_for
+from ray_helpers import SEED_000_COMMAND, wait_for
 
 from air.backends.ray_agent import tagged_processes_any_node
 from air.runs.paths import RunPaths, process_tag
@@ -119,5 +119,35 @@ def test_a_stopped_supervisor_ends_its_processes_on_every_ray_node(ray_cluster, 
     assert len(tagged_processes_any_node(tag)) >= 4  # bash and sleep on each node
     store = RunStore()
     os.kill(store.get_run(run.id).supervisor_pid, signal.SIGTERM)  # type: ignore[attr-defined]
-    wait_for(lambda: store.get_run(run.id).status is RunStatus.INTERNAL_ERROR, "INTERNAL_ERROR", timeout=60)
+    wait_for(lambda: store.get_run(run.id).status is RunStatus.INTERNAL_ERROR, "INTERNAL_ERROR", timeout=90)
     wait_for(lambda: tagged_processes_any_node(tag) == [], "no process of the run on any node", timeout=60)
+
+
+def test_seed000s_command_runs_on_the_local_backend_beside_another_ray(ray_cluster, air_home: Path,
+                                                                       tmp_path: Path) -> None:
+    """Seed 000's command (`ray start --head --port=6379`, `ray start --address=$MASTER_ADDR:6379 --block`,
+    `ray stop`) on the local profile: two nodes on this host, beside another Ray (the test cluster).
+    Without air's `ray` shim both nodes would want Ray's default ports and /tmp/ray, and `ray stop` would
+    stop the test cluster too."""
+    import psutil
+    import yaml as pyyaml
+
+    def ray_daemons() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("raylet", "gcs_server")}
+
+    before = ray_daemons()
+    workload = tmp_path / "w.yaml"
+    workload.write_text(pyyaml.safe_dump({
+        "experiment_name": "seed000-command-local", "command": SEED_000_COMMAND, "max_retries": 0,
+        "compute": {"num_accelerators": 2, "accelerator_type": "CPU_1xCPU"},
+        "env_variables": {"RAY_ADDRESS": ray_cluster.address}}))  # must not lead the nodes astray
+    proc = air_run(workload, air_home, "--watch")
+    run = RunStore().list_runs(statuses="all", limit=1)[0]
+    logs = [RunPaths(run.id).node_log(0, n).read_text() for n in range(2)]
+    assert proc.returncode == 0 and run.status is RunStatus.SUCCESS, (run, logs)
+    assert run.backend == "local"
+    assert "alive nodes: 2" in logs[0] and "[air] ray start: GCS port 6379 ->" in logs[0]
+    assert logs[0].split("gcs:")[1].split()[0] != ray_cluster.address  # the command's own cluster
+    assert "the head node stopped" in logs[1]
+    assert before <= ray_daemons()  # `ray stop` left the test cluster alone
+    assert tagged_processes_any_node(process_tag(run.id)) == []

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -213,10 +214,14 @@ def _start(args: Sequence[str]) -> int:
     joining = "address" in given and "head" not in given
     command = [*_real_ray(), "start", *rewritten]
     if not (block and joining):
-        return subprocess.call(command, env=env)
+        # Nothing to watch: become the real `ray start`, so `kill $!` of a backgrounded
+        # `ray start --head --block &` reaches Ray itself, not a wrapper that dies alone.
+        sys.stdout.flush()
+        os.execve(command[0], command, env)
     # A joining node with --block: run it, and end it (exit 0) once the head is gone.
     host, _, port = (given["address"][1] or "").rpartition(":")
     child = subprocess.Popen(command, env=env)
+    _forward_signals_to(child)
     seen_head = misses = 0
     while child.poll() is None:
         time.sleep(1.0)
@@ -234,6 +239,20 @@ def _start(args: Sequence[str]) -> int:
                 child.kill()
             return 0
     return child.returncode or 0
+
+
+def _forward_signals_to(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM/SIGINT/SIGHUP to the shim end the `ray start` it runs too (and then the shim)."""
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            child.send_signal(signum)
+            child.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            child.kill()
+        sys.exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
 
 
 def _stop() -> int:
