@@ -18,7 +18,6 @@ from air.errors import GPUTypeError, GPUValidationError
 from air.home import air_home
 from air.launcher import Launch, ProcessSpec, reap_tag, reserve_port, start_processes
 from air.ray.shim import local_workload_ray_env
-from air.ray.tracking import train_report_env
 
 QUEUE_POLL_S = 0.2
 
@@ -93,22 +92,25 @@ class LocalBackend:
         """Every node's command at once, as a process tree here. Each also gets what a hand-started Ray
         needs when several nodes share this host (`air.ray.shim`: a `ray` shim first on PATH, its own
         RAY_TMPDIR, a head port free here, an explicit auth token), as on the Ray backend."""
+        ordered = sorted(nodes, key=lambda t: t.node_rank)
         held = contextlib.ExitStack()
         port = held.enter_context(reserve_port())
         try:
+            first = ordered[0].env
             ray_envs = held.enter_context(local_workload_ray_env(
-                len(nodes), shim_dir=air_home() / "bin", path=nodes[0].env.get("PATH", ""),
-                mlflow_run_id=nodes[0].env.get("MLFLOW_RUN_ID")))
+                len(ordered), shim_dir=air_home() / "bin", path=first.get("PATH", ""),
+                mlflow_run_id=first.get("MLFLOW_RUN_ID"), train_callbacks=first.get("RAY_TRAIN_CALLBACKS")))
             specs = []
-            for task, ray_env in zip(sorted(nodes, key=lambda t: t.node_rank), ray_envs, strict=True):
+            for task, ray_env in zip(ordered, ray_envs, strict=True):
                 env = dict(task.env)
                 env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)})
                 slots = allocation.slots_per_node[task.node_rank]
                 env["CUDA_VISIBLE_DEVICES"] = "" if allocation.accelerator.is_cpu else ",".join(slots)
                 env["AIR_NODE_SLOTS"] = ",".join(slots)
-                _add_ray_env(env, ray_env)
+                env.pop("RAY_ADDRESS", None)  # some other cluster, not the one the node command starts
+                env.update(ray_env)
                 specs.append(ProcessSpec(f"node {task.node_rank}", list(task.argv), env, task.log_path, task.cwd))
-            ranks = [t.node_rank for t in sorted(nodes, key=lambda t: t.node_rank)]
+            ranks = [t.node_rank for t in ordered]
             callback = (lambda index, stream, text: on_line(ranks[index], stream, text)) if on_line else None
             launch = start_processes(specs, on_line=callback, tag=tag)
         except BaseException:
@@ -121,18 +123,6 @@ class LocalBackend:
 
     def reap(self, tag: str) -> int:
         return reap_tag(tag)
-
-
-def _add_ray_env(env: dict[str, str], ray_env: dict[str, str]) -> None:
-    """A node's Ray additions win over what the supervisor passed: a RAY_ADDRESS there points at some
-    other cluster, not at the one the node command starts. Train-report callbacks are added to the
-    user's own RAY_TRAIN_CALLBACKS, not put in their place."""
-    env.pop("RAY_ADDRESS", None)
-    extra = dict(ray_env)
-    callbacks = extra.pop("RAY_TRAIN_CALLBACKS", None)
-    env.update(extra)
-    if callbacks:
-        env.update(train_report_env(env.get("RAY_TRAIN_CALLBACKS")))
 
 
 @dataclass

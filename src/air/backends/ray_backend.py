@@ -45,7 +45,6 @@ from air.constants import TERMINATE_GRACE_S
 from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
 from air.ray.cluster import RayAuth, refresh_auth
 from air.ray.shim import workload_ray_env
-from air.ray.tracking import train_report_env
 
 _log = logging.getLogger("air.backends.ray")
 
@@ -401,16 +400,14 @@ class RayBackend:
             env = dict(task.env)
             extra = workload_ray_env(node_rank=task.node_rank, head_port=head_port, auth=auth,
                                      shim_dir=Path(node_dirs["shim_dir"]), ray_tmpdir=Path(node_dirs["ray_tmpdir"]),
-                                     mlflow_run_id=env.get("MLFLOW_RUN_ID"), path="")
+                                     mlflow_run_id=env.get("MLFLOW_RUN_ID"),
+                                     train_callbacks=env.get("RAY_TRAIN_CALLBACKS"), path="")
             extra.pop("PATH")
             extra[PATH_PREFIX_ENV] = node_dirs["shim_dir"]
             # The supervisor passes its whole environment: a RAY_ADDRESS or token there points at the
             # cluster air runs on, not at the Ray a node command starts, so these are always air's.
             env.pop("RAY_ADDRESS", None)
-            callbacks = extra.pop("RAY_TRAIN_CALLBACKS", None)
             env.update(extra)
-            if callbacks:
-                env.update(train_report_env(env.get("RAY_TRAIN_CALLBACKS")))
             launches.append(NodeLaunch(node_rank=task.node_rank, log_path=task.log_path, cwd=task.cwd,
                                        processes=[NodeProcess(name=f"node {task.node_rank}", argv=list(task.argv),
                                                               env=env)]))

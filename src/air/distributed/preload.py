@@ -101,11 +101,6 @@ def _scan(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> _
     return scan
 
 
-def modules_named(func: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None) -> set[str]:
-    """Modules the call's code imports or refers to, following the functions it calls a few levels."""
-    return _scan(func, args, kwargs).modules
-
-
 def preload_for(func: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
                 env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The modules a warm start imports once before forking this call's ranks."""

@@ -24,6 +24,7 @@ from air.distributed.outcome import error, ok, write_outcome
 
 _PR_SET_PDEATHSIG = 1
 
+
 def release_timeout_s() -> float:
     """Seconds a rank may take to release what its function left behind, after reporting its result."""
     return _float_env("AIR_RELEASE_TIMEOUT_S", 10.0)
@@ -76,7 +77,7 @@ class _FrameKeeper:
         sys.setprofile(None)
 
 
-def release_guarded(call_dir: Path, rank: int, *held: Any) -> None:
+def release_guarded(call_dir: Path, rank: int, leftovers: list[Any]) -> None:
     """Drop what the call left behind, under a native watchdog: if the release deadlocks (see
     _FrameKeeper), the process dumps every thread's stack to rank_<N>.hang and exits after
     release_timeout_s(). Its result is already reported, so the call still succeeds (with a warning)."""
@@ -88,10 +89,7 @@ def release_guarded(call_dir: Path, rank: int, *held: Any) -> None:
                 # Let the process group's worker threads finish dropping their tensors (they need the
                 # GIL for it) before the destructor that joins them runs with the GIL held.
                 time.sleep(0.05)
-            for item in held:
-                if isinstance(item, list):
-                    item.clear()
-            del held
+            leftovers.clear()
         finally:
             faulthandler.cancel_dump_traceback_later()
     hang_file.unlink(missing_ok=True)
@@ -131,8 +129,9 @@ def main(call_dir: Path) -> int:
         outcome = ok(rank, value)
         write_outcome(call_dir, outcome)
         code = 0 if outcome.ok else 1
-    del func, args, kwargs, value
-    release_guarded(call_dir, rank, keeper.frames, failure)
+    leftovers: list[Any] = [*keeper.frames, *failure]
+    del keeper, failure, func, args, kwargs, value  # the list above holds the only references now
+    release_guarded(call_dir, rank, leftovers)
     return code
 
 

@@ -119,31 +119,27 @@ class Launch:
             self._pump.add(index, stream, pipe, self._logs[index])
         self._pump.add_control(zygote.status, zygote.on_status, zygote.on_status_closed)
 
+    def _start_cold(self) -> None:
+        """Every process its own interpreter, a direct child of this one."""
+        self._open_logs()
+        for index, (spec, log) in enumerate(zip(self.specs, self._logs, strict=True)):
+            popen = subprocess.Popen(
+                list(spec.argv), env={**spec.env, PROCESS_TAG_ENV: self.tag}, cwd=spec.cwd,
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                close_fds=True,
+            )
+            self.popens.append(popen)
+            assert popen.stdout is not None and popen.stderr is not None
+            self._pump.add(index, "stdout", popen.stdout, log)
+            self._pump.add(index, "stderr", popen.stderr, log)
+            self._pump.watch_exit(index, popen.pid, self._record_exit)
+
     def _start(self) -> None:
-        if self.warm is not None:
-            try:
-                self._start_warm(self.warm)
-            except BaseException:
-                self.terminate()
-                raise
-            self._pump.start()
-            return
         try:
-            for index, spec in enumerate(self.specs):
-                spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-                log = open(spec.log_path, "ab", buffering=0)  # noqa: SIM115 - closed in _close_logs
-                self._logs.append(log)
-                env = dict(spec.env)
-                env[PROCESS_TAG_ENV] = self.tag
-                popen = subprocess.Popen(
-                    list(spec.argv), env=env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                )
-                self.popens.append(popen)
-                assert popen.stdout is not None and popen.stderr is not None
-                self._pump.add(index, "stdout", popen.stdout, log)
-                self._pump.add(index, "stderr", popen.stderr, log)
-                self._pump.watch_exit(index, popen.pid, self._record_exit)
+            if self.warm is not None:
+                self._start_warm(self.warm)
+            else:
+                self._start_cold()
         except BaseException:
             self.terminate()
             raise
@@ -179,8 +175,14 @@ class Launch:
         KeyboardInterrupt also ends the tree, then propagates. `is_failure` can excuse a non-zero exit
         (a rank that reported its result, then crashed on the way out, failed nothing).
         """
+        verdicts: dict[int, bool] = {}  # an exit is final, so is its verdict: asked once per process
+
         def failing(e: ProcessExit) -> bool:
-            return e.returncode not in (None, 0) and (is_failure is None or is_failure(e))
+            if e.returncode in (None, 0):
+                return False
+            if e.index not in verdicts:
+                verdicts[e.index] = is_failure is None or is_failure(e)
+            return verdicts[e.index]
 
         deadline = None if timeout is None else time.monotonic() + timeout
         first_failure: ProcessExit | None = None

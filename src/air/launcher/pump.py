@@ -99,6 +99,12 @@ class OutputPump:
                 return True
             buf.extend(chunk)
 
+    def _forget(self, pipe: object) -> None:
+        """A pipe at EOF: no longer watched, closed, one fewer to wait for."""
+        self._selector.unregister(pipe)
+        pipe.close()  # type: ignore[attr-defined]
+        self._open -= 1
+
     def _read_control(self, key: selectors.SelectorKey) -> None:
         _, on_line, on_close = key.data
         fd = key.fileobj.fileno()  # type: ignore[union-attr]
@@ -109,9 +115,7 @@ class OutputPump:
         for raw in lines:
             on_line(raw.decode("utf-8", errors="replace"))
         if eof:
-            self._selector.unregister(key.fileobj)
-            key.fileobj.close()  # type: ignore[union-attr]
-            self._open -= 1
+            self._forget(key.fileobj)
             on_close()
 
     def _read(self, key: selectors.SelectorKey, final: bool = False) -> None:
@@ -137,9 +141,7 @@ class OutputPump:
                 self._emit(source, stream, log, bytes(buf))  # the cut last line is kept
                 buf.clear()
             if eof:
-                self._selector.unregister(pipe)
-                pipe.close()  # type: ignore[union-attr]
-                self._open -= 1
+                self._forget(pipe)
 
     def _run(self) -> None:
         while self._open > 0 and not self._stop.is_set():

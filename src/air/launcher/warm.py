@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+import psutil
+
 #: Environment keys a forked child sets for itself (never inherited from the zygote's environment).
 _PER_CHILD = ("AIR_LAUNCHER_PID",)
 
@@ -123,23 +125,20 @@ class Zygote:
             code = None
         now = time.time()
         for handle in self.handles:
-            if handle.returncode is None and not _alive(handle.pid):
-                handle.ended(code if handle.pid is None and code else -signal.SIGKILL, now)
+            if handle.returncode is not None or _alive(handle.pid):
+                continue
+            never_forked = handle.pid is None
+            # Never forked: it failed as the zygote did. Forked, exit unreported: ended with it (killed).
+            handle.ended(code if never_forked and code else -signal.SIGKILL, now)
 
 
 def _alive(pid: int | None) -> bool:
+    """Running (a zombie is not: it holds nothing and runs nothing)."""
     if pid is None:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
 
 
@@ -201,5 +200,5 @@ def start_zygote(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence
 
 
 def python_can_fork() -> bool:
-    """Warm starts need fork() and pidfd-free status reporting: Linux (and any POSIX with fork)."""
+    """Warm starts fork, and their children's teardown relies on Linux (pdeathsig, /proc)."""
     return hasattr(os, "fork") and sys.platform.startswith("linux")

@@ -247,7 +247,6 @@ def main(plan_fd: int, status_fd: int) -> int:
             _status(status_fd, f"exit {index} {os.waitstatus_to_exitcode(status)} {time.time():.6f}")
     if _stopping:
         _sweep_orphans(launcher_pid, float(plan.get("grace_s", 1.0)))
-    del store
     return 0
 
 

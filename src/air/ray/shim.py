@@ -58,11 +58,14 @@ def install_shim(folder: Path, python: str | None = None) -> Path:
 
 
 def workload_ray_env(*, node_rank: int, head_port: int, shim_dir: Path, ray_tmpdir: Path, auth: RayAuth,
-                     path: str | None = None, mlflow_run_id: str | None = None) -> dict[str, str]:
-    """What one node's command needs so hand-started Ray works (see the module docstring).
+                     path: str | None = None, mlflow_run_id: str | None = None,
+                     train_callbacks: str | None = None) -> dict[str, str]:
+    """What one node's command needs so hand-started Ray works (see the module docstring). It wins over
+    the node's own values; the caller also drops RAY_ADDRESS (it points at some other cluster).
 
     `head_port`: a port reserved free on node 0 (same value on every node). `ray_tmpdir`: a short,
     existing folder on that node (Ray's sockets live below it). `auth`: the same on every node of the run.
+    `train_callbacks`: the node's own RAY_TRAIN_CALLBACKS, kept beside air's when an MLflow run is set.
     """
     env = {
         "PATH": f"{shim_dir}{os.pathsep}{path if path is not None else os.environ.get('PATH', '')}",
@@ -70,13 +73,14 @@ def workload_ray_env(*, node_rank: int, head_port: int, shim_dir: Path, ray_tmpd
         "RAY_USAGE_STATS_ENABLED": "0", **auth.env(),
     }
     if mlflow_run_id:
-        env.update(train_report_env(os.environ.get("RAY_TRAIN_CALLBACKS")))
+        env.update(train_report_env(train_callbacks))
     return env
 
 
 @contextlib.contextmanager
 def local_workload_ray_env(num_nodes: int, *, shim_dir: Path, path: str | None = None,
-                           mlflow_run_id: str | None = None) -> Iterator[list[dict[str, str]]]:
+                           mlflow_run_id: str | None = None,
+                           train_callbacks: str | None = None) -> Iterator[list[dict[str, str]]]:
     """For a backend whose nodes all run on this machine (the local backend): one env addition per
     node, for the duration of an attempt. Holds the head port reserved (no other air launch takes it)
     and removes the nodes' RAY_TMPDIRs afterwards. Also drop RAY_ADDRESS from the nodes' env."""
@@ -89,7 +93,8 @@ def local_workload_ray_env(num_nodes: int, *, shim_dir: Path, path: str | None =
     try:
         with reserve_port("0.0.0.0") as head:
             yield [workload_ray_env(node_rank=n, head_port=head.port, shim_dir=shim_dir, ray_tmpdir=tmpdirs[n],
-                                    auth=auth, path=path, mlflow_run_id=mlflow_run_id) for n in range(num_nodes)]
+                                    auth=auth, path=path, mlflow_run_id=mlflow_run_id,
+                                    train_callbacks=train_callbacks) for n in range(num_nodes)]
     finally:
         for tmp in tmpdirs:
             shutil.rmtree(tmp, ignore_errors=True)
