@@ -30,6 +30,19 @@ def uses_torch_rendezvous() -> dict[str, object]:
             "sum": float(value), "numpy_draw": float(numpy.random.rand()), "rank": os.environ["RANK"]}
 
 
+def gc_state() -> dict[str, object]:
+    """Names torch (so it is preloaded) but does not import it: what the rank found on entry."""
+    import gc
+
+    if os.environ.get("NEVER_SET_BY_ANYONE"):
+        import torch  # noqa: F401 - named only, for the preload scan
+    garbage = [[]]
+    garbage[0].append(garbage)  # a cycle: only the cyclic GC can free it
+    del garbage
+    return {"gc_enabled": gc.isenabled(), "frozen": gc.get_freeze_count(), "collected": gc.collect(),
+            "torch_preloaded": "torch" in sys.modules}
+
+
 def plain() -> int:
     return int(os.environ["RANK"])
 

@@ -18,7 +18,7 @@ import cloudpickle
 
 from air.constants import TERMINATE_GRACE_S
 from air.distributed.outcome import read_outcome, resolve
-from air.distributed.preload import preload_for
+from air.distributed.preload import RANK_PRELOAD_ENV, preload_for
 from air.distributed.shape import LocalShape
 from air.distributed.worker import release_timeout_s
 from air.errors import SerializationError
@@ -127,6 +127,11 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
     base_env["AIR_LAUNCHER_PID"] = str(os.getpid())
     base_env["AIR_CALL_DIR"] = str(call_dir)
     gpu_ids = list(shape.gpu_ids) if not shape.accelerator.is_cpu else []
+    preload = preload_for(func, args, kwargs)
+    warm = warm_enabled()
+    base_env.pop(RANK_PRELOAD_ENV, None)  # a caller that is itself a rank has its own
+    if not warm:
+        base_env[RANK_PRELOAD_ENV] = ",".join(preload)
     with reserve_port() as port:
         specs = [
             ProcessSpec(
@@ -143,8 +148,7 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
         width = len(str(world - 1))
         launch = start_processes(specs, on_line=_echo(lambda i: f"[rank {i:>{width}}] ") if echo else None,
                                  grace_s=TERMINATE_GRACE_S,
-                                 warm=warm_start(preload_for(func, args, kwargs), world, port.port, timeout_s)
-                                 if warm_enabled() else None)
+                                 warm=warm_start(preload, world, port.port, timeout_s) if warm else None)
         if on_launched is not None:
             on_launched(call_dir, log_paths)
         result = launch.wait(timeout=timeout_s, fail_fast=True, is_failure=lambda e: not _reported_ok(call_dir, e.index))

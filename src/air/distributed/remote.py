@@ -25,6 +25,7 @@ from typing import Any
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
 from air.distributed.local import new_call_dir, rank_env, serialize_call
 from air.distributed.outcome import read_outcome, resolve
+from air.distributed.preload import RANK_PRELOAD_ENV, preload_for
 from air.distributed.shape import CallSettings
 from air.errors import (
     BackendUnavailableError,
@@ -69,8 +70,9 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     name = getattr(func, "__name__", "fn")
     record = RemoteRunRecord.create(name=name, accelerator=accelerator, num_nodes=num_nodes,
                                     num_accelerators=accelerator.per_node * num_nodes, profile=profile.name)
+    rank_env_extra = {RANK_PRELOAD_ENV: ",".join(preload_for(func, args, kwargs)), **(extra_env or {})}
     return _RemoteCall(backend, record, accelerator, num_nodes, payload, name, settings.timeout, echo,
-                       dict(extra_env or {})).run()
+                       rank_env_extra).run()
 
 
 # ---- shape ---------------------------------------------------------------------------------------

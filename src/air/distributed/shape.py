@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from air.accelerators import (
     AcceleratorType,
     MachineAccelerators,
+    cpu_slots,
     cpu_type,
     discover,
     normalize_model,
@@ -100,17 +101,18 @@ def _cpu_hint() -> str:
 
 def resolve_local(settings: CallSettings, machine: MachineAccelerators | None = None) -> LocalShape:
     """Check the request against this machine; pick the GPUs (or CPU slots) the ranks will use."""
-    machine = machine or discover()
     requested = parse_requested_type(settings.accelerator_type) if settings.accelerator_type else None
     if isinstance(requested, AcceleratorType) and requested.is_cpu:
-        count = settings.num_accelerators or machine.cpu_slots
-        if count > machine.cpu_slots:
+        slots = machine.cpu_slots if machine else cpu_slots()  # no GPU query: it costs ~25 ms (NVML) or more
+        count = settings.num_accelerators or slots
+        if count > slots:
             raise GPUValidationError(
-                f"Asked for {count} CPU processes but this machine has {machine.cpu_slots} CPU slots.",
+                f"Asked for {count} CPU processes but this machine has {slots} CPU slots.",
                 hint=f"Use num_accelerators <= {machine.cpu_slots}, or set AIR_CPU_SLOTS={count} to allow "
                 "more processes than cores (fine for tests, slow for training).",
             )
         return LocalShape(cpu_type(count), count, ())
+    machine = machine or discover()
     model = (requested.model if isinstance(requested, AcceleratorType) else requested) or None
     if not machine.gpus:
         what = f"{settings.num_accelerators or 'all'} {model or ''} GPU".replace("  ", " ")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import gc
 import json
 import os
 import signal
@@ -21,6 +22,8 @@ import cloudpickle
 
 from air.constants import _float_env
 from air.distributed.outcome import error, ok, write_outcome
+from air.distributed.preload import RANK_PRELOAD_ENV
+from air.launcher.zygote import exit_now, import_with_gc_off
 
 _PR_SET_PDEATHSIG = 1
 
@@ -104,6 +107,10 @@ def main(call_dir: Path) -> int:
     from air.distributed.mlflow_gate import install
 
     install(os.environ.get("AIR_MLFLOW_ENV_FILE"))
+    preload = [m for m in os.environ.get(RANK_PRELOAD_ENV, "").split(",") if m and m not in sys.modules]
+    if preload:  # a cold start; a forked rank has them already
+        import_with_gc_off(preload)  # one that fails is imported again by the function, failing there
+        gc.enable()
     try:
         with open(call_dir / "payload.pkl", "rb") as fh:
             func, args, kwargs = cloudpickle.load(fh)
@@ -136,6 +143,4 @@ def main(call_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    from air.launcher.zygote import exit_now
-
     exit_now(main(Path(sys.argv[1])))
