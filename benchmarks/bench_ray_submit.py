@@ -9,6 +9,10 @@ in-process, like air's backend) and through the `ray job submit` CLI (what a use
     python benchmarks/bench_ray_submit.py                 # starts a 2-node cluster of its own, stops it
     python benchmarks/bench_ray_submit.py --reps 10 --nodes 2 --address HOST:PORT --dashboard http://HOST:8265
 
+Then, with --remote-call, a whole `@distributed(remote=True)` call of the trivial 2-rank-per-node gloo DDP
+job of bench_launch.py on that cluster, with the nodes' ranks forked from one zygote each (the default)
+and started cold (AIR_WARM_START=0), interleaved.
+
 Prints the medians (and min/max) in seconds.
 """
 
@@ -97,6 +101,31 @@ def bench_job_cli(dashboard: str, reps: int, work: Path) -> list[float]:
     return times
 
 
+def bench_remote_call(address: str, nodes: int, reps: int, work: Path) -> dict[str, list[float]]:
+    """End-to-end remote=True calls (allocation, code shipping, both nodes' ranks, results back)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import trivial_ddp
+
+    from air import distributed
+
+    home = work / "air-home"
+    home.mkdir()
+    (home / "config.yaml").write_text(
+        f"default_profile: bench\nprofiles:\n  bench: {{backend: ray, address: '{address}'}}\n")
+    os.environ.update(AIR_HOME=str(home), AIR_TRACKING="off")
+    call = distributed(num_accelerators=2 * nodes, accelerator_type="CPU", remote=True)(trivial_ddp.job)
+    times: dict[str, list[float]] = {"warm": [], "cold": []}
+    for rep in range(reps + 1):  # the first round warms Ray's worker pool and the page cache
+        for mode, setting in (("warm", "1"), ("cold", "0")):
+            os.environ["AIR_WARM_START"] = setting
+            start = time.perf_counter()
+            assert call.distributed() == [2.0 * nodes] * (2 * nodes)
+            if rep:
+                times[mode].append(time.perf_counter() - start)
+    os.environ.pop("AIR_WARM_START", None)
+    return times
+
+
 def _summary(name: str, values: list[float]) -> str:
     return (f"{name:<44} median {statistics.median(values):6.3f} s   min {min(values):6.3f}   "
             f"max {max(values):6.3f}   (n={len(values)})")
@@ -108,6 +137,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--address", help="GCS address of an existing cluster (default: start one)")
     parser.add_argument("--dashboard", help="dashboard URL of that cluster, for Ray Jobs")
+    parser.add_argument("--remote-call", action="store_true",
+                        help="also time whole remote=True calls of a DDP job, warm vs cold rank start")
+    parser.add_argument("--only-remote-call", action="store_true", help="skip the submit-latency part")
     args = parser.parse_args()
     from air.ray.cluster import RayAuth, start_ray_node, use_auth
 
@@ -129,6 +161,12 @@ def main() -> int:
             work = Path(tmp)
             print(f"cluster {address}, {args.nodes} node(s), {args.reps} reps (+1 warm-up each), "
                   f"{os.cpu_count()} CPUs on this machine", flush=True)
+            if args.remote_call or args.only_remote_call:
+                remote = bench_remote_call(address, args.nodes, args.reps, work)
+                print(_summary("remote=True DDP call, ranks forked (default)", remote["warm"]), flush=True)
+                print(_summary("remote=True DDP call, AIR_WARM_START=0", remote["cold"]), flush=True)
+                if args.only_remote_call:
+                    return 0
             air_times = bench_air(address, args.nodes, args.reps, work)
             print(_summary(f"air RayBackend, all {args.nodes} nodes running", air_times), flush=True)
             if dashboard:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from ray_helpers import SEED_000_COMMAND, never, wait_for
+from ray_helpers import SEED_000_COMMAND, never
 
 from air.accelerators import AcceleratorType, cpu_type, parse_accelerator_type
 from air.backends.base import NodeTask
@@ -19,6 +19,7 @@ from air.backends.ray_agent import agent_root
 from air.backends.ray_agent import tagged_processes_any_node as tagged_processes
 from air.backends.ray_backend import RayBackend
 from air.errors import GPUValidationError
+from proc_helpers import wait_for
 
 pytestmark = pytest.mark.ray
 

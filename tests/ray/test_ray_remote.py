@@ -6,7 +6,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from ray_helpers import wait_for
 
 from air import distributed
 from air.backends.ray_agent import tagged_processes_any_node
@@ -14,6 +13,7 @@ from air.errors import BackendUnavailableError, RuntimeConfigurationError, Workl
 from air.runs.paths import RunPaths
 from air.runs.states import RunStatus
 from air.runs.store import RunStore
+from proc_helpers import wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -60,6 +60,35 @@ def test_remote_call_returns_every_rank_in_order(ray_profile: Path, capfd: pytes
     from air.tracking.store import tracking_uri
 
     assert run.mlflow_run_id and MlflowClient(tracking_uri()).get_run(run.mlflow_run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_remote_ranks_start_warm_like_local_ones(warm: str, ray_profile: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each node forks its ranks from one zygote that imported torch once (cold: each rank imports it
+    first); either way with the GC off for the import and back on for the function."""
+    monkeypatch.setenv("AIR_WARM_START", warm)
+
+    @distributed(num_accelerators=4, accelerator_type="CPU", remote=True)
+    def lineage() -> tuple[str, bool, bool, int, int, int]:
+        import gc
+        import os
+        import sys
+
+        import psutil
+
+        if os.environ.get("NEVER_SET_BY_ANYONE"):
+            import torch  # noqa: F401 - named only, for the preload scan
+        parent = psutil.Process(os.getppid())
+        return (" ".join(parent.cmdline()), "torch" in sys.modules, gc.isenabled(), gc.get_freeze_count(),
+                int(os.environ["NODE_RANK"]), parent.pid)
+
+    values = lineage.distributed()
+    assert [v[4] for v in values] == [0, 0, 1, 1]
+    for parent, torch_preloaded, gc_on, frozen, _, _ in values:
+        assert ("air.launcher.zygote" in parent) is (warm == "1")
+        assert torch_preloaded and gc_on and frozen > 100_000
+    if warm == "1":  # one zygote per node, both ranks of a node its children
+        assert values[0][5] == values[1][5] != values[2][5] == values[3][5]
 
 
 def test_a_rank_exception_is_raised_here(ray_profile: Path) -> None:

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from ray_helpers import SEED_000_COMMAND, wait_for
+from ray_helpers import SEED_000_COMMAND
 
 from air.backends.ray_agent import tagged_processes_any_node
 from air.runs.paths import RunPaths, process_tag
 from air.runs.states import RunStatus
 from air.runs.store import RunStore
+from proc_helpers import wait_for
 
 pytestmark = pytest.mark.ray
 

@@ -187,9 +187,13 @@ class NodeAgent:
     def _expand(self, value: str) -> str:
         return value.replace(NODE_DIR, str(self.root / "work")).replace(NODE_PYTHON, sys.executable)
 
-    def start(self, procs: Sequence[Mapping[str, Any]], tag: str, grace_s: float = TERMINATE_GRACE_S) -> list[int]:
-        """Start this node's processes at once: each {name, argv, env, cwd}. Returns their PIDs."""
-        from air.launcher import ProcessSpec, start_processes
+    def start(self, procs: Sequence[Mapping[str, Any]], tag: str, grace_s: float = TERMINATE_GRACE_S,
+              warm_preload: Sequence[str] | None = None) -> list[int]:
+        """Start this node's processes at once: each {name, argv, env, cwd}. Returns their PIDs (a warm
+        start's not yet: they are forked a moment later). With `warm_preload` (not None), they are forked from one zygote that
+        imported those modules once, where this node can fork."""
+        from air.launcher import ProcessSpec, WarmStart, start_processes
+        from air.launcher.warm import python_can_fork
 
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("this node is still running the previous launch")
@@ -208,7 +212,10 @@ class NodeAgent:
                                      log_path=logs / f"proc_{index}.log", cwd=Path(cwd) if cwd else None))
         tag = node_tag(tag, self.node_rank)
         self._start_sentinel(tag)
-        self._launch = start_processes(specs, on_line=self._on_line, tag=tag, grace_s=grace_s)
+        warm = None
+        if warm_preload is not None and python_can_fork():
+            warm = WarmStart(python=sys.executable, preload=tuple(warm_preload), world_size=len(specs), grace_s=grace_s)
+        self._launch = start_processes(specs, on_line=self._on_line, tag=tag, grace_s=grace_s, warm=warm)
         self._thread = threading.Thread(target=self._wait, name="air-agent-wait", daemon=True)
         self._thread.start()
         return list(self._launch.pids)

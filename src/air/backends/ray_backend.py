@@ -85,6 +85,9 @@ class NodeLaunch:
     log_path: Path
     cwd: Path | str | None = None
     files: Mapping[str, bytes] = field(default_factory=dict)
+    #: Fork every process from one zygote that imported these first (see air.launcher.warm); every
+    #: process must then be `NODE_PYTHON -m MODULE ...`. None: each process its own interpreter.
+    warm_preload: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -446,7 +449,7 @@ class RayBackend:
                     env = {k: (cwd + v[len(original):] if v == original or v.startswith(original + "/") else v)
                            for k, v in env.items()}
                 procs.append({"name": proc.name, "argv": list(proc.argv), "env": env, "cwd": cwd or proc.cwd})
-            starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S))
+            starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S, launch.warm_preload))
         attempt = RayAttempt(self, allocation, held, launches, tag=tag, on_line=on_line,
                              poll_wait_s=self.poll_wait_s, master_addr=node0["ip"], master_port=master_port)
         try:

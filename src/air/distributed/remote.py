@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
-from air.distributed.local import new_call_dir, rank_env, serialize_call
+from air.distributed.local import new_call_dir, rank_env, serialize_call, warm_enabled
 from air.distributed.outcome import read_outcome, resolve
 from air.distributed.preload import RANK_PRELOAD_ENV, preload_for
 from air.distributed.shape import CallSettings
@@ -70,9 +70,8 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     name = getattr(func, "__name__", "fn")
     record = RemoteRunRecord.create(name=name, accelerator=accelerator, num_nodes=num_nodes,
                                     num_accelerators=accelerator.per_node * num_nodes, profile=profile.name)
-    rank_env_extra = {RANK_PRELOAD_ENV: ",".join(preload_for(func, args, kwargs)), **(extra_env or {})}
     return _RemoteCall(backend, record, accelerator, num_nodes, payload, name, settings.timeout, echo,
-                       rank_env_extra).run()
+                       dict(extra_env or {}), preload_for(func, args, kwargs)).run()
 
 
 # ---- shape ---------------------------------------------------------------------------------------
@@ -205,7 +204,8 @@ class _RemoteCall:
     """One remote call from allocation to result (see the module docstring)."""
 
     def __init__(self, backend: Any, record: RemoteRunRecord, accelerator: AcceleratorType, num_nodes: int,
-                 payload: bytes, name: str, timeout_s: float | None, echo: bool, extra_env: dict[str, str]) -> None:
+                 payload: bytes, name: str, timeout_s: float | None, echo: bool, extra_env: dict[str, str],
+                 preload: tuple[str, ...] = ()) -> None:
         self.backend = backend
         self.record = record
         self.accelerator = accelerator
@@ -217,6 +217,8 @@ class _RemoteCall:
         self.timeout_s = timeout_s
         self.echo = echo
         self.extra_env = extra_env
+        self.preload = preload
+        self.warm = warm_enabled()  # as for a local call: every node forks its ranks from one zygote
         self.call_dir = new_call_dir(name)
         self.tracking: Any = None
         self._echo_lock = threading.Lock()
@@ -311,6 +313,8 @@ class _RemoteCall:
             "NUM_NODES": str(self.num_nodes), "AIR_RUN_ID": record.run_id,
             "AIR_ACCELERATOR_TYPE": self.accelerator.name,
         }
+        if not self.warm:
+            base[RANK_PRELOAD_ENV] = ",".join(self.preload)
         if self.tracking is not None:
             base.update(self.tracking.env())
         else:
@@ -329,7 +333,8 @@ class _RemoteCall:
                 procs.append(NodeProcess(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", "air.distributed.worker", NODE_DIR],
                                          env=env, log_path=log_paths[rank], cwd=os.getcwd()))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=record.paths.node_log(attempt, node),
-                                       files={"payload.pkl": self.payload}))
+                                       files={"payload.pkl": self.payload},
+                                       warm_preload=self.preload if self.warm else None))
         handle = self.backend.start_node_processes(allocation, launches, tag=f"air-{record.run_id}-{attempt}",
                                                    on_line=self._on_line)
         self._say(f"run {record.run_id} running; MASTER_ADDR={handle.master_addr} MASTER_PORT={handle.master_port}")
