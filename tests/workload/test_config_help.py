@@ -8,7 +8,9 @@ from pydantic import BaseModel
 
 from air.errors import UserInputError
 from air.workload.config_help import EXAMPLE, config_help, topics
-from air.workload.spec import WorkloadSpec, parse_workload, section_model
+from air.workload.loading import parse_workload
+from air.workload.schema import section_model
+from air.workload.spec import WorkloadSpec
 
 
 def all_fields(model: type[BaseModel] = WorkloadSpec, prefix: str = "") -> list[tuple[str, object]]:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from air.errors import UserInputError
+from air.workload.loading import WorkloadSpecError, load_workload
 from air.workload.overrides import coerce_value, parse_override
-from air.workload.spec import WorkloadSpec, WorkloadSpecError, load_workload
+from air.workload.spec import WorkloadSpec
 
 MINIMAL = Path(__file__).parent / "valid" / "minimal.yaml"
 FULL = Path(__file__).parent / "valid" / "full.yaml"

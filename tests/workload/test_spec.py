@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 
 from air.errors import UserInputError
-from air.workload.spec import (
-    RESERVED_ENV_NAMES,
-    WorkloadSpec,
-    WorkloadSpecError,
-    load_workload,
-    parse_workload,
-)
+from air.workload.loading import WorkloadSpecError, load_workload, parse_workload
+from air.workload.spec import RESERVED_ENV_NAMES, WorkloadSpec
 
 HERE = Path(__file__).parent
 VALID = HERE / "valid"

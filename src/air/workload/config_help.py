@@ -15,14 +15,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from air.errors import UserInputError
-from air.workload.spec import (
-    WorkloadSpec,
-    annotation_members,
-    dotted,
-    is_map,
-    section_model,
-    unknown_key_message,
-)
+from air.workload.schema import annotation_members, is_map, section_model, unknown_key_message
+from air.workload.spec import WorkloadSpec, dotted
 
 WIDTH = 100
 _INDENT = "      "

@@ -19,18 +19,16 @@ from typing import Any, get_origin
 import yaml
 from pydantic import BaseModel
 
-from air.workload.spec import (
-    Problem,
-    WorkloadSpec,
+from air.workload.loading import Problem
+from air.workload.schema import (
     accepts_none,
     annotation_members,
-    dotted,
     is_map,
     map_values,
     section_model,
-    show_value,
     unknown_key_message,
 )
+from air.workload.spec import WorkloadSpec, dotted, show_value
 
 
 class _OverrideProblem(Exception):

@@ -19,8 +19,9 @@ from air.backends.base import Backend
 from air.runs.paths import RunPaths, atomic_write_text
 from air.runs.states import FailureClass, RunStatus
 from air.runs.store import Run, RunStore
+from air.workload.loading import load_workload
 from air.workload.plan import RunPlan, make_plan
-from air.workload.spec import WorkloadSpec, load_workload
+from air.workload.spec import WorkloadSpec
 
 
 @dataclass
