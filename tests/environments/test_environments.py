@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from env_fixtures import offline_uv_fixture, uv_cache_fixture, wheelhouse_fixture  # noqa: F401
 
-from air import environments
 from air.environments import (
     Environment,
     activation_env,
@@ -29,6 +28,9 @@ from air.environments import (
     prune_environments,
     use_environment,
 )
+from air.environments.build import _build
+from air.environments.cache import _Lock
+from air.environments.key import _identity_memo
 from air.errors import EnvironmentBuildError
 from proc_helpers import wait_for
 
@@ -75,7 +77,7 @@ def test_command_imports_installed_and_base_packages_then_hits_the_cache(tmp_pat
         assert str(env.python) in "\n".join(header) and str(BASE.parent) not in "\n".join(header)
 
     assert cache_state(deps, BASE) == "cached"
-    environments._identity_memo.clear()  # as in a fresh process
+    _identity_memo.clear()  # as in a fresh process
     started = time.perf_counter()
     again = ensure_environment(deps, BASE, log=lines.append)
     elapsed = time.perf_counter() - started
@@ -137,7 +139,7 @@ def test_a_waiting_run_gets_the_environment_while_the_builder_still_holds_it(
     lines = offline(wheelhouse, "airtest-other")
     deps = parse_dependencies(lines, tmp_path)
     key = environment_key(deps, BASE)
-    lock = environments._Lock(key)
+    lock = _Lock(key)
     lock.acquire(fcntl.LOCK_EX)
     log_file = tmp_path / "waiter.log"
     program = (
@@ -153,7 +155,7 @@ def test_a_waiting_run_gets_the_environment_while_the_builder_still_holds_it(
     try:
         wait_for(lambda: log_file.exists() and "waiting for another run" in log_file.read_text(),
                  "the second run to wait for the build", timeout=60)
-        environments._build(deps, BASE, key, envs_dir() / key, log=lambda line: None)
+        _build(deps, BASE, key, envs_dir() / key, log=lambda line: None)
         lock.convert(fcntl.LOCK_SH)
         out, _ = waiter.communicate(timeout=60)
         assert out.strip() == "True" and waiter.returncode == 0

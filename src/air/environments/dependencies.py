@@ -1,0 +1,360 @@
+"""Dependency lines: an inline `environment.dependencies` list, or a requirements file (`.txt`, or the
+`{version, dependencies}` YAML form), parsed into a `DependencySet`. Nothing is installed here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from air.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """One install entry: a requirement, a local wheel/archive/folder, or a URL.
+
+    `line` is what uv gets (variables expanded, local paths absolute); `display` is what the user wrote,
+    so expanded secrets (an index token) never reach logs, messages or metadata.
+    """
+
+    line: str
+    display: str
+    name: str | None = None  # canonical project name, when the line names one
+    local_path: Path | None = None
+    editable: bool = False
+    url: bool = False
+    flags: tuple[str, ...] = ()  # uv flags for this entry alone (--no-deps, …): installed on its own
+
+
+@dataclass(frozen=True)
+class InstallOption:
+    """A line that applies to the whole install: an index, find-links, a constraints file, --no-index."""
+
+    flag: str  # the uv flag
+    value: str | None
+    display: str
+    local_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class DependencySet:
+    """Parsed `environment.dependencies`: entries, whole-install options, and where they came from."""
+
+    dependencies: tuple[Dependency, ...] = ()
+    options: tuple[InstallOption, ...] = ()
+    source: Path | None = None  # the requirements file, when one was named
+    version: str | int | None = None  # `version:` of the requirements.yaml form
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing to install: the run can use the base interpreter as it is."""
+        return not self.dependencies
+
+    def lines(self) -> list[str]:
+        """The lines as the user wrote them (options first), for logs, `--dry-run` and `air env list`."""
+        return [o.display for o in self.options] + [d.display for d in self.dependencies]
+
+
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|^git\+")
+_NAME_RE = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?=\[|[<>=!~;@(\s]|$)")
+_VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+_ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2", ".tgz", ".tar")
+
+# Option spelling → (uv flag, takes a value). Whole-install options apply to every entry (as in pip).
+_WHOLE_INSTALL: dict[str, tuple[str, bool]] = {
+    "--index-url": ("--index-url", True),
+    "-i": ("--index-url", True),
+    "--extra-index-url": ("--extra-index-url", True),
+    "--find-links": ("--find-links", True),
+    "-f": ("--find-links", True),
+    "--no-index": ("--no-index", False),
+    "--constraint": ("--constraints", True),
+    "-c": ("--constraints", True),
+    "--trusted-host": ("--allow-insecure-host", True),
+    "--pre": ("--prerelease=allow", False),
+}
+# Scoped options: apply to the next entry only, which is then installed on its own (as the reference).
+_PER_ENTRY: dict[str, str] = {
+    "--no-deps": "--no-deps",
+    "--no-build-isolation": "--no-build-isolation",
+    "--force-reinstall": "--reinstall",
+    "--no-cache-dir": "--no-cache",
+    "--upgrade": "--upgrade",
+    "-U": "--upgrade",
+}
+_INCLUDE = ("-r", "--requirement")
+_EDITABLE = ("-e", "--editable")
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalised project name (`Foo_Bar` → `foo-bar`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_dependencies(dependencies: list[str] | str | Path | None, base_dir: Path) -> DependencySet:
+    """Parse an inline list, or a requirements file (`.txt`, or the `{version, dependencies}` YAML form).
+
+    Relative paths resolve against `base_dir` (the workload YAML's folder) or, inside a file, against that
+    file's folder. Every problem is a UserInputError naming the line; nothing is installed here.
+    """
+    parser = _Parser()
+    if dependencies is None:
+        return DependencySet()
+    if isinstance(dependencies, (str, Path)):
+        source = _resolve_path(os.fspath(dependencies), base_dir, "environment.dependencies")
+        if not source.is_file():
+            raise UserInputError(
+                f"environment.dependencies names {source}, which is not a file.",
+                hint="Give a path to a requirements.txt or requirements.yaml (relative to the workload YAML), "
+                "or an inline list of packages.",
+            )
+        version: str | int | None = None
+        if source.suffix in (".yaml", ".yml"):
+            version, lines = _read_yaml_requirements(source)
+            parser.add_lines(lines, source.parent, origin=f"{source}: dependencies", inline=True)
+        else:
+            parser.add_file(source, origin="environment.dependencies")
+        return parser.result(source=source, version=version)
+    if isinstance(dependencies, (list, tuple)):
+        bad = [item for item in dependencies if not isinstance(item, str)]
+        if bad:
+            raise UserInputError(
+                f"environment.dependencies entries must be strings, got {bad[0]!r}.",
+                hint="Quote version-like entries in YAML, e.g. - \"numpy==1.26\".",
+            )
+        parser.add_lines(list(dependencies), base_dir, origin="environment.dependencies", inline=True)
+        return parser.result(source=None, version=None)
+    raise UserInputError(
+        f"environment.dependencies must be a list of packages or a path to a requirements file, "
+        f"got {type(dependencies).__name__}."
+    )
+
+
+def _read_yaml_requirements(path: Path) -> tuple[str | int | None, list[str]]:
+    import yaml  # only for this form: keep it off the cache-hit path
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserInputError(f"Cannot read requirements file {path}: {exc}") from None
+    if data is None:
+        return None, []
+    if not isinstance(data, dict):
+        raise UserInputError(f"{path} must be a mapping with `dependencies` (and optionally `version`).")
+    unknown = sorted(set(data) - {"version", "dependencies"})
+    if unknown:
+        raise UserInputError(f"{path}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: version, dependencies.")
+    lines = data.get("dependencies") or []
+    if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+        raise UserInputError(f"{path}: `dependencies` must be a list of strings.")
+    version = data.get("version")
+    if version is not None and not isinstance(version, (str, int)):
+        raise UserInputError(f"{path}: `version` must be a string or an integer.")
+    return version, lines
+
+
+def _resolve_path(text: str, base_dir: Path, origin: str) -> Path:
+    path = Path(os.path.expanduser(_expand_vars(text, origin)))
+    return Path(os.path.abspath(path if path.is_absolute() else base_dir / path))
+
+
+def _expand_vars(text: str, origin: str) -> str:
+    """`$VAR` and `${VAR}` from the environment; an unset variable is an error, not a literal `$VAR`."""
+
+    def repl(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in os.environ:
+            raise UserInputError(
+                f"{origin}: {text!r} uses ${name}, which is not set.",
+                hint=f"Set {name} in the environment that runs air, or write the value out.",
+            )
+        return os.environ[name]
+
+    return _VAR_RE.sub(repl, text)
+
+
+class _Parser:
+    """Accumulates entries and options across an inline list and the files it includes."""
+
+    def __init__(self) -> None:
+        self.dependencies: list[Dependency] = []
+        self.options: list[InstallOption] = []
+        self.warnings: list[str] = []
+        self._pending_flags: list[str] = []
+        self._files: list[Path] = []
+
+    def result(self, *, source: Path | None, version: str | int | None) -> DependencySet:
+        if self._pending_flags:
+            raise UserInputError(f"{' '.join(self._pending_flags)} at the end of the dependencies applies to nothing.")
+        index_urls = [o for o in self.options if o.flag == "--index-url"]
+        if len({o.value for o in index_urls}) > 1:
+            self.warnings.append(f"several --index-url lines; the last one ({index_urls[-1].display}) is used")
+            self.options = [o for o in self.options if o.flag != "--index-url" or o is index_urls[-1]]
+        seen: set[tuple[str, str | None]] = set()
+        options = []
+        for opt in self.options:
+            if (opt.flag, opt.value) not in seen:
+                seen.add((opt.flag, opt.value))
+                options.append(opt)
+        return DependencySet(tuple(self.dependencies), tuple(options), source, version, tuple(self.warnings))
+
+    def add_file(self, path: Path, origin: str) -> None:
+        if path in self._files:
+            raise UserInputError(f"{origin}: requirements file {path} includes itself (via -r).")
+        if not path.is_file():
+            raise UserInputError(f"{origin}: requirements file {path} does not exist.")
+        self._files.append(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserInputError(f"Cannot read requirements file {path}: {exc}") from None
+        self.add_lines(_join_continuations(text.splitlines()), path.parent, origin=str(path))
+        self._files.pop()
+
+    def add_lines(self, lines: Iterable[str], base_dir: Path, origin: str, *, inline: bool = False) -> None:
+        """Add lines of a file (`origin` is its path) or of an inline list (`inline`: entries are numbered)."""
+        for number, raw in enumerate(lines, start=1):
+            text = re.sub(r"(^|\s)#.*$", "", raw).strip()
+            if text:
+                self._add_line(text, base_dir, f"{origin}[{number - 1}]" if inline else f"{origin}, line {number}")
+
+    def _add_line(self, text: str, base_dir: Path, where: str) -> None:
+        display = text
+        while text.startswith("-"):
+            head, *tail = text.split(None, 1)
+            flag, eq, value = head.partition("=")
+            rest = tail[0].strip() if tail else ""
+            if flag in _PER_ENTRY:
+                self._pending_flags.append(_PER_ENTRY[flag])
+                text = rest
+                if not text:
+                    return
+                continue
+            if flag in _WHOLE_INSTALL or flag in _INCLUDE or flag in _EDITABLE:
+                takes_value = flag in _INCLUDE or flag in _EDITABLE or _WHOLE_INSTALL[flag][1]
+                if takes_value and not eq:
+                    value, rest = rest, ""
+                if takes_value and not value:
+                    raise UserInputError(f"{where}: {flag} needs a value.")
+                if rest:
+                    raise UserInputError(f"{where}: unexpected text after {flag} {value}: {rest!r}.")
+                if flag in _INCLUDE:
+                    self.add_file(_resolve_path(value, base_dir, where), origin=where)
+                elif flag in _EDITABLE:
+                    path = _resolve_path(value, base_dir, where)
+                    if not path.is_dir():
+                        raise UserInputError(f"{where}: editable {value!r} names {path}, which is not a folder.")
+                    self._add_dependency(Dependency(
+                        line=f"-e {path}", display=display, name=_local_name(path), local_path=path, editable=True
+                    ))
+                else:
+                    self._add_option(_WHOLE_INSTALL[flag][0], value if takes_value else None, display, base_dir, where)
+                return
+            raise UserInputError(
+                f"{where}: unsupported option {flag!r}.",
+                hint="Supported: --index-url/-i, --extra-index-url, --find-links/-f, --no-index, --constraint/-c, "
+                "--trusted-host, --pre, -r FILE, -e PATH, and per entry --no-deps, --no-build-isolation, "
+                "--force-reinstall, --no-cache-dir, --upgrade.",
+            )
+        self._add_dependency(_parse_entry(text, display, base_dir, where))
+
+    def _add_option(self, flag: str, value: str | None, display: str, base_dir: Path, where: str) -> None:
+        local: Path | None = None
+        if value is not None:
+            value = _expand_vars(value, where)
+            if flag in ("--find-links", "--constraints") and not _URL_RE.match(value):
+                local = _resolve_path(value, base_dir, where)
+                if not local.exists():
+                    raise UserInputError(f"{where}: {display!r} names {local}, which does not exist.")
+                value = str(local)
+        self.options.append(InstallOption(flag, value, display, local))
+
+    def _add_dependency(self, dep: Dependency) -> None:
+        if self._pending_flags:
+            dep = dataclasses.replace(dep, flags=tuple(self._pending_flags) + dep.flags)
+            self._pending_flags = []
+        self.dependencies.append(dep)
+
+
+def _join_continuations(lines: list[str]) -> list[str]:
+    """requirements.txt lines ending in a backslash continue on the next line."""
+    out: list[str] = []
+    buffer = ""
+    for line in lines:
+        if line.endswith("\\"):
+            buffer += (line[:-1].strip() if buffer else line[:-1].rstrip()) + " "
+            continue
+        out.append(buffer + line.lstrip() if buffer else line)
+        buffer = ""
+    if buffer:
+        out.append(buffer)
+    return out
+
+
+def _parse_entry(text: str, display: str, base_dir: Path, where: str) -> Dependency:
+    line = _expand_vars(text, where)
+    requirement = re.split(r"\s+--hash[= ]", line, maxsplit=1)[0].strip()
+    if _URL_RE.match(requirement):
+        local = _file_url_path(requirement)
+        if local is not None and not local.exists():
+            raise UserInputError(f"{where}: {display!r} names {local}, which does not exist.")
+        return Dependency(line, display, name=None, local_path=local, url=local is None)
+    match = _NAME_RE.match(requirement)
+    direct = re.match(r"[^;@]*@\s*(\S+)", requirement) if match else None
+    if match and direct:  # `name @ url`
+        local = _file_url_path(direct.group(1))
+        if local is not None and not local.exists():
+            raise UserInputError(f"{where}: {display!r} names {local}, which does not exist.")
+        return Dependency(line, display, name=canonical_name(match.group(1)), local_path=local, url=local is None)
+    if _looks_like_path(requirement):
+        path = _resolve_path(requirement, base_dir, where)
+        if not path.exists():
+            raise UserInputError(
+                f"{where}: dependency {display!r} names {path}, which does not exist.",
+                hint="Local wheels and folders resolve against the file that names them.",
+            )
+        return Dependency(str(path), display, name=_local_name(path), local_path=path)
+    if not match:
+        raise UserInputError(f"{where}: {display!r} is not a requirement, a path or a URL.")
+    return Dependency(line, display, name=canonical_name(match.group(1)))
+
+
+def _looks_like_path(text: str) -> bool:
+    return (
+        "/" in text or os.sep in text or text.startswith((".", "~"))
+        or text.lower().endswith(_ARCHIVE_SUFFIXES)
+    )
+
+
+def _file_url_path(url: str) -> Path | None:
+    if not url.startswith("file:"):
+        return None
+    return Path(unquote(urlparse(url).path))
+
+
+def _local_name(path: Path) -> str | None:
+    """The project name a local wheel, archive or folder installs (so it is never excluded)."""
+    filename = path.name
+    if filename.endswith(".whl"):
+        return canonical_name(filename.split("-")[0])
+    for suffix in _ARCHIVE_SUFFIXES:
+        if filename.lower().endswith(suffix):
+            return canonical_name(filename[: -len(suffix)].rsplit("-", 1)[0])
+    if path.is_dir():
+        pyproject = path / "pyproject.toml"
+        if pyproject.is_file():
+            match = re.search(r'(?ms)^\[project\].*?^name\s*=\s*["\']([^"\']+)', pyproject.read_text(errors="replace"))
+            if match:
+                return canonical_name(match.group(1))
+        setup_cfg = path / "setup.cfg"
+        if setup_cfg.is_file():
+            match = re.search(r"(?ms)^\[metadata\].*?^name\s*=\s*(\S+)", setup_cfg.read_text(errors="replace"))
+            if match:
+                return canonical_name(match.group(1))
+    return None

@@ -1,0 +1,119 @@
+"""Listing and pruning the cache, for `air env list` and `air env prune`."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from air.environments.cache import _is_complete, _Lock
+from air.environments.layout import _COMPLETE, _LAST_USED, _META, envs_dir
+from air.errors import UserInputError
+
+
+@dataclass(frozen=True)
+class EnvInfo:
+    """One cache entry, for `air env list` and `air env prune`."""
+
+    key: str
+    path: Path
+    size_bytes: int
+    created: datetime | None
+    last_used: datetime | None
+    dependencies: list[str] = field(default_factory=list)
+    base_python: str | None = None
+    state: Literal["ready", "building", "incomplete"] = "ready"
+    in_use: bool = False
+
+
+def _folder_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def _mtime(path: Path) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
+    except OSError:
+        return None
+
+
+def _info(path: Path, state: Literal["ready", "building", "incomplete"], in_use: bool) -> EnvInfo:
+    try:
+        meta = json.loads((path / _META).read_text())
+    except (OSError, ValueError):
+        meta = {}
+    created = meta.get("created")
+    return EnvInfo(
+        key=path.name,
+        path=path,
+        size_bytes=_folder_size(path),
+        created=datetime.fromisoformat(created) if created else _mtime(path),
+        last_used=_mtime(path / _LAST_USED) or _mtime(path / _COMPLETE),
+        dependencies=list(meta.get("dependencies", [])),
+        base_python=meta.get("base_python"),
+        state=state,
+        in_use=in_use,
+    )
+
+
+def _entries() -> list[Path]:
+    return sorted(p for p in envs_dir().iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def list_environments() -> list[EnvInfo]:
+    """Every cached environment, most recently used first; `in_use` is true while a run holds it."""
+    infos = []
+    for path in _entries():
+        lock = _Lock(path.name)
+        free = lock.acquire(fcntl.LOCK_EX, blocking=False)
+        lock.release()
+        complete = _is_complete(path)
+        state: Literal["ready", "building", "incomplete"] = (
+            "ready" if complete else "incomplete" if free else "building"
+        )
+        infos.append(_info(path, state, in_use=complete and not free))
+    epoch = datetime.fromtimestamp(0, tz=timezone.utc)
+    return sorted(infos, key=lambda i: i.last_used or i.created or epoch, reverse=True)
+
+
+def prune_environments(older_than_days: float | None = None, all_unused: bool = False) -> list[EnvInfo]:
+    """Remove environments not used for `older_than_days`, or every one not in use (`all_unused`).
+
+    Leftovers of interrupted builds are always removed. An environment being built or used by a run is
+    never touched: removal needs its exclusive lock.
+    """
+    if older_than_days is not None and older_than_days < 0:
+        raise UserInputError(f"older_than_days must be >= 0, got {older_than_days}.")
+    cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
+    removed = []
+    for path in _entries():
+        lock = _Lock(path.name)
+        if not lock.acquire(fcntl.LOCK_EX, blocking=False):
+            continue  # being built, or held by a running node
+        try:
+            complete = _is_complete(path)
+            last_used = (path / _LAST_USED) if (path / _LAST_USED).exists() else (path / _COMPLETE)
+            stale = cutoff is not None and (not last_used.exists() or last_used.stat().st_mtime < cutoff)
+            if not complete or all_unused or stale:
+                info = _info(path, "ready" if complete else "incomplete", in_use=False)
+                with contextlib.suppress(FileNotFoundError):
+                    (path / _COMPLETE).unlink()  # first: a reader never trusts a half-removed folder
+                shutil.rmtree(path, ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError):
+                    lock.path.unlink()
+                removed.append(info)
+        finally:
+            lock.release()
+    return removed
