@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from air.environments.dependencies import Dependency, DependencySet, canonical_name
+from air.environments.dependencies import Dependency, DependencySet, canonical_name, without_hashes
 from air.environments.key import _interpreter_identity
 from air.environments.layout import (
     _COMPLETE,
@@ -413,7 +413,7 @@ class _Checker:
 
     def _parse(self, text: str) -> Any | None:
         try:
-            return self._requirement(re.split(r"\s+--hash[= ]", text, maxsplit=1)[0])
+            return self._requirement(without_hashes(text))
         except self._invalid:
             return None
 

@@ -97,6 +97,11 @@ def canonical_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+
+def without_hashes(line: str) -> str:
+    """A requirement line without its `--hash=...` options (pip's hash-checking mode)."""
+    return re.split(r"\s+--hash[= ]", line, maxsplit=1)[0].strip()
+
 def parse_dependencies(dependencies: list[str] | str | Path | None, base_dir: Path) -> DependencySet:
     """Parse an inline list, or a requirements file (`.txt`, or the `{version, dependencies}` YAML form).
 
@@ -299,7 +304,7 @@ def _join_continuations(lines: list[str]) -> list[str]:
 
 def _parse_entry(text: str, display: str, base_dir: Path, where: str) -> Dependency:
     line = _expand_vars(text, where)
-    requirement = re.split(r"\s+--hash[= ]", line, maxsplit=1)[0].strip()
+    requirement = without_hashes(line)
     if _URL_RE.match(requirement):
         local = _file_url_path(requirement)
         if local is not None and not local.exists():

@@ -17,7 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from air.environments.dependencies import Dependency, DependencySet, InstallOption, canonical_name
+from air.environments.dependencies import (
+    Dependency,
+    DependencySet,
+    InstallOption,
+    canonical_name,
+    without_hashes,
+)
 from air.environments.layout import _SCHEMA, _atomic_write, envs_dir
 from air.errors import UserInputError
 
@@ -80,7 +86,7 @@ def _normalised(dep: Dependency) -> str:
     except ImportError:  # pragma: no cover - packaging ships with pip/setuptools/mlflow
         return " ".join(dep.line.split()).lower()
     try:
-        req = Requirement(re.split(r"\s+--hash[= ]", dep.line, maxsplit=1)[0])
+        req = Requirement(without_hashes(dep.line))
     except InvalidRequirement:
         return " ".join(dep.line.split())
     text = canonical_name(req.name)
