@@ -4,7 +4,6 @@ cluster started by the workload's own command, Ray Train fine-tuning a tiny Qwen
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -18,14 +17,23 @@ def command_lines(path: Path) -> list[str]:
     return yaml.safe_load(path.read_text())["command"].splitlines()
 
 
+#: train_cpu.yaml's node flags in place of the document's `--num-gpus="$GPUS_PER_NODE"` (no GPU in CI).
+CPU_FLAGS = "--num-cpus=$LOCAL_WORLD_SIZE --num-gpus=0 --object-store-memory=100000000"
+
+
 def test_cpu_yaml_runs_the_gpu_yaml_command_after_its_offline_prelude() -> None:
-    """The CI variant must keep testing the document's command: only the prelude and the trap differ."""
+    """The CI variant must keep testing the document's command: only the prelude and the devices differ.
+    Both are the document's own Ray commands (port 6379, `ray stop`), which air's `ray` shim makes safe."""
     def ray_part(lines: list[str]) -> list[str]:
-        lines = lines[lines.index("RAY_HEAD_PORT=$MASTER_PORT"):]
-        return [re.sub(r" \$WORK'", "'", line) for line in lines if not line.strip().startswith("#")]
+        lines = lines[lines.index("RAY_HEAD_PORT=6379"):]
+        return [line for line in lines if not line.strip().startswith("#")]
 
     gpu, cpu = command_lines(SEED000 / "train.yaml"), command_lines(SEED000 / "train_cpu.yaml")
-    assert ray_part(cpu) == ray_part(gpu), "train_cpu.yaml's Ray part drifted from train.yaml's"
+    as_cpu = [line.replace('--num-gpus="$GPUS_PER_NODE"', CPU_FLAGS).replace("GPU(s)", "CPU(s)")
+              for line in ray_part(gpu)]
+    assert ray_part(cpu) == as_cpu, "train_cpu.yaml's Ray part drifted from train.yaml's"
+    assert "ray stop" in [line.strip() for line in gpu]
+    assert not (SEED000 / "ray_node_args.py").exists()
 
 
 def test_gpu_yaml_is_valid_for_an_8_gpu_node(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,6 +85,7 @@ def test_cpu_workload_trains_with_falling_loss_and_logs_to_mlflow(air_home: Path
     history = client.get_metric_history(runs[0].info.run_id, "train_loss")
     assert [m.step for m in history] == list(range(1, 13))
     assert history[-1].value < history[0].value
-    # Nothing of the run's Ray cluster is left (the command stops it by PID, never `ray stop`).
+    # Nothing of the run's Ray cluster is left: `ray stop` (air's shim) ended the head, and the joining
+    # node's `ray start --block` ended itself once the head was gone.
     assert not processes_with_env("AIR_RUN_ID", lambda v: v == run_id)
     assert not Path(f"/tmp/air-seed000-{run_id}").exists()

@@ -49,6 +49,28 @@ def test_generated_set_has_cifar10s_layouts_and_the_fallback_reads_it(fake_cifar
     assert table.num_rows == 64 and table.column_names == ["image", "label"]
 
 
+#: workload_cpu.yaml's node flags in place of `--num-gpus="$GPUS_PER_NODE"` (no GPU in CI; Ray Data's
+#: tasks need CPUs besides the training workers', so RAY_NODE_NUM_CPUS, not the slot count).
+CPU_FLAGS = "--num-cpus=$RAY_NODE_NUM_CPUS --num-gpus=0 --object-store-memory=200000000"
+
+
+def test_cpu_yaml_runs_the_gpu_yaml_command_after_its_offline_prelude() -> None:
+    """Seed 000's Ray commands (port 6379, `ray stop`, the joining loop), which air's `ray` shim makes
+    safe on a shared machine: the CPU variant differs from workload.yaml only in its prelude and devices."""
+    import yaml
+
+    def ray_part(name: str) -> list[str]:
+        lines = yaml.safe_load((SEED002 / name).read_text())["command"].splitlines()
+        return [line for line in lines[lines.index('if [ "$STEP" = "1" ]; then'):]
+                if not line.strip().startswith("#")]
+
+    gpu = [line.replace('--num-gpus="$GPUS_PER_NODE"', CPU_FLAGS).replace("GPU(s)", "CPU(s)")
+           for line in ray_part("workload.yaml")]
+    assert ray_part("workload_cpu.yaml") == gpu, "workload_cpu.yaml's command drifted from workload.yaml's"
+    assert "ray stop" in [line.strip() for line in gpu]
+    assert not (SEED002 / "ray_node_args.py").exists()
+
+
 def test_step1_as_a_workload(air_home: Path) -> None:
     result = air_cli("run", "-f", str(SEED002 / "workload_cpu.yaml"), "--watch", "--json",
                      "--override", "env_variables.STEP=1", "--override", "env_variables.EPOCHS=2", timeout=400)
