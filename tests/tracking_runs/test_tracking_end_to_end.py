@@ -196,3 +196,39 @@ def test_call_whose_ranks_never_use_mlflow_is_recorded_after_it_returns(tmp_path
 
     runs = wait_for(recorded, "the recorder to log the call", timeout=90)
     assert len(runs) == 1 and runs[0].info.run_name == "plain"
+
+
+def test_recorders_of_one_air_home_take_turns(tmp_path: Path, air_home: Path) -> None:
+    """A detached recorder waits for the one before it (each imports mlflow: ~2 s of CPU), so a loop of
+    quick calls does not start that many at once. Here the test holds the lock the recorders share."""
+    import fcntl
+    import subprocess
+    import textwrap
+
+    from air.distributed.tracked import RECORDER_LOCK
+
+    script = tmp_path / "quick.py"
+    script.write_text(textwrap.dedent("""
+        from air import distributed
+        assert distributed(num_accelerators=1, accelerator_type="CPU")(lambda: 1).distributed() == [1]
+    """))
+    air_home.mkdir(parents=True, exist_ok=True)
+    with open(air_home / RECORDER_LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+
+        def waiting_recorder() -> list[str]:
+            import psutil
+
+            recorders = {str(p.pid) for p in psutil.process_iter(["cmdline"])
+                         if str(air_home) in " ".join(p.info["cmdline"] or []) and "air.distributed.tracked"
+                         in (p.info["cmdline"] or [])}
+            return [line for line in Path("/proc/locks").read_text().splitlines()
+                    if "-> FLOCK" in line and line.split()[5] in recorders]
+
+        wait_for(waiting_recorder, "the recorder to wait for the lock", timeout=30)
+        assert not list((air_home / "calls").glob("*/mlflow_env.json"))  # nothing recorded meanwhile
+        fcntl.flock(held, fcntl.LOCK_UN)
+    wait_for(lambda: list((air_home / "calls").glob("*/mlflow_env.json")), "the recorder, once let through",
+             timeout=90)

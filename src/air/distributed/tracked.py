@@ -26,6 +26,10 @@ def _warn(message: str) -> None:
     sys.stderr.write(f"[air] {message}\n")
 
 
+#: In AIR_HOME: the lock the detached recorders of local calls take turns on.
+RECORDER_LOCK = ".mlflow-recorder.lock"
+
+
 class CallTracking:
     """The MLflow run of one call, created off the critical path."""
 
@@ -106,7 +110,20 @@ class CallTracking:
 
 
 def record_call(job_file: Path) -> int:
-    """The recorder process: make the call's MLflow run after the fact, with its logs and status."""
+    """The recorder process: make the call's MLflow run after the fact, with its logs and status.
+
+    Recorders of one AIR_HOME take turns (a file lock): each imports mlflow (~2 s of CPU), and a loop of
+    quick calls would otherwise start that many at once."""
+    import fcntl
+
+    from air.home import air_home
+
+    with open(air_home() / RECORDER_LOCK, "a") as lock:  # released when the process ends
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _record(job_file)
+
+
+def _record(job_file: Path) -> int:
     from air.tracking import start_call_run
 
     job = json.loads(job_file.read_text())

@@ -180,10 +180,14 @@ def _host_store(store: dict[str, Any]) -> object | None:
         return None
 
 
-def _sweep_orphans(launcher_pid: int, grace_s: float) -> None:
-    """The launcher died (SIGKILL): nobody else will end what the ranks started. Do it here."""
-    if os.getppid() == launcher_pid:
-        return
+def _sweep(grace_s: float) -> None:
+    """Stopped by SIGTERM: end whatever the children left behind (everything carrying the launch's tag).
+
+    Done on every SIGTERM, not only when the launcher is gone. Its own teardown sweeps the same tag, so
+    this is harmless when it is alive; and its death cannot be told apart reliably: the pdeathsig comes
+    when the launcher's thread that started this process exits, which can be while the rest of a
+    SIGKILLed launcher is still being torn down and getppid() still names it.
+    """
     tag = os.environ.get("AIR_PROCESS_TAG")
     if not tag:
         return
@@ -267,7 +271,7 @@ def main(plan_fd: int, status_fd: int) -> int:
         if index is not None:
             _status(status_fd, f"exit {index} {os.waitstatus_to_exitcode(status)} {time.time():.6f}")
     if _stopping:
-        _sweep_orphans(launcher_pid, float(plan.get("grace_s", 1.0)))
+        _sweep(float(plan.get("grace_s", 1.0)))
     return 0
 
 
