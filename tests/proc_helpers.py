@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -36,3 +37,10 @@ def wait_for(predicate: Callable[[], object], what: str, timeout: float = 10.0, 
 def read_pids(folder: Path) -> list[int]:
     """PIDs that ranks and their children wrote to `folder` (one file per process)."""
     return [int(p.read_text()) for p in folder.glob("*.pid") if p.read_text().strip()]
+
+
+def default_sigint() -> None:
+    """`preexec_fn` for a caller a test will Ctrl-C: SIGINT back to its default. A suite started as a
+    background job (`make test &` in a script) inherits SIGINT ignored, and a Python started with it
+    ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

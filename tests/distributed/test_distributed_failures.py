@@ -15,7 +15,7 @@ import rank_programs as rp
 
 from air import distributed
 from air.errors import LocalExecutionTimeoutError, RankFailedError, SerializationError
-from proc_helpers import alive, read_pids, wait_for
+from proc_helpers import alive, default_sigint, read_pids, wait_for
 
 #: Ranks stuck in a collective must be gone long before any NCCL/gloo timeout; generous for busy CI.
 PROMPT_S = 20.0
@@ -109,7 +109,8 @@ def test_ctrl_c_in_the_caller_ends_every_rank(tmp_path: Path, pid_dir: Path) -> 
             print("interrupted", flush=True)
             sys.exit(130)
     """))
-    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              preexec_fn=default_sigint)
     wait_for(lambda: len(read_pids(pid_dir)) >= 8, "both ranks to start their grandchildren", timeout=60)
     caller.send_signal(signal.SIGINT)
     out, _ = caller.communicate(timeout=PROMPT_S)

@@ -13,7 +13,7 @@ from air.errors import BackendUnavailableError, RuntimeConfigurationError, Workl
 from air.runs.paths import RunPaths
 from air.runs.states import RunStatus
 from air.runs.store import RunStore
-from proc_helpers import wait_for
+from proc_helpers import default_sigint, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -186,7 +186,7 @@ def test_ctrl_c_in_the_caller_cancels_the_run(ray_profile: Path, tmp_path: Path)
     script = tmp_path / "caller.py"
     script.write_text(INTERRUPTED_CALLER)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "AIR_HOME": str(ray_profile)})
+                            text=True, env={**os.environ, "AIR_HOME": str(ray_profile)}, preexec_fn=default_sigint)
     lines: list[str] = []
     try:
         assert proc.stdout is not None
