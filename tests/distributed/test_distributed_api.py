@@ -97,6 +97,15 @@ def test_cpu_slots_bound_cpu_ranks() -> None:
     assert resolve_local(check_settings(None, "CPU"), MachineAccelerators((), 4)).world_size == 4
 
 
+def test_too_many_cpu_ranks_is_refused_without_a_gpu_query(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path of a real call (no machine passed in): only the CPU slots are read."""
+    monkeypatch.setenv("AIR_CPU_SLOTS", "3")
+    with pytest.raises(GPUValidationError) as info:
+        distributed(num_accelerators=5, accelerator_type="CPU")(lambda: 0).distributed()
+    assert "5 CPU processes" in str(info.value) and "3 CPU slots" in str(info.value)
+    assert "num_accelerators <= 3" in str(info.value) and "AIR_CPU_SLOTS=5" in str(info.value)
+
+
 def test_gpu_discovery_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     from air import accelerators
 

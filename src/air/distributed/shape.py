@@ -108,7 +108,7 @@ def resolve_local(settings: CallSettings, machine: MachineAccelerators | None = 
         if count > slots:
             raise GPUValidationError(
                 f"Asked for {count} CPU processes but this machine has {slots} CPU slots.",
-                hint=f"Use num_accelerators <= {machine.cpu_slots}, or set AIR_CPU_SLOTS={count} to allow "
+                hint=f"Use num_accelerators <= {slots}, or set AIR_CPU_SLOTS={count} to allow "
                 "more processes than cores (fine for tests, slow for training).",
             )
         return LocalShape(cpu_type(count), count, ())
