@@ -189,9 +189,10 @@ class NodeAgent:
 
     def start(self, procs: Sequence[Mapping[str, Any]], tag: str, grace_s: float = TERMINATE_GRACE_S,
               warm_preload: Sequence[str] | None = None) -> list[int]:
-        """Start this node's processes at once: each {name, argv, env, cwd}. Returns their PIDs (a warm
-        start's not yet: they are forked a moment later). With `warm_preload` (not None), they are forked from one zygote that
-        imported those modules once, where this node can fork."""
+        """Start this node's processes at once: each {name, argv, env, cwd}. Returns their PIDs.
+
+        With `warm_preload` (not None) and where this node can fork, they are forked from one zygote that
+        imported those modules once; their PIDs are then not known yet (the forks come a moment later)."""
         from air.launcher import ProcessSpec, WarmStart, start_processes
         from air.launcher.warm import python_can_fork
 

@@ -128,10 +128,7 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
     base_env["AIR_CALL_DIR"] = str(call_dir)
     gpu_ids = list(shape.gpu_ids) if not shape.accelerator.is_cpu else []
     preload = preload_for(func, args, kwargs)
-    warm = warm_enabled()
-    base_env.pop(RANK_PRELOAD_ENV, None)  # a caller that is itself a rank has its own
-    if not warm:
-        base_env[RANK_PRELOAD_ENV] = ",".join(preload)
+    base_env[RANK_PRELOAD_ENV] = ",".join(preload)  # what a rank imports first (a forked one finds it done)
     with reserve_port() as port:
         specs = [
             ProcessSpec(
@@ -148,7 +145,7 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
         width = len(str(world - 1))
         launch = start_processes(specs, on_line=_echo(lambda i: f"[rank {i:>{width}}] ") if echo else None,
                                  grace_s=TERMINATE_GRACE_S,
-                                 warm=warm_start(preload, world, port.port, timeout_s) if warm else None)
+                                 warm=warm_start(preload, world, port.port, timeout_s) if warm_enabled() else None)
         if on_launched is not None:
             on_launched(call_dir, log_paths)
         result = launch.wait(timeout=timeout_s, fail_fast=True, is_failure=lambda e: not _reported_ok(call_dir, e.index))

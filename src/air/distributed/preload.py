@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 PRELOAD_ENV = "AIR_PRELOAD"
-#: What a cold-started rank imports first (comma-separated), set by the caller from preload_for().
+#: What every rank imports first (comma-separated), set by the caller from preload_for(); a rank forked
+#: from a zygote finds it imported already.
 RANK_PRELOAD_ENV = "AIR_RANK_PRELOAD"
 
 #: DDP and FSDP import torch._dynamo when they wrap a model (about a second of every rank's start):

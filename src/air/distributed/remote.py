@@ -205,7 +205,7 @@ class _RemoteCall:
 
     def __init__(self, backend: Any, record: RemoteRunRecord, accelerator: AcceleratorType, num_nodes: int,
                  payload: bytes, name: str, timeout_s: float | None, echo: bool, extra_env: dict[str, str],
-                 preload: tuple[str, ...] = ()) -> None:
+                 preload: tuple[str, ...]) -> None:
         self.backend = backend
         self.record = record
         self.accelerator = accelerator
@@ -311,10 +311,8 @@ class _RemoteCall:
         base = {
             "AIR_SYS_PATH": json.dumps([p for p in sys.path if p]), "AIR_CALL_DIR": NODE_DIR,
             "NUM_NODES": str(self.num_nodes), "AIR_RUN_ID": record.run_id,
-            "AIR_ACCELERATOR_TYPE": self.accelerator.name,
+            "AIR_ACCELERATOR_TYPE": self.accelerator.name, RANK_PRELOAD_ENV: ",".join(self.preload),
         }
-        if not self.warm:
-            base[RANK_PRELOAD_ENV] = ",".join(self.preload)
         if self.tracking is not None:
             base.update(self.tracking.env())
         else:

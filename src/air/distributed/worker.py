@@ -108,7 +108,7 @@ def main(call_dir: Path) -> int:
 
     install(os.environ.get("AIR_MLFLOW_ENV_FILE"))
     preload = [m for m in os.environ.get(RANK_PRELOAD_ENV, "").split(",") if m and m not in sys.modules]
-    if preload:  # a cold start; a forked rank has them already
+    if preload:  # a cold start (a forked rank has them already), or one the zygote failed to import
         import_with_gc_off(preload)  # one that fails is imported again by the function, failing there
         gc.enable()
     try:
