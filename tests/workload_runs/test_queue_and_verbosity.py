@@ -33,26 +33,34 @@ def two_slots(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def holder(tmp_path: Path) -> tuple[str, Path]:
     """A run holding both slots until the returned marker file exists."""
     marker = tmp_path / "release"
-    path = write_workload(tmp_path, "holder", f"""
+    path = write_workload(
+        tmp_path,
+        "holder",
+        f"""
         experiment_name: holder
         compute: {{num_accelerators: 2, accelerator_type: CPU_2xCPU}}
         max_retries: 0
         command: |
           while [ ! -e {marker} ]; do sleep 0.1; done
           echo released
-    """)
+    """,
+    )
     run_id = submit(path)
     wait_status(run_id, "RUNNING")
     return run_id, marker
 
 
 def hello(tmp_path: Path) -> Path:
-    return write_workload(tmp_path, "hello", """
+    return write_workload(
+        tmp_path,
+        "hello",
+        """
         experiment_name: hello
         compute: {num_accelerators: 2, accelerator_type: CPU_2xCPU}
         max_retries: 0
         command: echo hello
-    """)
+    """,
+    )
 
 
 def wait_waiting(run_id: str, position: int) -> None:
@@ -76,8 +84,10 @@ def test_get_and_list_say_position_slots_and_holder(tmp_path: Path) -> None:
     shown = air("get", "run", third)
     assert shown.returncode == 0, shown.stderr
     waiting = [line for line in shown.stdout.splitlines() if line.startswith("Waiting")]
-    assert waiting == [f"Waiting          waiting for 2 CPU slots (0 of 2 free); 2nd in line behind {second}; "
-                       f"1 running run holds them: {held}"]
+    assert waiting == [
+        f"Waiting          waiting for 2 CPU slots (0 of 2 free); 2nd in line behind {second}; "
+        f"1 running run holds them: {held}"
+    ]
     first_in_line = air("get", "run", second).stdout
     assert f"1st in line; 1 running run holds them: {held}" in first_in_line
     assert "Waiting" not in air("get", "run", held).stdout  # a running run waits for nothing
@@ -95,8 +105,10 @@ def test_get_and_list_say_position_slots_and_holder(tmp_path: Path) -> None:
     listed = air("list", "runs")
     assert listed.returncode == 0, listed.stderr
     after_table = listed.stdout.split("Waiting:", 1)[1].splitlines()
-    assert f"  {second}  waiting for 2 CPU slots (0 of 2 free); 1st in line; 1 running run holds them: {held}" \
+    assert (
+        f"  {second}  waiting for 2 CPU slots (0 of 2 free); 1st in line; 1 running run holds them: {held}"
         in after_table
+    )
     assert any(line.startswith(f"  {third}  ") and "2nd in line" in line for line in after_table)
     runs = {r["id"]: r for r in json.loads(air("list", "runs", "--json").stdout)["data"]["runs"]}
     assert runs[second]["queue"]["position"] == 1 and runs[third]["queue"]["position"] == 2
@@ -140,8 +152,10 @@ def test_watch_says_why_it_waits_as_a_line_and_a_queue_event(tmp_path: Path) -> 
     assert text.returncode == 0, err
     assert out == "hello\n"
     assert f"[{first}] QUEUED\n" in err
-    assert (f"[{first}] waiting for 2 CPU slots (0 of 2 free); 1st in line; 1 running run holds them: {held}\n"
-            in err)
+    assert (
+        f"[{first}] waiting for 2 CPU slots (0 of 2 free); 1st in line; 1 running run holds them: {held}\n"
+        in err
+    )
     assert "\x1b" not in out + err  # piped: no spinner, no control characters
 
     jout, jerr = events.communicate(timeout=120)
@@ -158,6 +172,7 @@ def test_watch_says_why_it_waits_as_a_line_and_a_queue_event(tmp_path: Path) -> 
 
 def _submitted_run(count: int, other_than: str | None = None) -> str:
     """The id of the newest hello run once `count` of them exist."""
+
     def runs() -> list[str]:
         return [r.id for r in RunStore().list_runs(statuses="all", experiment_glob="hello")]
 
@@ -170,8 +185,13 @@ def test_a_terminal_gets_a_spinner_while_the_run_waits(tmp_path: Path) -> None:
     """The other side of "piped output has no control characters": on a pseudo-terminal it spins."""
     held, marker = holder(tmp_path)
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", "run", "-f", str(hello(tmp_path)), "--watch"],
-                            stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env={**os.environ, "TERM": "xterm"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "air.cli.main", "run", "-f", str(hello(tmp_path)), "--watch"],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "TERM": "xterm"},
+    )
     os.close(slave)
     chunks: list[bytes] = []
 
@@ -220,7 +240,9 @@ def test_verbose_streams_air_lines_and_default_shows_none(tmp_path: Path) -> Non
 
     debug = air("-vv", "run", "-f", str(path), "--watch")
     assert debug.returncode == 0, debug.stderr
-    assert any(line.startswith("[air] supervisor: attempt 0: node commands") for line in debug.stderr.splitlines())
+    assert any(
+        line.startswith("[air] supervisor: attempt 0: node commands") for line in debug.stderr.splitlines()
+    )
 
     run_id = [line for line in lines if line.startswith("Submitted run ")][0].split()[2]
     log = RunPaths(run_id).supervisor_log.read_text()
@@ -238,14 +260,18 @@ def test_quiet_prints_only_the_result(tmp_path: Path) -> None:
     assert wait_terminal(run_id).status.value == "SUCCESS"
     nothing = air("-q", "cancel", "--all", "-y")
     assert nothing.returncode == 0 and nothing.stdout == "" and nothing.stderr == ""
-    failing = write_workload(tmp_path, "fails", """
+    failing = write_workload(
+        tmp_path,
+        "fails",
+        """
         experiment_name: fails
         compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
         max_retries: 0
         command: |
           echo "ValueError: bad batch" >&2
           exit 3
-    """)
+    """,
+    )
     failed = air("-q", "run", "-f", str(failing), "--watch")
     assert failed.returncode == 1
     assert "ended FAILED" in failed.stderr and "ValueError: bad batch" in failed.stderr  # errors still show
