@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -37,6 +38,8 @@ from air.runs.store import RunStore
 from air.workload.plan import RunPlan
 
 CANCEL_POLL_S = 0.25
+
+_log = logging.getLogger("air.supervisor")
 
 
 def make_backend(plan: RunPlan, store: RunStore) -> Backend:
@@ -75,10 +78,25 @@ class Supervisor:
         self.accelerator = parse_accelerator_type(self.plan.accelerator)
         self.backend = make_backend(self.plan, self.store)
         self.policy = RetryPolicy(self.plan.max_retries)
-        self.log = open(self.paths.supervisor_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        from air.log import configure_file
+
+        #: supervisor.log (RunPaths owns the name): every `air.*` logger of this process writes there.
+        self.log_handler = configure_file(self.paths.supervisor_log)
 
     def say(self, line: str) -> None:
-        self.log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+        _log.info("%s", line)
+
+    def _on_wait(self, line: str) -> None:
+        """The backend's "waiting for capacity" note, and (local ledger) where the run is in line."""
+        self.say(line)
+        try:
+            from air.runs.queue import queue_info
+
+            info = queue_info(self.store, self.store.get_run(self.run_id))
+            if info is not None:
+                self.say(f"queued: {info.reason}")
+        except Exception as exc:  # noqa: BLE001 - a message must never stop the run
+            _log.debug("could not describe the queue: %s", exc)
 
     def cancel_requested(self) -> bool:
         return self.store.get_run(self.run_id).status is RunStatus.TERMINATING
@@ -95,9 +113,12 @@ class Supervisor:
                 return self._end_canceled()
             allocation = self.backend.acquire(
                 self.run_id, self.accelerator, self.plan.num_nodes, should_stop=self._stop_queue,
-                on_wait=lambda line: self.say(line))
+                on_wait=self._on_wait)
             if allocation is None:
                 return self._end_canceled()
+            self.say("capacity acquired: " + "; ".join(
+                f"node {n}: {self.accelerator.kind} {','.join(slots)}"
+                for n, slots in enumerate(allocation.slots_per_node)))
             try:
                 if not self._move(RunStatus.RUNNING, {RunStatus.QUEUED}):
                     return self._end_canceled()
@@ -115,6 +136,8 @@ class Supervisor:
                     with self._environment(air_log) as environment:
                         nodes = self._node_tasks(attempt.index, logs, secrets, environment, tracking.env())
                         self.say(f"attempt {attempt.index}: starting {len(nodes)} node(s)")
+                        _log.debug("attempt %d: node commands %s, cwd %s", attempt.index,
+                                   [" ".join(t.argv) for t in nodes], nodes[0].cwd if nodes else None)
                         handle = self.backend.start_attempt(allocation, nodes, tag=process_tag(self.run_id))
                         tracking.start_samplers(allocation, self.plan.num_nodes)
                         timeout_s = self.plan.timeout_minutes * 60 if self.plan.timeout_minutes else None
@@ -164,7 +187,10 @@ class Supervisor:
 
         deps = parse_dependencies(self.plan.dependencies, Path(self.plan.dependencies_base_dir or "."))
         started = time.monotonic()
+        self.say(f"environment: {len(deps.dependencies)} dependencies on {self.plan.base_python}")
         with use_environment(deps, Path(self.plan.base_python), log=air_log) as env:
+            self.say(f"environment {'reused (cache hit)' if env.cache_hit else 'built'} in "
+                     f"{time.monotonic() - started:.2f} s: {env.path}")
             air_log(f"environment {'reused' if env.cache_hit else 'built'} in {time.monotonic() - started:.2f} s: "
                     f"{env.path}")
             yield env
@@ -342,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if supervisor is not None:
-            supervisor.log.close()
+            logging.getLogger("air").removeHandler(supervisor.log_handler)
+            supervisor.log_handler.close()
 
 
 def _reap_remote_nodes(supervisor: Supervisor | None, run_id: str, within_s: float = 30.0) -> None:

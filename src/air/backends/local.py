@@ -8,6 +8,7 @@ concurrent runs never hold the same slot and a run waits QUEUED while slots are 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from air.launcher import Launch, ProcessSpec, reap_tag, reserve_port, start_proc
 from air.ray.shim import local_workload_ray_env
 
 QUEUE_POLL_S = 0.2
+
+_log = logging.getLogger("air.backends.local")
 
 
 class LocalBackend:
@@ -68,16 +71,25 @@ class LocalBackend:
 
     def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
                 should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
+        from air.runs.states import StatusConflictError
+
         kind = "CPU" if accelerator.is_cpu else "GPU"
         wanted = accelerator.per_node * num_nodes
         capacity = self.capacity(accelerator)
         last_note = 0.0
         while True:
-            slots = self.store.try_claim_slots(run_id, kind, wanted, capacity)
-            if slots is not None:
-                break
             if should_stop():
                 return None
+            try:
+                slots = self.store.try_claim_slots(run_id, kind, wanted, capacity)
+            except StatusConflictError:
+                if should_stop():  # canceled while it waited: no longer QUEUED, so it may not claim
+                    return None
+                raise
+            if slots is not None:
+                _log.info("run %s acquired %s slot(s) %s", run_id, kind,
+                          ",".join(str(s) for s in sorted(slots)))
+                break
             if time.monotonic() - last_note > 30 or last_note == 0.0:
                 on_wait(f"waiting for capacity: {wanted} {kind} slot(s) needed, {capacity} on this machine, "
                         "held by earlier runs")
