@@ -58,11 +58,14 @@ class UI:
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "air.cli.main", "ui", "--port", str(port), *extra],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def wait_ready(self) -> list[psutil.Process]:
         """Wait until the page answers; return every process `air ui` started (its whole tree)."""
+
         def ready() -> bool:
             assert self.proc.poll() is None, f"air ui exited {self.proc.returncode}:\n{self.log.read_text()}"
             return answers(self.port)
@@ -96,12 +99,16 @@ def started(tmp_path: Path) -> Iterator[list[UI]]:
 def test_sigterm_ends_the_ui_tree_busy_port_is_an_error_and_links_use_the_real_port(
     tmp_path: Path, air_home: Path, started: list[UI]
 ) -> None:
-    path = write_workload(tmp_path, "linked", """
+    path = write_workload(
+        tmp_path,
+        "linked",
+        """
         experiment_name: linked
         compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
         max_retries: 0
         command: echo trained
-    """)
+    """,
+    )
     run_id = submit(path)
     port = free_port()
     ui = UI(tmp_path, port, "--workers", "2")
@@ -136,8 +143,9 @@ def test_sigterm_ends_the_ui_tree_busy_port_is_an_error_and_links_use_the_real_p
     assert "http://127.0.0.1:5000/#/experiments/" in air("get", "run", run_id).stdout
 
 
-def test_sigkilled_air_ui_takes_mlflow_server_with_it(tmp_path: Path, air_home: Path,
-                                                      started: list[UI]) -> None:
+def test_sigkilled_air_ui_takes_mlflow_server_with_it(
+    tmp_path: Path, air_home: Path, started: list[UI]
+) -> None:
     port = free_port()
     ui = UI(tmp_path, port, "--workers", "2")
     started.append(ui)

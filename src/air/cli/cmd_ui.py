@@ -66,14 +66,21 @@ def _check_port(host: str, port: int) -> None:
     if problem is None:
         return
     if isinstance(problem, socket.gaierror):
-        raise LaunchError(f"Cannot listen on {host}:{port}: {problem}.",
-                          hint="Pass an address of this machine with --host (default 127.0.0.1).")
+        raise LaunchError(
+            f"Cannot listen on {host}:{port}: {problem}.",
+            hint="Pass an address of this machine with --host (default 127.0.0.1).",
+        )
     if problem.errno != errno.EADDRINUSE:
-        raise LaunchError(f"Cannot listen on {host}:{port}: {problem.strerror or problem}.",
-                          hint="Pick another port with --port (e.g. air ui --port 5001) or another --host.")
+        raise LaunchError(
+            f"Cannot listen on {host}:{port}: {problem.strerror or problem}.",
+            hint="Pick another port with --port (e.g. air ui --port 5001) or another --host.",
+        )
     other = running_ui()
-    who = (f"`air ui` (pid {other.pid}) already serves this store at {other.base_url}"
-           if other is not None and other.port == port else "another program listens there")
+    who = (
+        f"`air ui` (pid {other.pid}) already serves this store at {other.base_url}"
+        if other is not None and other.port == port
+        else "another program listens there"
+    )
     free = _free_port_near(host, port)
     raise LaunchError(
         f"Port {port} on {host} is busy: {who}.",
@@ -84,10 +91,20 @@ def _check_port(host: str, port: int) -> None:
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535),
-              help="Port to listen on; a busy port is an error (exit 1).")
-@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Server worker processes (MLflow's own default, 4, takes 4x the start-up CPU).")
+@click.option(
+    "--port",
+    default=5000,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port to listen on; a busy port is an error (exit 1).",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Server worker processes (MLflow's own default, 4, takes 4x the start-up CPU).",
+)
 @common
 def ui(host: str, port: int, workers: int) -> int:
     """Start the MLflow UI for air's tracking store and print its address (Ctrl-C stops it).
@@ -102,7 +119,9 @@ def ui(host: str, port: int, workers: int) -> int:
     from air.tracking.ui import forget_ui, record_ui, require_ui_server
 
     # Checked before AIR_HOME is touched: a missing extra or a busy port writes nothing.
-    if not is_http(os.environ.get("MLFLOW_TRACKING_URI", "")):  # a server has its own UI: ui_command() says so
+    if not is_http(
+        os.environ.get("MLFLOW_TRACKING_URI", "")
+    ):  # a server has its own UI: ui_command() says so
         require_ui_server()
         _check_port(host, port)
     uri = tracking_uri()

@@ -34,7 +34,9 @@ UI_EXTRA = "ui"
 UI_FILE = "ui.json"
 
 
-def ui_command(host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT, workers: int | None = None) -> list[str]:
+def ui_command(
+    host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT, workers: int | None = None
+) -> list[str]:
     """argv of `mlflow ui` for the current store (run with this interpreter, so the venv's mlflow).
 
     For the embedded store, new experiments made in the UI also keep artifacts under AIR_HOME, and the
@@ -199,7 +201,9 @@ def _same_store(a: str, b: str) -> bool:
         return True
     if a.startswith("sqlite:///") and b.startswith("sqlite:///"):
         try:
-            return Path(a.removeprefix("sqlite:///")).resolve() == Path(b.removeprefix("sqlite:///")).resolve()
+            return (
+                Path(a.removeprefix("sqlite:///")).resolve() == Path(b.removeprefix("sqlite:///")).resolve()
+            )
         except OSError:
             return False
     return False
@@ -219,8 +223,9 @@ def wait_listening(host: str, port: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection((host if host not in ("0.0.0.0", "::") else DEFAULT_UI_HOST, port),
-                                          timeout=1):
+            with socket.create_connection(
+                (host if host not in ("0.0.0.0", "::") else DEFAULT_UI_HOST, port), timeout=1
+            ):
                 return True
         except OSError:
             time.sleep(0.2)
