@@ -119,9 +119,8 @@ def ui(host: str, port: int, workers: int) -> int:
     from air.tracking.ui import forget_ui, record_ui, require_ui_server
 
     # Checked before AIR_HOME is touched: a missing extra or a busy port writes nothing.
-    if not is_http(
-        os.environ.get("MLFLOW_TRACKING_URI", "")
-    ):  # a server has its own UI: ui_command() says so
+    # A tracking server has its own UI: ui_command() says so, and needs neither the extra nor the port.
+    if not is_http(os.environ.get("MLFLOW_TRACKING_URI", "")):
         require_ui_server()
         _check_port(host, port)
     uri = tracking_uri()

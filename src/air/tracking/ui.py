@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -214,19 +213,3 @@ def running_ui(store: str | None = None) -> RunningUI | None:
     store = tracking_uri() if store is None else store
     live = [u for u in _read() if _same_store(u.store, store) and u.alive()]
     return live[-1] if live else None
-
-
-def wait_listening(host: str, port: int, timeout_s: float) -> bool:
-    """Whether something accepts connections on host:port within `timeout_s`."""
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(
-                (host if host not in ("0.0.0.0", "::") else DEFAULT_UI_HOST, port), timeout=1
-            ):
-                return True
-        except OSError:
-            time.sleep(0.2)
-    return False
