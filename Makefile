@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	  echo "setup: no NVIDIA GPU: $(TORCH_SPEC) CPU build from $(TORCH_INDEX_URL)"; \
 	  $(PY) -m pip install -q "$(TORCH_SPEC)" --index-url "$(TORCH_INDEX_URL)"; \
 	else \
-	  echo "setup: no NVIDIA GPU, and $(TORCH_INDEX_URL) did not answer: $(TORCH_SPEC) from pip's configured index"; \
+	  echo "setup: no NVIDIA GPU, but the CPU index ('$(TORCH_INDEX_URL)') is unset or did not answer: $(TORCH_SPEC) from pip's configured index"; \
 	fi
 	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,ray,examples,ui]"
 	touch $(STAMP)
