@@ -47,9 +47,10 @@ def mlflow_link(run: Run) -> str | None:
         if not info.get("tracking_uri", "").startswith("sqlite"):
             base = info["tracking_uri"].rstrip("/")
             return f"{base}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}"
-        from air.tracking import run_url
+        from air.tracking import run_url, ui_base_url
 
-        return run_url(info["run_id"], info["experiment_id"])
+        # The port a running `air ui` for this store listens on, else its default.
+        return run_url(info["run_id"], info["experiment_id"], base=ui_base_url(store=info["tracking_uri"]))
     except Exception:
         return None
 
