@@ -94,7 +94,9 @@ def _reconcile_quietly() -> None:
         from air.runs.reconcile import reconcile
         from air.runs.store import RunStore
 
-        reconcile(RunStore())
+        store = RunStore.if_exists()  # no store yet: no run to check, and nothing to create
+        if store is not None:
+            reconcile(store)
     except AirError:
         raise
     except Exception as exc:  # a broken reconcile must not block `air list runs`

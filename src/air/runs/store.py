@@ -303,6 +303,13 @@ class RunStore:
     def __repr__(self) -> str:
         return f"RunStore({str(self.path)!r})"
 
+    @classmethod
+    def if_exists(cls) -> RunStore | None:
+        """The default store when `runs.db` exists, else None: readers (the reconcile every command does,
+        shell completion) must not create AIR_HOME or the database just by looking."""
+        path = air_home(create=False) / "runs.db"
+        return cls(path) if path.is_file() else None
+
     # -- connections ----------------------------------------------------------------------------
 
     def _conn(self) -> sqlite3.Connection:

@@ -1,0 +1,33 @@
+"""CLI edges a new user meets: a dry run that leaves no trace, a failed command's own words as its reason,
+hosted-compatible `--json` fields, shell completion of run ids."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from runs_helpers import air, write_workload
+
+
+def test_dry_run_writes_nothing_under_air_home(tmp_path: Path, air_home: Path) -> None:
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('hi')\n")
+    wheel_dir = tmp_path / "wheels"
+    wheel_dir.mkdir()
+    path = write_workload(tmp_path, "dry", f"""
+        experiment_name: dry
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        code_source:
+          snapshot: {{root_path: {code}}}
+        environment:
+          dependencies: [--no-index, --find-links {wheel_dir}, airtest-hello==1.0]
+        parameters: {{lr: 0.1}}
+        command: python train.py
+    """)
+    shutil.rmtree(air_home, ignore_errors=True)
+    for args in (("--dry-run",), ("--dry-run", "--json")):
+        result = air("run", "-f", str(path), *args)
+        assert result.returncode == 0, result.stderr
+        assert "will build" in result.stdout and "train.py" in result.stdout
+        assert not air_home.exists(), sorted(str(p) for p in air_home.rglob("*"))
