@@ -3,10 +3,11 @@ hosted-compatible `--json` fields, shell completion of run ids."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
-from runs_helpers import air, write_workload
+from runs_helpers import air, submit, wait_terminal, write_workload
 
 
 def test_dry_run_writes_nothing_under_air_home(tmp_path: Path, air_home: Path) -> None:
@@ -31,3 +32,22 @@ def test_dry_run_writes_nothing_under_air_home(tmp_path: Path, air_home: Path) -
         assert result.returncode == 0, result.stderr
         assert "will build" in result.stdout and "train.py" in result.stdout
         assert not air_home.exists(), sorted(str(p) for p in air_home.rglob("*"))
+
+
+def test_a_command_that_cannot_open_its_script_says_so_as_its_reason(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.py"
+    path = write_workload(tmp_path, "missing", f"""
+        experiment_name: missing
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: |
+          echo starting
+          python {missing}
+    """)
+    run_id = submit(path)
+    run = wait_terminal(run_id)
+    expected = f"python: can't open file '{missing}': [Errno 2] No such file or directory (exit code 2)"
+    assert (run.status.value, run.termination_reason) == ("FAILED", expected)
+    shown = json.loads(air("get", "run", run_id, "--json").stdout)["data"]
+    assert shown["termination_reason"] == expected
+    assert expected in air("get", "run", run_id).stdout
