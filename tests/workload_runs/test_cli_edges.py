@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from runs_helpers import air, submit, wait_terminal, write_workload
@@ -16,7 +17,10 @@ def test_dry_run_writes_nothing_under_air_home(tmp_path: Path, air_home: Path) -
     (code / "train.py").write_text("print('hi')\n")
     wheel_dir = tmp_path / "wheels"
     wheel_dir.mkdir()
-    path = write_workload(tmp_path, "dry", f"""
+    path = write_workload(
+        tmp_path,
+        "dry",
+        f"""
         experiment_name: dry
         compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
         code_source:
@@ -25,7 +29,8 @@ def test_dry_run_writes_nothing_under_air_home(tmp_path: Path, air_home: Path) -
           dependencies: [--no-index, --find-links {wheel_dir}, airtest-hello==1.0]
         parameters: {{lr: 0.1}}
         command: python train.py
-    """)
+    """,
+    )
     shutil.rmtree(air_home, ignore_errors=True)
     for args in (("--dry-run",), ("--dry-run", "--json")):
         result = air("run", "-f", str(path), *args)
@@ -36,14 +41,18 @@ def test_dry_run_writes_nothing_under_air_home(tmp_path: Path, air_home: Path) -
 
 def test_a_command_that_cannot_open_its_script_says_so_as_its_reason(tmp_path: Path) -> None:
     missing = tmp_path / "missing.py"
-    path = write_workload(tmp_path, "missing", f"""
+    path = write_workload(
+        tmp_path,
+        "missing",
+        f"""
         experiment_name: missing
         compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
         max_retries: 0
         command: |
           echo starting
           python {missing}
-    """)
+    """,
+    )
     run_id = submit(path)
     run = wait_terminal(run_id)
     expected = f"python: can't open file '{missing}': [Errno 2] No such file or directory (exit code 2)"
@@ -51,3 +60,43 @@ def test_a_command_that_cannot_open_its_script_says_so_as_its_reason(tmp_path: P
     shown = json.loads(air("get", "run", run_id, "--json").stdout)["data"]
     assert shown["termination_reason"] == expected
     assert expected in air("get", "run", run_id).stdout
+
+
+def test_json_carries_the_hosted_cli_field_names(tmp_path: Path) -> None:
+    path = write_workload(
+        tmp_path,
+        "hosted",
+        """
+        experiment_name: hosted
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        command: echo hi
+    """,
+    )
+    run_id = submit(path)
+    run = wait_terminal(run_id)
+    assert run.status.value == "SUCCESS" and run.started_at is not None
+
+    [item] = json.loads(air("list", "runs", "--all-status", "--json").stdout)["data"]["runs"]
+    assert {k: item[k] for k in ("run_id", "run_name", "user", "status")} == {
+        "run_id": run_id,
+        "run_name": "hosted",
+        "user": run.user,
+        "status": "SUCCESS",
+    }
+    assert item["user"] and item["id"] == run_id and item["experiment"] == "hosted"  # air's own names stay
+    started = item["started_at"]
+    assert isinstance(started, str) and started.endswith("Z") and "T" in started
+    parsed = datetime.fromisoformat(started.replace("Z", "+00:00"))
+    assert parsed.utcoffset() == timedelta(0)
+    assert abs(parsed.timestamp() - run.started_at) < 0.001 and item["started_at_epoch"] == run.started_at
+
+    got = json.loads(air("get", "run", run_id, "--json").stdout)["data"]
+    assert (got["run_id"], got["status"], got["started_at"], got["experiment_name"]) == (
+        run_id,
+        "SUCCESS",
+        started,
+        "hosted",
+    )
+    assert got["attempt_number"] == 0 and got["termination_reason"] == run.termination_reason
+    assert got["duration_seconds"] == run.duration_seconds() and got["duration_seconds"] > 0
+    assert got["mlflow_url"] and run.mlflow_run_id and run.mlflow_run_id in got["mlflow_url"]

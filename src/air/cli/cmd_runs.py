@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 from dataclasses import asdict
 from typing import Any
 
@@ -14,13 +15,30 @@ from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run, RunStore
 
 
+def rfc3339(ts: float | None) -> str | None:
+    """Epoch seconds as an RFC 3339 UTC string, the form the hosted CLI's `started_at` has."""
+    if ts is None:
+        return None
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
 def run_dict(run: Run) -> dict[str, Any]:
+    """A run for `--json`: the hosted CLI's field names and forms (reference §1.4: `run_id`, `run_name`,
+    `started_at` as RFC 3339, `attempt_number`, `experiment_name`) beside air's own (`id`, `experiment`,
+    `started_at_epoch`, ...), so scripts written for either read it."""
     data = asdict(run)
     data.pop("spec_yaml", None)
     data["status"] = run.status.value
     data["failure_class"] = run.failure_class.value if run.failure_class else None
     data["duration_seconds"] = run.duration_seconds()
     data["attempts"] = run.attempt_count
+    data["run_id"] = run.id
+    data["run_name"] = run.run_name or run.experiment  # the MLflow run name, as `get run` shows it
+    data["experiment_name"] = run.experiment
+    data["started_at_epoch"] = run.started_at
+    data["started_at"] = rfc3339(run.started_at)
+    data["attempt_number"] = run.current_attempt  # 0-based, as `air logs --retry` takes it
     return data
 
 
