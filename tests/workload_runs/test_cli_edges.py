@@ -10,6 +10,9 @@ from pathlib import Path
 
 from runs_helpers import air, submit, wait_terminal, write_workload
 
+from air.runs.states import RunStatus
+from air.runs.store import RunStore
+
 
 def test_dry_run_writes_nothing_under_air_home(tmp_path: Path, air_home: Path) -> None:
     code = tmp_path / "code"
@@ -100,3 +103,32 @@ def test_json_carries_the_hosted_cli_field_names(tmp_path: Path) -> None:
     assert got["attempt_number"] == 0 and got["termination_reason"] == run.termination_reason
     assert got["duration_seconds"] == run.duration_seconds() and got["duration_seconds"] > 0
     assert got["mlflow_url"] and run.mlflow_run_id and run.mlflow_run_id in got["mlflow_url"]
+
+
+def _complete(shell: str, words: str, cword: int) -> list[str]:
+    """What the shell's completion script gets back from `air` (click's `_AIR_COMPLETE` protocol)."""
+    done = air(env={"_AIR_COMPLETE": f"{shell}_complete", "COMP_WORDS": words, "COMP_CWORD": str(cword)})
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    return [line for line in done.stdout.splitlines() if line]
+
+
+def test_shell_completion_offers_run_ids_from_the_store(air_home: Path) -> None:
+    assert _complete("bash", "air get run ", 3) == [] and not air_home.exists()  # no store: nothing, no trace
+    store = RunStore()
+    ended = store.create_run(
+        experiment="old", accelerator_type="CPU_1xCPU", num_accelerators=1, num_nodes=1
+    ).run
+    store.transition(ended.id, RunStatus.CANCELED, reason="test")
+    active = store.create_run(
+        experiment="live", accelerator_type="CPU_1xCPU", num_accelerators=1, num_nodes=1
+    ).run
+
+    assert _complete("bash", "air get run ", 3) == [f"plain,{active.id}", f"plain,{ended.id}"]  # newest first
+    assert _complete("bash", f"air logs {ended.id[:-2]}", 2) == [f"plain,{ended.id}"]
+    assert _complete("bash", "air get run nope", 3) == []
+    assert _complete("bash", "air cancel ", 2) == [f"plain,{active.id}"]  # only what can still be canceled
+    assert _complete("zsh", "air logs ", 2)[:3] == ["plain", active.id, "PENDING  live"]
+    assert _complete("bash", "air pr", 1) == ["plain,prune"]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for shell in ("bash", "zsh", "fish"):
+        assert f"_AIR_COMPLETE={shell}_source air" in readme

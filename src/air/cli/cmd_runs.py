@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import envelope, fmt_duration, fmt_time, print_fields, print_table
 from air.errors import UserInputError
@@ -68,7 +69,7 @@ def get() -> None:
 
 
 @get.command("run")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @common
 def get_run(run_id: str) -> None:
     """A run: status, attempts, termination reason, MLflow run, logs."""

@@ -558,11 +558,13 @@ class RunStore:
         accelerator_type: str | None = None,
         num_accelerators: int | None = None,
         user: str | None = None,
+        id_prefix: str | None = None,
     ) -> list[Run]:
         """Runs, newest first. `statuses=None` means the active ones (what `air list runs` shows);
         "all" adds the ended ones. `experiment_glob` is a case-insensitive glob (`qwen*`),
         `accelerator_type` a case-insensitive substring (`H100`, `GPU_8xH100`), `num_accelerators` and
-        `user` exact. Served by indexes: fast over 100,000 runs."""
+        `user` exact, `id_prefix` the start of the run id (shell completion). Served by indexes: fast
+        over 100,000 runs."""
         where: list[str] = []
         params: list[Any] = []
         if statuses is None:
@@ -588,6 +590,9 @@ class RunStore:
         if user is not None:
             where.append("user = ?")
             params.append(user)
+        if id_prefix:
+            where.append("id >= ? AND id < ?")  # a range on the primary key, not a scan
+            params.extend([id_prefix, id_prefix + "\U0010ffff"])
         sql = _RUN_SELECT
         if where:
             sql += " WHERE " + " AND ".join(where)
