@@ -805,6 +805,33 @@ class RunStore:
             self._status(conn, run_id)
         return rows
 
+    # -- housekeeping (`air prune`) -------------------------------------------------------------
+
+    def ended_before(self, cutoff: float) -> list[tuple[str, float]]:
+        """`(run_id, ended_at)` of every ended run that ended (or, lacking an end, was submitted) before
+        `cutoff` (epoch seconds), oldest first: what `air prune` may remove."""
+        terminal = sorted(s.value for s in RunStatus.terminal())
+        sql = (
+            "SELECT id, COALESCE(ended_at, submitted_at) AS ended FROM runs WHERE status IN ("
+            + ", ".join("?" for _ in terminal) + ") AND COALESCE(ended_at, submitted_at) < ? ORDER BY ended, id"
+        )
+        return [(str(r[0]), float(r[1])) for r in self._conn().execute(sql, [*terminal, cutoff])]
+
+    def delete_ended_runs(self, run_ids: Iterable[str]) -> list[str]:
+        """Delete these runs' rows (attempts and slot claims too), but only those that are still ended:
+        a run is never removed while it is active. Returns the ids deleted."""
+        terminal = sorted(s.value for s in RunStatus.terminal())
+        marks = ", ".join("?" for _ in terminal)
+        deleted: list[str] = []
+        with self._write() as conn:
+            for run_id in run_ids:
+                gone = conn.execute(f"DELETE FROM runs WHERE id = ? AND status IN ({marks})", [run_id, *terminal])
+                if gone.rowcount:
+                    conn.execute("DELETE FROM attempts WHERE run_id = ?", (run_id,))
+                    conn.execute("DELETE FROM slot_claims WHERE run_id = ?", (run_id,))
+                    deleted.append(run_id)
+        return deleted
+
     # -- the slot ledger ------------------------------------------------------------------------
 
     def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int) -> list[int] | None:
