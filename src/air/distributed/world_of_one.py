@@ -13,7 +13,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
+from typing import Generic, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -56,12 +56,17 @@ def world_of_one() -> Iterator[dict[str, str]]:
                 os.environ.pop(name, None)
 
 
+class _WorldOfOne(Generic[P, R]):
+    """`func` run inside `world_of_one()`; a class, not a closure, so it pickles wherever `func` does."""
+
+    def __init__(self, func: Callable[P, R]) -> None:
+        functools.update_wrapper(self, func)  # __name__, __doc__, and the raw function at __wrapped__
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        with world_of_one():
+            return self.__wrapped__(*args, **kwargs)  # type: ignore[attr-defined]
+
+
 def run_as_world_of_one(func: Callable[P, R]) -> Callable[P, R]:
     """`func` wrapped to run inside `world_of_one()`; the raw function stays at `.__wrapped__`."""
-
-    @functools.wraps(func)
-    def once_here(*args: P.args, **kwargs: P.kwargs) -> R:
-        with world_of_one():
-            return func(*args, **kwargs)
-
-    return once_here
+    return _WorldOfOne(func)

@@ -40,6 +40,9 @@ from air.runs.states import (
 #: here last milliseconds; this only matters when dozens of `air` processes start at the same moment.
 BUSY_TIMEOUT_S: float = 60.0
 
+#: The store's file name under AIR_HOME.
+STORE_FILE = "runs.db"
+
 RUN_KINDS = ("workload", "distributed")
 SLOT_KINDS = ("GPU", "CPU")
 
@@ -294,7 +297,7 @@ class RunStore:
         busy_timeout_s: float = BUSY_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = Path(path) if path is not None else air_home() / "runs.db"
+        self.path = Path(path) if path is not None else air_home() / STORE_FILE
         self.busy_timeout_s = busy_timeout_s
         self._clock = clock
         self._local = threading.local()
@@ -307,7 +310,7 @@ class RunStore:
     def if_exists(cls) -> RunStore | None:
         """The default store when `runs.db` exists, else None: readers (the reconcile every command does,
         shell completion) must not create AIR_HOME or the database just by looking."""
-        path = air_home(create=False) / "runs.db"
+        path = air_home(create=False) / STORE_FILE
         return cls(path) if path.is_file() else None
 
     # -- connections ----------------------------------------------------------------------------
