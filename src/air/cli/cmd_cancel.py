@@ -6,6 +6,7 @@ import time
 
 import click
 
+from air.cli.complete import complete_active_run_id
 from air.cli.main import common, settings
 from air.cli.output import envelope, status, stderr
 from air.errors import UserInputError
@@ -48,7 +49,7 @@ def cancel_run(store: RunStore, run_id: str) -> RunStatus:
 
 
 @click.command()
-@click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...")
+@click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...", shell_complete=complete_active_run_id)
 @click.option("--all", "all_runs", is_flag=True, help="Cancel every active run.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @common

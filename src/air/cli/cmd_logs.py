@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import event, stderr
 from air.errors import NotFoundError
@@ -33,7 +34,7 @@ def masker_for(run_id: str) -> Callable[[str], str]:
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.option("--node", default=0, show_default=True, type=click.IntRange(min=0), help="Node rank.")
 @click.option("--retry", "attempt", default=None, type=click.IntRange(min=0),
               help="Attempt, 0-based (default: the latest).")

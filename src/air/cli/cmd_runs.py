@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 from dataclasses import asdict
 from typing import Any
 
 import click
 
+from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import envelope, fmt_duration, fmt_time, print_fields, print_table
 from air.errors import UserInputError
@@ -15,13 +17,30 @@ from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run, RunStore
 
 
+def rfc3339(ts: float | None) -> str | None:
+    """Epoch seconds as an RFC 3339 UTC string, the form the hosted CLI's `started_at` has."""
+    if ts is None:
+        return None
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
 def run_dict(run: Run) -> dict[str, Any]:
+    """A run for `--json`: the hosted CLI's field names and forms (reference §1.4: `run_id`, `run_name`,
+    `started_at` as RFC 3339, `attempt_number`, `experiment_name`) beside air's own (`id`, `experiment`,
+    `started_at_epoch`, ...), so scripts written for either read it."""
     data = asdict(run)
     data.pop("spec_yaml", None)
     data["status"] = run.status.value
     data["failure_class"] = run.failure_class.value if run.failure_class else None
     data["duration_seconds"] = run.duration_seconds()
     data["attempts"] = run.attempt_count
+    data["run_id"] = run.id
+    data["run_name"] = run.run_name or run.experiment  # the MLflow run name, as `get run` shows it
+    data["experiment_name"] = run.experiment
+    data["started_at_epoch"] = run.started_at
+    data["started_at"] = rfc3339(run.started_at)
+    data["attempt_number"] = run.current_attempt  # 0-based, as `air logs --retry` takes it
     return data
 
 
@@ -61,7 +80,7 @@ def get() -> None:
 
 
 @get.command("run")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @common
 def get_run(run_id: str) -> None:
     """A run: status, attempts, termination reason, MLflow run, logs."""

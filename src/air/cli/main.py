@@ -53,7 +53,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("air.cli.cmd_run", "run"), "get": ("air.cli.cmd_runs", "get"), "list": ("air.cli.cmd_runs", "list_"),
     "logs": ("air.cli.cmd_logs", "logs"), "cancel": ("air.cli.cmd_cancel", "cancel"),
     "env": ("air.cli.cmd_env", "env"), "secrets": ("air.cli.cmd_secrets", "secrets"), "ui": ("air.cli.cmd_ui", "ui"),
+    "prune": ("air.cli.cmd_prune", "prune"),
 }
+#: Other names of a subcommand (not listed in --help).
+_ALIASES: dict[str, str] = {"gc": "prune"}
 
 
 class AirGroup(click.Group):
@@ -61,6 +64,7 @@ class AirGroup(click.Group):
         return sorted(_COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd_name = _ALIASES.get(cmd_name, cmd_name)
         if cmd_name not in _COMMANDS:
             return None
         import importlib
@@ -110,7 +114,9 @@ def _reconcile_quietly() -> None:
         from air.runs.reconcile import reconcile
         from air.runs.store import RunStore
 
-        reconcile(RunStore())
+        store = RunStore.if_exists()  # no store yet: no run to check, and nothing to create
+        if store is not None:
+            reconcile(store)
     except AirError:
         raise
     except Exception as exc:  # a broken reconcile must not block `air list runs`

@@ -79,9 +79,12 @@ def stderr(text: str) -> None:
     sys.stderr.flush()
 
 
-def fmt_time(ts: float | None) -> str:
+def fmt_time(ts: float | _dt.datetime | None) -> str:
+    """Local wall time; run times are epoch seconds, environment times aware datetimes."""
     if ts is None:
         return "-"
+    if isinstance(ts, _dt.datetime):
+        return ts.astimezone().strftime("%Y-%m-%d %H:%M:%S")
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 

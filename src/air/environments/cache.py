@@ -64,7 +64,7 @@ def _touch_last_used(path: Path) -> None:
 
 def cache_state(deps: DependencySet, base_python: Path | str) -> CacheState:
     """What `--dry-run` reports: is the environment for these dependencies ready, or would a run build it?"""
-    return "cached" if _is_complete(envs_dir() / environment_key(deps, base_python)) else "will build"
+    return "cached" if _is_complete(envs_dir(create=False) / environment_key(deps, base_python)) else "will build"
 
 
 class _Lock:

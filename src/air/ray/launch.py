@@ -199,7 +199,7 @@ class RayLaunchFunction(DistributedFunction[P, R], Generic[P, R]):
 
     def with_overrides(self, *args: Any, **kwargs: Any) -> RayLaunchFunction[P, R]:
         plain = super().with_overrides(*args, **kwargs)
-        return RayLaunchFunction(self.func, plain._settings)
+        return RayLaunchFunction(self.raw_func, plain._settings)
 
     def distributed(self, *args: P.args, **kwargs: P.kwargs) -> list[R]:  # type: ignore[override]
         """Start a Ray cluster over the call's nodes, run the function as its driver, return
@@ -217,13 +217,13 @@ class RayLaunchFunction(DistributedFunction[P, R], Generic[P, R]):
             if settings.remote:
                 from air.distributed.remote import run_remote
 
-                boot = RayLaunchBootstrap(self.func, token, None, None)
+                boot = RayLaunchBootstrap(self.raw_func, token, None, None)
                 return run_remote(boot, call_args, call_kwargs, settings)
             from air.distributed.shape import resolve_local
             from air.distributed.tracked import run_local_tracked
 
             shape = resolve_local(settings)
-            boot = RayLaunchBootstrap(self.func, token, shape.accelerator.model, shape.accelerator.kind)
+            boot = RayLaunchBootstrap(self.raw_func, token, shape.accelerator.model, shape.accelerator.kind)
             return run_local_tracked(boot, call_args, call_kwargs, shape, settings.timeout)
         except Exception as exc:
             if isinstance(exc, AirError) or hasattr(exc, "air_rank"):

@@ -40,6 +40,9 @@ from air.runs.states import (
 #: here last milliseconds; this only matters when dozens of `air` processes start at the same moment.
 BUSY_TIMEOUT_S: float = 60.0
 
+#: The store's file name under AIR_HOME.
+STORE_FILE = "runs.db"
+
 RUN_KINDS = ("workload", "distributed")
 SLOT_KINDS = ("GPU", "CPU")
 
@@ -294,7 +297,7 @@ class RunStore:
         busy_timeout_s: float = BUSY_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = Path(path) if path is not None else air_home() / "runs.db"
+        self.path = Path(path) if path is not None else air_home() / STORE_FILE
         self.busy_timeout_s = busy_timeout_s
         self._clock = clock
         self._local = threading.local()
@@ -302,6 +305,13 @@ class RunStore:
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.path)!r})"
+
+    @classmethod
+    def if_exists(cls) -> RunStore | None:
+        """The default store when `runs.db` exists, else None: readers (the reconcile every command does,
+        shell completion) must not create AIR_HOME or the database just by looking."""
+        path = air_home(create=False) / STORE_FILE
+        return cls(path) if path.is_file() else None
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -551,11 +561,13 @@ class RunStore:
         accelerator_type: str | None = None,
         num_accelerators: int | None = None,
         user: str | None = None,
+        id_prefix: str | None = None,
     ) -> list[Run]:
         """Runs, newest first. `statuses=None` means the active ones (what `air list runs` shows);
         "all" adds the ended ones. `experiment_glob` is a case-insensitive glob (`qwen*`),
         `accelerator_type` a case-insensitive substring (`H100`, `GPU_8xH100`), `num_accelerators` and
-        `user` exact. Served by indexes: fast over 100,000 runs."""
+        `user` exact, `id_prefix` the start of the run id (shell completion). Served by indexes: fast
+        over 100,000 runs."""
         where: list[str] = []
         params: list[Any] = []
         if statuses is None:
@@ -581,6 +593,9 @@ class RunStore:
         if user is not None:
             where.append("user = ?")
             params.append(user)
+        if id_prefix:
+            where.append("id >= ? AND id < ?")  # a range on the primary key, not a scan
+            params.extend([id_prefix, id_prefix + "\U0010ffff"])
         sql = _RUN_SELECT
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -792,6 +807,33 @@ class RunStore:
         if not rows:
             self._status(conn, run_id)
         return rows
+
+    # -- housekeeping (`air prune`) -------------------------------------------------------------
+
+    def ended_before(self, cutoff: float) -> list[tuple[str, float]]:
+        """`(run_id, ended_at)` of every ended run that ended (or, lacking an end, was submitted) before
+        `cutoff` (epoch seconds), oldest first: what `air prune` may remove."""
+        terminal = sorted(s.value for s in RunStatus.terminal())
+        sql = (
+            "SELECT id, COALESCE(ended_at, submitted_at) AS ended FROM runs WHERE status IN ("
+            + ", ".join("?" for _ in terminal) + ") AND COALESCE(ended_at, submitted_at) < ? ORDER BY ended, id"
+        )
+        return [(str(r[0]), float(r[1])) for r in self._conn().execute(sql, [*terminal, cutoff])]
+
+    def delete_ended_runs(self, run_ids: Iterable[str]) -> list[str]:
+        """Delete these runs' rows (attempts and slot claims too), but only those that are still ended:
+        a run is never removed while it is active. Returns the ids deleted."""
+        terminal = sorted(s.value for s in RunStatus.terminal())
+        marks = ", ".join("?" for _ in terminal)
+        deleted: list[str] = []
+        with self._write() as conn:
+            for run_id in run_ids:
+                gone = conn.execute(f"DELETE FROM runs WHERE id = ? AND status IN ({marks})", [run_id, *terminal])
+                if gone.rowcount:
+                    conn.execute("DELETE FROM attempts WHERE run_id = ?", (run_id,))
+                    conn.execute("DELETE FROM slot_claims WHERE run_id = ?", (run_id,))
+                    deleted.append(run_id)
+        return deleted
 
     # -- the slot ledger ------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ Store = dict[str, dict[str, str]]
 
 def secrets_path(store: Path | None = None) -> Path:
     """The secret store file (`$AIR_HOME/secrets.json` unless a path is given, as tests do)."""
-    return Path(store) if store is not None else air_home() / SECRETS_FILE
+    return Path(store) if store is not None else air_home(create=False) / SECRETS_FILE
 
 
 def parse_secret_ref(ref: str, field: str = "secrets") -> tuple[str, str]:
