@@ -30,7 +30,7 @@ _LiteralDumper.add_representer(str, _str)
 @click.option("--override", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Change a field of the YAML; wins over the file. Repeatable, e.g. --override compute.num_accelerators=2.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan (nodes, env, snapshot); create nothing.")
-@click.option("--watch", is_flag=True, help="Stream status and node 0's log until the run ends; exit code = outcome.")
+@click.option("--watch", is_flag=True, help="Stream status and every node's log ([node N] prefixes) until the run ends; exit code = outcome.")
 @click.option("--idempotency-key", default=None, metavar="KEY",
               help="Submitting again with the same key returns the existing run (≤64 chars).")
 @common
