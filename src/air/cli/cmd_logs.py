@@ -33,21 +33,52 @@ def masker_for(run_id: str) -> Callable[[str], str]:
 
 @click.command()
 @click.argument("run_id")
-@click.option("--node", default=None, type=click.IntRange(min=0),
-              help="Only this node's log (default: every node's, each line prefixed [node N]).")
-@click.option("--rank", default=None, type=click.IntRange(min=0),
-              help="A @distributed call: only this rank's log (default: every rank's, prefixed [rank N]).")
-@click.option("--retry", "attempt", default=None, type=click.IntRange(min=0),
-              help="Attempt, 0-based (default: the latest).")
-@click.option("--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (default: 10000).")
-@click.option("--follow/--no-follow", "follow", default=None,
-              help="Keep printing new lines until the run ends (the default for an active run); "
-              "--no-follow prints what is there and exits.")
-@click.option("--download-to", "download_to", default=None, type=click.Path(file_okay=False),
-              help="Copy every node's (a call: every rank's) log of the attempt to DIR/logs/.")
+@click.option(
+    "--node",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Only this node's log (default: every node's, each line prefixed [node N]).",
+)
+@click.option(
+    "--rank",
+    default=None,
+    type=click.IntRange(min=0),
+    help="A @distributed call: only this rank's log (default: every rank's, prefixed [rank N]).",
+)
+@click.option(
+    "--retry",
+    "attempt",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Attempt, 0-based (default: the latest).",
+)
+@click.option(
+    "--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (default: 10000)."
+)
+@click.option(
+    "--follow/--no-follow",
+    "follow",
+    default=None,
+    help="Keep printing new lines until the run ends (the default for an active run); "
+    "--no-follow prints what is there and exits.",
+)
+@click.option(
+    "--download-to",
+    "download_to",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Copy every node's (a call: every rank's) log of the attempt to DIR/logs/.",
+)
 @common
-def logs(run_id: str, node: int | None, rank: int | None, attempt: int | None, tail: int | None,
-         follow: bool | None, download_to: str | None) -> None:
+def logs(
+    run_id: str,
+    node: int | None,
+    rank: int | None,
+    attempt: int | None,
+    tail: int | None,
+    follow: bool | None,
+    download_to: str | None,
+) -> None:
     """Print a run's logs: every node's (a workload) or rank's (a @distributed call); follows an active run."""
     from air.cli.watch import LogPrinter, log_sources, logs_are_per_rank, stream_run
     from air.runs.logtail import tail_lines
@@ -56,15 +87,20 @@ def logs(run_id: str, node: int | None, rank: int | None, attempt: int | None, t
     store = RunStore()
     run = store.get_run(run_id)
     if run.current_attempt is None and follow is False:
-        raise NotFoundError(f"Run {run.id} has not started an attempt yet ({run.status.value}).",
-                            hint=f"Wait for it with: air logs {run.id} --follow")
+        raise NotFoundError(
+            f"Run {run.id} has not started an attempt yet ({run.status.value}).",
+            hint=f"Wait for it with: air logs {run.id} --follow",
+        )
     attempt_index = store.get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
     sources = log_sources(run, attempt_index, node=node, rank=rank)  # checks --node/--rank first
     if download_to:
         target = Path(download_to) / "logs"
         target.mkdir(parents=True, exist_ok=True)
-        found = (CallPaths(run.id).rank_logs() if logs_are_per_rank(run)
-                 else RunPaths(run.id).node_logs(attempt_index))
+        found = (
+            CallPaths(run.id).rank_logs()
+            if logs_are_per_rank(run)
+            else RunPaths(run.id).node_logs(attempt_index)
+        )
         label = "rank" if logs_are_per_rank(run) else "node"
         for n, path in found.items():
             shutil.copyfile(path, target / f"{label}_{n}.log")
@@ -76,14 +112,24 @@ def logs(run_id: str, node: int | None, rank: int | None, attempt: int | None, t
     if follow is None:  # like the hosted CLI and `sky logs`: an active run is followed
         follow = not run.is_terminal and not pinned
     if follow:
-        stream_run(run.id, json_mode=json_mode, store=store, node=node, rank=rank, attempt=attempt, tail=tail,
-                   mask=mask)
+        stream_run(
+            run.id,
+            json_mode=json_mode,
+            store=store,
+            node=node,
+            rank=rank,
+            attempt=attempt,
+            tail=tail,
+            mask=mask,
+        )
         return
     printer = LogPrinter(sources, json_mode=json_mode, mask=mask, attempt=attempt_index)
     present = [s for s in sources if s.path.exists()]
     if not present:
         what = f"{sources[0].label} {sources[0].index}" if len(sources) == 1 else "any node or rank"
-        raise NotFoundError(f"No log for {what} of attempt {attempt_index} of run {run.id}"
-                            + (f" ({run.status.value})." if run.is_terminal else " yet."))
+        raise NotFoundError(
+            f"No log for {what} of attempt {attempt_index} of run {run.id}"
+            + (f" ({run.status.value})." if run.is_terminal else " yet.")
+        )
     for source in present:
         printer.emit(source, tail_lines(source.path, tail if tail is not None else 10000))

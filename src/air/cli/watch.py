@@ -43,28 +43,42 @@ def logs_are_per_rank(run: Run, rank: int | None = None) -> bool:
     return run.kind == "call" and (run.backend == "local" or rank is not None)
 
 
-def log_sources(run: Run, attempt: int, *, node: int | None = None, rank: int | None = None) -> list[LogSource]:
+def log_sources(
+    run: Run, attempt: int, *, node: int | None = None, rank: int | None = None
+) -> list[LogSource]:
     """The logs `air logs` / `--watch` show for `attempt`: every node's (or rank's), or the one asked for.
     A --node/--rank that does not fit the run is a NotFoundError / UserInputError saying what does."""
     if logs_are_per_rank(run, rank):
         world = run.num_accelerators
         if node is not None and run.backend == "local":
-            raise UserInputError(f"Run {run.id} is a local @distributed call: its logs are per rank, not per node.",
-                                 hint=f"Use --rank N (ranks 0 to {world - 1}): air logs {run.id} --rank 0")
+            raise UserInputError(
+                f"Run {run.id} is a local @distributed call: its logs are per rank, not per node.",
+                hint=f"Use --rank N (ranks 0 to {world - 1}): air logs {run.id} --rank 0",
+            )
         if rank is not None and not 0 <= rank < world:
-            raise NotFoundError(f"Run {run.id} has {world} rank(s); there is no rank {rank}.",
-                                hint=f"Ranks are numbered 0 to {world - 1}.")
+            raise NotFoundError(
+                f"Run {run.id} has {world} rank(s); there is no rank {rank}.",
+                hint=f"Ranks are numbered 0 to {world - 1}.",
+            )
         paths = CallPaths(run.id)
-        return [LogSource("rank", r, paths.rank_log(r)) for r in ([rank] if rank is not None else range(world))]
+        return [
+            LogSource("rank", r, paths.rank_log(r)) for r in ([rank] if rank is not None else range(world))
+        ]
     if rank is not None:
-        raise UserInputError(f"Run {run.id} is a workload: its logs are per node, not per rank.",
-                             hint=f"Use --node N (nodes 0 to {run.num_nodes - 1}): air logs {run.id} --node 0")
+        raise UserInputError(
+            f"Run {run.id} is a workload: its logs are per node, not per rank.",
+            hint=f"Use --node N (nodes 0 to {run.num_nodes - 1}): air logs {run.id} --node 0",
+        )
     if node is not None and not 0 <= node < run.num_nodes:
-        raise NotFoundError(f"Run {run.id} has {run.num_nodes} node(s); there is no node {node}.",
-                            hint=f"Nodes are numbered 0 to {run.num_nodes - 1}.")
+        raise NotFoundError(
+            f"Run {run.id} has {run.num_nodes} node(s); there is no node {node}.",
+            hint=f"Nodes are numbered 0 to {run.num_nodes - 1}.",
+        )
     paths = RunPaths(run.id)
-    return [LogSource("node", n, paths.node_log(attempt, n)) for n in ([node] if node is not None
-                                                                         else range(run.num_nodes))]
+    return [
+        LogSource("node", n, paths.node_log(attempt, n))
+        for n in ([node] if node is not None else range(run.num_nodes))
+    ]
 
 
 class _LogCursor:
@@ -100,8 +114,14 @@ class _LogCursor:
 class LogPrinter:
     """Writes lines of some logs to stdout: prefixed when there is more than one, or as LOG events."""
 
-    def __init__(self, sources: Sequence[LogSource], *, json_mode: bool, mask: Callable[[str], str],
-                 attempt: int | None = None) -> None:
+    def __init__(
+        self,
+        sources: Sequence[LogSource],
+        *,
+        json_mode: bool,
+        mask: Callable[[str], str],
+        attempt: int | None = None,
+    ) -> None:
         self.sources = list(sources)
         self.json_mode = json_mode
         self.mask = mask
@@ -122,8 +142,15 @@ class LogPrinter:
 class _Streamer(LogPrinter):
     """Every source's new lines, one cursor each."""
 
-    def __init__(self, sources: Sequence[LogSource], *, json_mode: bool, mask: Callable[[str], str],
-                 attempt: int | None, tail: int | None) -> None:
+    def __init__(
+        self,
+        sources: Sequence[LogSource],
+        *,
+        json_mode: bool,
+        mask: Callable[[str], str],
+        attempt: int | None,
+        tail: int | None,
+    ) -> None:
         super().__init__(sources, json_mode=json_mode, mask=mask, attempt=attempt)
         self.cursors = [(source, _LogCursor(source.path)) for source in self.sources]
         if tail is not None:
@@ -137,10 +164,19 @@ class _Streamer(LogPrinter):
                 self.emit(source, lines)
 
 
-def stream_run(run_id: str, *, json_mode: bool, store: RunStore | None = None, node: int | None = None,
-               rank: int | None = None, attempt: int | None = None, tail: int | None = None,
-               mask: Callable[[str], str] | None = None, on_run: Callable[[Run], None] | None = None,
-               attempt_in_events: bool = True) -> Run:
+def stream_run(
+    run_id: str,
+    *,
+    json_mode: bool,
+    store: RunStore | None = None,
+    node: int | None = None,
+    rank: int | None = None,
+    attempt: int | None = None,
+    tail: int | None = None,
+    mask: Callable[[str], str] | None = None,
+    on_run: Callable[[Run], None] | None = None,
+    attempt_in_events: bool = True,
+) -> Run:
     """Print the run's log lines as they are written until it ends; return it as it ended.
 
     Follows the current attempt (and the next one after a retry), unless `attempt` pins one: then it
@@ -156,18 +192,30 @@ def stream_run(run_id: str, *, json_mode: bool, store: RunStore | None = None, n
     last_reconcile = time.monotonic()
     while True:
         run = store.get_run(run_id)
-        if run.current_attempt is not None and run.current_attempt != current and (
-                attempt is None or current is None):
+        if (
+            run.current_attempt is not None
+            and run.current_attempt != current
+            and (attempt is None or current is None)
+        ):
             if streamer is not None:
                 streamer.pump(final=True)
                 if json_mode:
-                    event("RETRY", **({"node": node} if node is not None else {}), attempt=run.current_attempt,
-                          previous_attempt=current)
+                    event(
+                        "RETRY",
+                        **({"node": node} if node is not None else {}),
+                        attempt=run.current_attempt,
+                        previous_attempt=current,
+                    )
                 else:
                     stderr(f"--- attempt {run.current_attempt} (retry {run.current_attempt} of the run) ---")
             current = attempt if attempt is not None else run.current_attempt
-            streamer = _Streamer(log_sources(run, current, node=node, rank=rank), json_mode=json_mode, mask=mask,
-                                 attempt=current if attempt_in_events else None, tail=tail)
+            streamer = _Streamer(
+                log_sources(run, current, node=node, rank=rank),
+                json_mode=json_mode,
+                mask=mask,
+                attempt=current if attempt_in_events else None,
+                tail=tail,
+            )
         if on_run is not None:
             on_run(run)
         done = run.is_terminal or (attempt is not None and run.current_attempt not in (None, attempt))
@@ -181,8 +229,14 @@ def stream_run(run_id: str, *, json_mode: bool, store: RunStore | None = None, n
         time.sleep(POLL_S)
 
 
-def watch(run_id: str, *, json_mode: bool, store: RunStore | None = None, node: int | None = None,
-          masker: Callable[[str], str] | None = None) -> int:
+def watch(
+    run_id: str,
+    *,
+    json_mode: bool,
+    store: RunStore | None = None,
+    node: int | None = None,
+    masker: Callable[[str], str] | None = None,
+) -> int:
     """Stream status and every node's log (or `node`'s) until terminal; 0 for SUCCESS, 1 otherwise."""
     shown: list[RunStatus | None] = [None]
 
@@ -191,22 +245,44 @@ def watch(run_id: str, *, json_mode: bool, store: RunStore | None = None, node: 
         if run.status == status:
             return
         if json_mode:
-            event("STATUS", status=run.status.value, previous_status=status.value if status else None,
-                  reason=run.termination_reason)
+            event(
+                "STATUS",
+                status=run.status.value,
+                previous_status=status.value if status else None,
+                reason=run.termination_reason,
+            )
         else:
-            extra = f": {run.termination_reason}" if run.termination_reason and run.status not in (
-                RunStatus.RUNNING, RunStatus.SUCCESS, RunStatus.QUEUED) else ""
+            extra = (
+                f": {run.termination_reason}"
+                if run.termination_reason
+                and run.status not in (RunStatus.RUNNING, RunStatus.SUCCESS, RunStatus.QUEUED)
+                else ""
+            )
             stderr(f"[{run_id}] {run.status.value}{extra}")
         shown[0] = run.status
 
-    run = stream_run(run_id, json_mode=json_mode, store=store, node=node, mask=masker, on_run=on_run,
-                     attempt_in_events=False)
+    run = stream_run(
+        run_id,
+        json_mode=json_mode,
+        store=store,
+        node=node,
+        mask=masker,
+        on_run=on_run,
+        attempt_in_events=False,
+    )
     duration = run.duration_seconds()
     if json_mode:
-        event("TERMINAL", status=run.status.value, duration_seconds=duration,
-              reason=run.termination_reason, attempts=run.attempt_count)
+        event(
+            "TERMINAL",
+            status=run.status.value,
+            duration_seconds=duration,
+            reason=run.termination_reason,
+            attempts=run.attempt_count,
+        )
     else:
-        stderr(f"[{run_id}] ended {run.status.value} after {fmt_duration(duration)}"
-               + (f" ({run.attempt_count} attempts)" if run.attempt_count > 1 else "")
-               + (f": {run.termination_reason}" if run.termination_reason and run.status.is_failure() else ""))
+        stderr(
+            f"[{run_id}] ended {run.status.value} after {fmt_duration(duration)}"
+            + (f" ({run.attempt_count} attempts)" if run.attempt_count > 1 else "")
+            + (f": {run.termination_reason}" if run.termination_reason and run.status.is_failure() else "")
+        )
     return 0 if run.status is RunStatus.SUCCESS else 1

@@ -44,7 +44,9 @@ def end_of(exc: BaseException) -> CallEnd:
     from air.errors import LocalExecutionTimeoutError, SerializationError
 
     if isinstance(exc, KeyboardInterrupt):
-        return CallEnd(RunStatus.CANCELED, "Canceled by user signal (Ctrl-C in the caller).", FailureClass.CANCEL)
+        return CallEnd(
+            RunStatus.CANCELED, "Canceled by user signal (Ctrl-C in the caller).", FailureClass.CANCEL
+        )
     if isinstance(exc, LocalExecutionTimeoutError):
         return CallEnd(RunStatus.TIMEDOUT, _first_line(str(exc))[:500], FailureClass.TIMEOUT)
     message = _first_line(str(exc))
@@ -60,8 +62,9 @@ def end_of(exc: BaseException) -> CallEnd:
 class LocalCallRecord:
     """The run-store side of one local call, written by a background thread (see the module docstring)."""
 
-    def __init__(self, run_id: str, *, name: str, accelerator_type: str, world_size: int,
-                 experiment: str | None = None) -> None:
+    def __init__(
+        self, run_id: str, *, name: str, accelerator_type: str, world_size: int, experiment: str | None = None
+    ) -> None:
         self.run_id = run_id
         self._name = name
         self._accelerator_type = accelerator_type
@@ -86,7 +89,9 @@ class LocalCallRecord:
 
     def _warn(self, exc: BaseException) -> None:
         try:
-            sys.stderr.write(f"[air] run store: {type(exc).__name__}: {exc} (the call {self.run_id} is not recorded)\n")
+            sys.stderr.write(
+                f"[air] run store: {type(exc).__name__}: {exc} (the call {self.run_id} is not recorded)\n"
+            )
         except (ValueError, OSError):
             pass
 
@@ -108,9 +113,16 @@ class LocalCallRecord:
             store.close()
 
     def _start(self, store: Any) -> None:
-        store.create_run(experiment=self._experiment, accelerator_type=self._accelerator_type,
-                         num_accelerators=self._world_size, num_nodes=1, backend="local", kind="call",
-                         run_name=self._name, run_id=self.run_id)
+        store.create_run(
+            experiment=self._experiment,
+            accelerator_type=self._accelerator_type,
+            num_accelerators=self._world_size,
+            num_nodes=1,
+            backend="local",
+            kind="call",
+            run_name=self._name,
+            run_id=self.run_id,
+        )
         store.set_supervisor(self.run_id, self._pid)
         store.start_attempt(self.run_id)
         store.transition(self.run_id, RunStatus.RUNNING, expected_from=RunStatus.PENDING)
@@ -138,11 +150,19 @@ class LocalCallRecord:
             return  # `air cancel` gave up waiting and ended it itself
         status, reason, klass = end.status, end.reason, end.failure_class
         if run.status is RunStatus.TERMINATING and status is not RunStatus.SUCCESS:
-            status, reason, klass = RunStatus.CANCELED, run.termination_reason or "Canceled by the user", \
-                FailureClass.CANCEL
+            status, reason, klass = (
+                RunStatus.CANCELED,
+                run.termination_reason or "Canceled by the user",
+                FailureClass.CANCEL,
+            )
         if status is RunStatus.CANCELED and run.status is RunStatus.RUNNING:
-            store.transition(self.run_id, RunStatus.TERMINATING, reason=reason, failure_class=klass,
-                             expected_from=RunStatus.RUNNING)
+            store.transition(
+                self.run_id,
+                RunStatus.TERMINATING,
+                reason=reason,
+                failure_class=klass,
+                expected_from=RunStatus.RUNNING,
+            )
         try:
             store.transition(self.run_id, status, reason=reason, failure_class=klass)
         except IllegalTransitionError:
