@@ -133,7 +133,7 @@ def test_killed_callers_call_is_ended_by_reconcile(tmp_path: Path, pid_dir: Path
     assert listed.returncode == 0, listed.stderr
     run = only_call()
     assert run.status.value == "INTERNAL_ERROR"
-    assert f"pid {caller.pid}" in (run.termination_reason or "") and "died" in (run.termination_reason or "")
+    assert f"The caller of the @distributed call (pid {caller.pid}) died" in (run.termination_reason or "")
     assert json.loads(listed.stdout)["data"]["runs"][0]["status"] == "INTERNAL_ERROR"
     wait_for(lambda: alive(read_pids(pid_dir)) == [], "the ranks to be gone", timeout=30)
 

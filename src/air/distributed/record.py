@@ -12,26 +12,22 @@ the caller, is gone). A broken store is one warning line: recording never fails 
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from air.runs.paths import process_tag
-from air.runs.states import FailureClass, RunStatus
+from air.runs.paths import process_tag  # light: the store and the states load in the recorder thread
 
 #: How often the recorder looks for an `air cancel` of the call while it runs (seconds).
 CANCEL_CHECK_S = 1.0
 
 
-@dataclass(frozen=True)
-class CallEnd:
-    """How a call ended, as the run store records it."""
+class CallEnd(NamedTuple):
+    """How a call ended, as the run store records it (a RunStatus and FailureClass by value)."""
 
-    status: RunStatus
+    status: str
     reason: str | None = None
-    failure_class: FailureClass | None = None
+    failure_class: str | None = None
     mlflow_run_id: str | None = None
 
 
@@ -44,19 +40,17 @@ def end_of(exc: BaseException) -> CallEnd:
     from air.errors import LocalExecutionTimeoutError, SerializationError
 
     if isinstance(exc, KeyboardInterrupt):
-        return CallEnd(
-            RunStatus.CANCELED, "Canceled by user signal (Ctrl-C in the caller).", FailureClass.CANCEL
-        )
+        return CallEnd("CANCELED", "Canceled by user signal (Ctrl-C in the caller).", "CANCEL")
     if isinstance(exc, LocalExecutionTimeoutError):
-        return CallEnd(RunStatus.TIMEDOUT, _first_line(str(exc))[:500], FailureClass.TIMEOUT)
+        return CallEnd("TIMEDOUT", _first_line(str(exc))[:500], "TIMEOUT")
     message = _first_line(str(exc))
     rank = getattr(exc, "air_rank", None)
     if rank is not None and not message.lower().startswith(f"rank {rank}"):
         reason = f"Rank {rank}: {type(exc).__name__}" + (f": {message}" if message else "")
     else:
         reason = message or type(exc).__name__
-    klass = FailureClass.SETUP if isinstance(exc, SerializationError) else FailureClass.USER_CODE
-    return CallEnd(RunStatus.FAILED, reason[:500], klass)
+    klass = "SETUP" if isinstance(exc, SerializationError) else "USER_CODE"
+    return CallEnd("FAILED", reason[:500], klass)
 
 
 class LocalCallRecord:
@@ -71,7 +65,8 @@ class LocalCallRecord:
         self._world_size = world_size
         self._experiment = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed"
         self._pid = os.getpid()
-        self._ends: queue.SimpleQueue[CallEnd] = queue.SimpleQueue()
+        self._outcome: CallEnd | None = None
+        self._ended = threading.Event()
         #: Set once `air cancel` asked for the call and the recorder ended its ranks.
         self.canceled = threading.Event()
         self._thread = threading.Thread(target=self._work, name=f"air-call-record-{run_id}", daemon=False)
@@ -79,7 +74,8 @@ class LocalCallRecord:
 
     def finish(self, end: CallEnd) -> None:
         """Hand the call's end to the recorder and return at once (the write happens in the background)."""
-        self._ends.put(end)
+        self._outcome = end
+        self._ended.set()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the recorder (tests, and callers that want the record written now)."""
@@ -113,6 +109,8 @@ class LocalCallRecord:
             store.close()
 
     def _start(self, store: Any) -> None:
+        from air.runs.states import RunStatus
+
         store.create_run(
             experiment=self._experiment,
             accelerator_type=self._accelerator_type,
@@ -129,26 +127,27 @@ class LocalCallRecord:
 
     def _wait(self, store: Any) -> CallEnd:
         """The call's end; meanwhile, end the ranks if `air cancel` moved the run to TERMINATING."""
-        while True:
-            try:
-                return self._ends.get(timeout=CANCEL_CHECK_S)
-            except queue.Empty:
-                pass
+        from air.runs.states import RunStatus
+
+        while not self._ended.wait(CANCEL_CHECK_S):
             if not self.canceled.is_set() and store.get_run(self.run_id).status is RunStatus.TERMINATING:
                 from air.launcher import reap_tag
 
                 self.canceled.set()
                 reap_tag(process_tag(self.run_id))  # the caller's launch then sees its ranks gone
+        assert self._outcome is not None
+        return self._outcome
 
     def _end(self, store: Any, end: CallEnd) -> None:
-        from air.runs.states import IllegalTransitionError
+        from air.runs.states import FailureClass, IllegalTransitionError, RunStatus
 
         if end.mlflow_run_id:
             store.set_mlflow_run_id(self.run_id, end.mlflow_run_id, attempt=0)
         run = store.get_run(self.run_id)
         if run.is_terminal:
             return  # `air cancel` gave up waiting and ended it itself
-        status, reason, klass = end.status, end.reason, end.failure_class
+        status, reason = RunStatus(end.status), end.reason
+        klass = FailureClass(end.failure_class) if end.failure_class else None
         if run.status is RunStatus.TERMINATING and status is not RunStatus.SUCCESS:
             status, reason, klass = (
                 RunStatus.CANCELED,

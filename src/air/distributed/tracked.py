@@ -151,7 +151,6 @@ def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Map
     from air.distributed.record import CallEnd, LocalCallRecord, end_of
     from air.errors import WorkloadFailureException
     from air.runs.paths import CallPaths, new_run_id, process_tag
-    from air.runs.states import RunStatus
 
     name = getattr(func, "__name__", "fn")
     run_id = new_run_id()
@@ -163,13 +162,13 @@ def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Map
         "air.call": call_dir.name, "air.run_id": run_id, "air.accelerator_type": shape.accelerator.name,
         "air.num_accelerators": str(shape.world_size), "air.num_nodes": "1"})
     status = "FAILED"
-    end = CallEnd(RunStatus.FAILED, "The call ended without a result.", None)
+    end = CallEnd("FAILED", "The call ended without a result.")
     log_paths = paths.rank_log_list(shape.world_size)
     try:
         values, _ = run_local(func, args, kwargs, shape, timeout_s, call_dir=call_dir, tag=process_tag(run_id),
                               extra_env={"AIR_MLFLOW_ENV_FILE": str(tracking.env_file)})
         status = "FINISHED"
-        end = CallEnd(RunStatus.SUCCESS)
+        end = CallEnd("SUCCESS")
         return values
     except KeyboardInterrupt as exc:
         status = "KILLED"
