@@ -53,7 +53,7 @@ def test_remote_call_returns_every_rank_in_order(ray_profile: Path, capfd: pytes
     assert "[node 1 rank 3] hello from rank 3" in out
     run = latest_run()
     assert (run.kind, run.backend, run.status, run.num_nodes, run.accelerator_type) == (
-        "distributed", "ray", RunStatus.SUCCESS, 2, "CPU_2xCPU")
+        "call", "ray", RunStatus.SUCCESS, 2, "CPU_2xCPU")
     assert "hello from rank 3" in RunPaths(run.id).node_log(0, 1).read_text()
     from mlflow import MlflowClient
 

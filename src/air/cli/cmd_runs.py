@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import click
@@ -84,7 +85,6 @@ def get() -> None:
 @common
 def get_run(run_id: str) -> None:
     """A run: status, attempts, termination reason, MLflow run, logs."""
-    from air.runs.paths import RunPaths
 
     store = RunStore()
     run = store.get_run(run_id)
@@ -96,8 +96,10 @@ def get_run(run_id: str) -> None:
         data["attempt_list"] = [
             {**asdict(a), "status": a.status.value, "failure_class": a.failure_class.value if a.failure_class else None}
             for a in attempts]
-        data["folder"] = str(RunPaths(run.id).folder)
+        data["folder"] = str(run_folder(run))
         data["queue"] = queue_dict(store, run)
+        if run.kind == "call":
+            data["rank_logs"] = call_rank_logs(run)
         envelope(data)
         return
     pairs = [
@@ -116,8 +118,17 @@ def get_run(run_id: str) -> None:
     pairs.append(("MLflow run", run.mlflow_run_id or "-"))
     if link:
         pairs.append(("MLflow UI", f"{link}   (start the UI with: air ui)"))
-    pairs.append(("Folder", str(RunPaths(run.id).folder)))
+    if run.kind == "call":
+        pairs.insert(1, ("Kind", f"call of {run.run_name or 'a function'} (@distributed)"))
+    pairs.append(("Folder", str(run_folder(run))))
     print_fields(pairs)
+    if run.kind == "call":
+        print()
+        print_table(["RANK", "LOG"], [[str(r["rank"]), r["path"] + ("" if r["exists"] else "  (not written)")]
+                                      for r in call_rank_logs(run)])
+        if run.backend == "local":
+            print(f"\nLogs: air logs {run.id} [--rank N]")
+            return
     if attempts:
         print()
         print_table(["ATTEMPT", "STATUS", "STARTED", "DURATION", "REASON", "MLFLOW RUN"], [
@@ -130,6 +141,22 @@ def _waiting(store: RunStore, run: Run) -> list[tuple[str, str]]:
     """("Waiting", reason) for a QUEUED run, nothing otherwise."""
     queue = queue_dict(store, run)
     return [("Waiting", queue["reason"])] if queue else []
+
+
+def run_folder(run: Run) -> Path:
+    """Where a run's files are: a local call's call folder, any other run's run folder."""
+    from air.runs.paths import CallPaths, RunPaths
+
+    return CallPaths(run.id).folder if run.kind == "call" and run.backend == "local" else RunPaths(run.id).folder
+
+
+def call_rank_logs(run: Run) -> list[dict[str, Any]]:
+    """A call's rank logs, by rank: where `air logs ID --rank N` reads (and whether it exists yet)."""
+    from air.runs.paths import CallPaths
+
+    paths = CallPaths(run.id)
+    return [{"rank": r, "path": str(paths.rank_log(r)), "exists": paths.rank_log(r).exists()}
+            for r in range(run.num_accelerators)]
 
 
 @click.group("list")
@@ -177,9 +204,9 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
     if not runs:
         print("No runs." + ("" if all_status else " (--all-status shows ended runs too)"))
         return
-    print_table(["RUN", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"], [
-        [r.id, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}", fmt_time(r.submitted_at),
-         fmt_duration(r.duration_seconds()), str(r.attempt_count)] for r in runs])
+    print_table(["RUN", "KIND", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"], [
+        [r.id, r.kind, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}",
+         fmt_time(r.submitted_at), fmt_duration(r.duration_seconds()), str(r.attempt_count)] for r in runs])
     waiting = [(r.id, queue_dict(store, r)) for r in runs if r.status is RunStatus.QUEUED]
     if waiting:
         print("\nWaiting:")

@@ -1,6 +1,6 @@
 """`@distributed(remote=True)`: the call becomes a run on the profile's backend, and this process waits.
 
-The run is recorded in the run store (kind `distributed`, so `air list runs` and `air logs` show it);
+The run is recorded in the run store (kind `call`, so `air list runs` and `air logs` show it);
 its nodes are placed by the backend (Ray: one gang-scheduled placement group); on each node the agent
 starts LOCAL_WORLD_SIZE rank processes (`python -m air.distributed.worker`) with the same
 environment as a local call, global rank = node_rank * per_node + local_rank. The payload goes to each
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
-from air.distributed.local import new_call_dir, rank_env, serialize_call, warm_enabled
+from air.distributed.local import rank_env, serialize_call, warm_enabled
 from air.distributed.outcome import read_outcome, resolve
 from air.distributed.preload import RANK_PRELOAD_ENV, preload_for
 from air.distributed.shape import CallSettings
@@ -34,6 +34,7 @@ from air.errors import (
     WorkloadFailureException,
 )
 from air.launcher.node import LaunchResult, ProcessExit
+from air.runs.paths import CallPaths
 
 #: How often the waiting caller looks at the run store for an `air cancel`.
 CANCEL_CHECK_S = 1.0
@@ -150,7 +151,7 @@ class RemoteRunRecord:
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed"
         run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
                                num_accelerators=num_accelerators, num_nodes=num_nodes, backend="ray",
-                               profile=profile, kind="distributed", run_name=name).run
+                               profile=profile, kind="call", run_name=name).run
         record = cls(store, run.id)
         record._safe(store.set_supervisor, run.id, os.getpid())
         record._safe(store.transition, run.id, RunStatus.QUEUED)
@@ -219,7 +220,7 @@ class _RemoteCall:
         self.extra_env = extra_env
         self.preload = preload
         self.warm = warm_enabled()  # as for a local call: every node forks its ranks from one zygote
-        self.call_dir = new_call_dir(name)
+        self.call_dir = CallPaths(record.run_id).create()  # `air logs ID --rank N` reads it
         self.tracking: Any = None
         self._echo_lock = threading.Lock()
         self._next_cancel_check = 0.0

@@ -43,7 +43,10 @@ BUSY_TIMEOUT_S: float = 60.0
 #: The store's file name under AIR_HOME.
 STORE_FILE = "runs.db"
 
-RUN_KINDS = ("workload", "distributed")
+#: What a run is: a workload YAML (`air run`), or a `@distributed` call (local, or remote=True).
+RUN_KINDS = ("workload", "call")
+#: Kinds older air versions wrote, read as today's: remote calls were recorded as "distributed".
+_LEGACY_KINDS = {"distributed": "call"}
 SLOT_KINDS = ("GPU", "CPU")
 
 # ---- schema ---------------------------------------------------------------------------------------
@@ -232,8 +235,8 @@ def _run_from_row(row: Sequence[Any]) -> Run:
         started_at=started_at, ended_at=ended_at, termination_reason=termination_reason,
         failure_class=FailureClass(failure_class) if failure_class else None,
         idempotency_key=idempotency_key, supervisor_pid=supervisor_pid,
-        supervisor_started_at=supervisor_started_at, mlflow_run_id=mlflow_run_id, user=user, kind=kind,
-        current_attempt=current_attempt,
+        supervisor_started_at=supervisor_started_at, mlflow_run_id=mlflow_run_id, user=user,
+        kind=_LEGACY_KINDS.get(kind, kind), current_attempt=current_attempt,
     )
 
 
@@ -425,7 +428,7 @@ class RunStore:
         run_name: str | None = None,
         backend: str = "local",
         profile: str | None = None,
-        kind: Literal["workload", "distributed"] = "workload",
+        kind: Literal["workload", "call"] = "workload",
         user: str | None = None,
         idempotency_key: str | None = None,
         run_id: str | None = None,
