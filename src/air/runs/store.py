@@ -40,7 +40,7 @@ from air.runs.states import (
 #: here last milliseconds; this only matters when dozens of `air` processes start at the same moment.
 BUSY_TIMEOUT_S: float = 60.0
 
-RUN_KINDS = ("workload", "distributed")
+RUN_KINDS = ("workload", "distributed", "call")
 SLOT_KINDS = ("GPU", "CPU")
 
 # ---- schema ---------------------------------------------------------------------------------------
@@ -415,7 +415,7 @@ class RunStore:
         run_name: str | None = None,
         backend: str = "local",
         profile: str | None = None,
-        kind: Literal["workload", "distributed"] = "workload",
+        kind: Literal["workload", "distributed", "call"] = "workload",
         user: str | None = None,
         idempotency_key: str | None = None,
         run_id: str | None = None,
