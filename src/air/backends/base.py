@@ -54,7 +54,7 @@ class NodeLaunch:
     folder (a remote backend ships it where the node lacks it). `warm_preload`: fork every process
     from one zygote that imported these first (see air.launcher.warm; every process must then be
     `NODE_PYTHON -m MODULE ...`). `ray_shim`: the node's command may start Ray by hand, so it gets a
-    `ray` shim first on PATH, its own RAY_TMPDIR and head port (air.ray.shim).
+    `ray` shim first on PATH, its own RAY_TMPDIR and head port (air.backends.ray_shim).
     """
 
     node_rank: int

@@ -31,12 +31,12 @@ from air.backends.base import (
     node_work_root,
     parse_node_shape,
 )
+from air.backends.ray_shim import local_workload_ray_env
 from air.constants import TERMINATE_GRACE_S
 from air.errors import GPUTypeError, GPUValidationError, LaunchError
 from air.home import air_home
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
 from air.launcher.warm import python_can_fork
-from air.ray.shim import local_workload_ray_env
 
 QUEUE_POLL_S = 0.2
 
@@ -121,7 +121,7 @@ class LocalBackend:
     def start(self, allocation: Allocation, launches: Sequence[NodeLaunch], *, tag: str,
               on_line: ProcLineCallback | None = None) -> LocalAttempt:
         """Every process of every node at once, as one process tree here. A node whose command may start
-        Ray by hand also gets what that needs when several nodes share this host (`air.ray.shim`: a `ray`
+        Ray by hand also gets what that needs when several nodes share this host (`air.backends.ray_shim`: a `ray`
         shim first on PATH, its own RAY_TMPDIR, a head port free here, an explicit auth token)."""
         ordered = sorted(launches, key=lambda launch: launch.node_rank)
         held = contextlib.ExitStack()

@@ -127,8 +127,8 @@ class NodeAgent:
 
     def ray_workload_dirs(self) -> dict[str, str]:
         """This node's `ray` shim folder and a fresh short RAY_TMPDIR, for commands that start Ray by hand."""
-        from air.ray.cluster import short_temp_dir
-        from air.ray.shim import install_shim
+        from air.backends.ray_cluster import short_temp_dir
+        from air.backends.ray_shim import install_shim
 
         shim = install_shim(self.root / "bin")
         tmp = short_temp_dir("air-rt")
@@ -179,7 +179,7 @@ class NodeAgent:
     # -- processes --------------------------------------------------------------------------------
 
     def _node_env(self, task_env: Mapping[str, str]) -> dict[str, str]:
-        from air.ray.cluster import clean_ray_env
+        from air.backends.ray_cluster import clean_ray_env
 
         env = clean_ray_env(os.environ)
         for key in _RAY_PROCESS_ENV:
@@ -230,7 +230,7 @@ class NodeAgent:
         return list(self._launch.pids)
 
     def _start_sentinel(self, tag: str) -> None:
-        from air.ray.cluster import NODE_MARKER_ENV
+        from air.backends.ray_cluster import NODE_MARKER_ENV
 
         # Neither the launch's tag nor the Ray node's marker: stopping either must not stop the sentinel.
         env = {k: v for k, v in os.environ.items() if k not in (PROCESS_TAG_ENV, NODE_MARKER_ENV)}

@@ -51,11 +51,11 @@ from air.backends.ray_agent import (
     reap_tag,
     tagged_processes_any_node,
 )
+from air.backends.ray_cluster import RayAuth, refresh_auth
+from air.backends.ray_shim import workload_ray_env
 from air.constants import TERMINATE_GRACE_S
 from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
 from air.launcher.node import ProcessExit
-from air.ray.cluster import RayAuth, refresh_auth
-from air.ray.shim import workload_ray_env
 
 _log = logging.getLogger("air.backends.ray")
 
@@ -404,7 +404,7 @@ class RayBackend:
         """Start every node's processes at once. Node n's processes carry AIR_PROCESS_TAG=`tag`.node<n>
         (`reap(tag)` finds them all). Adds MASTER_ADDR/MASTER_PORT (free on node 0),
         CUDA_VISIBLE_DEVICES (the bundle's GPUs) and the node's code folder to each process. A node with
-        `ray_shim` also gets what a hand-started Ray needs (`air.ray.shim.workload_ray_env`: a `ray`
+        `ray_shim` also gets what a hand-started Ray needs (`air.backends.ray_shim.workload_ray_env`: a `ray`
         shim first on PATH, RAY_TMPDIR, AIR_RAY_HEAD_PORT, a per-attempt auth token, RAY_ADDRESS
         removed); these override what the launch's env holds."""
         ray = _ray()
