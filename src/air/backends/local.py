@@ -10,6 +10,7 @@ tree, one tag; with a warm start, one zygote forks them all).
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import sys
 import threading
@@ -33,12 +34,14 @@ from air.backends.base import (
 )
 from air.backends.ray_shim import local_workload_ray_env
 from air.constants import TERMINATE_GRACE_S
-from air.errors import GPUTypeError, GPUValidationError, LaunchError
+from air.errors import AirError, GPUTypeError, GPUValidationError, LaunchError
 from air.home import air_home
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
 from air.launcher.warm import python_can_fork
 
 QUEUE_POLL_S = 0.2
+
+_log = logging.getLogger("air.backends.local")
 
 
 class LocalBackend:
@@ -101,11 +104,18 @@ class LocalBackend:
         capacity = self.capacity(accelerator)
         last_note = 0.0
         while True:
-            slots = self.ledger.try_claim_slots(run_id, kind, wanted, capacity)
-            if slots is not None:
-                break
             if should_stop():
                 return None
+            try:
+                slots = self.ledger.try_claim_slots(run_id, kind, wanted, capacity)
+            except AirError:  # the ledger's StatusConflictError: the run is no longer QUEUED
+                if should_stop():  # canceled while it waited: no longer QUEUED, so it may not claim
+                    return None
+                raise
+            if slots is not None:
+                _log.info("run %s acquired %s slot(s) %s", run_id, kind,
+                          ",".join(str(s) for s in sorted(slots)))
+                break
             if time.monotonic() - last_note > 30 or last_note == 0.0:
                 on_wait(f"waiting for capacity: {wanted} {kind} slot(s) needed, {capacity} on this machine, "
                         "held by earlier runs")

@@ -146,9 +146,12 @@ class RayBackend:
                 hint="Use the address `ray start --head` printed (host:6379 or the port you chose).",
             )
         refresh_auth()
+        _log.info("connecting to the Ray cluster at %s (namespace %s)", self.address, self.namespace)
+        started = time.monotonic()
         try:
             ray.init(address=self.address, namespace=self.namespace, log_to_driver=False,
                      logging_level=logging.WARNING)
+            _log.info("connected to the Ray cluster at %s in %.1f s", self.address, time.monotonic() - started)
         except Exception as exc:  # ConnectionError, AuthenticationError, …
             text = f"{type(exc).__name__}: {exc}"
             auth = "auth" in text.lower() or "token" in text.lower()

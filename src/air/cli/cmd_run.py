@@ -8,7 +8,7 @@ import click
 import yaml
 
 from air.cli.main import common, settings
-from air.cli.output import envelope, event, stderr
+from air.cli.output import envelope, event, quiet, status, stderr
 from air.errors import UserInputError
 
 
@@ -63,15 +63,17 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
         event("SUBMITTED", run_id=run_.id, existing=existing)
     else:
         what = "Existing run (same idempotency key)" if existing else "Submitted run"
-        stderr(f"{what} {run_.id}  ({prepared.plan.num_nodes} node(s) × {prepared.plan.per_node} "
+        status(f"{what} {run_.id}  ({prepared.plan.num_nodes} node(s) × {prepared.plan.per_node} "
                f"{prepared.plan.accelerator}, experiment {prepared.plan.experiment})")
         if not watch:
-            stderr(f"Follow it: air logs {run_.id} --follow   Status: air get run {run_.id}")
+            status(f"Follow it: air logs {run_.id} --follow   Status: air get run {run_.id}")
+            if quiet():  # the result of a submit is the run's id: `ID=$(air -q run -f train.yaml)`
+                sys.stdout.write(run_.id + "\n")
     if watch:
         from air.cli.cmd_logs import masker_for
         from air.cli.watch import watch as watch_run
 
-        return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_.id))
+        return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_.id), verbose=s.verbose)
     return 0
 
 

@@ -10,6 +10,7 @@ import click
 from air.cli.main import common, settings
 from air.cli.output import envelope, fmt_duration, fmt_time, print_fields, print_table
 from air.errors import UserInputError
+from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run, RunStore
 
@@ -22,6 +23,15 @@ def run_dict(run: Run) -> dict[str, Any]:
     data["duration_seconds"] = run.duration_seconds()
     data["attempts"] = run.attempt_count
     return data
+
+
+def queue_dict(store: RunStore, run: Run) -> dict[str, Any] | None:
+    """The `queue` object of --json: why a QUEUED run waits (position, slots, holders, reason); None
+    for a run that does not wait in a queue."""
+    from air.runs.queue import queue_info
+
+    info = queue_info(store, run)
+    return None if info is None else info.to_dict()
 
 
 def mlflow_link(run: Run) -> str | None:
@@ -37,9 +47,10 @@ def mlflow_link(run: Run) -> str | None:
         if not info.get("tracking_uri", "").startswith("sqlite"):
             base = info["tracking_uri"].rstrip("/")
             return f"{base}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}"
-        from air.tracking import run_url
+        from air.tracking import run_url, ui_base_url
 
-        return run_url(info["run_id"], info["experiment_id"])
+        # The port a running `air ui` for this store listens on, else its default.
+        return run_url(info["run_id"], info["experiment_id"], base=ui_base_url(store=info["tracking_uri"]))
     except Exception:
         return None
 
@@ -67,10 +78,11 @@ def get_run(run_id: str) -> None:
             {**asdict(a), "status": a.status.value, "failure_class": a.failure_class.value if a.failure_class else None}
             for a in attempts]
         data["folder"] = str(RunPaths(run.id).folder)
+        data["queue"] = queue_dict(store, run)
         envelope(data)
         return
     pairs = [
-        ("Run", run.id), ("Status", run.status.value), ("Experiment", run.experiment),
+        ("Run", run.id), ("Status", run.status.value), *_waiting(store, run), ("Experiment", run.experiment),
         ("MLflow run name", run.run_name or run.experiment),
         ("Accelerators", f"{run.num_accelerators} × {run.accelerator_type} ({run.num_nodes} node(s))"),
         ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), ("User", run.user or "-"),
@@ -93,6 +105,12 @@ def get_run(run_id: str) -> None:
             [str(a.index), a.status.value, fmt_time(a.started_at), fmt_duration(a.duration_seconds()),
              a.termination_reason or "", a.mlflow_run_id or ""] for a in attempts])
         print(f"\nLogs: air logs {run.id} [--node N] [--retry A]")
+
+
+def _waiting(store: RunStore, run: Run) -> list[tuple[str, str]]:
+    """("Waiting", reason) for a QUEUED run, nothing otherwise."""
+    queue = queue_dict(store, run)
+    return [("Waiting", queue["reason"])] if queue else []
 
 
 @click.group("list")
@@ -132,9 +150,10 @@ def _filters(values: tuple[str, ...]) -> dict[str, Any]:
 def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filters: tuple[str, ...]) -> None:
     """Runs, newest first."""
     wanted: Any = "all" if all_status else (parse_statuses(status_names) if status_names else None)
-    runs = RunStore().list_runs(statuses=wanted, limit=limit, **_filters(filters))
+    store = RunStore()
+    runs = store.list_runs(statuses=wanted, limit=limit, **_filters(filters))
     if settings().json:
-        envelope({"runs": [run_dict(r) for r in runs]})
+        envelope({"runs": [{**run_dict(r), "queue": queue_dict(store, r)} for r in runs]})
         return
     if not runs:
         print("No runs." + ("" if all_status else " (--all-status shows ended runs too)"))
@@ -142,3 +161,8 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
     print_table(["RUN", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"], [
         [r.id, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}", fmt_time(r.submitted_at),
          fmt_duration(r.duration_seconds()), str(r.attempt_count)] for r in runs])
+    waiting = [(r.id, queue_dict(store, r)) for r in runs if r.status is RunStatus.QUEUED]
+    if waiting:
+        print("\nWaiting:")
+        for run_id, queue in waiting:
+            print(f"  {run_id}  {queue['reason'] if queue else 'QUEUED'}")

@@ -14,6 +14,7 @@ stay up until the head goes away (the driver finished), then stop their own Ray 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -24,6 +25,8 @@ from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
 from air.distributed.decorator import DistributedFunction
 from air.distributed.shape import CallSettings, check_settings
 from air.errors import AirError, RayInitializationError
+
+_log = logging.getLogger("air.ray.launch")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -88,13 +91,18 @@ class RayLaunchBootstrap:
                     monitor.finish()
                 node.stop()
             return None
-        node = start_ray_node(head=True, gcs_port=port, include_dashboard=self.dashboard, **common)
+        from air.progress import spinner
+
         address = f"{host}:{port}"
+        _log.info("starting the Ray head at %s for %d node(s)", address, num_nodes)
+        with spinner(f"starting a Ray cluster at {address} ({num_nodes} node(s)) …"):  # on a terminal only
+            node = start_ray_node(head=True, gcs_port=port, include_dashboard=self.dashboard, **common)
         monitor = None
         try:
             use_auth(auth)  # the driver (this process) is a client of the new cluster from here on
             os.environ["RAY_ADDRESS"] = address
-            joined = _wait_for_nodes(address, num_nodes, auth)
+            with spinner(f"waiting for {num_nodes - 1} Ray node(s) to join {address} …"):
+                joined = _wait_for_nodes(address, num_nodes, auth)
             print(f"[air] Ray cluster up at {address}: {joined} of {num_nodes} node(s)"
                   + (f", dashboard {node.dashboard_url}" if node.dashboard_url else ""), flush=True)
             os.environ[METRICS_PORT_ENV] = str(node.metrics_export_port)

@@ -194,6 +194,9 @@ class RunController:
         if allocation is None:
             return self._end_canceled()
         self._allocation = allocation
+        self.job.say("capacity acquired: " + "; ".join(
+            f"node {n}: {allocation.accelerator.kind} {','.join(slots)}"
+            for n, slots in enumerate(allocation.slots_per_node)))
         return Phase.START
 
     def _start(self) -> Phase:

@@ -874,6 +874,26 @@ class RunStore:
         kind = str(row[3]).split("_", 1)[0].upper()
         return self._waiting_ahead(conn, kind, row[1], row[2], stop_at_one=False)
 
+    def queued_ahead(self, run_id: str) -> list[str]:
+        """Ids of the runs this QUEUED run waits behind (same slot kind and backend, entered the queue
+        earlier, no slots yet), first in line first. Empty when it is next, holds slots or is not QUEUED.
+        The same rule as `try_claim_slots`'s FIFO check, so "why does it wait" never disagrees with it."""
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT status, backend, queue_seq, accelerator_type FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"Run {run_id} not found.")
+        if row[0] != RunStatus.QUEUED.value or row[2] is None or self.claimed_slots(run_id):
+            return []
+        kind = str(row[3]).split("_", 1)[0].upper()
+        return [r[0] for r in conn.execute(
+            "SELECT r.id FROM runs r WHERE r.status = ? AND r.queue_seq < ? AND r.backend = ? "
+            "AND r.accelerator_type LIKE ? ESCAPE '\\' "
+            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id) ORDER BY r.queue_seq",
+            (RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%"),
+        )]
+
     def release_slots(self, run_id: str) -> list[int]:
         """Give back every slot the run holds (idempotent); returns the indices released."""
         with self._write() as conn:

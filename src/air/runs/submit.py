@@ -7,8 +7,10 @@ as INTERNAL_ERROR with the reason: a run never stays PENDING without a superviso
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from air.runs.store import Run, RunStore
 from air.workload.loading import load_workload
 from air.workload.plan import RunPlan, make_plan
 from air.workload.spec import WorkloadSpec
+
+_log = logging.getLogger("air.workload")
 
 
 @dataclass
@@ -96,17 +100,24 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
             write_parameters(plan.parameters, paths.hyperparameters)
             plan.parameters_path = str(paths.hyperparameters)
         if prepared.snapshot is not None:
+            from air.progress import spinner
             from air.workload.snapshot import materialize_snapshot
 
-            cached = materialize_snapshot(prepared.snapshot)
-            code = paths.code / cached.name
-            _link_tree(cached, code)
+            snap = prepared.snapshot
+            started = time.monotonic()
+            with spinner(f"copying the code snapshot ({snap.file_count} files, {snap.total_bytes / 1e6:.1f} MB) …"):
+                cached = materialize_snapshot(snap)
+                code = paths.code / cached.name
+                _link_tree(cached, code)
+            _log.info("snapshot %s: %d files (%.1f MB) in %s, linked into %s in %.2f s", snap.key[:12],
+                      snap.file_count, snap.total_bytes / 1e6, cached, code, time.monotonic() - started)
             plan.code_path = str(code)
         atomic_write_text(paths.submission, plan.to_json())
         if start_supervisor:
             from air.runs.supervisor import spawn
 
-            spawn(run.id)
+            pid = spawn(run.id)
+            _log.info("run %s: supervisor started (pid %d), its log: %s", run.id, pid, paths.supervisor_log)
     except BaseException as exc:
         store.transition(run.id, RunStatus.INTERNAL_ERROR, reason=f"Could not prepare the run: {exc}",
                          failure_class=FailureClass.SETUP)

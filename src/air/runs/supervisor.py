@@ -10,6 +10,7 @@ command notices (reconcile.py).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -33,6 +34,8 @@ from air.tracking.attempt_tracking import AttemptTracking
 from air.workload.plan import RunPlan
 
 CANCEL_POLL_S = 0.25
+
+_log = logging.getLogger("air.supervisor")
 
 
 def make_backend(plan: RunPlan, store: RunStore) -> Backend:
@@ -68,7 +71,22 @@ class WorkloadJob:
         self.num_nodes = plan.num_nodes
         self.timeout_s = plan.timeout_minutes * 60 if plan.timeout_minutes else None
         self.secrets: dict[str, str] = {}
-        self.say = self.on_wait = say
+        self.say = say
+        self.store: RunStore | None = None
+
+    def on_wait(self, line: str) -> None:
+        """The backend's "waiting for capacity" note, and (local ledger) where the run is in line."""
+        self.say(line)
+        if self.store is None:
+            return
+        try:
+            from air.runs.queue import queue_info
+
+            info = queue_info(self.store, self.store.get_run(self.run_id))
+            if info is not None:
+                self.say(f"queued: {info.reason}")
+        except Exception as exc:  # noqa: BLE001 - a message must never stop the run
+            _log.debug("could not describe the queue: %s", exc)
 
     def resolve_secrets(self) -> None:
         from air.workload.secrets import resolve_secrets
@@ -112,7 +130,10 @@ class WorkloadJob:
 
         deps = parse_dependencies(self.plan.dependencies, Path(self.plan.dependencies_base_dir or "."))
         started = time.monotonic()
+        self.say(f"environment: {len(deps.dependencies)} dependencies on {self.plan.base_python}")
         with use_environment(deps, Path(self.plan.base_python), log=air_log) as env:
+            self.say(f"environment {'reused (cache hit)' if env.cache_hit else 'built'} in "
+                     f"{time.monotonic() - started:.2f} s: {env.path}")
             air_log(f"environment {'reused' if env.cache_hit else 'built'} in {time.monotonic() - started:.2f} s: "
                     f"{env.path}")
             yield env
@@ -138,6 +159,8 @@ class WorkloadJob:
             env["AIR_ATTEMPT"] = str(attempt)
             launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
                                                logs[node], cwd))
+        _log.debug("attempt %d: node commands %s, cwd %s", attempt,
+                   [" ".join(p.argv) for launch in launches for p in launch.processes], cwd)
         return launches
 
     def judge(self, attempt: int, handle: AttemptHandle, outcome: AttemptOutcome,
@@ -176,12 +199,16 @@ class Supervisor:
         self.paths = RunPaths(run_id)
         self.plan = RunPlan.from_json(self.paths.submission.read_text())
         self.backend = make_backend(self.plan, self.store)
-        self.log = open(self.paths.supervisor_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        from air.log import configure_file
+
+        #: supervisor.log (RunPaths owns the name): every `air.*` logger of this process writes there.
+        self.log_handler = configure_file(self.paths.supervisor_log)
         self.job = WorkloadJob(run_id, self.plan, self.say)
+        self.job.store = self.store
         self.controller = RunController(run_id, self.job, self.backend, self.store, RetryPolicy(self.plan.max_retries))
 
     def say(self, line: str) -> None:
-        self.log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+        _log.info("%s", line)
 
     def run(self) -> RunStatus:
         self.store.set_supervisor(self.run_id, os.getpid())
@@ -218,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if supervisor is not None:
-            supervisor.log.close()
+            logging.getLogger("air").removeHandler(supervisor.log_handler)
+            supervisor.log_handler.close()
 
 
 def _reap_remote_nodes(supervisor: Supervisor | None, run_id: str, within_s: float = 30.0) -> None:
