@@ -105,3 +105,16 @@ def test_air_cancel_ends_every_rank_of_a_local_remote_call() -> None:
     run = latest_run()
     assert run.status is RunStatus.CANCELED
     assert not tagged_processes_any_node(process_tag(run.id))
+
+
+def test_ranks_inherit_this_machines_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a Ray node (its agent's environment): the caller's variables, PATH included, plus the rank's."""
+    monkeypatch.setenv("AIR_TEST_CALLER_MARKER", "from-the-caller")
+
+    @distributed(num_accelerators=2, accelerator_type="CPU_1xCPU", remote=True)
+    def environment() -> tuple[str | None, bool, str]:
+        import os
+
+        return os.environ.get("AIR_TEST_CALLER_MARKER"), bool(os.environ.get("PATH")), os.environ["NODE_RANK"]
+
+    assert environment.distributed() == [("from-the-caller", True, "0"), ("from-the-caller", True, "1")]

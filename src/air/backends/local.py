@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import sys
 import threading
@@ -33,7 +34,7 @@ from air.backends.base import (
     parse_node_shape,
 )
 from air.backends.ray_shim import local_workload_ray_env
-from air.constants import TERMINATE_GRACE_S
+from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
 from air.errors import AirError, GPUTypeError, GPUValidationError, LaunchError
 from air.home import air_home
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
@@ -154,7 +155,7 @@ class LocalBackend:
                     (work / name).write_bytes(data)
                 slots = allocation.slots_per_node[launch.node_rank]
                 for index, proc in enumerate(launch.processes):
-                    env = {k: _expand(v, work) for k, v in proc.env.items()}
+                    env = {k: _expand(v, work) for k, v in {**_node_environment(launch), **proc.env}.items()}
                     env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)})
                     env["CUDA_VISIBLE_DEVICES"] = "" if allocation.accelerator.is_cpu else ",".join(slots)
                     if launch.ray_shim:
@@ -186,6 +187,17 @@ class LocalBackend:
 
     def reap(self, tag: str) -> int:
         return reap_tag(tag, subtags=True)
+
+
+def _node_environment(launch: NodeLaunch) -> dict[str, str]:
+    """What a call node's processes inherit from the node, as on a Ray node (its agent's environment):
+    this machine's, without any outer launch's tag. A workload node's command gets exactly the
+    environment its launch carries (the supervisor built it whole)."""
+    if launch.ray_shim:
+        return {}
+    env = {k: v for k, v in os.environ.items() if k not in (PROCESS_TAG_ENV, "AIR_SUPERVISOR")}
+    env["AIR_LAUNCHER_PID"] = str(os.getpid())
+    return env
 
 
 def _expand(value: str, work: Path) -> str:
