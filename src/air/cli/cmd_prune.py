@@ -6,7 +6,7 @@ import click
 
 from air.cli.main import common, settings
 from air.cli.output import envelope, stderr
-from air.workload.prune import DEFAULT_OLDER_THAN_DAYS
+from air.runs.prune import DEFAULT_OLDER_THAN_DAYS
 
 
 @click.command()
@@ -27,7 +27,7 @@ def prune(older_than_days: float, dry_run: bool) -> None:
     """
     from dataclasses import asdict
 
-    from air.workload.prune import prune as prune_home
+    from air.runs.prune import prune as prune_home
 
     report = prune_home(older_than_days, dry_run=dry_run)
     if settings().json:

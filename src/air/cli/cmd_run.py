@@ -39,7 +39,7 @@ _LiteralDumper.add_representer(str, _str)
 def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], dry_run: bool, watch: bool,
         watch_node: int | None, idempotency_key: str | None) -> int:
     """Run a workload: its command once per node, with retries, timeouts, logs and MLflow."""
-    from air.workload.submit import prepare, submit
+    from air.runs.submit import prepare, submit
 
     s = settings()
     if file_arg and file_opt and file_arg != file_opt:

@@ -59,7 +59,7 @@ class RayLaunchBootstrap:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:
             return None
-        from air.ray.cluster import RayAuth, start_ray_node, use_auth
+        from air.backends.ray_cluster import RayAuth, start_ray_node, use_auth
 
         node_rank = int(os.environ.get("NODE_RANK", "0"))
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -106,7 +106,7 @@ class RayLaunchBootstrap:
             print(f"[air] Ray cluster up at {address}: {joined} of {num_nodes} node(s)"
                   + (f", dashboard {node.dashboard_url}" if node.dashboard_url else ""), flush=True)
             os.environ[METRICS_PORT_ENV] = str(node.metrics_export_port)
-            from air.ray.tracking import enable_train_report_logging
+            from air.backends.ray_train_report import enable_train_report_logging
 
             enable_train_report_logging()
             monitor = _node_monitor(node.metrics_export_port, head=True)

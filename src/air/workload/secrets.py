@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from air.errors import NotFoundError, UserInputError
+from air.files import atomic_write_text
 from air.home import air_home
-from air.runs.paths import atomic_write_text
 
 SECRETS_FILE = "secrets.json"
 _FORMAT_VERSION = 1
