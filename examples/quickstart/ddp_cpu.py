@@ -73,14 +73,22 @@ def where_things_went(func_name: str, wait_s: float = 30.0) -> str:
     short-lived process; this waits up to `wait_s` for it to say which run it made.
     """
     from air.home import air_home
+    from air.runs.paths import CallPaths
+    from air.runs.store import RunStore
     from air.tracking import DEFAULT_CALL_EXPERIMENT, run_url, tracking_uri
 
     home = air_home()
-    calls = sorted((home / "calls").glob(f"*-{func_name}-*"), key=lambda p: p.stat().st_mtime)
+    # Every call is a run of kind `call` in the run store; its folder holds the rank logs.
+    calls = [r for r in RunStore().list_runs(statuses="all", limit=50) if r.kind == "call" and r.run_name == func_name]
     lines = ["", f"Where things went (AIR_HOME={home}):"]
+    link = None
+    run_id = None
     if calls:
-        lines.append(f"  rank logs:   {_shown(calls[-1])}/rank_<N>.log")
-        env_file = calls[-1] / "mlflow_env.json"
+        run_id = calls[0].id
+        folder = CallPaths(run_id).folder
+        lines.append(f"  run:         {run_id} (a @distributed call)")
+        lines.append(f"  rank logs:   {_shown(folder)}/rank_<N>.log")
+        env_file = CallPaths(run_id).mlflow_env
         deadline = time.monotonic() + wait_s
         while not env_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -89,16 +97,13 @@ def where_things_went(func_name: str, wait_s: float = 30.0) -> str:
         except (OSError, ValueError):
             mlflow_env = {}
         if mlflow_env.get("MLFLOW_RUN_ID"):
-            run_id, experiment_id = mlflow_env["MLFLOW_RUN_ID"], mlflow_env["MLFLOW_EXPERIMENT_ID"]
+            mlflow_run, experiment_id = mlflow_env["MLFLOW_RUN_ID"], mlflow_env["MLFLOW_EXPERIMENT_ID"]
             lines.append(
-                f"  MLflow run:  {run_id} (experiment '{DEFAULT_CALL_EXPERIMENT}') in {tracking_uri()}"
+                f"  MLflow run:  {mlflow_run} (experiment '{DEFAULT_CALL_EXPERIMENT}') in {tracking_uri()}"
             )
-            link = run_url(run_id, experiment_id)
+            link = run_url(mlflow_run, experiment_id)
         else:
             lines.append(f"  MLflow runs: {tracking_uri()} (experiment '{DEFAULT_CALL_EXPERIMENT}')")
-            link = None
-    else:
-        link = None
     air_bin = Path(sys.executable).parent / "air"
     air = _shown(air_bin) if air_bin.exists() else "air"
     default_home = (Path.home() / ".air").resolve()
@@ -106,6 +111,7 @@ def where_things_went(func_name: str, wait_s: float = 30.0) -> str:
     lines += [
         "See them:",
         f"  {prefix}{air} list runs      # runs and calls, newest first",
+        *([f"  {prefix}{air} logs {run_id} --rank 0   # rank 0's lines"] if run_id else []),
         f"  {prefix}{air} ui             # MLflow's UI" + (f", then open {link}" if link else ""),
     ]
     if air_bin.exists():

@@ -44,7 +44,7 @@ def test_two_ranks_return_every_value_and_the_run_is_listed_as_success() -> None
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.splitlines() if line.startswith(run.id))
-    assert row.split()[1] == "SUCCESS"
+    assert row.split()[1:3] == ["call", "SUCCESS"]  # KIND, STATUS
 
 
 def test_ranks_on_two_local_nodes_see_their_node_rank() -> None:

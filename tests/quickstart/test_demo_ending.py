@@ -43,5 +43,7 @@ def test_demo_ends_with_where_things_went(air_home: Path) -> None:
     shown_air = os.path.relpath(air, ROOT) if air.is_relative_to(ROOT) else str(air)
     assert f"AIR_HOME={air_home} {shown_air} list runs" in ending
     assert f"AIR_HOME={air_home} {shown_air} ui" in ending
+    run_id = call_dir.name  # a call's folder is named by its run id, which `air logs` takes
+    assert f"AIR_HOME={air_home} {shown_air} logs {run_id} --rank 0" in ending
     assert "/#/experiments/" in ending and run.group(1) in ending  # the run's link in the UI
     assert f"source {Path(shown_air).parent / 'activate'}" in ending
