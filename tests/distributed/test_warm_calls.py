@@ -40,7 +40,9 @@ def test_two_calls_in_a_row_reuse_the_zygote_and_another_world_size_replaces_it(
     assert {r["zygote"] for r in first + second} == {zygote}  # the same kept zygote forked both calls
     assert zygote != os.getpid() and alive([zygote]) == [zygote]
     # ...but every call has its own leader, ranks, port, and fresh module state.
-    assert first[0]["leader"] != second[0]["leader"] and alive([first[0]["leader"], second[0]["leader"]]) == []
+    assert (
+        first[0]["leader"] != second[0]["leader"] and alive([first[0]["leader"], second[0]["leader"]]) == []
+    )
     assert not {r["pid"] for r in first} & {r["pid"] for r in second}
     assert first[0]["port"] != second[0]["port"]
     assert [r["seen"] for r in first + second] == [1, 1, 1, 1]
@@ -61,15 +63,16 @@ def test_a_call_after_an_exception_in_the_previous_call_works() -> None:
     assert {r["zygote"] for r in results} == {failed_on.popen.pid}  # kept through the failure
 
 
-def test_a_user_module_edited_between_calls_is_seen_fresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_user_module_edited_between_calls_is_seen_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     module = tmp_path / "warm_user_module.py"
     module.write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def reads_the_user_module() -> dict[str, object]:
-        import warm_user_module  # imported by the rank, from disk
-
         import torch  # noqa: F401 - named so that the zygote preloads torch (the warm path under test)
+        import warm_user_module  # imported by the rank, from disk
 
         info = wp.remembers()
         info["value"] = warm_user_module.VALUE
@@ -107,7 +110,8 @@ def test_a_killed_caller_leaves_no_zygote(busy: bool, tmp_path: Path) -> None:
     """SIGKILL: no atexit, no socket close in time; the zygote's pdeathsig ends it (and its leader
     ends a running call's ranks)."""
     script = tmp_path / "caller.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, sys, time
         sys.path.insert(0, {str(Path(wp.__file__).parent)!r})
         import warm_probes as wp
@@ -117,29 +121,38 @@ def test_a_killed_caller_leaves_no_zygote(busy: bool, tmp_path: Path) -> None:
         if {busy!r}:
             distributed(2, "CPU")(wp.sleeps).distributed()
         time.sleep(600)
-    """))
+    """)
+    )
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     assert caller.stdout is not None
     zygote = int(caller.stdout.readline())
     proc = psutil.Process(zygote)
     assert proc.ppid() == caller.pid
     if busy:
-        wait_for(lambda: len(proc.children(recursive=True)) >= 3, "the second call's leader and ranks", PROMPT_S)
+        wait_for(
+            lambda: len(proc.children(recursive=True)) >= 3, "the second call's leader and ranks", PROMPT_S
+        )
     under = [p.pid for p in proc.children(recursive=True)]
     os.kill(caller.pid, signal.SIGKILL)
     caller.wait()
-    wait_for(lambda: alive([zygote, *under]) == [], "the zygote and all under it to follow the caller", PROMPT_S)
+    wait_for(
+        lambda: alive([zygote, *under]) == [], "the zygote and all under it to follow the caller", PROMPT_S
+    )
 
 
 def test_the_caller_ending_normally_ends_its_zygote(tmp_path: Path) -> None:
     script = tmp_path / "caller.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(wp.__file__).parent)!r})
         import warm_probes as wp
         from air import distributed
         print(distributed(2, "CPU")(wp.remembers).distributed()[0]["zygote"], flush=True)
-    """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    """)
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
+    )
     zygote = int(done.stdout.split()[-1])
     assert alive([zygote]) == []  # atexit ended it before the caller returned

@@ -116,16 +116,19 @@ class LeaderHandle(ForkedProcess):
         super().__init__(-1)
         self.kept = kept
         self.done_code: int | None = None
+        self._closing = threading.Lock()  # the pump and the launcher's teardown may both get here
 
     def closed(self) -> None:
         """The status pipe ended: the leader is gone, or the zygote died before forking it."""
-        if self.returncode is not None:
-            return
-        if self.pid is None:
-            code = self.kept.exit_code(timeout=5)
-            self.ended(code if code is not None else -signal.SIGKILL, time.time())
-        else:
-            self.ended(self.done_code if self.done_code is not None else -signal.SIGKILL, time.time())
+        with self._closing:
+            if self.returncode is not None:
+                return
+            if self.pid is None:
+                code = self.kept.exit_code(timeout=5)
+                self.ended(code if code is not None else -signal.SIGKILL, time.time())
+            else:
+                self.ended(self.done_code if self.done_code is not None else -signal.SIGKILL, time.time())
+            self.kept.finished()
 
 
 def common_env(envs: Sequence[dict[str, str]]) -> dict[str, str]:
@@ -278,6 +281,7 @@ class KeptZygote:
         self._own_pipes: list[tuple[int, str, BinaryIO]] | None = None
         self._lock = threading.Lock()
         self._ended = False
+        self.in_flight = 0  # launches handed to it whose leader has not ended yet
 
     @classmethod
     def start(cls, warm: WarmStart, key: tuple[object, ...], env: dict[str, str], modules: Sequence[str],
@@ -324,6 +328,11 @@ class KeptZygote:
     def alive(self) -> bool:
         return not self._ended and self.popen.poll() is None
 
+    def finished(self) -> None:
+        """One launch's leader ended (or never started)."""
+        with self._lock:
+            self.in_flight = max(self.in_flight - 1, 0)
+
     def own_pipes(self) -> list[tuple[int, str, BinaryIO]]:
         """Its stdout/stderr, for the first launch only (it points them at /dev/null once preloaded)."""
         pipes, self._own_pipes = self._own_pipes or [], None
@@ -337,8 +346,10 @@ class KeptZygote:
                 return False
             try:
                 self._read(until_acked=False)
+                self.sock.settimeout(10.0)
                 socket.send_fds(self.sock, [data], list(fds))
                 self._unacked += 1
+                self.in_flight += 1
                 if self.ready:  # it answers at once; no answer: it left before it took the plan
                     self._read(until_acked=True)
             except OSError:
@@ -355,7 +366,7 @@ class KeptZygote:
             self.sock.settimeout(remaining if until_acked else 0.0)
             try:
                 message = self.sock.recv(64)
-            except (BlockingIOError, socket.timeout):
+            except (TimeoutError, BlockingIOError):
                 if until_acked:
                     raise
                 return
@@ -396,11 +407,15 @@ class _KeptZygotes:
         atexit.register(self.shutdown)
 
     def get(self, warm: WarmStart, key: tuple[object, ...], env: dict[str, str], modules: Sequence[str],
-            cwd: str | None) -> KeptZygote:
+            cwd: str | None) -> KeptZygote | None:
+        """The kept zygote for `key`: the current one, or a new one that replaces it (None: the current
+        one is of another key and busy)."""
         with self._lock:
             if os.getpid() != self._owner:  # a forked copy of the caller: its parent's zygote is not its own
                 self._kept, self._owner = None, os.getpid()
             kept = self._kept
+            if kept is not None and kept.key != key and kept.alive() and kept.in_flight:
+                return None  # another call of this caller runs on it right now: this one goes one-shot
             if kept is not None and (kept.key != key or not kept.alive()):
                 self._kept = None
                 kept.end()
@@ -468,6 +483,8 @@ def start_kept(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[d
         if len(data) <= _MAX_PLAN:
             for _ in range(2):  # a second try if the kept one had just left (idle) when handed the plan
                 candidate = KEPT.get(warm, key, base, names, cwds[0])
+                if candidate is None:
+                    break
                 if candidate.submit(data, sent):
                     kept = candidate
                     break

@@ -386,6 +386,8 @@ def _on_sigterm_kept(_signum: int, _frame: Any) -> None:
     """The caller ends the kept zygote (or died: pdeathsig): each running launch's leader ends its own."""
     global _stopping
     _stopping = True
+    if not _leaders:  # idle (or still preloading): nothing to end but itself
+        os._exit(128 + signal.SIGTERM)
     for pid in list(_leaders):
         try:
             os.kill(pid, signal.SIGTERM)
@@ -444,7 +446,7 @@ def serve(control_fd: int) -> int:
             wait = idle_s - (time.monotonic() - idle_since)
             if wait <= 0:
                 break
-            ready, _, _ = select.select([sock], [], [], min(wait, 0.2))
+            ready, _, _ = select.select([sock], [], [], min(wait, 0.2) if _leaders else wait)
             if not ready or _stopping:
                 continue
             data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 256)
