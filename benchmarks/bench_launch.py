@@ -116,18 +116,22 @@ def warm_calls(calls: int, repeat: int, env: dict[str, str], torchrun: str) -> N
     subprocess.run(driver + ["1"], env=env, stdout=subprocess.DEVNULL, check=True)
     first: list[float] = []
     later: list[float] = []
+    unkept: list[float] = []
     base: list[float] = []
     for _ in range(repeat):
         done = subprocess.run(driver, env=env, stdout=subprocess.PIPE, text=True, check=True)
         times = json.loads(done.stdout.strip().splitlines()[-1])
         first.append(times[0])
         later.extend(times[1:])
+        done = subprocess.run(driver[:-1] + ["1"], env={**env, "AIR_WARM_IDLE_S": "0"}, stdout=subprocess.PIPE,
+                              text=True, check=True)
+        unkept.append(json.loads(done.stdout.strip().splitlines()[-1])[0])
         base.append(timed(torchrun_argv, env, aborts, "torchrun"))
     median_base = statistics.median(base)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
           f"{repeat} processes of {calls} calls each, interleaved with {repeat} torchrun runs")
     rows = [("air call 1 (starts the zygote)", first), (f"air calls 2..{calls} (warm)", later),
-            ("torchrun --standalone", base)]
+            ("air call, AIR_WARM_IDLE_S=0", unkept), ("torchrun --standalone", base)]
     for name, values in rows:
         median = statistics.median(values)
         print(f"  {name:<32} {median:6.3f} s  (range {min(values):.3f}–{max(values):.3f}, n={len(values)})"
