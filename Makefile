@@ -3,16 +3,31 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# torch is for the ranks, not the launcher; pin the CPU wheel so CI never pulls a CUDA build.
+# torch is for the ranks, not the launcher.
 TORCH_SPEC ?= torch==2.13.0
+# On a machine without an NVIDIA GPU, torch comes from PyTorch's CPU wheel index (~200 MB instead of a
+# CUDA build of several GB), when that index answers within a few seconds; otherwise (a GPU, no network
+# to it, or TORCH_INDEX_URL=) from pip's configured index, as a plain `pip install` would.
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.stamp-setup
+# The lean install: `pip install -e .` with no extras (mlflow-skinny, no UI server), plus pytest.
+VENV_LEAN ?= .venv-lean
+LEAN_STAMP := $(VENV_LEAN)/.stamp-lean
 
-.PHONY: setup demo test test-gpu lint bench clean
+.PHONY: setup demo test test-lean test-gpu lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,ray,examples]"
+	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+	  echo "setup: NVIDIA GPU found: $(TORCH_SPEC) from pip's configured index"; \
+	elif [ -n "$(TORCH_INDEX_URL)" ] && $(PY) -c 'import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1].rstrip("/") + "/", method="HEAD"), timeout=5)' "$(TORCH_INDEX_URL)" 2>/dev/null; then \
+	  echo "setup: no NVIDIA GPU: $(TORCH_SPEC) CPU build from $(TORCH_INDEX_URL)"; \
+	  $(PY) -m pip install -q "$(TORCH_SPEC)" --index-url "$(TORCH_INDEX_URL)"; \
+	else \
+	  echo "setup: no NVIDIA GPU, but the CPU index ('$(TORCH_INDEX_URL)') is unset or did not answer: $(TORCH_SPEC) from pip's configured index"; \
+	fi
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,ray,examples,ui]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -20,10 +35,23 @@ setup: $(STAMP)
 demo: setup
 	AIR_HOME=$${AIR_HOME:-$(CURDIR)/.air-home} $(PY) examples/quickstart/ddp_cpu.py
 
-# GPU tests run only on a GPU machine: `make test-gpu` there.
+# Everything but GPU tests on the full install, then the lean install's own run (tests/lean need it).
 test: setup
-	$(PY) -m pytest -q --durations=15 -m "not gpu" tests
+	$(PY) -m pytest -q --durations=15 -m "not gpu" --ignore=tests/lean tests
+	$(MAKE) test-lean
 
+$(LEAN_STAMP): pyproject.toml Makefile
+	rm -rf $(VENV_LEAN)
+	$(PYTHON) -m venv $(VENV_LEAN)
+	$(VENV_LEAN)/bin/python -m pip install -q -e . "pytest>=8" "pytest-timeout>=2.3"
+	touch $(LEAN_STAMP)
+
+# The tracking tests and tests/lean on `pip install -e .` alone: the embedded store works on
+# mlflow-skinny, and `air ui` names the extra it lacks.
+test-lean: $(LEAN_STAMP)
+	$(VENV_LEAN)/bin/python -m pytest -q -m "not gpu" tests/tracking tests/tracking_runs/test_tracking_end_to_end.py tests/lean
+
+# GPU tests run only on a GPU machine: `make test-gpu` there.
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu tests
 
@@ -31,4 +59,4 @@ lint: setup
 	$(PY) -m ruff check src tests
 
 clean:
-	rm -rf $(VENV) .air-home .pytest_cache
+	rm -rf $(VENV) $(VENV_LEAN) .air-home .pytest_cache

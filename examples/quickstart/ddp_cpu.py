@@ -7,6 +7,11 @@ this machine with NCCL. The only differences are the backend and the device.
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
 from air import distributed, runtime
 
 
@@ -30,8 +35,10 @@ def train(epochs: int = 3, batch_size: int = 64) -> dict[str, float]:
     dataset = TensorDataset(x, y)
     sampler = DistributedSampler(dataset)
     loader = DataLoader(dataset, sampler=sampler, batch_size=batch_size)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(10, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device),
-                device_ids=[local_rank] if backend == "nccl" else None)
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(10, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device),
+        device_ids=[local_rank] if backend == "nccl" else None,
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     loss_fn = torch.nn.MSELoss()
     for epoch in range(epochs):
@@ -51,6 +58,64 @@ def train(epochs: int = 3, batch_size: int = 64) -> dict[str, float]:
     return {"rank": runtime.get_global_rank(), "final_loss": total / len(sampler), "param_checksum": checksum}
 
 
+def _shown(path: Path) -> str:
+    """`path` relative to the current folder when it is inside it (shorter to copy), else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def where_things_went(func_name: str, wait_s: float = 30.0) -> str:
+    """Where the last call of `func_name` left its rank logs and MLflow run, and the commands that show them.
+
+    The MLflow run of a call whose ranks never imported mlflow is recorded just after it returns, by a
+    short-lived process; this waits up to `wait_s` for it to say which run it made.
+    """
+    from air.home import air_home
+    from air.tracking import DEFAULT_CALL_EXPERIMENT, run_url, tracking_uri
+
+    home = air_home()
+    calls = sorted((home / "calls").glob(f"*-{func_name}-*"), key=lambda p: p.stat().st_mtime)
+    lines = ["", f"Where things went (AIR_HOME={home}):"]
+    if calls:
+        lines.append(f"  rank logs:   {_shown(calls[-1])}/rank_<N>.log")
+        env_file = calls[-1] / "mlflow_env.json"
+        deadline = time.monotonic() + wait_s
+        while not env_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        try:
+            mlflow_env = json.loads(env_file.read_text())
+        except (OSError, ValueError):
+            mlflow_env = {}
+        if mlflow_env.get("MLFLOW_RUN_ID"):
+            run_id, experiment_id = mlflow_env["MLFLOW_RUN_ID"], mlflow_env["MLFLOW_EXPERIMENT_ID"]
+            lines.append(
+                f"  MLflow run:  {run_id} (experiment '{DEFAULT_CALL_EXPERIMENT}') in {tracking_uri()}"
+            )
+            link = run_url(run_id, experiment_id)
+        else:
+            lines.append(f"  MLflow runs: {tracking_uri()} (experiment '{DEFAULT_CALL_EXPERIMENT}')")
+            link = None
+    else:
+        link = None
+    air_bin = Path(sys.executable).parent / "air"
+    air = _shown(air_bin) if air_bin.exists() else "air"
+    default_home = (Path.home() / ".air").resolve()
+    prefix = f"AIR_HOME={_shown(home)} " if home != default_home else ""
+    lines += [
+        "See them:",
+        f"  {prefix}{air} list runs      # runs and calls, newest first",
+        f"  {prefix}{air} ui             # MLflow's UI" + (f", then open {link}" if link else ""),
+    ]
+    if air_bin.exists():
+        lines.append(
+            f"  (`air` lives in {_shown(air_bin.parent)}: `source {_shown(air_bin.parent / 'activate')}` "
+            "puts it on PATH)"
+        )
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gpus", type=int, default=0, help="run on this many GPUs of this machine (NCCL)")
@@ -63,3 +128,4 @@ if __name__ == "__main__":
         print(result)
     assert len({round(r["param_checksum"], 6) for r in results}) == 1, "ranks disagree on the parameters"
     print(f"OK: {len(results)} ranks trained one model with DDP; every rank's result came back.")
+    print(where_things_went("train"))

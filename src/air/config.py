@@ -107,7 +107,7 @@ class AirConfig(BaseModel):
 
 def config_path() -> Path:
     """`$AIR_HOME/config.yaml` (it need not exist)."""
-    return air_home() / _CONFIG_FILE
+    return air_home(create=False) / _CONFIG_FILE
 
 
 def load_config(path: Path | None = None) -> AirConfig:

@@ -6,8 +6,12 @@ import os
 from pathlib import Path
 
 
-def air_home() -> Path:
-    """The AIR_HOME folder, created on first use with owner-only permissions."""
+def air_home(*, create: bool = True) -> Path:
+    """The AIR_HOME folder, created on first use with owner-only permissions.
+
+    `create=False` for readers (`--dry-run`, shell completion, reading config): they must leave no trace.
+    """
     home = Path(os.environ.get("AIR_HOME") or Path.home() / ".air").expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if create:
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
     return home

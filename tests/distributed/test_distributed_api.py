@@ -121,12 +121,10 @@ def test_gpu_discovery_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPa
     assert accelerators.normalize_model("h100_80gb") == "H100"
 
 
-def test_remote_without_backend_is_a_clear_error() -> None:
-    from air.errors import BackendUnavailableError
-
+def test_remote_without_a_configured_profile_runs_on_this_machine() -> None:
+    """No profile configured: remote=True runs on the local profile (issue 13), one value per rank."""
     fn = distributed(num_accelerators=2, accelerator_type="CPU", remote=True)(train)
-    with pytest.raises(BackendUnavailableError, match="remote"):
-        fn.distributed(0.1)
+    assert fn.distributed(0.1) == [0.2, 0.2]
 
 
 def test_wrong_arguments_fail_before_anything_starts(air_home) -> None:

@@ -14,7 +14,7 @@ import pytest
 from ray_helpers import SEED_000_COMMAND, never
 
 from air.accelerators import AcceleratorType, cpu_type, parse_accelerator_type
-from air.backends.base import NodeTask
+from air.backends.base import NodeLaunch
 from air.backends.ray_agent import agent_root
 from air.backends.ray_agent import tagged_processes_any_node as tagged_processes
 from air.backends.ray_backend import RayBackend
@@ -29,8 +29,8 @@ def backend(ray_cluster) -> RayBackend:
     return RayBackend(ray_cluster.address, poll_wait_s=0.2, wait_report_s=0.5)
 
 
-def node_tasks(tmp_path: Path, script: str, num_nodes: int, cwd: Path | None = None) -> list[NodeTask]:
-    return [NodeTask(node_rank=n, argv=["bash", "-c", script],
+def node_tasks(tmp_path: Path, script: str, num_nodes: int, cwd: Path | None = None) -> list[NodeLaunch]:
+    return [NodeLaunch.command(node_rank=n, argv=["bash", "-c", script],
                      env={"NODE_RANK": str(n), "NUM_NODES": str(num_nodes)},
                      log_path=tmp_path / "logs" / f"node_{n}.log", cwd=cwd)
             for n in range(num_nodes)]
@@ -49,7 +49,7 @@ def test_two_cpu_nodes_get_distinct_ranks_and_one_master(backend: RayBackend, tm
     try:
         tasks = node_tasks(tmp_path, 'echo "rank=$NODE_RANK addr=$MASTER_ADDR port=$MASTER_PORT '
                            'cuda=[$CUDA_VISIBLE_DEVICES]"; echo to-stderr >&2', 2)
-        handle = backend.start_attempt(allocation, tasks, tag=f"air-{rid}", on_line=lambda *a: lines.append(a))
+        handle = backend.start(allocation, tasks, tag=f"air-{rid}", on_line=lambda n, _i, s, t: lines.append((n, s, t)))
         outcome = handle.wait(timeout_s=60, should_stop=never)
     finally:
         backend.release(allocation)
@@ -81,7 +81,7 @@ def test_gpu_shape_schedules_on_the_node_that_advertises_it(backend: RayBackend,
                                  should_stop=lambda: len(waits) >= 2, on_wait=waits.append)
         assert second is None
         assert waits and waits[0].startswith("waiting for capacity:") and "GPU 2" in waits[0]
-        handle = backend.start_attempt(allocation, node_tasks(tmp_path, "echo cuda=$CUDA_VISIBLE_DEVICES", 1),
+        handle = backend.start(allocation, node_tasks(tmp_path, "echo cuda=$CUDA_VISIBLE_DEVICES", 1),
                                        tag=f"air-{rid}")
         assert handle.wait(timeout_s=60, should_stop=never).ok
     finally:
@@ -95,7 +95,7 @@ def test_a_failing_node_ends_the_others(backend: RayBackend, tmp_path: Path) -> 
     assert allocation is not None
     try:
         script = 'if [ "$NODE_RANK" = 1 ]; then sleep 0.5; echo boom >&2; exit 3; fi; sleep 300'
-        handle = backend.start_attempt(allocation, node_tasks(tmp_path, script, 2), tag=tag)
+        handle = backend.start(allocation, node_tasks(tmp_path, script, 2), tag=tag)
         started = time.monotonic()
         outcome = handle.wait(timeout_s=120, should_stop=never)
     finally:
@@ -116,12 +116,12 @@ def test_terminate_and_timeout_leave_no_process_on_any_node(backend: RayBackend,
     script = "setsid sleep 300 & sleep 300 & echo started; wait"
     try:
         tag = f"air-{rid}-0"
-        handle = backend.start_attempt(allocation, node_tasks(tmp_path / "a", script, 2), tag=tag)
+        handle = backend.start(allocation, node_tasks(tmp_path / "a", script, 2), tag=tag)
         wait_for(lambda: len(tagged_processes(tag)) >= 6, "both nodes' processes", timeout=30)
         handle.terminate()
         assert not tagged_processes(tag)
         tag = f"air-{rid}-1"
-        handle = backend.start_attempt(allocation, node_tasks(tmp_path / "b", script, 2), tag=tag)
+        handle = backend.start(allocation, node_tasks(tmp_path / "b", script, 2), tag=tag)
         outcome = handle.wait(timeout_s=2, should_stop=never)
         assert outcome.timed_out and not outcome.ok
         assert not tagged_processes(tag)
@@ -139,9 +139,9 @@ def test_code_folder_is_shipped_when_asked(ray_cluster, tmp_path: Path) -> None:
     allocation = backend.acquire(rid, cpu_type(1), 1, should_stop=never, on_wait=lambda _: None)
     assert allocation is not None
     try:
-        task = NodeTask(0, ["bash", "-c", 'cat pkg/marker.txt; echo "pwd=$(pwd) src=$CODE_SOURCE_PATH"'],
+        task = NodeLaunch.command(0, ["bash", "-c", 'cat pkg/marker.txt; echo "pwd=$(pwd) src=$CODE_SOURCE_PATH"'],
                         {"CODE_SOURCE_PATH": str(code)}, tmp_path / "node_0.log", cwd=code)
-        assert backend.start_attempt(allocation, [task], tag=f"air-{rid}").wait(timeout_s=60, should_stop=never).ok
+        assert backend.start(allocation, [task], tag=f"air-{rid}").wait(timeout_s=60, should_stop=never).ok
     finally:
         backend.release(allocation)
     log = (tmp_path / "node_0.log").read_text()
@@ -172,7 +172,7 @@ def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, bac
         allocation = backend.acquire(rid, cpu_type(1), 4, should_stop=never, on_wait=lambda _: None)
         assert allocation is not None
         # A child under each node's bash: Ray kills a dying worker's direct children, not theirs.
-        handle = backend.start_attempt(allocation, node_tasks(tmp_path, "echo up; sleep 300 & wait", 4), tag=tag)
+        handle = backend.start(allocation, node_tasks(tmp_path, "echo up; sleep 300 & wait", 4), tag=tag)
         wait_for(lambda: len(tagged_processes(tag)) >= 8, "all four nodes running", timeout=30)
         raylet = [p for p in victim.processes() if p.name() == "raylet"]
         assert raylet
@@ -205,11 +205,11 @@ def run_seed000_command(backend, tmp_path: Path, extra_env: dict[str, str] | Non
     allocation = backend.acquire(rid, cpu_type(1), 2, should_stop=never, on_wait=lambda _: None)
     assert allocation is not None
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    tasks = [NodeTask(n, ["bash", "-c", SEED_000_COMMAND], {"NODE_RANK": str(n), "PATH": path, **(extra_env or {})},
+    tasks = [NodeLaunch.command(n, ["bash", "-c", SEED_000_COMMAND], {"NODE_RANK": str(n), "PATH": path, **(extra_env or {})},
                       tmp_path / f"node_{n}.log") for n in range(2)]
     try:
         started = time.monotonic()
-        outcome = backend.start_attempt(allocation, tasks, tag=tag).wait(timeout_s=240, should_stop=never)
+        outcome = backend.start(allocation, tasks, tag=tag).wait(timeout_s=240, should_stop=never)
         took = time.monotonic() - started
     finally:
         backend.release(allocation)

@@ -9,8 +9,8 @@ import pytest
 
 from air import distributed
 from air.backends.ray_agent import tagged_processes_any_node
-from air.errors import BackendUnavailableError, RuntimeConfigurationError, WorkloadFailureException
-from air.runs.paths import RunPaths
+from air.errors import RuntimeConfigurationError, WorkloadFailureException
+from air.runs.paths import RunPaths, process_tag
 from air.runs.states import RunStatus
 from air.runs.store import RunStore
 from proc_helpers import default_sigint, wait_for
@@ -53,7 +53,7 @@ def test_remote_call_returns_every_rank_in_order(ray_profile: Path, capfd: pytes
     assert "[node 1 rank 3] hello from rank 3" in out
     run = latest_run()
     assert (run.kind, run.backend, run.status, run.num_nodes, run.accelerator_type) == (
-        "distributed", "ray", RunStatus.SUCCESS, 2, "CPU_2xCPU")
+        "call", "ray", RunStatus.SUCCESS, 2, "CPU_2xCPU")
     assert "hello from rank 3" in RunPaths(run.id).node_log(0, 1).read_text()
     from mlflow import MlflowClient
 
@@ -146,17 +146,7 @@ def test_air_cancel_ends_every_rank(ray_profile: Path) -> None:
     thread.join()
     run = latest_run()
     assert run.status is RunStatus.CANCELED
-    assert not tagged_processes_any_node(f"air-{run.id}")
-
-
-def test_local_profile_says_how_to_add_a_ray_profile(air_home: Path) -> None:
-    @distributed(num_accelerators=1, accelerator_type="CPU", remote=True)
-    def nothing() -> None:
-        return None
-
-    with pytest.raises(BackendUnavailableError, match="no remote backend configured") as info:
-        nothing.distributed()
-    assert "config.yaml" in str(info.value) and "backend: ray" in str(info.value)
+    assert not tagged_processes_any_node(process_tag(run.id))
 
 
 INTERRUPTED_CALLER = '''
@@ -203,7 +193,7 @@ def test_ctrl_c_in_the_caller_cancels_the_run(ray_profile: Path, tmp_path: Path)
     assert "caller saw KeyboardInterrupt" in rest
     run = latest_run()
     assert run.status is RunStatus.CANCELED and "user signal" in (run.termination_reason or "")
-    assert not tagged_processes_any_node(f"air-{run.id}")
+    assert not tagged_processes_any_node(process_tag(run.id))
 
 
 def test_ray_launch_remote_builds_a_cluster_over_two_ray_nodes(ray_profile: Path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from air.backends.ray_backend import RayBackend
 from air.distributed.remote import plan_shape
 from air.distributed.shape import check_settings
 from air.errors import GPUValidationError, RuntimeConfigurationError
@@ -95,10 +96,11 @@ def test_versions_compare_what_unpickling_needs() -> None:
     assert _comparable("cloudpickle", "3.1.2") != _comparable("cloudpickle", "3.1.1")
 
 
-class FakeCluster:
-    """What plan_shape reads from a backend: its alive nodes."""
+class FakeCluster(RayBackend):
+    """What RayBackend.plan_shape reads from the cluster: its alive nodes."""
 
     def __init__(self, nodes: list[dict]) -> None:
+        super().__init__("127.0.0.1:1")
         self.nodes = nodes
 
     def _alive_nodes(self) -> list[dict]:

@@ -187,3 +187,55 @@ def test_scan_line_for_live_alerts() -> None:
     assert sig is not None and sig.name == "cuda_oom"
     assert scan_line("NCCL WARN NET/Socket : peer 10.0.0.2 closed connection") is not None
     assert scan_line("epoch 1 loss 0.25") is None
+
+
+CANT_OPEN = """\
+starting
+python: can't open file '/x/missing.py': [Errno 2] No such file or directory
+"""
+
+ARGPARSE = """\
+usage: train.py [-h] [--lr LR]
+train.py: error: unrecognized arguments: --epochs 3
+"""
+
+PERMISSION = "step 0\nbash: line 2: ./prepare.sh: Permission denied\n"
+
+CP_THEN_CHATTER = "cp: cannot stat 'data/*.bin': No such file or directory\nINFO: cleaning up\n"
+
+LOG_LEVEL = "2024-05-01 12:00:00 INFO loading\n2024-05-01 12:00:01 ERROR checkpoint dir is read-only\n"
+
+
+@pytest.mark.parametrize(
+    ("tail", "exit_code", "node", "expected", "failure_class"),
+    [
+        (CANT_OPEN, 2, None,
+         "python: can't open file '/x/missing.py': [Errno 2] No such file or directory (exit code 2)",
+         FailureClass.USER_CODE),
+        (ARGPARSE, 2, 1, "train.py: error: unrecognized arguments: --epochs 3 (node 1, exit code 2)",
+         FailureClass.USER_CODE),
+        (PERMISSION, 126, None, "bash: line 2: ./prepare.sh: Permission denied (exit code 126)", FailureClass.SETUP),
+        (CP_THEN_CHATTER, 1, None, "cp: cannot stat 'data/*.bin': No such file or directory (exit code 1)",
+         FailureClass.USER_CODE),
+        ("loading\nFailed to load weights from /ckpt/last.pt\n", 1, None,
+         "Failed to load weights from /ckpt/last.pt (exit code 1)", FailureClass.USER_CODE),
+        (LOG_LEVEL, 3, 0, "2024-05-01 12:00:01 ERROR checkpoint dir is read-only (node 0, exit code 3)",
+         FailureClass.USER_CODE),
+    ],
+)
+def test_last_error_line_with_the_exit_code(tail: str, exit_code: int, node: int | None, expected: str,
+                                            failure_class: FailureClass) -> None:
+    assert termination_reason(exit_code, None, tail, node=node) == (expected, failure_class)
+
+
+def test_an_error_line_does_not_replace_a_signal_or_a_traceback() -> None:
+    assert termination_reason(None, signal.SIGKILL, CANT_OPEN).reason.startswith("Killed by SIGKILL")
+    assert termination_reason(137, None, CANT_OPEN).reason.startswith("Exit code 137 (killed by SIGKILL")
+    assert termination_reason(1, None, CANT_OPEN + MODULE_MISSING).reason == (
+        "ModuleNotFoundError: No module named 'transformers'")
+    assert termination_reason(1, None, "epoch 1 val error 0.12\nfailed batches: 0\n").reason == "Exit code 1"
+
+
+def test_a_long_error_line_keeps_its_exit_code() -> None:
+    reason, _ = termination_reason(2, None, "fatal: " + "y" * 5000 + "\n")
+    assert len(reason) == MAX_REASON_CHARS and reason.endswith("… (exit code 2)")

@@ -413,3 +413,15 @@ def test_a_store_carried_across_fork_reopens(store: RunStore, make_run: MakeRun)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert store.get_run(run.id).status is RunStatus.QUEUED  # the parent's connection still works
+
+
+def test_queued_ahead_names_the_runs_in_front_in_queue_order(store: RunStore, make_run: MakeRun) -> None:
+    a, b, c = (queued(store, make_run) for _ in range(3))
+    gpu = queued(store, make_run, accelerator_type="GPU_1xH100", num_accelerators=1)
+    assert store.queued_ahead(c) == [a, b] and store.queued_ahead(a) == []
+    assert store.queued_ahead(gpu) == []  # another slot kind is another line
+    assert store.try_claim_slots(a, "CPU", 1, 1) == [0]
+    assert store.queued_ahead(c) == [b] and store.queued_ahead(a) == []  # a holder waits for nothing
+    assert len(store.queued_ahead(c)) == store.queue_position(c)  # the same rule as the FIFO check
+    store.transition(b, RunStatus.CANCELED)
+    assert store.queued_ahead(c) == []

@@ -31,9 +31,10 @@ def shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def air_home(shared_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def air_home(shared_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Overrides the root fixture: the shared AIR_HOME, and no MLflow variables from the shell."""
     monkeypatch.setenv("AIR_HOME", str(shared_home))
+    monkeypatch.chdir(tmp_path)  # MLflow's ./mlruns default and anything else lands here, not in the repo
     for name in MLFLOW_VARS:
         monkeypatch.delenv(name, raising=False)
     return shared_home

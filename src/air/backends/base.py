@@ -1,38 +1,75 @@
-"""What a Backend does for a run: hold capacity, start an attempt's nodes, end them.
+"""What a Backend does for a run: plan its shape, hold capacity, start an attempt's nodes, end them.
 
-The supervisor (air/supervisor.py) drives a run through these calls and knows nothing of where
-nodes run. `local` runs nodes as process trees on this machine with a slot ledger; `ray` runs each
-node through an agent actor on a distinct Ray node, inside one gang-scheduled placement group.
-Both start node processes with the same node launcher (air/launcher).
+The run controller (air/runs/controller.py) drives every run, a workload or a `remote=True` call,
+through these calls and knows nothing of where nodes run. `local` runs nodes as process trees on this
+machine with a slot ledger; `ray` runs each node through an agent actor on a distinct Ray node, inside
+one gang-scheduled placement group. Both start node processes with the same node launcher
+(air/launcher). One launch primitive, `start(allocation, [NodeLaunch])`: a workload node is one `bash`
+(`NodeLaunch.command`), a call node is N rank processes. Everything here is plain, picklable data: it
+crosses the Ray boundary as is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from air.accelerators import AcceleratorType
+from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
+from air.launcher.node import ProcessExit
 
-#: on_line(node_rank, stream, text): every line a node prints, as it arrives (also written to its log).
-NodeLineCallback = Callable[[int, str, str], None]
+#: on_line(node_rank, process_index, stream, text): every line a node's process prints, as it arrives
+#: (also written to its logs).
+ProcLineCallback = Callable[[int, int, str, str], None]
+
+#: Placeholders in argv/env/cwd values that the backend replaces, on the node, with that node's work
+#: folder (where `NodeLaunch.files` are put) and with the node's Python.
+NODE_DIR = "@AIR_NODE_DIR@"
+NODE_PYTHON = "@AIR_NODE_PYTHON@"
 
 
 @dataclass(frozen=True)
-class NodeTask:
-    """One node's share of an attempt, before the backend places it.
+class NodeProcess:
+    """One process of a node. `log_path` is on the submitting side (None: the node's log only).
 
-    `env` holds the run's contract variables except those only placement decides: the backend adds
-    MASTER_ADDR, MASTER_PORT and the node's device slice (CUDA_VISIBLE_DEVICES), and AIR_PROCESS_TAG.
-    `log_path` is on the submitting machine: a remote backend streams lines back into it.
+    The backend adds what only placement decides: MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES and
+    AIR_PROCESS_TAG. `cwd` is used when the launch has none (and only if it exists on the node).
+    """
+
+    name: str
+    argv: Sequence[str]
+    env: dict[str, str]
+    log_path: Path | None = None
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything one node runs in one attempt: processes, the node log, files to put there first.
+
+    `log_path` is on the submitting machine and receives every line of the node. `cwd`: the code
+    folder (a remote backend ships it where the node lacks it). `warm_preload`: fork every process
+    from one zygote that imported these first (see air.launcher.warm; every process must then be
+    `NODE_PYTHON -m MODULE ...`). `ray_shim`: the node's command may start Ray by hand, so it gets a
+    `ray` shim first on PATH, its own RAY_TMPDIR and head port (air.backends.ray_shim).
     """
 
     node_rank: int
-    argv: Sequence[str]
-    env: dict[str, str]
+    processes: Sequence[NodeProcess]
     log_path: Path
-    cwd: Path | None = None
+    cwd: Path | str | None = None
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    warm_preload: tuple[str, ...] | None = None
+    ray_shim: bool = False
+
+    @classmethod
+    def command(cls, node_rank: int, argv: Sequence[str], env: dict[str, str], log_path: Path,
+                cwd: Path | None = None) -> NodeLaunch:
+        """A workload node: one command (`bash ...`) whose output is the node log."""
+        return cls(node_rank, [NodeProcess(f"node {node_rank}", list(argv), env)], log_path, cwd, ray_shim=True)
 
 
 @dataclass(frozen=True)
@@ -48,7 +85,7 @@ class Allocation:
 
 @dataclass(frozen=True)
 class NodeExit:
-    """How one node's command ended."""
+    """How one node ended (its first failing process, else its first one)."""
 
     node_rank: int
     returncode: int | None
@@ -59,7 +96,7 @@ class NodeExit:
 
 @dataclass(frozen=True)
 class AttemptOutcome:
-    """What an attempt's nodes did, as plain data; the supervisor turns it into state and a reason."""
+    """What an attempt's nodes did, as plain data; the controller turns it into state and a reason."""
 
     exits: tuple[NodeExit, ...]
     first_failure: NodeExit | None
@@ -72,8 +109,62 @@ class AttemptOutcome:
         return self.first_failure is None and not self.timed_out and not self.stopped and self.lost_node is None
 
 
+def node_exit(node_rank: int, records: Sequence[ProcessExit] | None, address: str = "127.0.0.1") -> NodeExit:
+    """A node's exit from its processes' exits: the earliest real failure, else teardown, else the first."""
+    if records is None:
+        return NodeExit(node_rank, None, None, killed_by_air=False, address=address)
+    bad = sorted((e for e in records if e.returncode not in (None, 0)),
+                 key=lambda e: (e.killed_by_launcher, e.ended_at or float("inf")))
+    record = bad[0] if bad else (records[0] if records else ProcessExit(0, "", 0, None))
+    return NodeExit(node_rank, record.returncode, record.signal_name, killed_by_air=record.killed_by_launcher,
+                    address=address)
+
+
+def first_failure(exits: Sequence[Sequence[ProcessExit] | None]) -> tuple[int, ProcessExit] | None:
+    """(node index, process exit) of the earliest process that failed on its own (not air's teardown)."""
+    failures = [(node, e) for node, records in enumerate(exits) if records
+                for e in records if e.returncode not in (None, 0) and not e.killed_by_launcher]
+    if not failures:
+        return None
+    return min(failures, key=lambda f: f[1].ended_at or float("inf"))
+
+
+def build_outcome(node_ranks: Sequence[int], exits: Sequence[Sequence[ProcessExit] | None],
+                  addresses: Sequence[str], *, timed_out: bool, stopped: bool,
+                  lost_node: str | None = None) -> AttemptOutcome:
+    """One AttemptOutcome from per-node process exits (both backends build theirs here)."""
+    nodes = tuple(node_exit(rank, records, address)
+                  for rank, records, address in zip(node_ranks, exits, addresses, strict=True))
+    first = first_failure(exits)
+    first_exit = None
+    if first is not None:
+        proc = first[1]
+        first_exit = NodeExit(node_ranks[first[0]], proc.returncode, proc.signal_name, False, addresses[first[0]])
+    return AttemptOutcome(exits=nodes, first_failure=first_exit, timed_out=timed_out, stopped=stopped,
+                          lost_node=lost_node)
+
+
+def node_work_root(run_id: str, node_rank: int) -> Path:
+    """Node-local folder of one node of one run: unpacked code, call payloads and outcomes."""
+    base = Path(os.environ.get("AIR_AGENT_DIR") or tempfile.gettempdir()) / f"air-agent-{os.getuid()}"
+    return base / run_id / f"node_{node_rank}"
+
+
+def parse_node_shape(raw: str) -> AcceleratorType | None:
+    """A full node type (`GPU_8xH100`, `cpu_1xcpu`) as an AcceleratorType; None for a bare model."""
+    if "_" not in raw:
+        return None
+    kind, _, rest = raw.partition("_")
+    per_node, _, model = rest.lower().partition("x")
+    canonical = "CPU" if kind.upper() == "CPU" else (normalize_model(model) or model.upper())
+    return parse_accelerator_type(f"{kind.upper()}_{per_node}x{canonical}")
+
+
 class AttemptHandle(Protocol):
     """A started attempt."""
+
+    master_addr: str
+    master_port: int
 
     def wait(self, *, timeout_s: float | None, should_stop: Callable[[], bool]) -> AttemptOutcome:
         """Block until every node ends, one fails, the timeout passes or should_stop(); in every case but
@@ -84,11 +175,24 @@ class AttemptHandle(Protocol):
         """End every node's process tree now (idempotent)."""
         ...
 
+    def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
+        """Files the node's processes wrote in its work folder (rank outcomes); None where missing."""
+        ...
+
+    def process_exits(self, node: int) -> list[ProcessExit] | None:
+        """How each process of a node ended (None if the node never reported)."""
+        ...
+
 
 class Backend(Protocol):
     """Where a run's nodes run."""
 
     name: str
+
+    def plan_shape(self, count: int, accelerator_type: str) -> tuple[AcceleratorType, int]:
+        """Node type and node count for `count` ranks of `accelerator_type` (a model such as `H100` or
+        `CPU`, or a full node type such as `GPU_8xH100`); GPUValidationError where they cannot fit."""
+        ...
 
     def check_shape(self, accelerator: AcceleratorType, num_nodes: int) -> None:
         """Refuse at submit (GPUValidationError, exit 2) a shape this backend can never hold; say what it has."""
@@ -104,9 +208,14 @@ class Backend(Protocol):
         `on_wait` receives a line such as "waiting for capacity: 2 of 2 CPU slots busy" now and then."""
         ...
 
-    def start_attempt(self, allocation: Allocation, nodes: Sequence[NodeTask], *, tag: str,
-                      on_line: NodeLineCallback | None = None) -> AttemptHandle:
-        """Start every node's command at once (gang), each in its own process tree tagged `tag`."""
+    def version_mismatches(self, allocation: Allocation) -> list[str]:
+        """One line per node whose Python, cloudpickle or torch differs from this process's (a pickled
+        call only loads where they match); empty where the nodes run this very Python."""
+        ...
+
+    def start(self, allocation: Allocation, launches: Sequence[NodeLaunch], *, tag: str,
+              on_line: ProcLineCallback | None = None) -> AttemptHandle:
+        """Start every node's processes at once (gang), each node's tree tagged `tag` (or a subtag)."""
         ...
 
     def release(self, allocation: Allocation) -> None:
@@ -116,3 +225,11 @@ class Backend(Protocol):
     def reap(self, tag: str) -> int:
         """End any process still carrying `tag` (a dead supervisor's leftovers); returns how many."""
         ...
+
+
+class SlotLedger(Protocol):
+    """Where the local backend claims this machine's slots (the run store), first in first out."""
+
+    def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int) -> list[int] | None: ...
+
+    def release_slots(self, run_id: str) -> list[int]: ...

@@ -1,49 +1,79 @@
 """The local backend: this machine's GPUs (or CPU slots), shared by concurrent runs through a ledger.
 
 Several nodes of one run may share this host (each gets its own slice of the slots), so a multi-node
-workload can be tried on a laptop. Slots are claimed in the run store, first in first out, so two
-concurrent runs never hold the same slot and a run waits QUEUED while slots are busy.
+workload, or a `remote=True` call over several nodes, can be tried on a laptop. Slots are claimed in
+the slot ledger (the run store), first in first out, so two concurrent runs never hold the same slot
+and a run waits QUEUED while slots are busy. Every process of every node is one launch (one process
+tree, one tag; with a warm start, one zygote forks them all).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import shutil
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
 
-from air.accelerators import AcceleratorType, MachineAccelerators, discover
-from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLineCallback, NodeTask
-from air.errors import GPUTypeError, GPUValidationError
+from air.accelerators import AcceleratorType, MachineAccelerators, discover, normalize_model
+from air.backends.base import (
+    NODE_DIR,
+    NODE_PYTHON,
+    Allocation,
+    AttemptOutcome,
+    NodeLaunch,
+    ProcLineCallback,
+    SlotLedger,
+    build_outcome,
+    node_work_root,
+    parse_node_shape,
+)
+from air.backends.ray_shim import local_workload_ray_env
+from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
+from air.errors import AirError, GPUTypeError, GPUValidationError, LaunchError
 from air.home import air_home
-from air.launcher import Launch, ProcessSpec, reap_tag, reserve_port, start_processes
-from air.ray.shim import local_workload_ray_env
+from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
+from air.launcher.warm import python_can_fork
 
 QUEUE_POLL_S = 0.2
+
+_log = logging.getLogger("air.backends.local")
 
 
 class LocalBackend:
     """Runs every node as a process tree on this machine."""
 
     name = "local"
+    address = "this machine"
 
-    def __init__(self, machine: MachineAccelerators | None = None, store: object | None = None) -> None:
+    def __init__(self, machine: MachineAccelerators | None = None, ledger: SlotLedger | None = None) -> None:
         self.machine = machine or discover()
-        self._store = store
-
-    @property
-    def store(self):  # noqa: ANN201 - RunStore, imported lazily to keep `air` light
-        if self._store is None:
-            from air.runs.store import RunStore
-
-            self._store = RunStore()
-        return self._store
+        self.ledger = ledger
 
     def capacity(self, accelerator: AcceleratorType) -> int:
         return self.machine.cpu_slots if accelerator.is_cpu else len(self.machine.gpus)
 
     def describe_capacity(self) -> str:
         return f"this machine has {self.machine.describe()}"
+
+    def plan_shape(self, count: int, accelerator_type: str) -> tuple[AcceleratorType, int]:
+        """A full node type fixes the ranks per node; a bare model puts every rank on one node."""
+        full = parse_node_shape(accelerator_type)
+        if full is not None:
+            return full, full.nodes_for(count)
+        raw = accelerator_type.strip()
+        if raw.lower() == "cpu":
+            return AcceleratorType("CPU", count, "CPU"), 1
+        model = self.machine.gpu_model if raw.lower() == "gpu" else (normalize_model(raw) or raw.upper())
+        if not model:
+            raise GPUValidationError(f"Asked for GPUs, but {self.describe_capacity()}.",
+                                     hint="Pass accelerator_type='CPU' to run CPU ranks.")
+        return AcceleratorType("GPU", count, model), 1
 
     def check_shape(self, accelerator: AcceleratorType, num_nodes: int) -> None:
         if not accelerator.is_cpu:
@@ -68,16 +98,25 @@ class LocalBackend:
 
     def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
                 should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
+        if self.ledger is None:
+            raise LaunchError("The local backend was built without a slot ledger, so it cannot hold slots.")
         kind = "CPU" if accelerator.is_cpu else "GPU"
         wanted = accelerator.per_node * num_nodes
         capacity = self.capacity(accelerator)
         last_note = 0.0
         while True:
-            slots = self.store.try_claim_slots(run_id, kind, wanted, capacity)
-            if slots is not None:
-                break
             if should_stop():
                 return None
+            try:
+                slots = self.ledger.try_claim_slots(run_id, kind, wanted, capacity)
+            except AirError:  # the ledger's StatusConflictError: the run is no longer QUEUED
+                if should_stop():  # canceled while it waited: no longer QUEUED, so it may not claim
+                    return None
+                raise
+            if slots is not None:
+                _log.info("run %s acquired %s slot(s) %s", run_id, kind,
+                          ",".join(str(s) for s in sorted(slots)))
+                break
             if time.monotonic() - last_note > 30 or last_note == 0.0:
                 on_wait(f"waiting for capacity: {wanted} {kind} slot(s) needed, {capacity} on this machine, "
                         "held by earlier runs")
@@ -87,65 +126,153 @@ class LocalBackend:
         per_node = tuple(tuple(ids[n * accelerator.per_node:(n + 1) * accelerator.per_node]) for n in range(num_nodes))
         return Allocation(run_id, accelerator, num_nodes, per_node)
 
-    def start_attempt(self, allocation: Allocation, nodes: Sequence[NodeTask], *, tag: str,
-                      on_line: NodeLineCallback | None = None) -> LocalAttempt:
-        """Every node's command at once, as a process tree here. Each also gets what a hand-started Ray
-        needs when several nodes share this host (`air.ray.shim`: a `ray` shim first on PATH, its own
-        RAY_TMPDIR, a head port free here, an explicit auth token), as on the Ray backend."""
-        ordered = sorted(nodes, key=lambda t: t.node_rank)
+    def version_mismatches(self, allocation: Allocation) -> list[str]:
+        return []  # every node runs this very Python
+
+    def start(self, allocation: Allocation, launches: Sequence[NodeLaunch], *, tag: str,
+              on_line: ProcLineCallback | None = None) -> LocalAttempt:
+        """Every process of every node at once, as one process tree here. A node whose command may start
+        Ray by hand also gets what that needs when several nodes share this host (`air.backends.ray_shim`: a `ray`
+        shim first on PATH, its own RAY_TMPDIR, a head port free here, an explicit auth token)."""
+        ordered = sorted(launches, key=lambda launch: launch.node_rank)
         held = contextlib.ExitStack()
         port = held.enter_context(reserve_port())
         try:
-            first = ordered[0].env
-            ray_envs = held.enter_context(local_workload_ray_env(
-                len(ordered), shim_dir=air_home() / "bin", path=first.get("PATH", ""),
-                mlflow_run_id=first.get("MLFLOW_RUN_ID"), train_callbacks=first.get("RAY_TRAIN_CALLBACKS")))
-            specs = []
-            for task, ray_env in zip(ordered, ray_envs, strict=True):
-                env = dict(task.env)
-                env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)})
-                slots = allocation.slots_per_node[task.node_rank]
-                env["CUDA_VISIBLE_DEVICES"] = "" if allocation.accelerator.is_cpu else ",".join(slots)
-                env["AIR_NODE_SLOTS"] = ",".join(slots)
-                env.pop("RAY_ADDRESS", None)  # some other cluster, not the one the node command starts
-                env.update(ray_env)
-                specs.append(ProcessSpec(f"node {task.node_rank}", list(task.argv), env, task.log_path, task.cwd))
-            ranks = [t.node_rank for t in ordered]
-            callback = (lambda index, stream, text: on_line(ranks[index], stream, text)) if on_line else None
-            launch = start_processes(specs, on_line=callback, tag=tag)
+            ray_envs: list[dict[str, str]] = [{} for _ in ordered]
+            if any(launch.ray_shim for launch in ordered):
+                first = ordered[0].processes[0].env
+                ray_envs = held.enter_context(local_workload_ray_env(
+                    len(ordered), shim_dir=air_home() / "bin", path=first.get("PATH", ""),
+                    mlflow_run_id=first.get("MLFLOW_RUN_ID"), train_callbacks=first.get("RAY_TRAIN_CALLBACKS")))
+            specs: list[ProcessSpec] = []
+            owners: list[tuple[int, int]] = []  # spec index → (node index, process index)
+            work_dirs = []
+            for node, (launch, ray_env) in enumerate(zip(ordered, ray_envs, strict=True)):
+                work = node_work_root(allocation.run_id, launch.node_rank) / "work"
+                work.mkdir(parents=True, exist_ok=True)
+                work_dirs.append(work)
+                for name, data in launch.files.items():
+                    (work / name).write_bytes(data)
+                slots = allocation.slots_per_node[launch.node_rank]
+                for index, proc in enumerate(launch.processes):
+                    env = {k: _expand(v, work) for k, v in {**_node_environment(launch), **proc.env}.items()}
+                    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)})
+                    env["CUDA_VISIBLE_DEVICES"] = "" if allocation.accelerator.is_cpu else ",".join(slots)
+                    if launch.ray_shim:
+                        env["AIR_NODE_SLOTS"] = ",".join(slots)
+                        env.pop("RAY_ADDRESS", None)  # some other cluster, not the one the node command starts
+                        env.update(ray_env)
+                    cwd = launch.cwd or (_expand(proc.cwd, work) if proc.cwd else None)
+                    specs.append(ProcessSpec(proc.name, [_expand(a, work) for a in proc.argv], env,
+                                             proc.log_path or launch.log_path, Path(cwd) if cwd else None))
+                    owners.append((node, index))
+            warm = None
+            preload = ordered[0].warm_preload
+            if preload is not None and python_can_fork():
+                warm = WarmStart(python=sys.executable, preload=tuple(preload), world_size=len(specs),
+                                 grace_s=TERMINATE_GRACE_S)
+            attempt = LocalAttempt(ordered, owners, work_dirs, held, on_line)
+            attempt.launch = start_processes(specs, on_line=attempt.deliver, tag=tag, grace_s=TERMINATE_GRACE_S,
+                                             warm=warm)
         except BaseException:
             held.close()
             raise
-        return LocalAttempt(launch, ranks, held)
+        attempt.master_port = port.port
+        return attempt
 
     def release(self, allocation: Allocation) -> None:
-        self.store.release_slots(allocation.run_id)
+        if self.ledger is not None:
+            self.ledger.release_slots(allocation.run_id)
+        shutil.rmtree(node_work_root(allocation.run_id, 0).parent, ignore_errors=True)
 
     def reap(self, tag: str) -> int:
-        return reap_tag(tag)
+        return reap_tag(tag, subtags=True)
 
 
-@dataclass
+def _node_environment(launch: NodeLaunch) -> dict[str, str]:
+    """What a call node's processes inherit from the node, as on a Ray node (its agent's environment):
+    this machine's, without any outer launch's tag. A workload node's command gets exactly the
+    environment its launch carries (the supervisor built it whole)."""
+    if launch.ray_shim:
+        return {}
+    env = {k: v for k, v in os.environ.items() if k not in (PROCESS_TAG_ENV, "AIR_SUPERVISOR")}
+    env["AIR_LAUNCHER_PID"] = str(os.getpid())
+    return env
+
+
+def _expand(value: str, work: Path) -> str:
+    return value.replace(NODE_DIR, str(work)).replace(NODE_PYTHON, sys.executable)
+
+
 class LocalAttempt:
-    """A started attempt on this machine: one Launch with one process per node, and what it holds
-    while it runs (its MASTER_PORT and Ray head port reserved, the nodes' RAY_TMPDIRs)."""
+    """A started attempt on this machine: one Launch with every process of every node, and what it
+    holds while it runs (its MASTER_PORT and Ray head port reserved, the nodes' RAY_TMPDIRs)."""
 
-    launch: Launch
-    node_ranks: list[int]
-    held: contextlib.ExitStack
+    master_addr = "127.0.0.1"
+
+    def __init__(self, launches: Sequence[NodeLaunch], owners: Sequence[tuple[int, int]], work_dirs: Sequence[Path],
+                 held: contextlib.ExitStack, on_line: ProcLineCallback | None) -> None:
+        self.launch: Launch | None = None
+        self.master_port = 0
+        self._launches = list(launches)
+        self._owners = list(owners)
+        self._work_dirs = list(work_dirs)
+        self._held = held
+        self._on_line = on_line
+        self._exits: list[list[ProcessExit] | None] = [None] * len(launches)
+        self._node_logs: dict[int, BinaryIO] = {}
+        self._lock = threading.Lock()
+
+    def deliver(self, index: int, stream: str, text: str) -> None:
+        """A line of spec `index` (already in its own log): also into its node's log, then to on_line."""
+        node, proc = self._owners[index]
+        launch = self._launches[node]
+        if launch.processes[proc].log_path not in (None, launch.log_path):
+            with self._lock:
+                fh = self._node_logs.get(node)
+                if fh is None:
+                    launch.log_path.parent.mkdir(parents=True, exist_ok=True)
+                    fh = self._node_logs[node] = open(launch.log_path, "ab", buffering=0)  # noqa: SIM115
+                fh.write((text + "\n").encode("utf-8", errors="replace"))
+        if self._on_line is not None:
+            self._on_line(launch.node_rank, proc, stream, text)
 
     def wait(self, *, timeout_s: float | None, should_stop: Callable[[], bool]) -> AttemptOutcome:
+        assert self.launch is not None
         try:
             result = self.launch.wait(timeout=timeout_s, fail_fast=True, should_stop=should_stop, poll_s=0.05)
         finally:
-            self.held.close()
-        exits = tuple(NodeExit(self.node_ranks[e.index], e.returncode, e.signal_name, e.killed_by_launcher)
-                      for e in result.exits)
-        first = None
-        if result.first_failure is not None:
-            first = next(x for x in exits if x.node_rank == self.node_ranks[result.first_failure.index])
-        return AttemptOutcome(exits, first, timed_out=result.timed_out, stopped=result.interrupted)
+            self._close()
+        per_node: list[list[ProcessExit]] = [[] for _ in self._launches]
+        for e in result.exits:
+            node, proc = self._owners[e.index]
+            per_node[node].append(ProcessExit(proc, e.name, e.returncode, e.ended_at, e.killed_by_launcher))
+        self._exits = list(per_node)
+        return build_outcome([launch.node_rank for launch in self._launches], per_node,
+                             ["127.0.0.1"] * len(self._launches), timed_out=result.timed_out,
+                             stopped=result.interrupted)
+
+    def _close(self) -> None:
+        self._held.close()
+        with self._lock:
+            for fh in self._node_logs.values():
+                with contextlib.suppress(OSError):
+                    fh.close()
+            self._node_logs.clear()
 
     def terminate(self) -> None:
-        self.launch.terminate()
-        self.held.close()
+        if self.launch is not None:
+            self.launch.terminate()
+        self._close()
+
+    def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
+        out: dict[str, bytes | None] = {}
+        for name in names:
+            try:
+                out[name] = (self._work_dirs[node] / name).read_bytes()
+            except FileNotFoundError:
+                out[name] = None
+        return out
+
+    def process_exits(self, node: int) -> list[ProcessExit] | None:
+        return self._exits[node]

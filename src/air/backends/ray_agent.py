@@ -24,21 +24,18 @@ import socket
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from air.backends.base import NODE_DIR, NODE_PYTHON, NodeProcess, node_work_root
 from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
+from air.launcher.node import ProcessExit
 from air.launcher.procs import reap_tag as reap_launch_tag
 from air.launcher.procs import tagged_processes
-
-#: Placeholders in argv/env/cwd values that the agent replaces with its node-local work folder and
-#: with the node's Python (the interpreter the Ray node runs, not the submitting machine's path).
-NODE_DIR = "@AIR_NODE_DIR@"
-NODE_PYTHON = "@AIR_NODE_PYTHON@"
 
 #: A folder the agent puts first on the node processes' PATH (the node's own PATH follows).
 PATH_PREFIX_ENV = "AIR_PATH_PREFIX"
@@ -68,10 +65,20 @@ def local_versions() -> dict[str, str | None]:
             "torch": _version("torch"), "air": _version("air-runtime")}
 
 
-def agent_root(run_id: str, node_rank: int) -> Path:
-    """Node-local folder of one node of one run: unpacked code, call payloads, node logs."""
-    base = Path(os.environ.get("AIR_AGENT_DIR") or tempfile.gettempdir()) / f"air-agent-{os.getuid()}"
-    return base / run_id / f"node_{node_rank}"
+#: Node-local folder of one node of one run (the same layout the local backend uses).
+agent_root = node_work_root
+
+
+@dataclass(frozen=True)
+class NodePoll:
+    """What one `poll()` returns: new lines (process index, stream, text), where to resume, and the
+    processes' exits once every one of them ended."""
+
+    lines: list[tuple[int, str, str]]
+    cursor: int
+    dropped: int
+    exits: list[ProcessExit] | None
+    started: bool
 
 
 class NodeAgent:
@@ -120,8 +127,8 @@ class NodeAgent:
 
     def ray_workload_dirs(self) -> dict[str, str]:
         """This node's `ray` shim folder and a fresh short RAY_TMPDIR, for commands that start Ray by hand."""
-        from air.ray.cluster import short_temp_dir
-        from air.ray.shim import install_shim
+        from air.backends.ray_cluster import short_temp_dir
+        from air.backends.ray_shim import install_shim
 
         shim = install_shim(self.root / "bin")
         tmp = short_temp_dir("air-rt")
@@ -172,7 +179,7 @@ class NodeAgent:
     # -- processes --------------------------------------------------------------------------------
 
     def _node_env(self, task_env: Mapping[str, str]) -> dict[str, str]:
-        from air.ray.cluster import clean_ray_env
+        from air.backends.ray_cluster import clean_ray_env
 
         env = clean_ray_env(os.environ)
         for key in _RAY_PROCESS_ENV:
@@ -187,9 +194,10 @@ class NodeAgent:
     def _expand(self, value: str) -> str:
         return value.replace(NODE_DIR, str(self.root / "work")).replace(NODE_PYTHON, sys.executable)
 
-    def start(self, procs: Sequence[Mapping[str, Any]], tag: str, grace_s: float = TERMINATE_GRACE_S,
+    def start(self, procs: Sequence[NodeProcess], tag: str, grace_s: float = TERMINATE_GRACE_S,
               warm_preload: Sequence[str] | None = None) -> list[int]:
-        """Start this node's processes at once: each {name, argv, env, cwd}. Returns their PIDs.
+        """Start this node's processes at once (the backend placed them: env and cwd final but for
+        NODE_DIR/NODE_PYTHON). Returns their PIDs.
 
         With `warm_preload` (not None) and where this node can fork, they are forked from one zygote that
         imported those modules once; their PIDs are then not known yet (the forks come a moment later)."""
@@ -204,12 +212,12 @@ class NodeAgent:
         logs = self.root / "logs" / f"launch_{self._attempt}"
         specs = []
         for index, proc in enumerate(procs):
-            env = {k: self._expand(v) for k, v in self._node_env(proc["env"]).items()}
+            env = {k: self._expand(v) for k, v in self._node_env(proc.env).items()}
             env.setdefault("AIR_LAUNCHER_PID", str(os.getpid()))
-            cwd = self._expand(proc["cwd"]) if proc.get("cwd") else None
+            cwd = self._expand(proc.cwd) if proc.cwd else None
             if cwd and not Path(cwd).is_dir():
                 cwd = None
-            specs.append(ProcessSpec(name=proc["name"], argv=[self._expand(a) for a in proc["argv"]], env=env,
+            specs.append(ProcessSpec(name=proc.name, argv=[self._expand(a) for a in proc.argv], env=env,
                                      log_path=logs / f"proc_{index}.log", cwd=Path(cwd) if cwd else None))
         tag = node_tag(tag, self.node_rank)
         self._start_sentinel(tag)
@@ -222,7 +230,7 @@ class NodeAgent:
         return list(self._launch.pids)
 
     def _start_sentinel(self, tag: str) -> None:
-        from air.ray.cluster import NODE_MARKER_ENV
+        from air.backends.ray_cluster import NODE_MARKER_ENV
 
         # Neither the launch's tag nor the Ray node's marker: stopping either must not stop the sentinel.
         env = {k: v for k, v in os.environ.items() if k not in (PROCESS_TAG_ENV, NODE_MARKER_ENV)}
@@ -264,12 +272,11 @@ class NodeAgent:
         launch = self._launch
         try:
             result = launch.wait(timeout=None, fail_fast=True, should_stop=self._stop.is_set)
-            exits = [{"index": e.index, "name": e.name, "returncode": e.returncode, "ended_at": e.ended_at,
-                      "killed_by_launcher": e.killed_by_launcher} for e in result.exits]
-        except BaseException as exc:  # noqa: BLE001 - reported to the submitting side as data
+            exits = list(result.exits)
+        except BaseException:  # noqa: BLE001 - reported to the submitting side as data
             launch.terminate()
-            exits = [{"index": i, "name": s.name, "returncode": -9, "ended_at": time.time(),
-                      "killed_by_launcher": True, "error": repr(exc)} for i, s in enumerate(launch.specs)]
+            exits = [ProcessExit(i, s.name, -9, time.time(), killed_by_launcher=True)
+                     for i, s in enumerate(launch.specs)]
         for reservation in self._ports:
             reservation.release()
         self._ports = []
@@ -278,7 +285,7 @@ class NodeAgent:
             self._result = exits
             self._cond.notify_all()
 
-    def poll(self, cursor: int, wait_s: float = 0.0) -> dict[str, Any]:
+    def poll(self, cursor: int, wait_s: float = 0.0) -> NodePoll:
         """Lines from sequence number `cursor` on, and the exits once every process ended.
 
         Blocks up to `wait_s` for something new, so a quiet node costs one call per `wait_s`. Lines
@@ -299,10 +306,10 @@ class NodeAgent:
                 self._first = cursor
             start = max(cursor - self._first, 0)
             lines = self._lines[start:]
-            return {"lines": list(lines), "cursor": self._first + len(self._lines), "dropped": self._dropped,
-                    "exits": self._result, "started": self._launch is not None}
+            return NodePoll(list(lines), self._first + len(self._lines), self._dropped, self._result,
+                            self._launch is not None)
 
-    def terminate(self) -> list[dict[str, Any]] | None:
+    def terminate(self) -> list[ProcessExit] | None:
         """End this node's processes now (idempotent); returns their exits."""
         self._stop.set()
         thread = self._thread

@@ -8,7 +8,7 @@ backend. MASTER_ADDR is node 0's address and MASTER_PORT a port reserved free th
 agent; CUDA_VISIBLE_DEVICES comes from the GPU ids Ray assigned to the bundle.
 
 Lines reach the submitting side by long-polling the agents (`RayAttempt.wait`), which writes them to
-each NodeTask's log file and hands them to `on_line`. An agent that stops answering is checked against
+each NodeLaunch's log files and hands them to `on_line`. An agent that stops answering is checked against
 the cluster's view of its node: a node Ray declared dead ends the attempt with
 `lost_node = "node <address> lost"`; the other nodes' process trees are ended.
 
@@ -26,25 +26,36 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from air.accelerators import AcceleratorType, normalize_model
-from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLineCallback, NodeTask
-from air.backends.ray_agent import (
+from air.backends.base import (
     NODE_DIR,
     NODE_PYTHON,
+    Allocation,
+    AttemptOutcome,
+    NodeLaunch,
+    NodeProcess,
+    ProcLineCallback,
+    build_outcome,
+    first_failure,
+    parse_node_shape,
+)
+from air.backends.ray_agent import (
     PATH_PREFIX_ENV,
     NodeAgent,
+    NodePoll,
     local_versions,
     reap_tag,
     tagged_processes_any_node,
 )
+from air.backends.ray_cluster import RayAuth, refresh_auth
+from air.backends.ray_shim import workload_ray_env
 from air.constants import TERMINATE_GRACE_S
 from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
-from air.ray.cluster import RayAuth, refresh_auth
-from air.ray.shim import workload_ray_env
+from air.launcher.node import ProcessExit
 
 _log = logging.getLogger("air.backends.ray")
 
@@ -56,38 +67,6 @@ SUSPECT_AFTER_S = 3.0
 WAIT_REPORT_S = 10.0
 #: Ray's share of a node's accelerator-type resource per bundle, as Ray Train asks for it.
 ACCELERATOR_SHARE = 0.001
-
-#: on_proc_line(node_rank, process_index, stream, text): a line of one process of one node.
-ProcLineCallback = Callable[[int, int, str, str], None]
-
-
-@dataclass(frozen=True)
-class NodeProcess:
-    """One process of a node, as the agent will start it. `log_path` is on the submitting side.
-
-    Strings in argv, env and cwd may contain `NODE_DIR` and `NODE_PYTHON`, replaced on the node by its
-    work folder and its Python. `cwd` is used when the launch has none (and only if it exists there).
-    """
-
-    name: str
-    argv: Sequence[str]
-    env: dict[str, str]
-    log_path: Path | None = None
-    cwd: str | None = None
-
-
-@dataclass(frozen=True)
-class NodeLaunch:
-    """Everything one node runs in one attempt: processes, the node log, files to put there first."""
-
-    node_rank: int
-    processes: Sequence[NodeProcess]
-    log_path: Path
-    cwd: Path | str | None = None
-    files: Mapping[str, bytes] = field(default_factory=dict)
-    #: Fork every process from one zygote that imported these first (see air.launcher.warm); every
-    #: process must then be `NODE_PYTHON -m MODULE ...`. None: each process its own interpreter.
-    warm_preload: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -114,7 +93,7 @@ class RayBackend:
     """Backend on an existing Ray cluster (a profile with `backend: ray`). See the module docstring.
 
     `address` is what `ray.init` takes (`host:port`, `auto`, `ray://…` is refused: agents need a real
-    driver). `code_shipping="always"` ships NodeTask.cwd through the object store even when the same
+    driver). `code_shipping="always"` ships NodeLaunch.cwd through the object store even when the same
     path exists on a node (for clusters whose nodes might hold a stale copy at that path).
     """
 
@@ -167,9 +146,12 @@ class RayBackend:
                 hint="Use the address `ray start --head` printed (host:6379 or the port you chose).",
             )
         refresh_auth()
+        _log.info("connecting to the Ray cluster at %s (namespace %s)", self.address, self.namespace)
+        started = time.monotonic()
         try:
             ray.init(address=self.address, namespace=self.namespace, log_to_driver=False,
                      logging_level=logging.WARNING)
+            _log.info("connected to the Ray cluster at %s in %.1f s", self.address, time.monotonic() - started)
         except Exception as exc:  # ConnectionError, AuthenticationError, …
             text = f"{type(exc).__name__}: {exc}"
             auth = "auth" in text.lower() or "token" in text.lower()
@@ -255,6 +237,40 @@ class RayBackend:
             f"each; {fit} node(s) of the cluster can ever hold that. {self.describe_capacity()}.",
             hint="Ask for fewer nodes or another accelerator type, or add nodes to the cluster "
             "(`ray start --address ... --num-gpus N --resources '{\"accelerator_type:MODEL\": 1}'`).",
+        )
+
+    def plan_shape(self, count: int, accelerator_type: str) -> tuple[AcceleratorType, int]:
+        """A full node type fixes the ranks per node. A bare model (`H100`, `CPU`, `GPU`) packs as many
+        ranks per node as the cluster's nodes hold, using as few nodes as possible."""
+        full = parse_node_shape(accelerator_type)
+        if full is not None:
+            return full, full.nodes_for(count)
+        raw = accelerator_type.strip()
+        nodes = self._alive_nodes()
+        if raw.lower() == "cpu":
+            model = "CPU"
+            capacities = [int(n["Resources"].get("CPU", 0)) for n in nodes]
+        else:
+            wanted = None if raw.lower() == "gpu" else (normalize_model(raw) or raw.upper())
+            capacities = []
+            model = wanted or ""
+            for node in nodes:
+                types = [k.split(":", 1)[1] for k in node["Resources"] if k.startswith("accelerator_type:")]
+                names = {normalize_model(t) or t for t in types}
+                if wanted is None and names:
+                    model = model or sorted(names)[0]
+                if (wanted is None and model in names) or (wanted is not None and wanted in names):
+                    capacities.append(int(node["Resources"].get("GPU", 0)))
+            if not model:
+                raise GPUValidationError(f"Asked for GPUs, but {self.describe_capacity()}.",
+                                         hint="Pass accelerator_type='CPU' to run CPU ranks.")
+        for per_node in range(min(count, max(capacities, default=0)), 0, -1):
+            if count % per_node == 0 and sum(1 for c in capacities if c >= per_node) >= count // per_node:
+                kind = "CPU" if model == "CPU" else "GPU"
+                return AcceleratorType(kind, per_node, model), count // per_node
+        raise GPUValidationError(
+            f"{count} × {raw} ranks do not fit on the cluster: {self.describe_capacity()}.",
+            hint="Ask for fewer, or give a node shape such as GPU_8xH100 / CPU_2xCPU explicitly.",
         )
 
     def _waiting_line(self, bundle: Mapping[str, float], num_nodes: int) -> str:
@@ -386,51 +402,26 @@ class RayBackend:
 
     # -- attempts ---------------------------------------------------------------------------------
 
-    def start_attempt(self, allocation: Allocation, nodes: Sequence[NodeTask], *, tag: str,
-                      on_line: NodeLineCallback | None = None) -> RayAttempt:
-        """Start every node's command at once. Node n's processes carry AIR_PROCESS_TAG=`tag`.node<n>
-        (`reap(tag)` finds them all). Each command also gets what a hand-started Ray needs
-        (`air.ray.shim.workload_ray_env`: a `ray` shim first on PATH, RAY_TMPDIR, AIR_RAY_HEAD_PORT, a
-        per-attempt auth token, RAY_ADDRESS removed); these override what the task env holds."""
+    def start(self, allocation: Allocation, launches: Sequence[NodeLaunch], *, tag: str,
+              on_line: ProcLineCallback | None = None) -> RayAttempt:
+        """Start every node's processes at once. Node n's processes carry AIR_PROCESS_TAG=`tag`.node<n>
+        (`reap(tag)` finds them all). Adds MASTER_ADDR/MASTER_PORT (free on node 0),
+        CUDA_VISIBLE_DEVICES (the bundle's GPUs) and the node's code folder to each process. A node with
+        `ray_shim` also gets what a hand-started Ray needs (`air.backends.ray_shim.workload_ray_env`: a `ray`
+        shim first on PATH, RAY_TMPDIR, AIR_RAY_HEAD_PORT, a per-attempt auth token, RAY_ADDRESS
+        removed); these override what the launch's env holds."""
         ray = _ray()
         held = self._get(allocation)
         self._ensure_agents(allocation, held)
-        master_port, head_port = ray.get(held.agents[0].reserve_ports.remote(2), timeout=60)
-        dirs = ray.get([a.ray_workload_dirs.remote() for a in held.agents], timeout=60)
-        auth = RayAuth.new_token()
-        launches = []
-        for task, node_dirs in zip(sorted(nodes, key=lambda t: t.node_rank), dirs, strict=True):
-            env = dict(task.env)
-            extra = workload_ray_env(node_rank=task.node_rank, head_port=head_port, auth=auth,
-                                     shim_dir=Path(node_dirs["shim_dir"]), ray_tmpdir=Path(node_dirs["ray_tmpdir"]),
-                                     mlflow_run_id=env.get("MLFLOW_RUN_ID"),
-                                     train_callbacks=env.get("RAY_TRAIN_CALLBACKS"), path="")
-            extra.pop("PATH")
-            extra[PATH_PREFIX_ENV] = node_dirs["shim_dir"]
-            # The supervisor passes its whole environment: a RAY_ADDRESS or token there points at the
-            # cluster air runs on, not at the Ray a node command starts, so these are always air's.
-            env.pop("RAY_ADDRESS", None)
-            env.update(extra)
-            launches.append(NodeLaunch(node_rank=task.node_rank, log_path=task.log_path, cwd=task.cwd,
-                                       processes=[NodeProcess(name=f"node {task.node_rank}", argv=list(task.argv),
-                                                              env=env)]))
-        forward = None if on_line is None else (lambda node, _index, stream, text: on_line(node, stream, text))
-        return self.start_node_processes(allocation, launches, tag=tag, on_line=forward, master_port=master_port)
-
-    def start_node_processes(self, allocation: Allocation, launches: Sequence[NodeLaunch], *, tag: str,
-                             on_line: ProcLineCallback | None = None, master_port: int | None = None
-                             ) -> RayAttempt:
-        """Start every node's processes at once. Adds MASTER_ADDR/MASTER_PORT (free on node 0),
-        CUDA_VISIBLE_DEVICES (the bundle's GPUs) and the node's code folder to each process."""
-        ray = _ray()
-        held = self._get(allocation)
-        if master_port is None:  # else start_attempt checked the agents a moment ago
-            self._ensure_agents(allocation, held)
         if len(launches) != len(held.agents):
             raise LaunchError(f"{len(launches)} node launches for an allocation of {len(held.agents)} nodes.")
+        launches = sorted(launches, key=lambda launch: launch.node_rank)
+        shim = any(launch.ray_shim for launch in launches)
+        ports = ray.get(held.agents[0].reserve_ports.remote(2 if shim else 1), timeout=60)
+        master_port = ports[0]
+        if shim:
+            launches = self._with_ray_shim(held, launches, head_port=ports[1])
         node0 = held.infos[0]
-        if master_port is None:
-            master_port = ray.get(held.agents[0].reserve_ports.remote(1), timeout=60)[0]
         cwds = self._place_code(allocation.run_id, held, launches)
         starts = []
         for launch, agent, info, cwd in zip(launches, held.agents, held.infos, cwds, strict=True):
@@ -448,7 +439,7 @@ class RayBackend:
                 if original and cwd != original:
                     env = {k: (cwd + v[len(original):] if v == original or v.startswith(original + "/") else v)
                            for k, v in env.items()}
-                procs.append({"name": proc.name, "argv": list(proc.argv), "env": env, "cwd": cwd or proc.cwd})
+                procs.append(NodeProcess(proc.name, list(proc.argv), env, None, cwd or proc.cwd))
             starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S, launch.warm_preload))
         attempt = RayAttempt(self, allocation, held, launches, tag=tag, on_line=on_line,
                              poll_wait_s=self.poll_wait_s, master_addr=node0["ip"], master_port=master_port)
@@ -458,6 +449,34 @@ class RayBackend:
             attempt.terminate()
             raise LaunchError(f"The node processes could not be started: {exc}") from exc
         return attempt
+
+    def _with_ray_shim(self, held: _Held, launches: Sequence[NodeLaunch], *, head_port: int) -> list[NodeLaunch]:
+        """Each `ray_shim` node's processes with what a hand-started Ray needs on that node."""
+        ray = _ray()
+        dirs = ray.get([a.ray_workload_dirs.remote() for a in held.agents], timeout=60)
+        auth = RayAuth.new_token()
+        out = []
+        for launch, node_dirs in zip(launches, dirs, strict=True):
+            if not launch.ray_shim:
+                out.append(launch)
+                continue
+            procs = []
+            for proc in launch.processes:
+                env = dict(proc.env)
+                extra = workload_ray_env(node_rank=launch.node_rank, head_port=head_port, auth=auth,
+                                         shim_dir=Path(node_dirs["shim_dir"]),
+                                         ray_tmpdir=Path(node_dirs["ray_tmpdir"]),
+                                         mlflow_run_id=env.get("MLFLOW_RUN_ID"),
+                                         train_callbacks=env.get("RAY_TRAIN_CALLBACKS"), path="")
+                extra.pop("PATH")
+                extra[PATH_PREFIX_ENV] = node_dirs["shim_dir"]
+                # The supervisor passes its whole environment: a RAY_ADDRESS or token there points at the
+                # cluster air runs on, not at the Ray a node command starts, so these are always air's.
+                env.pop("RAY_ADDRESS", None)
+                env.update(extra)
+                procs.append(replace(proc, env=env))
+            out.append(replace(launch, processes=procs))
+        return out
 
     def _ensure_agents(self, allocation: Allocation, held: _Held) -> None:
         """Agents die with their node; a retry after a lost node gets new ones in the rescheduled bundle."""
@@ -582,7 +601,7 @@ class RayAttempt:
         self._on_line = on_line
         self._poll_wait_s = poll_wait_s
         self._cursors = [0] * len(launches)
-        self._exits: list[list[dict[str, Any]] | None] = [None] * len(launches)
+        self._exits: list[list[ProcessExit] | None] = [None] * len(launches)
         self._lost: dict[int, str] = {}
         self._files: dict[Path, BinaryIO] = {}
         self._terminated = False
@@ -599,9 +618,9 @@ class RayAttempt:
             self._files[path] = fh
         return fh
 
-    def _deliver(self, node: int, reply: Mapping[str, Any]) -> None:
+    def _deliver(self, node: int, reply: NodePoll) -> None:
         launch = self._launches[node]
-        for index, stream, text in reply["lines"]:
+        for index, stream, text in reply.lines:
             data = (text + "\n").encode("utf-8", errors="replace")
             self._file(launch.log_path).write(data)
             if 0 <= index < len(launch.processes):
@@ -613,9 +632,9 @@ class RayAttempt:
                     self._on_line(launch.node_rank, index, stream, text)
                 except Exception:  # a broken callback must not stop the attempt
                     _log.exception("on_line callback failed")
-        self._cursors[node] = reply["cursor"]
-        if reply.get("exits") is not None and self._exits[node] is None:
-            self._exits[node] = list(reply["exits"])
+        self._cursors[node] = reply.cursor
+        if reply.exits is not None and self._exits[node] is None:
+            self._exits[node] = list(reply.exits)
 
     def _close_files(self) -> None:
         for fh in self._files.values():
@@ -701,43 +720,14 @@ class RayAttempt:
         self._outcome = self._build_outcome(timed_out=timed_out, stopped=stopped)
         return self._outcome
 
-    def _first_failure(self) -> tuple[int, dict[str, Any]] | None:
-        failures = [(node, e) for node, exits in enumerate(self._exits) if exits
-                    for e in exits if e["returncode"] not in (None, 0) and not e.get("killed_by_launcher")]
-        if not failures:
-            return None
-        return min(failures, key=lambda f: f[1].get("ended_at") or float("inf"))
+    def _first_failure(self) -> tuple[int, ProcessExit] | None:
+        return first_failure(self._exits)
 
     def _build_outcome(self, *, timed_out: bool, stopped: bool) -> AttemptOutcome:
-        exits = []
-        for node, launch in enumerate(self._launches):
-            address = self._infos[node].get("address", self._infos[node].get("ip", ""))
-            records = self._exits[node]
-            if records is None:
-                exits.append(NodeExit(launch.node_rank, None, None, killed_by_air=False, address=address))
-                continue
-            bad = sorted((e for e in records if e["returncode"] not in (None, 0)),
-                         key=lambda e: (bool(e.get("killed_by_launcher")), e.get("ended_at") or float("inf")))
-            record = bad[0] if bad else (records[0] if records else {"returncode": 0})
-            code = record.get("returncode")
-            signal_name = None
-            if code is not None and code < 0:
-                import signal as _signal
-
-                try:
-                    signal_name = _signal.Signals(-code).name
-                except ValueError:
-                    signal_name = f"signal {-code}"
-            exits.append(NodeExit(launch.node_rank, code, signal_name,
-                                  killed_by_air=bool(record.get("killed_by_launcher")), address=address))
-        first = self._first_failure()
-        first_exit = exits[first[0]] if first is not None else None
-        if first_exit is not None and first_exit.killed_by_air:  # the earliest real failure, not teardown
-            first_exit = NodeExit(first_exit.node_rank, first[1]["returncode"], first_exit.signal_name, False,
-                                  first_exit.address)
+        addresses = [str(info.get("address", info.get("ip", ""))) for info in self._infos]
         lost = next(iter(self._lost.values())) if self._lost else None
-        return AttemptOutcome(exits=tuple(exits), first_failure=first_exit, timed_out=timed_out,
-                              stopped=stopped, lost_node=lost)
+        return build_outcome([launch.node_rank for launch in self._launches], self._exits, addresses,
+                             timed_out=timed_out, stopped=stopped, lost_node=lost)
 
     def terminate(self) -> None:
         """End every node's process tree (idempotent), then collect their last lines and exits."""
@@ -773,8 +763,8 @@ class RayAttempt:
         except Exception:
             return dict.fromkeys(names)
 
-    def process_exits(self, node: int) -> list[dict[str, Any]] | None:
-        """Per-process exits of a node ({index, name, returncode, ended_at, killed_by_launcher})."""
+    def process_exits(self, node: int) -> list[ProcessExit] | None:
+        """How each process of a node ended (None if the node never reported)."""
         return self._exits[node]
 
     @property

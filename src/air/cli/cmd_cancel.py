@@ -6,8 +6,9 @@ import time
 
 import click
 
+from air.cli.complete import complete_active_run_id
 from air.cli.main import common, settings
-from air.cli.output import envelope, stderr
+from air.cli.output import envelope, status, stderr
 from air.errors import UserInputError
 from air.runs.states import FailureClass, RunStatus, StatusConflictError
 from air.runs.store import RunStore
@@ -48,7 +49,7 @@ def cancel_run(store: RunStore, run_id: str) -> RunStatus:
 
 
 @click.command()
-@click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...")
+@click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...", shell_complete=complete_active_run_id)
 @click.option("--all", "all_runs", is_flag=True, help="Cancel every active run.")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation.")
 @common
@@ -59,7 +60,7 @@ def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
         raise UserInputError("Give run ids or --all (not both, not neither).", hint="air cancel RUN_ID… | --all -y")
     targets = [r.id for r in store.list_runs(limit=None)] if all_runs else [store.get_run(i).id for i in run_ids]
     if not targets:
-        stderr("No active runs.")
+        status("No active runs.")
         return 0
     if all_runs and not yes:
         if not click.get_text_stream("stdin").isatty():
@@ -69,6 +70,6 @@ def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
     if settings().json:
         envelope({"runs": [{"run_id": k, "status": v} for k, v in results.items()]})
     else:
-        for run_id, status in results.items():
-            stderr(f"{run_id}: {status}")
+        for run_id, outcome in results.items():
+            stderr(f"{run_id}: {outcome}")
     return 0

@@ -31,7 +31,14 @@ def env_list() -> None:
         return
     print_table(["KEY", "SIZE", "CREATED", "LAST USED", "DEPENDENCIES"], [
         [e.key[:12], f"{e.size_bytes / 1e6:.1f} MB", fmt_time(e.created), fmt_time(e.last_used),
-         ", ".join(e.dependencies)[:80]] for e in envs])
+         _short(e.dependencies)] for e in envs])
+
+
+def _short(lines: list[str], width: int = 80) -> str:
+    """Packages before index options (`--find-links ...`): the packages are what tells environments apart."""
+    packages = [line for line in lines if not line.startswith("-")]
+    text = ", ".join(packages + [line for line in lines if line.startswith("-")])
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 @env.command("prune")

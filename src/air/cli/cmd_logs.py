@@ -1,17 +1,17 @@
-"""`air logs ID`: a node's log of an attempt; --follow while it runs, --download-to for all nodes."""
+"""`air logs ID`: a run's node (or rank) logs of an attempt; follows an active run; --download-to copies them."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import click
 
+from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
-from air.cli.output import event, stderr
+from air.cli.output import stderr
 from air.errors import NotFoundError
 from air.runs.paths import RunPaths
 from air.runs.store import RunStore
@@ -33,60 +33,104 @@ def masker_for(run_id: str) -> Callable[[str], str]:
 
 
 @click.command()
-@click.argument("run_id")
-@click.option("--node", default=0, show_default=True, type=click.IntRange(min=0), help="Node rank.")
-@click.option("--retry", "attempt", default=None, type=click.IntRange(min=0),
-              help="Attempt, 0-based (default: the latest).")
-@click.option("--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (default: 10000).")
-@click.option("--follow", is_flag=True, help="Keep printing new lines until the run ends.")
-@click.option("--download-to", "download_to", default=None, type=click.Path(file_okay=False),
-              help="Copy every node's log of the attempt to DIR/logs/node_<n>.log.")
+@click.argument("run_id", shell_complete=complete_run_id)
+@click.option(
+    "--node",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Only this node's log (default: every node's, each line prefixed [node N]).",
+)
+@click.option(
+    "--rank",
+    default=None,
+    type=click.IntRange(min=0),
+    help="A @distributed call: only this rank's log (default: every rank's, prefixed [rank N]).",
+)
+@click.option(
+    "--retry",
+    "attempt",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Attempt, 0-based (default: the latest).",
+)
+@click.option(
+    "--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (default: 10000)."
+)
+@click.option(
+    "--follow/--no-follow",
+    "follow",
+    default=None,
+    help="Keep printing new lines until the run ends (the default for an active run); "
+    "--no-follow prints what is there and exits.",
+)
+@click.option(
+    "--download-to",
+    "download_to",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Copy every node's (a call: every rank's) log of the attempt to DIR/logs/.",
+)
 @common
-def logs(run_id: str, node: int, attempt: int | None, tail: int | None, follow: bool, download_to: str | None) -> None:
-    """Print a node's log (all its ranks, merged, as they wrote it)."""
-    from air.runs.logtail import follow as follow_file
+def logs(
+    run_id: str,
+    node: int | None,
+    rank: int | None,
+    attempt: int | None,
+    tail: int | None,
+    follow: bool | None,
+    download_to: str | None,
+) -> None:
+    """Print a run's logs: every node's (a workload) or rank's (a @distributed call); follows an active run."""
+    from air.cli.watch import LogPrinter, log_sources, logs_are_per_rank, stream_run
     from air.runs.logtail import tail_lines
+    from air.runs.paths import CallPaths
 
     store = RunStore()
     run = store.get_run(run_id)
-    paths = RunPaths(run.id)
-    if run.current_attempt is None:
-        if not follow:
-            raise NotFoundError(f"Run {run.id} has not started an attempt yet ({run.status.value}).",
-                                hint=f"Wait for it with: air logs {run.id} --follow")
+    if run.current_attempt is None and follow is False:
+        raise NotFoundError(
+            f"Run {run.id} has not started an attempt yet ({run.status.value}).",
+            hint=f"Wait for it with: air logs {run.id} --follow",
+        )
     attempt_index = store.get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
-    if node >= run.num_nodes:
-        raise NotFoundError(f"Run {run.id} has {run.num_nodes} node(s); there is no node {node}.",
-                            hint=f"Nodes are numbered 0 to {run.num_nodes - 1}.")
+    sources = log_sources(run, attempt_index, node=node, rank=rank)  # checks --node/--rank first
     if download_to:
         target = Path(download_to) / "logs"
         target.mkdir(parents=True, exist_ok=True)
-        copied = []
-        for n, path in paths.node_logs(attempt_index).items():
-            shutil.copyfile(path, target / f"node_{n}.log")
-            copied.append(str(target / f"node_{n}.log"))
-        stderr(f"Copied {len(copied)} log(s) of attempt {attempt_index} to {target}")
+        found = (
+            CallPaths(run.id).rank_logs()
+            if logs_are_per_rank(run)
+            else RunPaths(run.id).node_logs(attempt_index)
+        )
+        label = "rank" if logs_are_per_rank(run) else "node"
+        for n, path in found.items():
+            shutil.copyfile(path, target / f"{label}_{n}.log")
+        stderr(f"Copied {len(found)} log(s) of attempt {attempt_index} to {target}")
         return
-    path = paths.node_log(attempt_index, node)
     mask = masker_for(run.id)
     json_mode = settings().json
-
-    def out(line: str) -> None:
-        line = mask(line)
-        if json_mode:
-            event("LOG", node=node, attempt=attempt_index, line=line)
-        else:
-            sys.stdout.write(line + "\n")
-
+    pinned = attempt is not None and attempt != run.current_attempt
+    if follow is None:  # like the hosted CLI and `sky logs`: an active run is followed
+        follow = not run.is_terminal and not pinned
     if follow:
-        def stop() -> bool:
-            return store.get_run(run.id).is_terminal
-
-        for line in follow_file(path, stop, tail=tail):
-            out(line)
-            sys.stdout.flush()
+        stream_run(
+            run.id,
+            json_mode=json_mode,
+            store=store,
+            node=node,
+            rank=rank,
+            attempt=attempt,
+            tail=tail,
+            mask=mask,
+        )
         return
-    if not path.exists():
-        raise NotFoundError(f"No log for node {node} of attempt {attempt_index} of run {run.id}.")
-    for line in tail_lines(path, tail if tail is not None else 10000):
-        out(line)
+    printer = LogPrinter(sources, json_mode=json_mode, mask=mask, attempt=attempt_index)
+    present = [s for s in sources if s.path.exists()]
+    if not present:
+        what = f"{sources[0].label} {sources[0].index}" if len(sources) == 1 else "any node or rank"
+        raise NotFoundError(
+            f"No log for {what} of attempt {attempt_index} of run {run.id}"
+            + (f" ({run.status.value})." if run.is_terminal else " yet.")
+        )
+    for source in present:
+        printer.emit(source, tail_lines(source.path, tail if tail is not None else 10000))

@@ -8,7 +8,7 @@ import click
 import yaml
 
 from air.cli.main import common, settings
-from air.cli.output import envelope, event, stderr
+from air.cli.output import envelope, event, quiet, status, stderr
 from air.errors import UserInputError
 
 
@@ -30,14 +30,16 @@ _LiteralDumper.add_representer(str, _str)
 @click.option("--override", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Change a field of the YAML; wins over the file. Repeatable, e.g. --override compute.num_accelerators=2.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan (nodes, env, snapshot); create nothing.")
-@click.option("--watch", is_flag=True, help="Stream status and node 0's log until the run ends; exit code = outcome.")
+@click.option("--watch", is_flag=True, help="Stream status and every node's log ([node N] prefixes) until the run ends; exit code = outcome.")
+@click.option("--node", "watch_node", default=None, type=click.IntRange(min=0), metavar="N",
+              help="With --watch: stream only node N's log (default: every node's).")
 @click.option("--idempotency-key", default=None, metavar="KEY",
               help="Submitting again with the same key returns the existing run (≤64 chars).")
 @common
 def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], dry_run: bool, watch: bool,
-        idempotency_key: str | None) -> int:
+        watch_node: int | None, idempotency_key: str | None) -> int:
     """Run a workload: its command once per node, with retries, timeouts, logs and MLflow."""
-    from air.workload.submit import prepare, submit
+    from air.runs.submit import prepare, submit
 
     s = settings()
     if file_arg and file_opt and file_arg != file_opt:
@@ -45,9 +47,15 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
     path = file_opt or file_arg
     if not path:
         raise UserInputError("No workload file given.", hint="Usage: air run -f train.yaml [--dry-run] [--watch]")
+    if watch_node is not None and not watch:
+        raise UserInputError("--node narrows what --watch streams; it needs --watch.",
+                             hint="Use: air run -f train.yaml --watch --node 1   (or later: air logs ID --node 1)")
     if idempotency_key is not None and not (0 < len(idempotency_key.strip()) <= 64):
         raise UserInputError("--idempotency-key must be 1 to 64 characters.")
     prepared = prepare(path, list(overrides), s.profile)
+    if watch_node is not None and watch_node >= prepared.plan.num_nodes:
+        raise UserInputError(f"--node {watch_node}: the workload has {prepared.plan.num_nodes} node(s).",
+                             hint=f"Nodes are numbered 0 to {prepared.plan.num_nodes - 1}.")
     if dry_run:
         plan = prepared.plan.describe()
         if s.json:
@@ -63,15 +71,18 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
         event("SUBMITTED", run_id=run_.id, existing=existing)
     else:
         what = "Existing run (same idempotency key)" if existing else "Submitted run"
-        stderr(f"{what} {run_.id}  ({prepared.plan.num_nodes} node(s) × {prepared.plan.per_node} "
+        status(f"{what} {run_.id}  ({prepared.plan.num_nodes} node(s) × {prepared.plan.per_node} "
                f"{prepared.plan.accelerator}, experiment {prepared.plan.experiment})")
         if not watch:
-            stderr(f"Follow it: air logs {run_.id} --follow   Status: air get run {run_.id}")
+            status(f"Follow it: air logs {run_.id} --follow   Status: air get run {run_.id}")
+            if quiet():  # the result of a submit is the run's id: `ID=$(air -q run -f train.yaml)`
+                sys.stdout.write(run_.id + "\n")
     if watch:
         from air.cli.cmd_logs import masker_for
         from air.cli.watch import watch as watch_run
 
-        return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_.id))
+        return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_.id), verbose=s.verbose,
+                         node=watch_node)
     return 0
 
 

@@ -2,26 +2,56 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import click
 
+from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import envelope, fmt_duration, fmt_time, print_fields, print_table
 from air.errors import UserInputError
+from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run, RunStore
 
 
+def rfc3339(ts: float | None) -> str | None:
+    """Epoch seconds as an RFC 3339 UTC string, the form the hosted CLI's `started_at` has."""
+    if ts is None:
+        return None
+    return _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
 def run_dict(run: Run) -> dict[str, Any]:
+    """A run for `--json`: the hosted CLI's field names and forms (reference §1.4: `run_id`, `run_name`,
+    `started_at` as RFC 3339, `attempt_number`, `experiment_name`) beside air's own (`id`, `experiment`,
+    `started_at_epoch`, ...), so scripts written for either read it."""
     data = asdict(run)
     data.pop("spec_yaml", None)
     data["status"] = run.status.value
     data["failure_class"] = run.failure_class.value if run.failure_class else None
     data["duration_seconds"] = run.duration_seconds()
     data["attempts"] = run.attempt_count
+    data["run_id"] = run.id
+    data["run_name"] = run.run_name or run.experiment  # the MLflow run name, as `get run` shows it
+    data["experiment_name"] = run.experiment
+    data["started_at_epoch"] = run.started_at
+    data["started_at"] = rfc3339(run.started_at)
+    data["attempt_number"] = run.current_attempt  # 0-based, as `air logs --retry` takes it
     return data
+
+
+def queue_dict(store: RunStore, run: Run) -> dict[str, Any] | None:
+    """The `queue` object of --json: why a QUEUED run waits (position, slots, holders, reason); None
+    for a run that does not wait in a queue."""
+    from air.runs.queue import queue_info
+
+    info = queue_info(store, run)
+    return None if info is None else info.to_dict()
 
 
 def mlflow_link(run: Run) -> str | None:
@@ -37,9 +67,10 @@ def mlflow_link(run: Run) -> str | None:
         if not info.get("tracking_uri", "").startswith("sqlite"):
             base = info["tracking_uri"].rstrip("/")
             return f"{base}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}"
-        from air.tracking import run_url
+        from air.tracking import run_url, ui_base_url
 
-        return run_url(info["run_id"], info["experiment_id"])
+        # The port a running `air ui` for this store listens on, else its default.
+        return run_url(info["run_id"], info["experiment_id"], base=ui_base_url(store=info["tracking_uri"]))
     except Exception:
         return None
 
@@ -50,11 +81,10 @@ def get() -> None:
 
 
 @get.command("run")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @common
 def get_run(run_id: str) -> None:
     """A run: status, attempts, termination reason, MLflow run, logs."""
-    from air.runs.paths import RunPaths
 
     store = RunStore()
     run = store.get_run(run_id)
@@ -66,11 +96,14 @@ def get_run(run_id: str) -> None:
         data["attempt_list"] = [
             {**asdict(a), "status": a.status.value, "failure_class": a.failure_class.value if a.failure_class else None}
             for a in attempts]
-        data["folder"] = str(RunPaths(run.id).folder)
+        data["folder"] = str(run_folder(run))
+        data["queue"] = queue_dict(store, run)
+        if run.kind == "call":
+            data["rank_logs"] = call_rank_logs(run)
         envelope(data)
         return
     pairs = [
-        ("Run", run.id), ("Status", run.status.value), ("Experiment", run.experiment),
+        ("Run", run.id), ("Status", run.status.value), *_waiting(store, run), ("Experiment", run.experiment),
         ("MLflow run name", run.run_name or run.experiment),
         ("Accelerators", f"{run.num_accelerators} × {run.accelerator_type} ({run.num_nodes} node(s))"),
         ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), ("User", run.user or "-"),
@@ -85,14 +118,45 @@ def get_run(run_id: str) -> None:
     pairs.append(("MLflow run", run.mlflow_run_id or "-"))
     if link:
         pairs.append(("MLflow UI", f"{link}   (start the UI with: air ui)"))
-    pairs.append(("Folder", str(RunPaths(run.id).folder)))
+    if run.kind == "call":
+        pairs.insert(1, ("Kind", f"call of {run.run_name or 'a function'} (@distributed)"))
+    pairs.append(("Folder", str(run_folder(run))))
     print_fields(pairs)
+    if run.kind == "call":
+        print()
+        print_table(["RANK", "LOG"], [[str(r["rank"]), r["path"] + ("" if r["exists"] else "  (not written)")]
+                                      for r in call_rank_logs(run)])
+        if run.backend == "local":
+            print(f"\nLogs: air logs {run.id} [--rank N]")
+            return
     if attempts:
         print()
         print_table(["ATTEMPT", "STATUS", "STARTED", "DURATION", "REASON", "MLFLOW RUN"], [
             [str(a.index), a.status.value, fmt_time(a.started_at), fmt_duration(a.duration_seconds()),
              a.termination_reason or "", a.mlflow_run_id or ""] for a in attempts])
         print(f"\nLogs: air logs {run.id} [--node N] [--retry A]")
+
+
+def _waiting(store: RunStore, run: Run) -> list[tuple[str, str]]:
+    """("Waiting", reason) for a QUEUED run, nothing otherwise."""
+    queue = queue_dict(store, run)
+    return [("Waiting", queue["reason"])] if queue else []
+
+
+def run_folder(run: Run) -> Path:
+    """Where a run's files are: a local call's call folder, any other run's run folder."""
+    from air.runs.paths import CallPaths, RunPaths
+
+    return CallPaths(run.id).folder if run.kind == "call" and run.backend == "local" else RunPaths(run.id).folder
+
+
+def call_rank_logs(run: Run) -> list[dict[str, Any]]:
+    """A call's rank logs, by rank: where `air logs ID --rank N` reads (and whether it exists yet)."""
+    from air.runs.paths import CallPaths
+
+    paths = CallPaths(run.id)
+    return [{"rank": r, "path": str(paths.rank_log(r)), "exists": paths.rank_log(r).exists()}
+            for r in range(run.num_accelerators)]
 
 
 @click.group("list")
@@ -132,13 +196,19 @@ def _filters(values: tuple[str, ...]) -> dict[str, Any]:
 def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filters: tuple[str, ...]) -> None:
     """Runs, newest first."""
     wanted: Any = "all" if all_status else (parse_statuses(status_names) if status_names else None)
-    runs = RunStore().list_runs(statuses=wanted, limit=limit, **_filters(filters))
+    store = RunStore()
+    runs = store.list_runs(statuses=wanted, limit=limit, **_filters(filters))
     if settings().json:
-        envelope({"runs": [run_dict(r) for r in runs]})
+        envelope({"runs": [{**run_dict(r), "queue": queue_dict(store, r)} for r in runs]})
         return
     if not runs:
         print("No runs." + ("" if all_status else " (--all-status shows ended runs too)"))
         return
-    print_table(["RUN", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"], [
-        [r.id, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}", fmt_time(r.submitted_at),
-         fmt_duration(r.duration_seconds()), str(r.attempt_count)] for r in runs])
+    print_table(["RUN", "KIND", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"], [
+        [r.id, r.kind, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}",
+         fmt_time(r.submitted_at), fmt_duration(r.duration_seconds()), str(r.attempt_count)] for r in runs])
+    waiting = [(r.id, queue_dict(store, r)) for r in runs if r.status is RunStatus.QUEUED]
+    if waiting:
+        print("\nWaiting:")
+        for run_id, queue in waiting:
+            print(f"  {run_id}  {queue['reason'] if queue else 'QUEUED'}")

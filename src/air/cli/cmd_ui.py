@@ -1,30 +1,150 @@
-"""`air ui`: MLflow's own UI over air's tracking store, on localhost."""
+"""`air ui`: MLflow's own UI over air's tracking store, on localhost.
+
+MLflow's server is a tree (its CLI, uvicorn, workers); it runs under a guard in its own session, so any
+way `air ui` stops (Ctrl-C, SIGTERM, SIGHUP, or SIGKILL through the guard's pdeathsig) ends all of it and
+frees the port. While it runs, its address is noted under AIR_HOME so links point at the real port.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
+import socket
 import subprocess
+import uuid
+from types import FrameType
 
 import click
 
 from air.cli.main import common
 from air.cli.output import stderr
+from air.errors import LaunchError
+
+#: Signals that stop `air ui` (and so everything it started).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, _frame: FrameType | None) -> None:
+    raise _Stop(signum)
+
+
+def _port_busy(host: str, port: int) -> OSError | None:
+    """The error binding host:port gives now (as the server would bind it), or None when it is free."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return exc
+    family, kind, proto, _, addr = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is free
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            return exc
+    return None
+
+
+def _free_port_near(host: str, port: int) -> int | None:
+    for candidate in range(port + 1, min(port + 50, 65535) + 1):
+        if _port_busy(host, candidate) is None:
+            return candidate
+    return None
+
+
+def _check_port(host: str, port: int) -> None:
+    """A busy port is an error that says so and how to pick another, before anything is started."""
+    from air.tracking.ui import running_ui
+
+    problem = _port_busy(host, port)
+    if problem is None:
+        return
+    if isinstance(problem, socket.gaierror):
+        raise LaunchError(
+            f"Cannot listen on {host}:{port}: {problem}.",
+            hint="Pass an address of this machine with --host (default 127.0.0.1).",
+        )
+    if problem.errno != errno.EADDRINUSE:
+        raise LaunchError(
+            f"Cannot listen on {host}:{port}: {problem.strerror or problem}.",
+            hint="Pick another port with --port (e.g. air ui --port 5001) or another --host.",
+        )
+    other = running_ui()
+    who = (
+        f"`air ui` (pid {other.pid}) already serves this store at {other.base_url}"
+        if other is not None and other.port == port
+        else "another program listens there"
+    )
+    free = _free_port_near(host, port)
+    raise LaunchError(
+        f"Port {port} on {host} is busy: {who}.",
+        hint=f"Pick another port with --port, e.g. `air ui --port {free or port + 1}`"
+        + (" (free now)." if free else "."),
+    )
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=5000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--port",
+    default=5000,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port to listen on; a busy port is an error (exit 1).",
+)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Server worker processes (MLflow's own default, 4, takes 4x the start-up CPU).",
+)
 @common
-def ui(host: str, port: int) -> int:
-    """Start the MLflow UI for air's tracking store and print its address (Ctrl-C stops it)."""
-    from air.tracking import tracking_uri, ui_command
+def ui(host: str, port: int, workers: int) -> int:
+    """Start the MLflow UI for air's tracking store and print its address (Ctrl-C stops it).
 
-    argv = ui_command(host=host, port=port)
-    stderr(f"MLflow UI for {tracking_uri()} at http://{host}:{port}  (Ctrl-C to stop)")
-    proc = subprocess.Popen(argv, env=dict(os.environ))
+    Needs MLflow's UI server: `pip install 'air-runtime[ui]'` (`make setup` installs it).
+    """
+    from air.constants import PROCESS_TAG_ENV
+    from air.launcher.guard import guard_argv
+    from air.launcher.procs import terminate_tree
+    from air.tracking import tracking_uri, ui_command
+    from air.tracking.store import is_http
+    from air.tracking.ui import forget_ui, record_ui, require_ui_server
+
+    # Checked before AIR_HOME is touched: a missing extra or a busy port writes nothing.
+    # A tracking server has its own UI: ui_command() says so, and needs neither the extra nor the port.
+    if not is_http(os.environ.get("MLFLOW_TRACKING_URI", "")):
+        require_ui_server()
+        _check_port(host, port)
+    uri = tracking_uri()
+    argv = ui_command(host=host, port=port, workers=workers)
+    tag = f"air-ui-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, PROCESS_TAG_ENV: tag}
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in _STOP_SIGNALS}
+    proc: subprocess.Popen[bytes] | None = None
+    recorded = False
     try:
+        proc = subprocess.Popen(guard_argv(argv), env=env, start_new_session=True)
+        record_ui(host, port, uri)
+        recorded = True
+        stderr(f"MLflow UI for {uri} at http://{host}:{port}  (Ctrl-C to stop)")
         return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=10)
+    except _Stop:
         return 0
+    finally:
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            terminate_tree([proc] if proc is not None else [], tag=tag)
+        finally:
+            if recorded:
+                forget_ui()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -12,10 +12,13 @@ from typing import Any, TypeVar
 import click
 
 from air import __version__
-from air.cli.output import Settings, error_envelope, stderr
+from air.cli.output import Settings, apply, error_envelope, stderr
 from air.errors import AirError
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+VERBOSE_HELP = "Show what air is doing ([air] lines on stderr); -vv for debug detail. Tracebacks on errors."
+QUIET_HELP = "Only results and errors: no progress, status lines or spinners."
 
 
 def settings() -> Settings:
@@ -23,18 +26,23 @@ def settings() -> Settings:
 
 
 def common(func: F) -> F:
-    """--json, -p/--profile and -v also after the subcommand (`air list runs --json`)."""
+    """--json, -p/--profile, -v and -q also after the subcommand (`air list runs --json`)."""
 
     @click.option("--json", "json_flag", is_flag=True, default=False, help="Machine-readable output (JSON).")
     @click.option("-p", "--profile", "profile_flag", default=None, metavar="NAME",
                   help="Profile from $AIR_HOME/config.yaml (default: AIR_PROFILE, else 'local').")
-    @click.option("-v", "--verbose", "verbose_flag", count=True, help="More detail; tracebacks on errors.")
+    @click.option("-v", "--verbose", "verbose_flag", count=True, help=VERBOSE_HELP)
+    @click.option("-q", "--quiet", "quiet_flag", is_flag=True, default=False, help=QUIET_HELP)
     @functools.wraps(func)
-    def wrapper(*args: Any, json_flag: bool, profile_flag: str | None, verbose_flag: int, **kwargs: Any) -> Any:
+    def wrapper(*args: Any, json_flag: bool, profile_flag: str | None, verbose_flag: int, quiet_flag: bool,
+                **kwargs: Any) -> Any:
         s = settings()
         s.json = s.json or json_flag
         s.profile = profile_flag or s.profile
         s.verbose += verbose_flag
+        s.quiet = s.quiet or quiet_flag
+        _check_flags(s)
+        apply(s)
         return func(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
@@ -45,7 +53,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("air.cli.cmd_run", "run"), "get": ("air.cli.cmd_runs", "get"), "list": ("air.cli.cmd_runs", "list_"),
     "logs": ("air.cli.cmd_logs", "logs"), "cancel": ("air.cli.cmd_cancel", "cancel"),
     "env": ("air.cli.cmd_env", "env"), "secrets": ("air.cli.cmd_secrets", "secrets"), "ui": ("air.cli.cmd_ui", "ui"),
+    "prune": ("air.cli.cmd_prune", "prune"),
 }
+#: Other names of a subcommand (not listed in --help).
+_ALIASES: dict[str, str] = {"gc": "prune"}
 
 
 class AirGroup(click.Group):
@@ -53,6 +64,7 @@ class AirGroup(click.Group):
         return sorted(_COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        cmd_name = _ALIASES.get(cmd_name, cmd_name)
         if cmd_name not in _COMMANDS:
             return None
         import importlib
@@ -71,9 +83,10 @@ class AirGroup(click.Group):
 @click.version_option(__version__, prog_name="air")
 @click.option("--json", "json_flag", is_flag=True, default=False, help="Machine-readable output (JSON).")
 @click.option("-p", "--profile", default=None, metavar="NAME", help="Profile from $AIR_HOME/config.yaml.")
-@click.option("-v", "--verbose", count=True, help="More detail; tracebacks on errors.")
+@click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
+@click.option("-q", "--quiet", is_flag=True, default=False, help=QUIET_HELP)
 @click.pass_context
-def cli(ctx: click.Context, json_flag: bool, profile: str | None, verbose: int) -> None:
+def cli(ctx: click.Context, json_flag: bool, profile: str | None, verbose: int, quiet: bool) -> None:
     """air: run PyTorch training once per GPU, on one machine or many, and keep every result.
 
     \b
@@ -83,9 +96,16 @@ def cli(ctx: click.Context, json_flag: bool, profile: str | None, verbose: int) 
     """
     ctx.ensure_object(Settings)
     s = ctx.obj
-    s.json, s.profile, s.verbose = json_flag, profile, verbose
+    s.json, s.profile, s.verbose, s.quiet = json_flag, profile, verbose, quiet
+    _check_flags(s)
+    apply(s)
     if ctx.invoked_subcommand not in (None, "ui", "secrets"):
         _reconcile_quietly()
+
+
+def _check_flags(s: Settings) -> None:
+    if s.quiet and s.verbose:
+        raise click.UsageError("-q and -v contradict each other; give one of them.")
 
 
 def _reconcile_quietly() -> None:
@@ -94,7 +114,9 @@ def _reconcile_quietly() -> None:
         from air.runs.reconcile import reconcile
         from air.runs.store import RunStore
 
-        reconcile(RunStore())
+        store = RunStore.if_exists()  # no store yet: no run to check, and nothing to create
+        if store is not None:
+            reconcile(store)
     except AirError:
         raise
     except Exception as exc:  # a broken reconcile must not block `air list runs`
@@ -117,7 +139,7 @@ def _config_help(argv: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in argv
-    verbose = any(a in ("-v", "--verbose", "-vv") for a in argv)
+    verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in argv)
     try:
         code = _config_help(argv)
         if code is not None:

@@ -22,6 +22,34 @@ class Settings:
     json: bool = False
     profile: str | None = None
     verbose: int = 0
+    quiet: bool = False
+
+
+#: -q: progress and status lines are not shown (results and errors still are). Set by `apply()`.
+_quiet = False
+
+
+def apply(settings: Settings) -> None:
+    """Make the global flags take effect: -q silences `status()`, -v/-vv/-q set air's logging, --json
+    and -q turn spinners off. Called again when flags come after the subcommand (the last call wins)."""
+    global _quiet
+    from air import progress
+    from air.log import configure_cli
+
+    _quiet = settings.quiet
+    configure_cli(0 if settings.quiet else settings.verbose, settings.quiet)
+    progress.set_enabled(not (settings.json or settings.quiet))
+
+
+def status(text: str) -> None:
+    """A progress or status line for people (stderr): what air is doing, where to look next. Not a result:
+    `-q` drops it. Results go to stdout; errors through `stderr()`."""
+    if not _quiet:
+        stderr(text)
+
+
+def quiet() -> bool:
+    return _quiet
 
 
 def now_iso() -> str:
@@ -51,9 +79,12 @@ def stderr(text: str) -> None:
     sys.stderr.flush()
 
 
-def fmt_time(ts: float | None) -> str:
+def fmt_time(ts: float | _dt.datetime | None) -> str:
+    """Local wall time; run times are epoch seconds, environment times aware datetimes."""
     if ts is None:
         return "-"
+    if isinstance(ts, _dt.datetime):
+        return ts.astimezone().strftime("%Y-%m-%d %H:%M:%S")
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 

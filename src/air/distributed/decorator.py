@@ -9,6 +9,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
 from air.distributed.shape import _UNSET, CallSettings, check_settings, resolve_local
+from air.distributed.world_of_one import run_as_world_of_one
 from air.errors import AirError, RuntimeConfigurationError
 
 P = ParamSpec("P")
@@ -17,12 +18,13 @@ R = TypeVar("R")
 
 class DistributedFunction(Generic[P, R]):
     """A function bound to a shape. Call `.distributed(...)` to run it on every rank, `.func(...)` to
-    run it once here."""
+    run it once here (as rank 0 of a world of one), `.raw_func` is the undecorated function itself."""
 
     def __init__(self, func: Callable[P, R], settings: CallSettings) -> None:
         if not callable(func):
             raise RuntimeConfigurationError(f"@distributed decorates a function, got {func!r}.")
-        self.func = func
+        self.raw_func = func
+        self.func: Callable[P, R] = run_as_world_of_one(func)
         self._settings = settings
         functools.update_wrapper(self, func)
 
@@ -50,10 +52,10 @@ class DistributedFunction(Generic[P, R]):
         s = self._settings
         return (f"DistributedFunction(num_accelerators={s.num_accelerators!r}, accelerator_type="
                 f"{s.accelerator_type!r}, remote={s.remote!r}, timeout={s.timeout!r}, "
-                f"func={getattr(self.func, '__qualname__', self.func)!s})")
+                f"func={getattr(self.raw_func, '__qualname__', self.raw_func)!s})")
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        name = getattr(self.func, "__name__", "fn")
+        name = getattr(self.raw_func, "__name__", "fn")
         raise RuntimeConfigurationError(
             f"{name}() is decorated with @distributed and is not called directly.",
             hint=f"Use {name}.distributed(...) to run it on every accelerator and get a list of results, or "
@@ -71,13 +73,13 @@ class DistributedFunction(Generic[P, R]):
             accelerator_type = s.accelerator_type
         settings = check_settings(num_accelerators, accelerator_type, s.remote if remote is None else remote,
                                   s.timeout if timeout is _UNSET else timeout, gpus, gpu_type)
-        return DistributedFunction(self.func, settings)
+        return DistributedFunction(self.raw_func, settings)
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         try:
-            bound = inspect.signature(self.func).bind(*args, **kwargs)
+            bound = inspect.signature(self.raw_func).bind(*args, **kwargs)
         except TypeError as exc:
-            raise TypeError(f"{getattr(self.func, '__name__', 'fn')}.distributed(): {exc}") from None
+            raise TypeError(f"{getattr(self.raw_func, '__name__', 'fn')}.distributed(): {exc}") from None
         except ValueError:
             return args, kwargs
         bound.apply_defaults()
@@ -90,11 +92,11 @@ class DistributedFunction(Generic[P, R]):
             if self._settings.remote:
                 from air.distributed.remote import run_remote
 
-                return run_remote(self.func, call_args, call_kwargs, self._settings)
+                return run_remote(self.raw_func, call_args, call_kwargs, self._settings)
             shape = resolve_local(self._settings)
             from air.distributed.tracked import run_local_tracked
 
-            return run_local_tracked(self.func, call_args, call_kwargs, shape, self._settings.timeout)
+            return run_local_tracked(self.raw_func, call_args, call_kwargs, shape, self._settings.timeout)
         except Exception as exc:
             if isinstance(exc, AirError) or hasattr(exc, "air_rank"):
                 # Lead with the root cause: the rank's traceback (its __cause__), not air's own frames.

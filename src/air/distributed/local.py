@@ -114,8 +114,11 @@ def _echo(prefix_of: Callable[[int], str]) -> Callable[[int, str, str], None]:
 def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], shape: LocalShape,
               timeout_s: float | None, *, extra_env: Mapping[str, str] | None = None,
               echo: bool = True, call_dir: Path | None = None,
-              on_launched: Callable[[Path, list[Path]], None] | None = None) -> tuple[list[Any], Path]:
-    """Run `func(*args, **kwargs)` once per rank here; return every rank's value and the call folder."""
+              on_launched: Callable[[Path, list[Path]], None] | None = None,
+              tag: str | None = None) -> tuple[list[Any], Path]:
+    """Run `func(*args, **kwargs)` once per rank here; return every rank's value and the call folder.
+
+    `tag`: the ranks' AIR_PROCESS_TAG (a recorded call's run tag, so `air cancel` and reconcile find them)."""
     payload = serialize_call(func, args, kwargs)
     call_dir = call_dir or new_call_dir(getattr(func, "__name__", "fn"))
     (call_dir / "payload.pkl").write_bytes(payload)
@@ -146,7 +149,7 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
         # What air sets for this call (ports, folders, ranks): left out of a kept zygote's environment.
         call_env = tuple(sorted(k for k, v in specs[0].env.items() if os.environ.get(k) != v))
         launch = start_processes(specs, on_line=_echo(lambda i: f"[rank {i:>{width}}] ") if echo else None,
-                                 grace_s=TERMINATE_GRACE_S,
+                                 grace_s=TERMINATE_GRACE_S, tag=tag,
                                  warm=warm_start(preload, world, port.port, timeout_s, call_env)
                                  if warm_enabled() else None)
         if on_launched is not None:

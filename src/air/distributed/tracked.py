@@ -1,4 +1,5 @@
-"""A local call recorded in MLflow: one MLflow run per call, rank logs as artifacts, status at the end.
+"""A local call recorded in MLflow: one MLflow run per call, rank logs as artifacts, status at the end;
+and in the run store as a run of kind `call` (record.py), written by a background thread.
 
 Tracking never decides whether training runs: failures are one warning line. When the caller already
 uses MLflow, the run is made before the ranks start (quick, and it must see the caller's active run,
@@ -17,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from air.distributed.local import new_call_dir, run_local
+from air.distributed.local import run_local
 from air.distributed.shape import LocalShape
 from air.tracking.store import tracking_enabled
 
@@ -75,13 +76,13 @@ class CallTracking:
         finally:
             self._write(values)
 
-    def finish(self, status: str, log_paths: Sequence[Path]) -> None:
+    def finish(self, status: str, log_paths: Sequence[Path], run_id: str | None = None) -> None:
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=120)
         if self.handle is None:
             if self.enabled and not self.env_file.exists():
-                self._record_later(status, log_paths)
+                self._record_later(status, log_paths, run_id)
             return
         for rank, path in enumerate(log_paths):
             self.handle.log_rank_log(path, rank)
@@ -96,13 +97,13 @@ class CallTracking:
               + (f": {url}  (start the UI with `air ui`)" if url and "sqlite" in self.handle.tracking_uri else ""))
 
 
-    def _record_later(self, status: str, log_paths: Sequence[Path]) -> None:
+    def _record_later(self, status: str, log_paths: Sequence[Path], run_id: str | None) -> None:
         """Record a call no rank asked MLflow about, in a detached process that exits when done."""
         import subprocess
 
         job = self.env_file.with_name("mlflow_record.json")
         job.write_text(json.dumps({"func_name": self._func_name, "tags": self._tags, "status": status,
-                                   "logs": [str(p) for p in log_paths]}))
+                                   "logs": [str(p) for p in log_paths], "run_id": run_id}))
         with open(job.with_suffix(".log"), "ab") as log:
             subprocess.Popen([sys.executable, "-m", "air.distributed.tracked", str(job)], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True,
@@ -134,28 +135,59 @@ def _record(job_file: Path) -> int:
         handle.log_rank_log(Path(path), rank)
     handle.end(job["status"])
     (job_file.with_name("mlflow_env.json")).write_text(json.dumps(dict(handle.env())))
+    if job.get("run_id"):  # link the call's run to its MLflow run (`air get run` shows it)
+        try:
+            from air.runs.store import RunStore
+
+            RunStore().set_mlflow_run_id(job["run_id"], handle.run_id, attempt=0)
+        except Exception as exc:  # noqa: BLE001 - the MLflow run stands either way
+            _warn(f"run store: {exc}")
     return 0
 
 
 def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], shape: LocalShape,
                       timeout_s: float | None) -> list[Any]:
+    """A local call, recorded as a run of kind `call` (record.py) and as an MLflow run, both off its path."""
+    from air.distributed.record import CallEnd, LocalCallRecord, end_of
+    from air.errors import WorkloadFailureException
+    from air.runs.paths import CallPaths, new_run_id, process_tag
+
     name = getattr(func, "__name__", "fn")
-    call_dir = new_call_dir(name)
+    run_id = new_run_id()
+    paths = CallPaths(run_id)
+    call_dir = paths.create()
+    record = LocalCallRecord(run_id, name=name, accelerator_type=shape.accelerator.name,
+                             world_size=shape.world_size)
     tracking = CallTracking(name, call_dir, {
-        "air.call": call_dir.name, "air.accelerator_type": shape.accelerator.name,
+        "air.call": call_dir.name, "air.run_id": run_id, "air.accelerator_type": shape.accelerator.name,
         "air.num_accelerators": str(shape.world_size), "air.num_nodes": "1"})
     status = "FAILED"
-    log_paths = [call_dir / f"rank_{r}.log" for r in range(shape.world_size)]
+    end = CallEnd("FAILED", "The call ended without a result.")
+    log_paths = paths.rank_log_list(shape.world_size)
     try:
-        values, _ = run_local(func, args, kwargs, shape, timeout_s, call_dir=call_dir,
+        values, _ = run_local(func, args, kwargs, shape, timeout_s, call_dir=call_dir, tag=process_tag(run_id),
                               extra_env={"AIR_MLFLOW_ENV_FILE": str(tracking.env_file)})
         status = "FINISHED"
+        end = CallEnd("SUCCESS")
         return values
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         status = "KILLED"
+        end = end_of(exc)
+        raise
+    except BaseException as exc:
+        end = end_of(exc)
+        if record.canceled.is_set():
+            status = "KILLED"
+            raise WorkloadFailureException(
+                f"Run {run_id} ({name}) was canceled (air cancel); every rank was ended.") from None
         raise
     finally:
-        tracking.finish(status, log_paths)
+        try:
+            tracking.finish(status, log_paths, run_id=run_id)
+        finally:
+            handle = tracking.handle
+            record.finish(CallEnd(end.status, end.reason, end.failure_class,
+                                  handle.run_id if handle is not None else None))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,8 @@ from air.environments.key import environment_key
 from air.environments.layout import _COMPLETE, _LAST_USED, envs_dir
 
 CacheState = Literal["cached", "will build"]
+
+_log = logging.getLogger("air.environments")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ def _touch_last_used(path: Path) -> None:
 
 def cache_state(deps: DependencySet, base_python: Path | str) -> CacheState:
     """What `--dry-run` reports: is the environment for these dependencies ready, or would a run build it?"""
-    return "cached" if _is_complete(envs_dir() / environment_key(deps, base_python)) else "will build"
+    return "cached" if _is_complete(envs_dir(create=False) / environment_key(deps, base_python)) else "will build"
 
 
 class _Lock:
@@ -147,6 +150,7 @@ def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bo
     path = envs_dir() / key
     if not hold and _is_complete(path):  # the hot path: one stat, one utime
         _touch_last_used(path)
+        _log.info("environment %s: cache hit (%s)", key, path)
         return _env_for(key, cache_hit=True), None
     waited: list[bool] = []
 
@@ -160,6 +164,7 @@ def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bo
         lock.acquire(fcntl.LOCK_SH, on_wait=on_wait)
         if _is_complete(path):
             _touch_last_used(path)
+            _log.info("environment %s: cache hit (%s)", key, path)
             if waited:
                 log(f"air: environment {key} is ready (built by another run)")
             if hold:
@@ -173,7 +178,13 @@ def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bo
         try:
             built = not _is_complete(path)  # complete: built by another run between our two locks
             if built:
-                _build(deps, base, key, path, log)
+                from air.progress import spinner
+
+                _log.info("environment %s: not cached; building it on %s", key, base)
+                started = time.monotonic()
+                with spinner(f"building environment {key} ({len(deps.dependencies)} dependencies) …"):
+                    _build(deps, base, key, path, log)
+                _log.info("environment %s: built in %.1f s", key, time.monotonic() - started)
             _touch_last_used(path)
             if not hold:
                 lock.release()

@@ -166,7 +166,7 @@ class _Digests:
 
     def _load(self) -> dict[str, str]:
         if self._memo is None:
-            self._path = envs_dir() / ".digests.json"
+            self._path = envs_dir(create=False) / ".digests.json"  # a dry run's lookup creates nothing
             try:
                 self._memo = json.loads(self._path.read_text())
             except (OSError, ValueError):
@@ -227,7 +227,7 @@ class _Digests:
         return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
 
     def save(self) -> None:
-        if self._dirty and self._memo is not None and self._path is not None:
+        if self._dirty and self._memo is not None and self._path is not None and self._path.parent.is_dir():
             if len(self._memo) > 5000:  # keep it small: drop the oldest half
                 self._memo = dict(list(self._memo.items())[-2500:])
             _atomic_write(self._path, json.dumps(self._memo))

@@ -19,8 +19,10 @@ _EXCLUDES = "air-excludes.txt"  # base packages uv was told to leave alone (as o
 _LAYER_PTH = "_air_base_layer.pth"  # puts the base interpreter's site folders behind ours
 
 
-def envs_dir() -> Path:
-    """`$AIR_HOME/envs`, where environments live (one folder per key)."""
+def envs_dir(*, create: bool = True) -> Path:
+    """`$AIR_HOME/envs`, where environments live (one folder per key); `create=False` for lookups only."""
+    if not create:
+        return air_home(create=False) / "envs"
     path = air_home() / "envs"
     path.mkdir(parents=True, exist_ok=True)
     return path

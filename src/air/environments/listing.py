@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -88,17 +89,28 @@ def list_environments() -> list[EnvInfo]:
     return sorted(infos, key=lambda i: i.last_used or i.created or epoch, reverse=True)
 
 
-def prune_environments(older_than_days: float | None = None, all_unused: bool = False) -> list[EnvInfo]:
+def prune_environments(
+    older_than_days: float | None = None,
+    all_unused: bool = False,
+    *,
+    keep: Collection[str] = (),
+    dry_run: bool = False,
+) -> list[EnvInfo]:
     """Remove environments not used for `older_than_days`, or every one not in use (`all_unused`).
 
     Leftovers of interrupted builds are always removed. An environment being built or used by a run is
-    never touched: removal needs its exclusive lock.
+    never touched: removal needs its exclusive lock. `keep`: keys that waiting runs will use (`air
+    prune` passes them). `dry_run`: return what would go and remove nothing.
     """
     if older_than_days is not None and older_than_days < 0:
         raise UserInputError(f"older_than_days must be >= 0, got {older_than_days}.")
     cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
     removed = []
+    if not envs_dir(create=False).is_dir():
+        return removed  # nothing cached yet: nothing to create just to look
     for path in _entries():
+        if path.name in keep:
+            continue
         lock = _Lock(path.name)
         if not lock.acquire(fcntl.LOCK_EX, blocking=False):
             continue  # being built, or held by a running node
@@ -108,6 +120,9 @@ def prune_environments(older_than_days: float | None = None, all_unused: bool = 
             stale = cutoff is not None and (not last_used.exists() or last_used.stat().st_mtime < cutoff)
             if not complete or all_unused or stale:
                 info = _info(path, "ready" if complete else "incomplete", in_use=False)
+                if dry_run:
+                    removed.append(info)
+                    continue
                 with contextlib.suppress(FileNotFoundError):
                     (path / _COMPLETE).unlink()  # first: a reader never trusts a half-removed folder
                 shutil.rmtree(path, ignore_errors=True)

@@ -9,6 +9,7 @@ stranger is never hit.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -156,3 +157,31 @@ def reap_tag(tag: str, grace_s: float = TERMINATE_GRACE_S, *, subtags: bool = Fa
     if leftovers:
         terminate_tree(others=leftovers, tag=tag, grace_s=grace_s)
     return len(leftovers)
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGTERM, parent_pid: int | None = None) -> bool:
+    """Have the kernel send `sig` to this process when its parent dies, even by SIGKILL (Linux pdeathsig).
+
+    `parent_pid` is who the parent should be: if it already died before the call took effect (this
+    process then has another parent), returns False and the caller should leave at once.
+    """
+    if not _prctl(_PR_SET_PDEATHSIG, sig):
+        return False
+    return parent_pid is None or os.getppid() == parent_pid
+
+
+def become_subreaper() -> bool:
+    """Orphans of this process's descendants are re-parented here, not to init: they stay findable
+    (`children(recursive=True)`) and reapable, so a tree can be ended whole."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)

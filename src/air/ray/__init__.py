@@ -1,5 +1,5 @@
 """Ray integration: `ray_launch` (a Ray cluster per call), `RayMetricsMonitor`, and the helpers that
-start air-owned Ray nodes (`air.ray.cluster`). Importing this package does not import Ray."""
+start air-owned Ray nodes (`air.backends.ray_cluster`). Importing this package does not import Ray."""
 
 from __future__ import annotations
 

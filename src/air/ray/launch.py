@@ -14,6 +14,7 @@ stay up until the head goes away (the driver finished), then stop their own Ray 
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -24,6 +25,8 @@ from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
 from air.distributed.decorator import DistributedFunction
 from air.distributed.shape import CallSettings, check_settings
 from air.errors import AirError, RayInitializationError
+
+_log = logging.getLogger("air.ray.launch")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -56,7 +59,7 @@ class RayLaunchBootstrap:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:
             return None
-        from air.ray.cluster import RayAuth, start_ray_node, use_auth
+        from air.backends.ray_cluster import RayAuth, start_ray_node, use_auth
 
         node_rank = int(os.environ.get("NODE_RANK", "0"))
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -88,17 +91,22 @@ class RayLaunchBootstrap:
                     monitor.finish()
                 node.stop()
             return None
-        node = start_ray_node(head=True, gcs_port=port, include_dashboard=self.dashboard, **common)
+        from air.progress import spinner
+
         address = f"{host}:{port}"
+        _log.info("starting the Ray head at %s for %d node(s)", address, num_nodes)
+        with spinner(f"starting a Ray cluster at {address} ({num_nodes} node(s)) …"):  # on a terminal only
+            node = start_ray_node(head=True, gcs_port=port, include_dashboard=self.dashboard, **common)
         monitor = None
         try:
             use_auth(auth)  # the driver (this process) is a client of the new cluster from here on
             os.environ["RAY_ADDRESS"] = address
-            joined = _wait_for_nodes(address, num_nodes, auth)
+            with spinner(f"waiting for {num_nodes - 1} Ray node(s) to join {address} …"):
+                joined = _wait_for_nodes(address, num_nodes, auth)
             print(f"[air] Ray cluster up at {address}: {joined} of {num_nodes} node(s)"
                   + (f", dashboard {node.dashboard_url}" if node.dashboard_url else ""), flush=True)
             os.environ[METRICS_PORT_ENV] = str(node.metrics_export_port)
-            from air.ray.tracking import enable_train_report_logging
+            from air.backends.ray_train_report import enable_train_report_logging
 
             enable_train_report_logging()
             monitor = _node_monitor(node.metrics_export_port, head=True)
@@ -191,7 +199,7 @@ class RayLaunchFunction(DistributedFunction[P, R], Generic[P, R]):
 
     def with_overrides(self, *args: Any, **kwargs: Any) -> RayLaunchFunction[P, R]:
         plain = super().with_overrides(*args, **kwargs)
-        return RayLaunchFunction(self.func, plain._settings)
+        return RayLaunchFunction(self.raw_func, plain._settings)
 
     def distributed(self, *args: P.args, **kwargs: P.kwargs) -> list[R]:  # type: ignore[override]
         """Start a Ray cluster over the call's nodes, run the function as its driver, return
@@ -209,13 +217,13 @@ class RayLaunchFunction(DistributedFunction[P, R], Generic[P, R]):
             if settings.remote:
                 from air.distributed.remote import run_remote
 
-                boot = RayLaunchBootstrap(self.func, token, None, None)
+                boot = RayLaunchBootstrap(self.raw_func, token, None, None)
                 return run_remote(boot, call_args, call_kwargs, settings)
             from air.distributed.shape import resolve_local
             from air.distributed.tracked import run_local_tracked
 
             shape = resolve_local(settings)
-            boot = RayLaunchBootstrap(self.func, token, shape.accelerator.model, shape.accelerator.kind)
+            boot = RayLaunchBootstrap(self.raw_func, token, shape.accelerator.model, shape.accelerator.kind)
             return run_local_tracked(boot, call_args, call_kwargs, shape, settings.timeout)
         except Exception as exc:
             if isinstance(exc, AirError) or hasattr(exc, "air_rank"):

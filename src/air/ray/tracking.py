@@ -1,37 +1,7 @@
-"""`ray.train.report(...)` metrics into the run's MLflow run, on by default under air.
+"""`air.ray.tracking` is `air.backends.ray_train_report` (moved below the backends that use it; one module, two names)."""
 
-Ray Train (v2, Ray's default since 2.51) instantiates the callbacks named in RAY_TRAIN_CALLBACKS
-("module.Class", comma-separated) for every trainer the driver creates. air adds its own
-`MlflowReportCallback` there when MLFLOW_RUN_ID is set: it runs in the Train controller and logs what
-world rank 0 reported, at each report, to that MLflow run. Users change nothing in their script;
-AIR_RAY_TRAIN_MLFLOW=0 turns it off.
-"""
+import sys
 
-from __future__ import annotations
+from air.backends import ray_train_report
 
-import os
-from collections.abc import MutableMapping
-
-CALLBACK_PATH = "air.ray.train_callback.MlflowReportCallback"
-CALLBACKS_ENV = "RAY_TRAIN_CALLBACKS"
-SWITCH_ENV = "AIR_RAY_TRAIN_MLFLOW"
-
-
-def train_report_env(current: str | None = None) -> dict[str, str]:
-    """The RAY_TRAIN_CALLBACKS value with air's callback added (for a node's or a driver's environment)."""
-    names = [n.strip() for n in (current or "").split(",") if n.strip()]
-    if CALLBACK_PATH not in names:
-        names.append(CALLBACK_PATH)
-    return {CALLBACKS_ENV: ",".join(names)}
-
-
-def enable_train_report_logging(env: MutableMapping[str, str] | None = None) -> bool:
-    """Add the callback to `env` (default: this process) when an MLflow run is set; True if added."""
-    env = os.environ if env is None else env
-    if not env.get("MLFLOW_RUN_ID") or env.get(SWITCH_ENV, "1") == "0":
-        return False
-    env.update(train_report_env(env.get(CALLBACKS_ENV)))
-    return True
-
-
-__all__ = ["CALLBACK_PATH", "enable_train_report_logging", "train_report_env"]
+sys.modules[__name__] = ray_train_report

@@ -1,4 +1,4 @@
-"""The Ray Train callback behind `air.ray.tracking` (imports Ray Train: only loaded by Ray Train itself).
+"""The Ray Train callback behind `air.backends.ray_train_report` (imports Ray Train: only loaded by Ray Train itself).
 
 Callbacks named in RAY_TRAIN_CALLBACKS must be Ray Train's internal `RayTrainCallback`s; the report
 hook among them is `ReportCallback.after_report(training_report, metrics)` (Ray 2.5x/2.60). The

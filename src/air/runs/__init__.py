@@ -3,30 +3,51 @@
 Internal to air (the CLI, the supervisor and the backends use it); users meet it through `air` commands.
 """
 
-from air.runs.logtail import follow, tail_lines
-from air.runs.paths import (
-    RunPaths,
-    atomic_write_bytes,
-    atomic_write_text,
-    is_run_id,
-    new_run_id,
-    parse_run_id,
-    parse_run_id_fragment,
-)
-from air.runs.reasons import TerminationReason, scan_line, termination_reason
-from air.runs.states import (
-    AttemptStatus,
-    FailureClass,
-    IllegalTransitionError,
-    RetryDecision,
-    RetryPolicy,
-    RetryVerdict,
-    RunStatus,
-    StatusConflictError,
-    can_transition,
-    check_transition,
-)
-from air.runs.store import Attempt, CreateRunResult, Run, RunStore, supervisor_alive
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+#: Name → submodule. Loaded on first use (PEP 562): a `@distributed` call imports `air.runs.paths` on its
+#: path, and must not pay for the store, the reasons' regexes and the rest with it.
+_WHERE = {
+    "follow": "logtail",
+    "tail_lines": "logtail",
+    "RunPaths": "paths",
+    "atomic_write_bytes": "paths",
+    "atomic_write_text": "paths",
+    "is_run_id": "paths",
+    "new_run_id": "paths",
+    "parse_run_id": "paths",
+    "parse_run_id_fragment": "paths",
+    "TerminationReason": "reasons",
+    "scan_line": "reasons",
+    "termination_reason": "reasons",
+    "AttemptStatus": "states",
+    "FailureClass": "states",
+    "IllegalTransitionError": "states",
+    "RetryDecision": "states",
+    "RetryPolicy": "states",
+    "RetryVerdict": "states",
+    "RunStatus": "states",
+    "StatusConflictError": "states",
+    "can_transition": "states",
+    "check_transition": "states",
+    "Attempt": "store",
+    "CreateRunResult": "store",
+    "Run": "store",
+    "RunStore": "store",
+    "supervisor_alive": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Attempt",

@@ -74,6 +74,17 @@ def _after_last_newline(f: BinaryIO, end: int, block_size: int = TAIL_BLOCK_BYTE
     return 0
 
 
+def complete_tail(path: Path | str, n: int) -> tuple[list[str], int]:
+    """The last `n` complete lines of a file and the offset just after them, where reading on picks up
+    (`air logs --tail N --follow` over several logs). ([], 0) if the file does not exist yet."""
+    try:
+        with open(path, "rb") as f:
+            start = _after_last_newline(f, f.seek(0, os.SEEK_END))
+            return (_tail(f, start, n, TAIL_BLOCK_BYTES) if n > 0 else []), start
+    except FileNotFoundError:
+        return [], 0
+
+
 def follow(
     path: Path | str,
     stop: Callable[[], bool],
@@ -128,4 +139,4 @@ def follow(
             f.close()
 
 
-__all__ = ["follow", "tail_lines"]
+__all__ = ["complete_tail", "follow", "tail_lines"]

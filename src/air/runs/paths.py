@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import tempfile
 import time
 from pathlib import Path
 
 from air.errors import UserInputError
+from air.files import atomic_write_bytes, atomic_write_text
 from air.home import air_home
 
 RUN_ID_PREFIX = "run-"
@@ -29,7 +28,7 @@ _RUN_ID_FRAGMENT_RE = re.compile(r"^(run-[0-9]{0,6}(-[0-9a-f]{0,8})?|run|ru|r|[0
 def new_run_id(now: float | None = None) -> str:
     """A fresh random run id, `run-<yymmdd>-<8 hex>` (UTC date of `now`)."""
     day = time.strftime("%y%m%d", time.gmtime(time.time() if now is None else now))
-    return f"{RUN_ID_PREFIX}{day}-{secrets.token_hex(4)}"
+    return f"{RUN_ID_PREFIX}{day}-{os.urandom(4).hex()}"  # = secrets.token_hex(4), without its import
 
 
 def is_run_id(text: str) -> bool:
@@ -149,6 +148,54 @@ class RunPaths:
         return f"RunPaths({self.folder})"
 
 
+class CallPaths:
+    """Every file name of one `@distributed` call's folder, `$AIR_HOME/calls/<run_id>/` (the call is a run
+    of kind `call`, so its folder is named by its run id). The ranks, the caller and `air logs` ask here."""
+
+    def __init__(self, run_id: str, home: Path | str | None = None) -> None:
+        if not RUN_ID_RE.match(run_id):  # never build a path from something that is not an id
+            raise UserInputError(f"{run_id!r} is not a run id.")
+        self.run_id = run_id
+        self.home = Path(home) if home is not None else air_home()
+
+    @property
+    def folder(self) -> Path:
+        """`$AIR_HOME/calls/<run_id>/`."""
+        return self.home / "calls" / self.run_id
+
+    def rank_log(self, rank: int) -> Path:
+        """`rank_<r>.log`: everything rank r printed."""
+        if rank < 0:
+            raise ValueError(f"rank must be >= 0, got {rank}")
+        return self.folder / f"rank_{rank}.log"
+
+    def rank_log_list(self, world_size: int) -> list[Path]:
+        """The log of every rank 0..world_size-1, whether written yet or not."""
+        return [self.rank_log(r) for r in range(world_size)]
+
+    def rank_logs(self) -> dict[int, Path]:
+        """Rank → log path for the rank logs that exist."""
+        return {r: self.folder / f"rank_{r}.log" for r in sorted(_indices(self.folder, "rank_", ".log"))}
+
+    @property
+    def mlflow_env(self) -> Path:
+        """The call's MLflow environment for its ranks (written once the MLflow run exists)."""
+        return self.folder / "mlflow_env.json"
+
+    @property
+    def mlflow_record_job(self) -> Path:
+        """What the detached MLflow recorder records (a call no rank asked MLflow about)."""
+        return self.folder / "mlflow_record.json"
+
+    def create(self) -> Path:
+        """Create the call folder (owner-only) and return it."""
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self.folder
+
+    def __repr__(self) -> str:
+        return f"CallPaths({self.folder})"
+
+
 def _indices(folder: Path, prefix: str, suffix: str) -> list[int]:
     try:
         names = os.listdir(folder)
@@ -163,37 +210,9 @@ def _indices(folder: Path, prefix: str, suffix: str) -> list[int]:
     return out
 
 
-def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> Path:
-    """Write `data` so readers see the old file or the new one, never a mix: tmp file + fsync + rename.
-
-    Creates missing parent folders. `mode` is the final permission (0o600 for anything secret).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
-def atomic_write_text(path: Path | str, data: str, *, mode: int = 0o644, encoding: str = "utf-8") -> Path:
-    """`atomic_write_bytes` for text."""
-    return atomic_write_bytes(path, data.encode(encoding), mode=mode)
-
-
 __all__ = [
     "RUN_ID_RE",
+    "CallPaths",
     "RunPaths",
     "atomic_write_bytes",
     "atomic_write_text",

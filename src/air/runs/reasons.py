@@ -89,6 +89,18 @@ _SETUP_EXCEPTIONS_RE = re.compile(r"^(?:ModuleNotFoundError|ImportError)\b")
 
 _CRASH_SIGNALS = {"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"}
 
+#: An error message that is not a traceback: `python: can't open file '…': [Errno 2] …`, `cp: cannot stat
+#: …`, argparse's `train.py: error: unrecognized arguments`, `fatal: …`, `ERROR …` log lines. Shaped
+#: tightly (a program-name prefix, an errno, a log level) so chatter like "val error 0.12" is not one.
+_ERROR_LINE_RE = re.compile(
+    r"\[Errno \d+\]"
+    r"|^(?:[\w./-]+: )*(?:(?i:error|fatal|failed|failure|panic)(?::|!|$)|(?i:failed to|unable to) )"
+    r"|^(?:[\w./-]+: )+.*\b(?i:can't|cannot|could not|couldn't|unable to)\b"
+    r"|: (?:No such file or directory|Permission denied|Is a directory|Not a directory"
+    r"|Operation not permitted)\s*$"
+    r"|\b(?:ERROR|FATAL)\b"
+)
+
 
 class TerminationReason(NamedTuple):
     """`(reason, failure_class)`: the sentence shown by `air get run`, and whose fault it was."""
@@ -120,7 +132,9 @@ def termination_reason(
 
     Precedence: canceled, timed out, a known signature in the log tail (root causes before symptoms,
     a user's Python exception before NCCL/rendezvous symptoms), the last line of a Python traceback,
-    then the bare exit status ("exit code 3", "killed by SIGKILL"). `exit_code` 128+N from bash is read
+    the last error message of the output with the exit code beside it ("python: can't open file '…':
+    [Errno 2] No such file or directory (exit code 2)"), then the bare exit status ("Exit code 3",
+    "killed by SIGKILL"). `exit_code` 128+N from bash is read
     as signal N. Only for failures: exit code 0 with no signal, timeout or cancel is a ValueError.
     """
     where = f" (node {node})" if node is not None else ""
@@ -157,7 +171,23 @@ def termination_reason(
                 return TerminationReason(_clip(f"{sig.label}{where}: {line.strip()}"), sig.failure_class)
     if exceptions:
         return TerminationReason(_clip(exceptions[-1]) + where, FailureClass.USER_CODE)
-    return _from_exit_status(exit_code, signal, where)
+    bare = _from_exit_status(exit_code, signal, where)
+    plain_exit = signal is None and exit_code is not None and 0 < exit_code <= 128
+    error_line = _last_error_line(lines) if plain_exit else None
+    if error_line is not None:
+        beside = f"node {node}, exit code {exit_code}" if node is not None else f"exit code {exit_code}"
+        text = _clip(error_line, reserve=len(beside) + 3) + f" ({beside})"
+        return TerminationReason(text, bare.failure_class)
+    return bare
+
+
+def _last_error_line(lines: list[str]) -> str | None:
+    """The last line of the output that reads as an error message: what the program said as it exited."""
+    for line in reversed(lines):
+        text = line.strip()
+        if text and _ERROR_LINE_RE.search(text):
+            return text
+    return None
 
 
 def _from_exit_status(exit_code: int | None, signal: int | None, where: str) -> TerminationReason:
@@ -244,9 +274,11 @@ def _traceback_exceptions(lines: list[str]) -> list[str]:
     return list(seen)
 
 
-def _clip(text: str) -> str:
+def _clip(text: str, reserve: int = 0) -> str:
+    """One line of at most MAX_REASON_CHARS, less `reserve` characters kept for what follows it."""
     text = " ".join(text.split())
-    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+    limit = MAX_REASON_CHARS - reserve
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 __all__ = ["SIGNATURES", "Signature", "TerminationReason", "scan_line", "termination_reason"]

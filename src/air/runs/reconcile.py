@@ -32,7 +32,8 @@ def reconcile(store: RunStore, *, now: float | None = None) -> list[str]:
                 continue
             reason = "The supervisor never started"
         else:
-            reason = f"The supervisor (pid {run.supervisor_pid}) died unexpectedly"
+            who = "caller of the @distributed call" if run.kind == "call" else "supervisor"
+            reason = f"The {who} (pid {run.supervisor_pid}) died unexpectedly"
         killed = reap_tag(process_tag(run.id), subtags=True) if run.backend == "local" else _reap_remote(run)
         if killed:
             reason += f"; {killed} leftover process(es) of the run were ended"

@@ -40,7 +40,13 @@ from air.runs.states import (
 #: here last milliseconds; this only matters when dozens of `air` processes start at the same moment.
 BUSY_TIMEOUT_S: float = 60.0
 
-RUN_KINDS = ("workload", "distributed")
+#: The store's file name under AIR_HOME.
+STORE_FILE = "runs.db"
+
+#: What a run is: a workload YAML (`air run`), or a `@distributed` call (local, or remote=True).
+RUN_KINDS = ("workload", "call")
+#: Kinds older air versions wrote, read as today's: remote calls were recorded as "distributed".
+_LEGACY_KINDS = {"distributed": "call"}
 SLOT_KINDS = ("GPU", "CPU")
 
 # ---- schema ---------------------------------------------------------------------------------------
@@ -229,8 +235,8 @@ def _run_from_row(row: Sequence[Any]) -> Run:
         started_at=started_at, ended_at=ended_at, termination_reason=termination_reason,
         failure_class=FailureClass(failure_class) if failure_class else None,
         idempotency_key=idempotency_key, supervisor_pid=supervisor_pid,
-        supervisor_started_at=supervisor_started_at, mlflow_run_id=mlflow_run_id, user=user, kind=kind,
-        current_attempt=current_attempt,
+        supervisor_started_at=supervisor_started_at, mlflow_run_id=mlflow_run_id, user=user,
+        kind=_LEGACY_KINDS.get(kind, kind), current_attempt=current_attempt,
     )
 
 
@@ -294,7 +300,7 @@ class RunStore:
         busy_timeout_s: float = BUSY_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = Path(path) if path is not None else air_home() / "runs.db"
+        self.path = Path(path) if path is not None else air_home() / STORE_FILE
         self.busy_timeout_s = busy_timeout_s
         self._clock = clock
         self._local = threading.local()
@@ -302,6 +308,13 @@ class RunStore:
 
     def __repr__(self) -> str:
         return f"RunStore({str(self.path)!r})"
+
+    @classmethod
+    def if_exists(cls) -> RunStore | None:
+        """The default store when `runs.db` exists, else None: readers (the reconcile every command does,
+        shell completion) must not create AIR_HOME or the database just by looking."""
+        path = air_home(create=False) / STORE_FILE
+        return cls(path) if path.is_file() else None
 
     # -- connections ----------------------------------------------------------------------------
 
@@ -415,7 +428,7 @@ class RunStore:
         run_name: str | None = None,
         backend: str = "local",
         profile: str | None = None,
-        kind: Literal["workload", "distributed"] = "workload",
+        kind: Literal["workload", "call"] = "workload",
         user: str | None = None,
         idempotency_key: str | None = None,
         run_id: str | None = None,
@@ -551,11 +564,13 @@ class RunStore:
         accelerator_type: str | None = None,
         num_accelerators: int | None = None,
         user: str | None = None,
+        id_prefix: str | None = None,
     ) -> list[Run]:
         """Runs, newest first. `statuses=None` means the active ones (what `air list runs` shows);
         "all" adds the ended ones. `experiment_glob` is a case-insensitive glob (`qwen*`),
         `accelerator_type` a case-insensitive substring (`H100`, `GPU_8xH100`), `num_accelerators` and
-        `user` exact. Served by indexes: fast over 100,000 runs."""
+        `user` exact, `id_prefix` the start of the run id (shell completion). Served by indexes: fast
+        over 100,000 runs."""
         where: list[str] = []
         params: list[Any] = []
         if statuses is None:
@@ -581,6 +596,9 @@ class RunStore:
         if user is not None:
             where.append("user = ?")
             params.append(user)
+        if id_prefix:
+            where.append("id >= ? AND id < ?")  # a range on the primary key, not a scan
+            params.extend([id_prefix, id_prefix + "\U0010ffff"])
         sql = _RUN_SELECT
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -793,6 +811,33 @@ class RunStore:
             self._status(conn, run_id)
         return rows
 
+    # -- housekeeping (`air prune`) -------------------------------------------------------------
+
+    def ended_before(self, cutoff: float) -> list[tuple[str, float]]:
+        """`(run_id, ended_at)` of every ended run that ended (or, lacking an end, was submitted) before
+        `cutoff` (epoch seconds), oldest first: what `air prune` may remove."""
+        terminal = sorted(s.value for s in RunStatus.terminal())
+        sql = (
+            "SELECT id, COALESCE(ended_at, submitted_at) AS ended FROM runs WHERE status IN ("
+            + ", ".join("?" for _ in terminal) + ") AND COALESCE(ended_at, submitted_at) < ? ORDER BY ended, id"
+        )
+        return [(str(r[0]), float(r[1])) for r in self._conn().execute(sql, [*terminal, cutoff])]
+
+    def delete_ended_runs(self, run_ids: Iterable[str]) -> list[str]:
+        """Delete these runs' rows (attempts and slot claims too), but only those that are still ended:
+        a run is never removed while it is active. Returns the ids deleted."""
+        terminal = sorted(s.value for s in RunStatus.terminal())
+        marks = ", ".join("?" for _ in terminal)
+        deleted: list[str] = []
+        with self._write() as conn:
+            for run_id in run_ids:
+                gone = conn.execute(f"DELETE FROM runs WHERE id = ? AND status IN ({marks})", [run_id, *terminal])
+                if gone.rowcount:
+                    conn.execute("DELETE FROM attempts WHERE run_id = ?", (run_id,))
+                    conn.execute("DELETE FROM slot_claims WHERE run_id = ?", (run_id,))
+                    deleted.append(run_id)
+        return deleted
+
     # -- the slot ledger ------------------------------------------------------------------------
 
     def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int) -> list[int] | None:
@@ -873,6 +918,26 @@ class RunStore:
             return None
         kind = str(row[3]).split("_", 1)[0].upper()
         return self._waiting_ahead(conn, kind, row[1], row[2], stop_at_one=False)
+
+    def queued_ahead(self, run_id: str) -> list[str]:
+        """Ids of the runs this QUEUED run waits behind (same slot kind and backend, entered the queue
+        earlier, no slots yet), first in line first. Empty when it is next, holds slots or is not QUEUED.
+        The same rule as `try_claim_slots`'s FIFO check, so "why does it wait" never disagrees with it."""
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT status, backend, queue_seq, accelerator_type FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"Run {run_id} not found.")
+        if row[0] != RunStatus.QUEUED.value or row[2] is None or self.claimed_slots(run_id):
+            return []
+        kind = str(row[3]).split("_", 1)[0].upper()
+        return [r[0] for r in conn.execute(
+            "SELECT r.id FROM runs r WHERE r.status = ? AND r.queue_seq < ? AND r.backend = ? "
+            "AND r.accelerator_type LIKE ? ESCAPE '\\' "
+            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id) ORDER BY r.queue_seq",
+            (RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%"),
+        )]
 
     def release_slots(self, run_id: str) -> list[int]:
         """Give back every slot the run holds (idempotent); returns the indices released."""

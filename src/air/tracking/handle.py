@@ -56,10 +56,10 @@ class TrackingHandle:
 
     def url(self, base: str | None = None) -> str:
         """Link to this run in an MLflow UI: the tracking server itself, else `air ui`'s address."""
-        from air.tracking.ui import DEFAULT_UI_BASE, run_url
+        from air.tracking.ui import run_url, ui_base_url
 
         if base is None:
-            base = self.tracking_uri if is_http(self.tracking_uri) else DEFAULT_UI_BASE
+            base = self.tracking_uri if is_http(self.tracking_uri) else ui_base_url(store=self.tracking_uri)
         return run_url(self.run_id, self.experiment_id, base=base)
 
     # ---- artifacts ---------------------------------------------------------------------------------

@@ -1,21 +1,41 @@
-"""`air ui`: MLflow's own UI over the embedded store, and links into it.
+"""`air ui`: MLflow's own UI over the embedded store, where it runs, and links into it.
 
-air does not ship a UI: the embedded store is a normal MLflow SQLite store, so `mlflow ui` shows it.
+air does not ship a UI: the embedded store is a normal MLflow SQLite store, so `mlflow ui` shows it. The
+UI server comes with the full `mlflow` distribution (the `ui` extra); air itself needs only
+`mlflow-skinny`. A running `air ui` notes its address in `$AIR_HOME/ui.json` (this module owns that
+file), so links printed by `air get run` and by calls point at the port it really listens on.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
 import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from air.errors import UserInputError
+from air.home import air_home
 from air.tracking.store import artifact_root, is_embedded, is_http, prepare_store, tracking_uri
 
 DEFAULT_UI_HOST = "127.0.0.1"
 DEFAULT_UI_PORT = 5000
 DEFAULT_UI_BASE = f"http://{DEFAULT_UI_HOST}:{DEFAULT_UI_PORT}"
 
+#: Distribution name of air, for the install hint (pyproject's `name`).
+DISTRIBUTION = "air-runtime"
+#: Extra that brings MLflow's UI server.
+UI_EXTRA = "ui"
+#: Under AIR_HOME: the running `air ui` processes and their addresses (written only by this module).
+UI_FILE = "ui.json"
 
-def ui_command(host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT) -> list[str]:
+
+def ui_command(
+    host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT, workers: int | None = None
+) -> list[str]:
     """argv of `mlflow ui` for the current store (run with this interpreter, so the venv's mlflow).
 
     For the embedded store, new experiments made in the UI also keep artifacts under AIR_HOME, and the
@@ -35,20 +55,161 @@ def ui_command(host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT) -> list
         except Exception:  # noqa: BLE001 — `mlflow ui` reports a broken store better than we can
             pass
         argv += ["--default-artifact-root", artifact_root().as_uri()]
+    if workers is not None:
+        argv += ["--workers", str(workers)]
     return argv + ["--host", host, "--port", str(port)]
 
 
-def ui_base_url(host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT) -> str:
-    """Where the UI for the current store lives: the tracking server itself, else `air ui`'s address."""
-    uri = tracking_uri()
-    return uri.rstrip("/") if is_http(uri) else f"http://{host}:{port}"
+def ui_base_url(host: str | None = None, port: int | None = None, store: str | None = None) -> str:
+    """Where the UI for `store` (default: the current tracking URI) lives.
+
+    The tracking server itself for an http(s) store; else the given host/port; else the address of the
+    `air ui` running for that store; else `air ui`'s default address (where it will be once started).
+    """
+    uri = tracking_uri() if store is None else store
+    if is_http(uri):
+        return uri.rstrip("/")
+    if host is not None or port is not None:
+        return f"http://{host or DEFAULT_UI_HOST}:{port or DEFAULT_UI_PORT}"
+    running = running_ui(uri)
+    return running.base_url if running is not None else DEFAULT_UI_BASE
 
 
-def run_url(run_id: str, experiment_id: str, base: str = DEFAULT_UI_BASE) -> str:
-    """Link to one run in an MLflow UI (the single-page app's route)."""
+def run_url(run_id: str, experiment_id: str, base: str | None = None) -> str:
+    """Link to one run in an MLflow UI (the single-page app's route); `base` defaults to `ui_base_url()`."""
+    base = ui_base_url() if base is None else base
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
-def experiment_url(experiment_id: str, base: str = DEFAULT_UI_BASE) -> str:
-    """Link to one experiment's run list in an MLflow UI."""
+def experiment_url(experiment_id: str, base: str | None = None) -> str:
+    """Link to one experiment's run list in an MLflow UI; `base` defaults to `ui_base_url()`."""
+    base = ui_base_url() if base is None else base
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}"
+
+
+# ---- is the UI server installed? ---------------------------------------------------------------------
+
+
+def ui_install_hint() -> str:
+    """The command that installs MLflow's UI server next to air."""
+    return f"pip install '{DISTRIBUTION}[{UI_EXTRA}]'"
+
+
+def ui_server_installed() -> bool:
+    """Whether MLflow's UI server can run here: the full `mlflow` distribution (not only mlflow-skinny).
+
+    mlflow-skinny ships the `mlflow` package and CLI too, but `mlflow ui` then fails on a missing Flask;
+    the distribution is what the `ui` extra installs, so it is what is checked.
+    """
+    from importlib import metadata
+
+    try:
+        metadata.distribution("mlflow")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def require_ui_server() -> None:
+    """A user error naming the extra to install when MLflow's UI server is missing."""
+    if not ui_server_installed():
+        raise UserInputError(
+            "`air ui` needs MLflow's UI server, which this install does not have (air depends on "
+            "mlflow-skinny only, to stay small).",
+            hint=f"Install it with: {ui_install_hint()}  (or `make setup` in air's checkout), "
+            "then run `air ui` again.",
+        )
+
+
+# ---- where a running `air ui` listens ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunningUI:
+    """One `air ui` process and what it serves."""
+
+    pid: int
+    create_time: float
+    host: str
+    port: int
+    store: str
+
+    @property
+    def base_url(self) -> str:
+        host = DEFAULT_UI_HOST if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+
+    def alive(self) -> bool:
+        """The same process (PID and start time) is still running: a recycled PID is not it."""
+        import psutil
+
+        try:
+            return abs(psutil.Process(self.pid).create_time() - self.create_time) < 0.01
+        except psutil.Error:
+            return False
+
+
+def ui_file() -> Path:
+    return air_home() / UI_FILE
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    with open(air_home() / (UI_FILE + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _read() -> list[RunningUI]:
+    try:
+        entries = json.loads(ui_file().read_text()).get("uis", [])
+        return [RunningUI(**e) for e in entries]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []
+
+
+def _write(uis: list[RunningUI]) -> None:
+    path = ui_file()
+    if not uis:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_name(f".{UI_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"uis": [asdict(u) for u in uis]}, indent=1))
+    os.replace(tmp, path)
+
+
+def record_ui(host: str, port: int, store: str) -> RunningUI:
+    """Note this process as a running UI (dead entries are dropped on the way)."""
+    import psutil
+
+    me = RunningUI(os.getpid(), psutil.Process().create_time(), host, port, store)
+    with _locked():
+        _write([u for u in _read() if u.alive() and u.pid != me.pid] + [me])
+    return me
+
+
+def forget_ui(pid: int | None = None) -> None:
+    """Remove this process's entry (and dead ones); the file goes when no UI is left."""
+    pid = os.getpid() if pid is None else pid
+    with _locked():
+        _write([u for u in _read() if u.alive() and u.pid != pid])
+
+
+def _same_store(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    if a.startswith("sqlite:///") and b.startswith("sqlite:///"):
+        try:
+            return (
+                Path(a.removeprefix("sqlite:///")).resolve() == Path(b.removeprefix("sqlite:///")).resolve()
+            )
+        except OSError:
+            return False
+    return False
+
+
+def running_ui(store: str | None = None) -> RunningUI | None:
+    """The newest live `air ui` of this AIR_HOME serving `store` (default: the current tracking URI)."""
+    store = tracking_uri() if store is None else store
+    live = [u for u in _read() if _same_store(u.store, store) and u.alive()]
+    return live[-1] if live else None

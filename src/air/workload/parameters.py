@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from air.errors import UserInputError
-from air.runs.paths import atomic_write_text
+from air.files import atomic_write_text
 
 # Plain scalars that PyYAML reads as strings but YAML 1.2 loaders read as numbers.
 _NUMBER_LIKE = re.compile(

@@ -18,8 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from air.errors import NotFoundError, UserInputError
+from air.files import atomic_write_text
 from air.home import air_home
-from air.runs.paths import atomic_write_text
 
 SECRETS_FILE = "secrets.json"
 _FORMAT_VERSION = 1
@@ -31,7 +31,7 @@ Store = dict[str, dict[str, str]]
 
 def secrets_path(store: Path | None = None) -> Path:
     """The secret store file (`$AIR_HOME/secrets.json` unless a path is given, as tests do)."""
-    return Path(store) if store is not None else air_home() / SECRETS_FILE
+    return Path(store) if store is not None else air_home(create=False) / SECRETS_FILE
 
 
 def parse_secret_ref(ref: str, field: str = "secrets") -> tuple[str, str]:

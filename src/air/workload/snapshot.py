@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -537,8 +537,8 @@ def _git_changes(root: Path) -> list[str]:
 # ---- materialising --------------------------------------------------------------------------------
 
 
-def _store(store_root: Path | None) -> Path:
-    return Path(store_root) if store_root is not None else air_home() / "snapshots"
+def _store(store_root: Path | None, *, create_home: bool = True) -> Path:
+    return Path(store_root) if store_root is not None else air_home(create=create_home) / "snapshots"
 
 
 def materialize_snapshot(plan: SnapshotPlan, store_root: Path | None = None) -> Path:
@@ -661,24 +661,34 @@ def _write_git_entries(plan: SnapshotPlan, dest: Path) -> None:
 
 
 def prune_snapshots(
-    older_than_days: float, store_root: Path | None = None, now: float | None = None
+    older_than_days: float,
+    store_root: Path | None = None,
+    now: float | None = None,
+    *,
+    keep: Collection[str] = (),
+    dry_run: bool = False,
 ) -> list[Path]:
     """Delete snapshots not used for `older_than_days` (and abandoned temporary builds); return them.
 
     A snapshot is moved aside before it is deleted, so nobody ever sees a half-deleted one as valid.
-    Do not prune while runs that may still start are queued on old snapshots.
+    `keep`: snapshot keys that active runs use (`air prune` passes them), never removed. `dry_run`:
+    return what would go and remove nothing.
     """
-    store = _store(store_root)
+    store = _store(store_root, create_home=False)
     if not store.is_dir():
         return []
     cutoff = (time.time() if now is None else now) - older_than_days * 86400
     removed: list[Path] = []
     for item in sorted(store.iterdir()):
         try:
-            if not item.is_dir() or item.is_symlink() or item.stat().st_mtime >= cutoff:
+            if not item.is_dir() or item.is_symlink() or item.stat().st_mtime >= cutoff or item.name in keep:
                 continue
             if item.name.startswith(".trash-"):
-                shutil.rmtree(item, ignore_errors=True)
+                if not dry_run:
+                    shutil.rmtree(item, ignore_errors=True)
+                continue
+            if dry_run:
+                removed.append(item)
                 continue
             trash = store / f".trash-{uuid.uuid4().hex}"
             os.rename(item, trash)

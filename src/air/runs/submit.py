@@ -7,21 +7,25 @@ as INTERNAL_ERROR with the reason: a run never stays PENDING without a superviso
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from air.backends.base import Backend
+from air.backends import Backend, backend_for
 from air.runs.paths import RunPaths, atomic_write_text
 from air.runs.states import FailureClass, RunStatus
 from air.runs.store import Run, RunStore
 from air.workload.loading import load_workload
 from air.workload.plan import RunPlan, make_plan
 from air.workload.spec import WorkloadSpec
+
+_log = logging.getLogger("air.workload")
 
 
 @dataclass
@@ -34,30 +38,14 @@ class Prepared:
     snapshot: Any | None
 
 
-def backend_for(profile_name: str | None) -> tuple[str, str, str | None]:
-    """(profile name, backend name, address) of the chosen profile."""
-    from air.config import resolve_profile
-
-    profile = resolve_profile(profile_name)
-    return profile.name, profile.backend, getattr(profile, "address", None)
-
-
-def make_backend_for(backend: str, profile_name: str | None, store: RunStore | None = None) -> Backend:
-    if backend == "ray":
-        from air.backends.ray_backend import RayBackend
-        from air.config import resolve_profile
-
-        return RayBackend.from_profile(resolve_profile(profile_name))  # type: ignore[return-value]
-    from air.backends.local import LocalBackend
-
-    return LocalBackend(store=store)
-
-
 def prepare(path: str | Path, overrides: list[str] | tuple[str, ...] = (), profile: str | None = None) -> Prepared:
     """Everything `--dry-run` shows and `air run` needs; raises UserInputError on bad input."""
     spec = load_workload(path, overrides)
-    profile_name, backend_name, address = backend_for(profile)
-    backend = make_backend_for(backend_name, profile_name)
+    from air.config import resolve_profile
+
+    chosen = resolve_profile(profile)
+    profile_name, backend_name, address = chosen.name, chosen.backend, getattr(chosen, "address", None)
+    backend = backend_for(chosen)
     backend.check_shape(spec.accelerator, spec.num_nodes)
     snapshot = None
     if spec.code_source is not None:
@@ -112,17 +100,24 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
             write_parameters(plan.parameters, paths.hyperparameters)
             plan.parameters_path = str(paths.hyperparameters)
         if prepared.snapshot is not None:
+            from air.progress import spinner
             from air.workload.snapshot import materialize_snapshot
 
-            cached = materialize_snapshot(prepared.snapshot)
-            code = paths.code / cached.name
-            _link_tree(cached, code)
+            snap = prepared.snapshot
+            started = time.monotonic()
+            with spinner(f"copying the code snapshot ({snap.file_count} files, {snap.total_bytes / 1e6:.1f} MB) …"):
+                cached = materialize_snapshot(snap)
+                code = paths.code / cached.name
+                _link_tree(cached, code)
+            _log.info("snapshot %s: %d files (%.1f MB) in %s, linked into %s in %.2f s", snap.key[:12],
+                      snap.file_count, snap.total_bytes / 1e6, cached, code, time.monotonic() - started)
             plan.code_path = str(code)
         atomic_write_text(paths.submission, plan.to_json())
         if start_supervisor:
-            from air.supervisor import spawn
+            from air.runs.supervisor import spawn
 
-            spawn(run.id)
+            pid = spawn(run.id)
+            _log.info("run %s: supervisor started (pid %d), its log: %s", run.id, pid, paths.supervisor_log)
     except BaseException as exc:
         store.transition(run.id, RunStatus.INTERNAL_ERROR, reason=f"Could not prepare the run: {exc}",
                          failure_class=FailureClass.SETUP)

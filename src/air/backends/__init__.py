@@ -1,0 +1,23 @@
+"""Backends: where a run's nodes run (`local`, `ray`). `backend_for` builds one from a profile, in
+the one place that does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from air.backends.base import Backend, SlotLedger
+
+
+def backend_for(profile: Any, *, ledger: SlotLedger | None = None) -> Backend:
+    """The backend of a profile (`air.config.Profile`). `ledger` is the slot ledger the local backend
+    claims this machine's slots in (the run store); it is not needed to plan or check a shape."""
+    if profile.backend == "ray":
+        from air.backends.ray_backend import RayBackend
+
+        return RayBackend.from_profile(profile)
+    from air.backends.local import LocalBackend
+
+    return LocalBackend(ledger=ledger)
+
+
+__all__ = ["Backend", "SlotLedger", "backend_for"]

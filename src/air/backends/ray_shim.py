@@ -1,0 +1,285 @@
+"""A `ray` command for workload nodes, so a command that starts Ray by hand (seed 000: `ray start
+--head` on NODE_RANK 0, `ray start --address=$MASTER_ADDR:6379 --block` elsewhere, `ray stop` at the
+end) works on any multi-node allocation, also when several nodes share a host or a host already runs
+another Ray (the Ray backend's own raylet holds Ray's default ports there).
+
+`workload_ray_env()` gives the environment a node needs; its PATH puts this shim first. The shim then:
+
+* `ray start`: adds a free port for every port option the user did not give (dashboard agent, metrics,
+  node manager, object manager, runtime-env agent, and on the head client server and dashboard), and
+  random worker ports; moves the GCS port to AIR_RAY_HEAD_PORT (free on node 0) both in `--head
+  --port=…` and in `--address=$MASTER_ADDR:…`, so a hard-coded 6379 never meets another cluster (a GCS
+  put on $MASTER_PORT, which air reserved free on node 0 too, stays there); marks
+  every process of the node, so `ray stop` can find them. `ray start --block` on a joining node returns
+  0 once the head has gone away (the driver finished and stopped it) instead of retrying for minutes.
+* `ray stop`: stops this node's Ray only, never every Ray process of the machine.
+* anything else: the real `ray`, unchanged.
+
+RAY_TMPDIR (one short folder per node) keeps sockets apart and makes `ray.init(address="auto")` find
+this run's cluster (Ray reads `$RAY_TMPDIR/ray/ray_current_cluster`), not whatever cluster was started
+last on the machine. Authentication is explicit: a per-run token in RAY_AUTH_MODE/RAY_AUTH_TOKEN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from air.backends.ray_cluster import NODE_MARKER_ENV, RayAuth, stop_marked
+from air.backends.ray_train_report import train_report_env
+
+HEAD_PORT_ENV = "AIR_RAY_HEAD_PORT"
+SHIM_DIR_ENV = "AIR_RAY_SHIM_DIR"
+
+_PORT_OPTIONS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+                 "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
+_HEAD_PORT_OPTIONS = ("ray-client-server-port", "dashboard-port")
+
+
+def install_shim(folder: Path, python: str | None = None) -> Path:
+    """Write the `ray` shim into `folder` (idempotent); returns the folder to put first on PATH."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "ray"
+    text = f'#!/bin/sh\nexec "{python or sys.executable}" -m air.backends.ray_shim "$@"\n'
+    if not script.exists() or script.read_text() != text:
+        tmp = folder / f".ray.{os.getpid()}"
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, script)
+    return folder
+
+
+def workload_ray_env(*, node_rank: int, head_port: int, shim_dir: Path, ray_tmpdir: Path, auth: RayAuth,
+                     path: str | None = None, mlflow_run_id: str | None = None,
+                     train_callbacks: str | None = None) -> dict[str, str]:
+    """What one node's command needs so hand-started Ray works (see the module docstring). It wins over
+    the node's own values; the caller also drops RAY_ADDRESS (it points at some other cluster).
+
+    `head_port`: a port reserved free on node 0 (same value on every node). `ray_tmpdir`: a short,
+    existing folder on that node (Ray's sockets live below it). `auth`: the same on every node of the run.
+    `train_callbacks`: the node's own RAY_TRAIN_CALLBACKS, kept beside air's when an MLflow run is set.
+    """
+    env = {
+        "PATH": f"{shim_dir}{os.pathsep}{path if path is not None else os.environ.get('PATH', '')}",
+        SHIM_DIR_ENV: str(shim_dir), HEAD_PORT_ENV: str(head_port), "RAY_TMPDIR": str(ray_tmpdir),
+        "RAY_USAGE_STATS_ENABLED": "0", **auth.env(),
+    }
+    if mlflow_run_id:
+        env.update(train_report_env(train_callbacks))
+    return env
+
+
+@contextlib.contextmanager
+def local_workload_ray_env(num_nodes: int, *, shim_dir: Path, path: str | None = None,
+                           mlflow_run_id: str | None = None,
+                           train_callbacks: str | None = None) -> Iterator[list[dict[str, str]]]:
+    """For a backend whose nodes all run on this machine (the local backend): one env addition per
+    node, for the duration of an attempt. Holds the head port reserved (no other air launch takes it)
+    and removes the nodes' RAY_TMPDIRs afterwards. Also drop RAY_ADDRESS from the nodes' env."""
+    from air.backends.ray_cluster import short_temp_dir
+    from air.launcher import reserve_port
+
+    install_shim(shim_dir)
+    auth = RayAuth.new_token()
+    tmpdirs = [short_temp_dir("air-rt") for _ in range(num_nodes)]
+    try:
+        with reserve_port("0.0.0.0") as head:
+            yield [workload_ray_env(node_rank=n, head_port=head.port, shim_dir=shim_dir, ray_tmpdir=tmpdirs[n],
+                                    auth=auth, path=path, mlflow_run_id=mlflow_run_id,
+                                    train_callbacks=train_callbacks) for n in range(num_nodes)]
+    finally:
+        for tmp in tmpdirs:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _is_shim(folder: str) -> bool:
+    try:
+        head = (Path(folder) / "ray").read_text(errors="replace")[:400]
+        return "air.backends.ray_shim" in head or "air.ray.shim" in head  # (its name before it moved)
+    except OSError:
+        return False
+
+
+def _real_ray() -> list[str]:
+    """The `ray` the user's environment has, found on PATH after this shim's folder."""
+    shim_dir = os.environ.get(SHIM_DIR_ENV, "")
+    entries = [p for p in os.environ.get("PATH", "").split(os.pathsep)
+               if p and os.path.realpath(p) != os.path.realpath(shim_dir or "/nonexistent") and not _is_shim(p)]
+    found = shutil.which("ray", path=os.pathsep.join(entries))
+    if found:
+        return [found]
+    from air.backends.ray_cluster import ray_executable
+
+    return ray_executable()
+
+
+def _options(args: Sequence[str]) -> dict[str, tuple[int, str | None]]:
+    """--name[=value] → (index, value) for the options given (value None for a bare flag)."""
+    found: dict[str, tuple[int, str | None]] = {}
+    for index, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if eq:
+            found[name] = (index, value)
+        elif index + 1 < len(args) and not args[index + 1].startswith("--"):
+            found[name] = (index, args[index + 1])
+        else:
+            found[name] = (index, None)
+    return found
+
+
+def _set_option(args: list[str], name: str, value: str) -> list[str]:
+    """Replace --name's value (either spelling) or append it."""
+    out: list[str] = []
+    skip = False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == f"--{name}" and index + 1 < len(args) and not args[index + 1].startswith("--"):
+            skip = True
+            continue
+        if arg.startswith(f"--{name}="):
+            continue
+        out.append(arg)
+    return [*out, f"--{name}={value}"]
+
+
+def _free_port() -> int:
+    from air.launcher import reserve_port
+
+    with reserve_port("0.0.0.0") as reservation:
+        return reservation.port
+
+
+def rewrite_start(args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """The `ray start` arguments air runs instead, and notes for the user (pure: no ports reserved
+    here except the free ones it picks)."""
+    out = list(args)
+    given = _options(out)
+    notes: list[str] = []
+    head = "head" in given
+    head_port = env.get(HEAD_PORT_ENV)
+    # MASTER_PORT is already a port air reserved free on node 0: a command that puts the GCS there
+    # (and joins it there) keeps it. Only Ray's fixed defaults (6379) are moved.
+    master_port = env.get("MASTER_PORT")
+    if head_port:
+        if head:
+            asked = given.get("port", (0, None))[1]
+            if asked not in (head_port, master_port) or asked is None:
+                out = _set_option(out, "port", head_port)
+                notes.append(f"GCS port {asked or 6379} -> {head_port} ({HEAD_PORT_ENV}, free on node 0)")
+        elif "address" in given and given["address"][1]:
+            host, _, port = given["address"][1].rpartition(":")
+            master = env.get("MASTER_ADDR")
+            if host and host in {master, "127.0.0.1", "localhost"} and port not in (head_port, master_port):
+                out = _set_option(out, "address", f"{host}:{head_port}")
+                notes.append(f"joining {host}:{head_port} ({HEAD_PORT_ENV}) instead of port {port}")
+    for name in _PORT_OPTIONS + (_HEAD_PORT_OPTIONS if head else ()):
+        if name not in given:
+            out = _set_option(out, name, str(_free_port()))
+    if "min-worker-port" not in given and "worker-port-list" not in given:
+        out = _set_option(out, "min-worker-port", "0")
+        out = _set_option(out, "max-worker-port", "0")
+    if "disable-usage-stats" not in given:
+        out.append("--disable-usage-stats")
+    return out, notes
+
+
+def _marker(env: Mapping[str, str]) -> str:
+    tag = env.get("AIR_PROCESS_TAG") or f"pid{os.getppid()}"
+    return f"{tag}-ray-node{env.get('NODE_RANK', '0')}"
+
+
+def _head_alive(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _start(args: Sequence[str]) -> int:
+    rewritten, notes = rewrite_start(args, os.environ)
+    for note in notes:
+        print(f"[air] ray start: {note}", flush=True)  # stdout, like ray's own notes (seed 000 hides stderr)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    marker = _marker(os.environ)
+    env[NODE_MARKER_ENV] = marker
+    given = _options(rewritten)
+    block = "block" in given
+    joining = "address" in given and "head" not in given
+    command = [*_real_ray(), "start", *rewritten]
+    if not (block and joining):
+        # Nothing to watch: become the real `ray start`, so `kill $!` of a backgrounded
+        # `ray start --head --block &` reaches Ray itself, not a wrapper that dies alone.
+        sys.stdout.flush()
+        os.execve(command[0], command, env)
+    # A joining node with --block: run it, and end it (exit 0) once the head is gone.
+    host, _, port = (given["address"][1] or "").rpartition(":")
+    child = subprocess.Popen(command, env=env)
+    _forward_signals_to(child)
+    seen_head = misses = 0
+    while child.poll() is None:
+        time.sleep(1.0)
+        if host and port.isdigit():
+            if _head_alive(host, int(port)):
+                seen_head, misses = 1, 0
+            elif seen_head:
+                misses += 1
+        if misses >= 2:
+            print("[air] ray start --block: the head node stopped; stopping this node", flush=True)
+            stop_marked(marker, grace_s=3.0)
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            return 0
+    return child.returncode or 0
+
+
+def _forward_signals_to(child: subprocess.Popen[bytes]) -> None:
+    """SIGTERM/SIGINT/SIGHUP to the shim end the `ray start` it runs too (and then the shim)."""
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            child.send_signal(signum)
+            child.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            child.kill()
+        sys.exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+
+
+def _stop() -> int:
+    count = stop_marked(_marker(os.environ))
+    print(f"[air] ray stop: ended this node's Ray ({count} processes); other Ray clusters on this machine "
+          "are left alone", flush=True)
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    if argv and argv[0] == "start":
+        return _start(argv[1:])
+    if argv and argv[0] == "stop":
+        return _stop()
+    real = _real_ray()
+    os.execv(real[0], [*real, *argv])
+    return 127  # pragma: no cover - execv does not return
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+__all__ = ["HEAD_PORT_ENV", "install_shim", "local_workload_ray_env", "rewrite_start", "workload_ray_env"]

@@ -1,0 +1,129 @@
+"""What `air run --watch` shows besides status and log lines: why a queued run waits, a spinner while
+nothing else moves (queued; preparing the attempt: environment build, node start), and with -v the
+supervisor's own log (`supervisor.log`) as `[air]` lines on stderr.
+
+Kept apart from the log streaming in watch.py: this part only reads the store's queue and the
+supervisor's log, and never writes to stdout except JSON events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from pathlib import Path
+
+from air.cli.output import event, status, stderr
+from air.progress import Spinner, spinner
+from air.runs.paths import RunPaths
+from air.runs.queue import QueueInfo, queue_info
+from air.runs.states import RunStatus
+from air.runs.store import Run, RunStore
+
+#: How often the queue is looked at again while a run waits (seconds).
+QUEUE_EVERY_S = 1.0
+#: The supervisor's line when an attempt's node commands start (supervisor.Supervisor.run says it).
+_NODES_STARTING = re.compile(r"^attempt (\d+): starting \d+ node")
+
+
+class _Lines:
+    """Complete lines appended to a file since the last read (a partial last line waits)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.pending = path, 0, b""
+
+    def read(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        return [line.decode("utf-8", errors="replace") for line in lines]
+
+
+class WatchExtras:
+    """Called once per watch poll with the run as it is now; `close()` when the watch ends."""
+
+    def __init__(self, run_id: str, *, json_mode: bool, verbose: int, store: RunStore) -> None:
+        self.run_id, self.json_mode, self.verbose, self.store = run_id, json_mode, verbose, store
+        self.log = _Lines(RunPaths(run_id).supervisor_log)
+        self.last_message = ""
+        self.started_attempts: set[int] = set()
+        self.queue_key: object = None
+        self.next_queue_look = 0.0
+        self._stack = contextlib.ExitStack()
+        self._spinner: Spinner | None = None
+
+    # -- the supervisor's log -------------------------------------------------------------------------
+    def read_supervisor_log(self) -> None:
+        from air.log import parse_file_line, prefixed
+
+        for line in self.log.read():
+            parsed = parse_file_line(line)
+            if parsed is not None:
+                self.last_message = parsed[2]
+                started = _NODES_STARTING.match(parsed[2])
+                if started:
+                    self.started_attempts.add(int(started.group(1)))
+            if self.verbose:
+                shown = prefixed(line, self.verbose)
+                if shown is not None:
+                    stderr(shown)
+
+    # -- the spinner ----------------------------------------------------------------------------------
+    def _spin(self, text: str | None) -> None:
+        """Show `text` in the spinner (start it if needed), or stop it for None."""
+        if text is None:
+            if self._spinner is not None:
+                self._stack.close()
+                self._stack = contextlib.ExitStack()
+                self._spinner = None
+            return
+        if self._spinner is None:
+            self._spinner = self._stack.enter_context(spinner(text))
+        else:
+            self._spinner.update(text)
+
+    # -- the queue ------------------------------------------------------------------------------------
+    def _queue(self, run: Run) -> None:
+        now = time.monotonic()
+        if now < self.next_queue_look:
+            return
+        self.next_queue_look = now + QUEUE_EVERY_S
+        info: QueueInfo | None = queue_info(self.store, run)
+        if info is None:
+            return
+        text = f"[{self.run_id}] {info.reason}"
+        if self.json_mode:
+            if info.key != self.queue_key:
+                event("QUEUE", run_id=self.run_id, queue=info.to_dict())
+        else:
+            self._spin(text)
+            if info.key != self.queue_key and (self._spinner is None or not self._spinner.shown):
+                status(text)  # no spinner (piped, -q): a line each time the wait changes
+            elif self.queue_key is None:
+                status(text)  # the spinner updates in place; the first reason also stays in the scroll-back
+        self.queue_key = info.key
+
+    def poll(self, run: Run) -> None:
+        """After the status line: the queue reason, or the spinner of the phase the run is in."""
+        if run.status is RunStatus.QUEUED:
+            self._queue(run)
+            return
+        self.queue_key = None
+        preparing = (
+            run.status is RunStatus.RUNNING
+            and run.current_attempt is not None
+            and run.current_attempt not in self.started_attempts
+        )
+        if preparing and not self.json_mode:
+            self._spin(f"[{self.run_id}] preparing attempt {run.current_attempt}: {self.last_message or '…'}")
+        else:
+            self._spin(None)
+
+    def close(self) -> None:
+        self.read_supervisor_log()
+        self._spin(None)

@@ -1,0 +1,39 @@
+"""Atomic file writes: the one helper every file air writes for others to read goes through."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> Path:
+    """Write `data` so readers see the old file or the new one, never a mix: tmp file + fsync + rename.
+
+    Creates missing parent folders. `mode` is the final permission (0o600 for anything secret).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_text(path: Path | str, data: str, *, mode: int = 0o644, encoding: str = "utf-8") -> Path:
+    """`atomic_write_bytes` for text."""
+    return atomic_write_bytes(path, data.encode(encoding), mode=mode)
+
+
+__all__ = ["atomic_write_bytes", "atomic_write_text"]

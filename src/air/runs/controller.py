@@ -1,0 +1,397 @@
+"""The run controller: drives one run, a workload or a `remote=True` call, to a terminal state.
+
+Modeled on Ray Train V2's controller: a loop of `step()`, each returning a `Transition` from one phase
+to the next::
+
+    ACQUIRE --capacity held--> START --nodes started--> WAIT --nodes ended--> FINISH --retry--> ACQUIRE
+       |                         | setup failed                                  |
+       +--canceled--> DONE       +------------------------------------------> FINISH --end--> DONE
+
+FINISH is the one place an attempt's outcome becomes state (`_finish_attempt`): one `RetryPolicy`
+decides retry or end, one `AttemptTracking` (air.tracking) records the attempt in MLflow. What differs
+between a workload and a call (how nodes are built, how an outcome is judged) is the `RunJob`'s.
+
+The same controller runs detached (`air run`'s supervisor process, air/runs/supervisor.py) and in the
+caller's process (a blocking `remote=True` call, air/distributed/remote.py). Every state change is a
+compare-and-set in the run store; a cancel (`air cancel` moves the run to TERMINATING) is noticed at
+every step, and whatever happens, the allocation is released and no node process is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Protocol
+
+from air.accelerators import AcceleratorType
+from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, Backend, NodeLaunch, ProcLineCallback
+from air.runs.paths import RunPaths, atomic_write_text, process_tag
+from air.runs.states import (
+    AttemptStatus,
+    FailureClass,
+    RetryDecision,
+    RetryPolicy,
+    RunStatus,
+    StatusConflictError,
+)
+from air.runs.store import RunStore
+from air.tracking.attempt_tracking import AttemptTracking
+
+
+class SetupFailure(Exception):
+    """Raised by a job while it prepares an attempt (environment, version check): the attempt fails
+    with FailureClass.SETUP and `message` as its reason. `error` is what an in-process caller raises."""
+
+    def __init__(self, message: str, error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.error = error
+
+
+@dataclass(frozen=True)
+class AttemptVerdict:
+    """What an attempt came to, judged by the job: success (with the call's values) or a failure with
+    its reason and class, and the exception an in-process caller raises for it."""
+
+    ok: bool
+    reason: str | None = None
+    failure_class: FailureClass | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    error: BaseException | None = None
+    values: Any = None
+
+    @classmethod
+    def failed(cls, reason: str, failure_class: FailureClass, error: BaseException | None = None) -> AttemptVerdict:
+        return cls(False, reason, failure_class, error=error)
+
+
+class RunJob(Protocol):
+    """The workload's or the call's side of a run: what the controller cannot know by itself."""
+
+    accelerator: AcceleratorType
+    num_nodes: int
+    timeout_s: float | None
+    on_line: ProcLineCallback | None
+
+    def say(self, line: str) -> None:
+        """One line of the controller's own log (supervisor.log; a call's debug log)."""
+
+    def on_wait(self, line: str) -> None:
+        """A line while the run waits for capacity (supervisor.log, or the caller's stderr)."""
+
+    def tracking(self, attempt: int, warn: Callable[[str], None]) -> AttemptTracking:
+        """The attempt's MLflow run (AttemptTracking.off() when there is none)."""
+
+    def attempt_log(self, attempt: int, node_logs: dict[int, Path]) -> Callable[[str], None]:
+        """Where air's own lines about this attempt go (setup, warnings)."""
+
+    def launches(self, attempt: int, allocation: Allocation, node_logs: dict[int, Path],
+                 tracking_env: dict[str, str], air_log: Callable[[str], None]) -> AbstractContextManager[list[NodeLaunch]]:
+        """The attempt's node launches, held (an environment in use) until the nodes ended. Raises
+        SetupFailure where the attempt cannot start."""
+
+    def judge(self, attempt: int, handle: AttemptHandle, outcome: AttemptOutcome,
+              node_logs: dict[int, Path]) -> AttemptVerdict:
+        """Turn an outcome into a verdict (read tails, fetch rank outcomes...); a stopped one (a cancel)
+        is a FailureClass.CANCEL failure."""
+
+    def rank_logs(self) -> dict[int, Path]:
+        """Per-rank logs to attach to the attempt's MLflow run (empty for a workload)."""
+
+
+class Phase(str, Enum):
+    ACQUIRE = "ACQUIRE"
+    START = "START"
+    WAIT = "WAIT"
+    FINISH = "FINISH"
+    DONE = "DONE"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What one `step()` did: the phase it left, the phase it entered, and the run's status after."""
+
+    before: Phase
+    after: Phase
+    status: RunStatus | None = None
+
+
+@dataclass
+class _Attempt:
+    """What the controller holds for the attempt in progress."""
+
+    index: int
+    node_logs: dict[int, Path]
+    tracking: AttemptTracking
+    held: contextlib.ExitStack
+    handle: AttemptHandle | None = None
+    outcome: AttemptOutcome | None = None
+    verdict: AttemptVerdict | None = None
+
+
+class RunController:
+    """Drives one run through `step()` until DONE (see the module docstring)."""
+
+    def __init__(self, run_id: str, job: RunJob, backend: Backend, store: RunStore, policy: RetryPolicy, *,
+                 cancel_check_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.run_id = run_id
+        self.job = job
+        self.backend = backend
+        self.store = store
+        self.policy = policy
+        self.paths = RunPaths(run_id)
+        self.tag = process_tag(run_id)
+        self.phase = Phase.ACQUIRE
+        self.status: RunStatus | None = None
+        self.last_verdict: AttemptVerdict | None = None
+        self._cancel_check_s = cancel_check_s
+        self._clock = clock
+        self._next_cancel_check = 0.0
+        self._cancel_seen = False
+        self._allocation: Allocation | None = None
+        self._attempt: _Attempt | None = None
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self) -> RunStatus:
+        """Step until DONE; on any exception (Ctrl-C included) nothing is left running or held."""
+        try:
+            while self.phase is not Phase.DONE:
+                self.step()
+        except KeyboardInterrupt:
+            self._interrupted("Canceled by user signal.")
+            raise
+        except BaseException:
+            self._abandon()
+            raise
+        assert self.status is not None
+        return self.status
+
+    def step(self) -> Transition:
+        before = self.phase
+        if before is Phase.ACQUIRE:
+            self.phase = self._acquire()
+        elif before is Phase.START:
+            self.phase = self._start()
+        elif before is Phase.WAIT:
+            self.phase = self._wait()
+        elif before is Phase.FINISH:
+            self.phase = self._finish()
+        return Transition(before, self.phase, self.status)
+
+    # -- phases -------------------------------------------------------------------------------------
+    def _acquire(self) -> Phase:
+        if not self._move(RunStatus.QUEUED, {RunStatus.PENDING, RunStatus.WAITING_FOR_RETRY}):
+            return self._end_canceled()
+        allocation = self.backend.acquire(self.run_id, self.job.accelerator, self.job.num_nodes,
+                                          should_stop=self._stop_queue, on_wait=self.job.on_wait)
+        if allocation is None:
+            return self._end_canceled()
+        self._allocation = allocation
+        self.job.say("capacity acquired: " + "; ".join(
+            f"node {n}: {allocation.accelerator.kind} {','.join(slots)}"
+            for n, slots in enumerate(allocation.slots_per_node)))
+        return Phase.START
+
+    def _start(self) -> Phase:
+        assert self._allocation is not None
+        if not self._move(RunStatus.RUNNING, {RunStatus.QUEUED}):
+            self._release()
+            return self._end_canceled()
+        index = self.store.start_attempt(self.run_id).index
+        self.paths.create_attempt(index)
+        node_logs = {n: self.paths.node_log(index, n) for n in range(self.job.num_nodes)}
+        for path in node_logs.values():
+            path.touch()
+        air_log = self.job.attempt_log(index, node_logs)
+        tracking = self.job.tracking(index, air_log)
+        self._record_tracking(index, tracking)
+        attempt = self._attempt = _Attempt(index, node_logs, tracking, contextlib.ExitStack())
+        try:
+            launches = attempt.held.enter_context(self.job.launches(index, self._allocation, node_logs,
+                                                                    tracking.env(), air_log))
+            self.job.say(f"attempt {index}: starting {len(launches)} node(s)")
+            attempt.handle = self.backend.start(self._allocation, launches, tag=self.tag, on_line=self.job.on_line)
+        except SetupFailure as exc:
+            attempt.verdict = AttemptVerdict.failed(exc.message, FailureClass.SETUP, exc.error)
+            return Phase.FINISH
+        gpus = None if self._allocation.accelerator.is_cpu else self._allocation.slots_per_node
+        tracking.start_samplers(gpus, self.job.num_nodes)
+        return Phase.WAIT
+
+    def _wait(self) -> Phase:
+        attempt = self._attempt
+        assert attempt is not None and attempt.handle is not None
+        attempt.outcome = attempt.handle.wait(timeout_s=self.job.timeout_s, should_stop=self.cancel_requested)
+        attempt.held.close()  # the environment is free once the nodes ended
+        return Phase.FINISH
+
+    def _finish(self) -> Phase:
+        attempt = self._attempt
+        assert attempt is not None
+        try:
+            verdict = attempt.verdict
+            if verdict is None:
+                assert attempt.outcome is not None and attempt.handle is not None
+                verdict = self.job.judge(attempt.index, attempt.handle, attempt.outcome, attempt.node_logs)
+            self.last_verdict = verdict
+            status = self._finish_attempt(attempt, verdict)
+        finally:
+            attempt.held.close()
+            self._attempt = None
+            self._release()
+        if status is None:
+            return Phase.ACQUIRE
+        self.status = status
+        return Phase.DONE
+
+    def _finish_attempt(self, attempt: _Attempt, verdict: AttemptVerdict) -> RunStatus | None:
+        """The one place an attempt's outcome becomes state. Returns the run's end state, or None to retry."""
+        index = attempt.index
+        rank_logs = self.job.rank_logs()
+        if verdict.ok:
+            self.store.finish_attempt(self.run_id, index, AttemptStatus.SUCCESS)
+            attempt.tracking.end("FINISHED", node_logs=attempt.node_logs, rank_logs=rank_logs)
+            self.store.transition(self.run_id, RunStatus.SUCCESS,
+                                  expected_from={RunStatus.RUNNING, RunStatus.TERMINATING})
+            self.job.say("SUCCESS")
+            return RunStatus.SUCCESS
+        assert verdict.reason is not None and verdict.failure_class is not None
+        reason, failure_class = verdict.reason, verdict.failure_class
+        canceled = failure_class is FailureClass.CANCEL or (attempt.outcome is not None and attempt.outcome.stopped)
+        self.job.say(f"attempt {index} ended: {reason} [{failure_class}]")
+        self.store.finish_attempt(self.run_id, index, failure_class.attempt_status, reason=reason,
+                                  failure_class=failure_class, exit_code=verdict.exit_code, signal=verdict.signal)
+        attempt.tracking.end("KILLED" if canceled else "FAILED", reason, node_logs=attempt.node_logs,
+                             rank_logs=rank_logs)
+        if canceled:
+            self._to_canceled(reason, failure_class)
+            return RunStatus.CANCELED
+        decision = self.policy.decide(index, failure_class)
+        if decision.decision is RetryDecision.RETRY and not self.cancel_requested(force=True):
+            try:
+                self.store.transition(self.run_id, RunStatus.WAITING_FOR_RETRY,
+                                      reason=f"{reason}. {decision.message}", failure_class=failure_class,
+                                      expected_from={RunStatus.RUNNING})
+            except StatusConflictError:
+                self._end_canceled()
+                return RunStatus.CANCELED
+            self.job.say(decision.message)
+            return None
+        if self.cancel_requested(force=True):
+            self._end_canceled()
+            return RunStatus.CANCELED
+        final = decision.final_status or failure_class.run_status
+        self.store.transition(self.run_id, final, reason=reason, failure_class=failure_class)
+        self.job.say(str(final))
+        return final
+
+    # -- cancel -------------------------------------------------------------------------------------
+    def cancel_requested(self, force: bool = False) -> bool:
+        """The run was asked to end (`air cancel` moved it to TERMINATING, or ended it while queued).
+        Read from the store at most every `cancel_check_s` unless `force`."""
+        if self._cancel_seen:
+            return True
+        now = self._clock()
+        if not force and now < self._next_cancel_check:
+            return False
+        self._next_cancel_check = now + self._cancel_check_s
+        self._cancel_seen = self.store.get_run(self.run_id).status in (RunStatus.TERMINATING, RunStatus.CANCELED)
+        return self._cancel_seen
+
+    def _stop_queue(self) -> bool:
+        try:
+            return self.cancel_requested()
+        except Exception:  # noqa: BLE001 - the store is gone: stop waiting
+            return True
+
+    def _move(self, new: RunStatus, expected: set[RunStatus]) -> bool:
+        """Compare-and-set; False when a cancel got there first (the run is TERMINATING or CANCELED)."""
+        try:
+            self.store.transition(self.run_id, new, expected_from=expected)
+            self.job.say(f"status {new}")
+            return True
+        except StatusConflictError:
+            if self.store.get_run(self.run_id).status in (RunStatus.TERMINATING, RunStatus.CANCELED):
+                self._cancel_seen = True
+                return False
+            raise
+
+    def _end_canceled(self) -> Phase:
+        self.backend.reap(self.tag)
+        self._to_canceled("Canceled by the user", FailureClass.CANCEL)
+        self.job.say("canceled")
+        self.status = RunStatus.CANCELED
+        return Phase.DONE
+
+    def _to_canceled(self, reason: str, failure_class: FailureClass) -> None:
+        run = self.store.get_run(self.run_id)
+        if run.status.is_terminal():
+            return
+        if run.status is RunStatus.RUNNING:  # processes existed: cancel goes through TERMINATING
+            self.store.transition(self.run_id, RunStatus.TERMINATING, reason=reason)
+        self.store.transition(self.run_id, RunStatus.CANCELED, reason=reason, failure_class=failure_class)
+
+    def _interrupted(self, reason: str) -> None:
+        """Ctrl-C in an in-process run: end every node, record the attempt and the run CANCELED."""
+        attempt, self._attempt = self._attempt, None
+        try:
+            if attempt is not None:
+                if attempt.handle is not None:
+                    attempt.handle.terminate()
+                attempt.held.close()
+                self.store.finish_attempt(self.run_id, attempt.index, FailureClass.CANCEL.attempt_status,
+                                          reason=reason, failure_class=FailureClass.CANCEL)
+                attempt.tracking.end("KILLED", reason, node_logs=attempt.node_logs, rank_logs=self.job.rank_logs())
+            self._to_canceled(reason, FailureClass.CANCEL)
+            self.status = RunStatus.CANCELED
+        finally:
+            self._release()
+            self.phase = Phase.DONE
+
+    def _abandon(self) -> None:
+        """An exception escaped a step: end the attempt's processes and give the capacity back (the
+        caller records why: the supervisor as INTERNAL_ERROR)."""
+        attempt, self._attempt = self._attempt, None
+        try:
+            if attempt is not None:
+                if attempt.handle is not None:
+                    attempt.handle.terminate()
+                attempt.held.close()
+                attempt.tracking.end("FAILED", "air failed while running the attempt")
+        finally:
+            self._release()
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _release(self) -> None:
+        allocation, self._allocation = self._allocation, None
+        if allocation is not None:
+            self.backend.release(allocation)
+
+    def _record_tracking(self, index: int, tracking: AttemptTracking) -> None:
+        """Link the attempt to its MLflow run in the store and in `attempt_<a>/tracking.json`."""
+        handle = tracking.handle
+        if handle is None:
+            return
+        try:
+            self.store.set_mlflow_run_id(self.run_id, handle.run_id, attempt=index)
+            atomic_write_text(self.paths.attempt_dir(index) / "tracking.json", json.dumps({
+                "run_id": handle.run_id, "experiment_id": handle.experiment_id,
+                "tracking_uri": handle.tracking_uri}))
+        except Exception as exc:  # noqa: BLE001 - tracking never fails a run
+            tracking.warn(f"tracking: {exc}")
+
+
+@contextlib.contextmanager
+def no_hold(launches: list[NodeLaunch]) -> Iterator[list[NodeLaunch]]:
+    """`RunJob.launches` for a job that holds nothing while its nodes run."""
+    yield launches
+
+
+__all__ = ["AttemptVerdict", "Phase", "RunController", "RunJob", "SetupFailure", "Transition", "no_hold"]

@@ -1,0 +1,140 @@
+"""Why a QUEUED run waits: its place in line, the slots it needs, and which runs hold them.
+
+Read from the store's slot ledger (`queued_ahead`, `slot_holders`), the same rules the local backend
+claims by, so `air get run`, `air list runs` and `air run --watch` say what the scheduler will do:
+"waiting for 2 CPU slots (0 of 2 free); 3rd in line; 1 running run holds them: run-…".
+A run on a Ray cluster has no local ledger: Ray's placement group decides, and the reason says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from air.runs.states import RunStatus
+from air.runs.store import Run, RunStore
+
+#: How many run ids a reason names before it says "and N more".
+SHOWN_IDS = 3
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A run that holds slots of the kind the waiting run needs."""
+
+    run_id: str
+    status: str
+    slots: int
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    """Where a QUEUED run stands. `position` is 1 for the next run in line (None off the local ledger)."""
+
+    run_id: str
+    kind: str
+    slots: int
+    position: int | None
+    ahead: tuple[str, ...]
+    holders: tuple[Holder, ...]
+    capacity: int | None
+    free: int | None
+    claimed: tuple[int, ...]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `queue` object of `--json` output."""
+        data = asdict(self)
+        data["ahead"] = list(self.ahead)
+        data["holders"] = [asdict(h) for h in self.holders]
+        data["claimed"] = list(self.claimed)
+        return data
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What changes when the wait changes (watch reports a new line only then)."""
+        return (self.position, tuple(h.run_id for h in self.holders), self.free, self.claimed)
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, 11th, 21st…"""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _ids(ids: list[str] | tuple[str, ...]) -> str:
+    shown = ", ".join(ids[:SHOWN_IDS])
+    return shown + (f" and {len(ids) - SHOWN_IDS} more" if len(ids) > SHOWN_IDS else "")
+
+
+def slots_wanted(run: Run) -> int:
+    """Slots the run claims: devices per node × nodes (what the local backend asks the ledger for)."""
+    from air.accelerators import parse_accelerator_type
+
+    try:
+        return parse_accelerator_type(run.accelerator_type).per_node * run.num_nodes
+    except Exception:  # noqa: BLE001 - an odd stored type must not break `air list runs`
+        return run.num_accelerators
+
+
+def local_capacity(kind: str) -> int | None:
+    """This machine's slots of `kind` as this process sees them (AIR_CPU_SLOTS, visible GPUs); None if
+    it cannot be told (the supervisor's own view may differ when its environment did)."""
+    from air.accelerators import cpu_slots, discover
+
+    try:
+        return cpu_slots() if kind == "CPU" else len(discover().gpus)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> QueueInfo | None:
+    """Why `run` waits, or None when it is not QUEUED. `capacity` defaults to this machine's."""
+    if run.status is not RunStatus.QUEUED:
+        return None
+    kind, slots = run.slot_kind, slots_wanted(run)
+    unit = f"{kind} slot" + ("" if slots == 1 else "s")
+    if run.backend != "local":
+        reason = (
+            f"waiting for {slots} {unit} on the Ray cluster of profile {run.profile or '-'} "
+            "(Ray places the run when its nodes have room)"
+        )
+        return QueueInfo(run.id, kind, slots, None, (), (), None, None, (), reason)
+    claimed = tuple(store.claimed_slots(run.id))
+    holders_by_slot = store.slot_holders(kind)
+    counts: dict[str, int] = {}
+    for holder in holders_by_slot.values():
+        counts[holder] = counts.get(holder, 0) + 1
+    if capacity is None:
+        capacity = local_capacity(kind)
+    free = None if capacity is None else max(capacity - len(holders_by_slot), 0)
+    if claimed:
+        reason = f"holds {len(claimed)} {kind} slot(s) ({', '.join(map(str, claimed))}); starting"
+        return QueueInfo(run.id, kind, slots, 0, (), (), capacity, free, claimed, reason)
+    ahead = tuple(store.queued_ahead(run.id))
+    holders = []
+    for holder_id, count in counts.items():
+        try:
+            status = store.get_run(holder_id).status.value
+        except Exception:  # noqa: BLE001 - it ended and was removed in between
+            continue
+        holders.append(Holder(holder_id, status, count))
+    holders.sort(key=lambda h: h.run_id)
+    position = len(ahead) + 1
+    parts = [
+        f"waiting for {slots} {unit}" + (f" ({free} of {capacity} free)" if capacity is not None else "")
+    ]
+    parts.append(f"{ordinal(position)} in line" + (f" behind {_ids(ahead)}" if ahead else ""))
+    if holders:
+        running = all(h.status == RunStatus.RUNNING.value for h in holders)
+        noun = ("running run" if running else "run") + ("" if len(holders) == 1 else "s")
+        verb = "holds" if len(holders) == 1 else "hold"
+        parts.append(f"{len(holders)} {noun} {verb} them: {_ids([h.run_id for h in holders])}")
+    elif position == 1:
+        parts.append("the slots are free: starting")
+    return QueueInfo(
+        run.id, kind, slots, position, ahead, tuple(holders), capacity, free, (), "; ".join(parts)
+    )
+
+
+__all__ = ["Holder", "QueueInfo", "local_capacity", "ordinal", "queue_info", "slots_wanted"]

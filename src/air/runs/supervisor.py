@@ -1,0 +1,293 @@
+"""The supervisor: one detached process per workload run, a thin wrapper over the run controller.
+
+`air run` starts it in its own session (`python -m air.runs.supervisor RUN_ID`), so closing the
+terminal does not stop the run. `WorkloadJob` is the workload's side of the controller (controller.py):
+it builds each attempt's nodes (one `bash` per node, in the run's environment, with its secrets and
+MLflow run) and judges how they ended. If the supervisor dies anyway (kill -9), any later `air`
+command notices (reconcile.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from air.accelerators import parse_accelerator_type
+from air.backends import Backend, backend_for
+from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, NodeLaunch
+from air.errors import EnvironmentBuildError
+from air.runs.controller import AttemptVerdict, RunController, SetupFailure
+from air.runs.paths import RunPaths, process_tag
+from air.runs.reasons import termination_reason
+from air.runs.states import FailureClass, RetryPolicy, RunStatus
+from air.runs.store import RunStore
+from air.tracking.attempt_tracking import AttemptTracking
+from air.workload.plan import RunPlan
+
+CANCEL_POLL_S = 0.25
+
+_log = logging.getLogger("air.supervisor")
+
+
+def make_backend(plan: RunPlan, store: RunStore) -> Backend:
+    from air.config import resolve_profile
+
+    return backend_for(resolve_profile(plan.profile), ledger=store)
+
+
+class NodeLogs:
+    """Writes air's own lines (setup, install output, warnings) into every node log of an attempt."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        with self._lock:
+            for path in self.paths:
+                with open(path, "a", encoding="utf-8") as fh:
+                    fh.write(f"[air] {line.rstrip()}\n")
+
+
+class WorkloadJob:
+    """A workload's attempts: one `bash -euo pipefail command.sh` per node (see the module docstring)."""
+
+    on_line = None
+
+    def __init__(self, run_id: str, plan: RunPlan, say: Callable[[str], None]) -> None:
+        self.run_id = run_id
+        self.plan = plan
+        self.paths = RunPaths(run_id)
+        self.accelerator = parse_accelerator_type(plan.accelerator)
+        self.num_nodes = plan.num_nodes
+        self.timeout_s = plan.timeout_minutes * 60 if plan.timeout_minutes else None
+        self.secrets: dict[str, str] = {}
+        self.say = say
+        self.store: RunStore | None = None
+
+    def on_wait(self, line: str) -> None:
+        """The backend's "waiting for capacity" note, and (local ledger) where the run is in line."""
+        self.say(line)
+        if self.store is None:
+            return
+        try:
+            from air.runs.queue import queue_info
+
+            info = queue_info(self.store, self.store.get_run(self.run_id))
+            if info is not None:
+                self.say(f"queued: {info.reason}")
+        except Exception as exc:  # noqa: BLE001 - a message must never stop the run
+            _log.debug("could not describe the queue: %s", exc)
+
+    def resolve_secrets(self) -> None:
+        from air.workload.secrets import resolve_secrets
+
+        self.secrets = resolve_secrets(self.plan.secret_refs) if self.plan.secret_refs else {}
+
+    def attempt_log(self, attempt: int, node_logs: dict[int, Path]) -> Callable[[str], None]:
+        return NodeLogs(list(node_logs.values()))
+
+    def tracking(self, attempt: int, warn: Callable[[str], None]) -> AttemptTracking:
+        from air.tracking import attempt_tags
+
+        plan = self.plan
+        try:
+            tags = attempt_tags(run_id=self.run_id, attempt=attempt, accelerator_type=plan.accelerator,
+                                num_accelerators=plan.num_accelerators, num_nodes=plan.num_nodes,
+                                git_commit=str(plan.git["commit"]) if plan.git and plan.git.get("commit") else None)
+        except Exception as exc:  # noqa: BLE001 - tracking must never fail a run
+            warn(f"tracking: off for this attempt: {exc}")
+            return AttemptTracking(None, attempt, warn)
+        return AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
+                                            params=plan.parameters or {}, attempt=attempt, warn=warn)
+
+    @contextlib.contextmanager
+    def launches(self, attempt: int, allocation: Allocation, node_logs: dict[int, Path],
+                 tracking_env: dict[str, str], air_log: Callable[[str], None]) -> Iterator[list[NodeLaunch]]:
+        try:
+            with self._environment(air_log) as environment:
+                yield self._node_launches(attempt, node_logs, environment, tracking_env)
+        except EnvironmentBuildError as exc:
+            air_log(f"environment setup failed: {exc.message}")
+            raise SetupFailure(exc.message) from exc
+
+    @contextlib.contextmanager
+    def _environment(self, air_log: Callable[[str], None]) -> Iterator[Any]:
+        """The attempt's environment, held (so `air env prune` cannot remove it) while its nodes run."""
+        if self.plan.dependencies is None:
+            yield None
+            return
+        from air.environments import parse_dependencies, use_environment
+
+        deps = parse_dependencies(self.plan.dependencies, Path(self.plan.dependencies_base_dir or "."))
+        started = time.monotonic()
+        self.say(f"environment: {len(deps.dependencies)} dependencies on {self.plan.base_python}")
+        with use_environment(deps, Path(self.plan.base_python), log=air_log) as env:
+            self.say(f"environment {'reused (cache hit)' if env.cache_hit else 'built'} in "
+                     f"{time.monotonic() - started:.2f} s: {env.path}")
+            air_log(f"environment {'reused' if env.cache_hit else 'built'} in {time.monotonic() - started:.2f} s: "
+                    f"{env.path}")
+            yield env
+
+    def _node_launches(self, attempt: int, logs: dict[int, Path], environment: Any,
+                       tracking_env: dict[str, str]) -> list[NodeLaunch]:
+        base = dict(os.environ)
+        for key in ("AIR_PROCESS_TAG", "AIR_SUPERVISOR"):
+            base.pop(key, None)
+        if environment is not None:
+            from air.environments import activation_env
+
+            base = activation_env(environment, base)
+        else:  # the base environment itself: its python, torchrun, ray… come first on PATH
+            bin_dir = str(Path(self.plan.base_python).parent)
+            base["PATH"] = os.pathsep.join([bin_dir, *[p for p in base.get("PATH", "").split(os.pathsep) if p != bin_dir]])
+        cwd = Path(self.plan.code_path) if self.plan.code_path else self.paths.folder
+        launches = []
+        for node in range(self.plan.num_nodes):
+            env = dict(base)
+            env.update(tracking_env)
+            env.update(self.plan.node_env(node, secrets=self.secrets))
+            env["AIR_ATTEMPT"] = str(attempt)
+            launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
+                                               logs[node], cwd))
+        _log.debug("attempt %d: node commands %s, cwd %s", attempt,
+                   [" ".join(p.argv) for launch in launches for p in launch.processes], cwd)
+        return launches
+
+    def judge(self, attempt: int, handle: AttemptHandle, outcome: AttemptOutcome,
+              node_logs: dict[int, Path]) -> AttemptVerdict:
+        """A node's exit code or signal, its log's last lines, the timeout: one reason and failure class."""
+        from air.launcher import read_tail
+
+        if outcome.ok:
+            return AttemptVerdict(True)
+        if outcome.lost_node:
+            return AttemptVerdict.failed(outcome.lost_node, FailureClass.INFRASTRUCTURE)
+        exit_code = sig = None
+        failure = outcome.first_failure
+        node = failure.node_rank if failure is not None else None
+        if failure is not None:
+            if failure.signal_name:
+                sig = int(getattr(signal, failure.signal_name, 0)) or None
+            else:
+                exit_code = failure.returncode
+        tail = read_tail(node_logs[node], 60) if node is not None else ""
+        reason, failure_class = termination_reason(
+            exit_code, sig, tail, timed_out=outcome.timed_out, canceled=outcome.stopped,
+            node=node if self.plan.num_nodes > 1 else None, timeout_minutes=self.plan.timeout_minutes)
+        return AttemptVerdict(False, reason, failure_class, exit_code=exit_code, signal=sig)
+
+    def rank_logs(self) -> dict[int, Path]:
+        return {}
+
+
+class Supervisor:
+    """Drives one workload run through the run controller."""
+
+    def __init__(self, run_id: str, store: RunStore | None = None) -> None:
+        self.run_id = run_id
+        self.store = store or RunStore()
+        self.paths = RunPaths(run_id)
+        self.plan = RunPlan.from_json(self.paths.submission.read_text())
+        self.backend = make_backend(self.plan, self.store)
+        from air.log import configure_file
+
+        #: supervisor.log (RunPaths owns the name): every `air.*` logger of this process writes there.
+        self.log_handler = configure_file(self.paths.supervisor_log)
+        self.job = WorkloadJob(run_id, self.plan, self.say)
+        self.job.store = self.store
+        self.controller = RunController(run_id, self.job, self.backend, self.store, RetryPolicy(self.plan.max_retries))
+
+    def say(self, line: str) -> None:
+        _log.info("%s", line)
+
+    def run(self) -> RunStatus:
+        self.store.set_supervisor(self.run_id, os.getpid())
+        self.say(f"supervising run {self.run_id} (pid {os.getpid()})")
+        self.job.resolve_secrets()
+        return self.controller.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_id = (argv or sys.argv[1:])[0]
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    store = RunStore()
+    supervisor: Supervisor | None = None
+    try:
+        supervisor = Supervisor(run_id, store)
+        status = supervisor.run()
+        return 0 if status is RunStatus.SUCCESS else 1
+    except BaseException as exc:  # noqa: BLE001 - whatever happens, the run ends and its processes go
+        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        sys.stderr.write(detail)
+        try:
+            from air.launcher import reap_tag
+
+            reap_tag(process_tag(run_id), subtags=True)  # this machine's share first: quick and sure
+            run = store.get_run(run_id)
+            if not run.status.is_terminal():
+                what = "was stopped (SIGTERM)" if isinstance(exc, SystemExit) else f"failed: {type(exc).__name__}: {exc}"
+                store.transition(run_id, RunStatus.INTERNAL_ERROR, reason=f"The supervisor {what}",
+                                 failure_class=FailureClass.INFRASTRUCTURE)
+            _reap_remote_nodes(supervisor, run_id)
+        except Exception:
+            traceback.print_exc()
+        return 1
+    finally:
+        if supervisor is not None:
+            logging.getLogger("air").removeHandler(supervisor.log_handler)
+            supervisor.log_handler.close()
+
+
+def _reap_remote_nodes(supervisor: Supervisor | None, run_id: str, within_s: float = 30.0) -> None:
+    """End the run's processes on every node of a Ray cluster, through the backend, for at most
+    `within_s`: after a SIGTERM Ray's own handler may already be tearing this process's connection down.
+    Each Ray node's sentinel also ends its processes once this supervisor's agents are gone."""
+    backend = getattr(supervisor, "backend", None)
+    if backend is None or getattr(backend, "name", "local") == "local":
+        return
+
+    def reap() -> None:
+        try:
+            backend.reap(process_tag(run_id))
+        except Exception:  # noqa: BLE001 - best effort, see above
+            traceback.print_exc()
+
+    worker = threading.Thread(target=reap, name="air-reap-remote", daemon=True)
+    worker.start()
+    worker.join(within_s)
+
+
+def _supervisor_env(run_id: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "AIR_PROCESS_TAG"}  # independent of any outer run
+    env["AIR_SUPERVISOR"] = run_id
+    return env
+
+
+def spawn(run_id: str) -> int:
+    """Start the supervisor detached from this terminal; returns its pid."""
+    import subprocess
+
+    paths = RunPaths(run_id)
+    log = open(paths.supervisor_log, "ab")  # noqa: SIM115 - handed to the child
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "air.runs.supervisor", run_id], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True, close_fds=True,
+                                env=_supervisor_env(run_id), cwd=str(paths.folder))
+    finally:
+        log.close()
+    return proc.pid
+
+
+if __name__ == "__main__":
+    sys.exit(main())

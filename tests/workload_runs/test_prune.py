@@ -1,0 +1,128 @@
+"""`air prune` / `air gc` through the real CLI: old ended runs, calls and snapshots go; an active run and
+the snapshot it uses stay; a dry run deletes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
+
+from air.runs.paths import RunPaths
+from air.runs.store import RunStore
+
+TEN_DAYS_AGO = time.time() - 10 * 86400
+
+
+def _age(path: Path) -> None:
+    """Make a folder and everything in it look untouched for ten days."""
+    for item in [path, *path.rglob("*")]:
+        os.utime(item, (TEN_DAYS_AGO, TEN_DAYS_AGO), follow_symlinks=False)
+
+
+def _snapshot_workload(tmp_path: Path, name: str, command: str) -> Path:
+    code = tmp_path / f"code-{name}"
+    code.mkdir()
+    (code / "train.py").write_text(f"print({name!r})\n")
+    return write_workload(
+        tmp_path,
+        name,
+        f"""
+        experiment_name: {name}
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        code_source:
+          snapshot: {{root_path: {code}}}
+        command: {command}
+    """,
+    )
+
+
+def _prune(*args: str) -> dict:
+    result = air("prune", "--older-than-days", "7", "--json", *args)
+    assert result.returncode == 0, result.stderr + result.stdout
+    return json.loads(result.stdout)["data"]
+
+
+def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path, air_home: Path) -> None:
+    old = wait_terminal(submit(_snapshot_workload(tmp_path, "old", "python train.py")))
+    recent = wait_terminal(submit(_snapshot_workload(tmp_path, "recent", "python train.py")))
+    active_id = submit(_snapshot_workload(tmp_path, "active", "sleep 1000"))
+    wait_status(active_id, "RUNNING")
+    assert old.status.value == recent.status.value == "SUCCESS"
+
+    call = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
+        from air import distributed
+        print(distributed(num_accelerators=1, accelerator_type="CPU")(lambda: 7).distributed())
+    """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "AIR_TRACKING": "off"},
+    )
+    assert call.returncode == 0 and "[7]" in call.stdout, call.stderr
+    [call_dir] = (air_home / "calls").iterdir()
+
+    def key_of(run_id: str) -> str:
+        return json.loads(RunPaths(run_id).submission.read_text())["code_key"]
+
+    snapshots = air_home / "snapshots"
+    old_key, recent_key, active_key = key_of(old.id), key_of(recent.id), key_of(active_id)
+    assert {old_key, recent_key, active_key} <= {p.name for p in snapshots.iterdir()}
+    with sqlite3.connect(air_home / "runs.db") as db:  # the old run ended ten days ago
+        db.execute("UPDATE runs SET ended_at = ? WHERE id = ?", (TEN_DAYS_AGO, old.id))
+    for path in (snapshots / old_key, snapshots / active_key, RunPaths(old.id).folder, call_dir):
+        _age(path)
+    before = sorted(
+        str(p) for p in air_home.rglob("*") if "mlflow" not in p.name and "mlartifacts" not in str(p)
+    )
+
+    dry = _prune("--dry-run")
+    assert dry["dry_run"] is True
+    assert (dry["runs"], dry["calls"], dry["snapshots"]) == ([old.id], [call_dir.name], [old_key])
+    assert active_key in dry["kept_for_active_runs"] and dry["bytes"] > 0
+    after = sorted(
+        str(p) for p in air_home.rglob("*") if "mlflow" not in p.name and "mlartifacts" not in str(p)
+    )
+    assert after == before  # a dry run deletes nothing
+    text = air("gc", "--older-than-days", "7", "--dry-run")
+    assert (
+        text.returncode == 0
+        and old.id in text.stdout
+        and "Would remove 1 run(s), 1 call(s), 1 snapshot(s)" in text.stderr
+    )
+
+    done = _prune()
+    assert (done["runs"], done["calls"], done["snapshots"]) == ([old.id], [call_dir.name], [old_key])
+    assert (
+        not RunPaths(old.id).folder.exists() and not call_dir.exists() and not (snapshots / old_key).exists()
+    )
+    gone = air("get", "run", old.id)
+    assert gone.returncode == 2 and "not found" in gone.stderr.lower()
+    store = RunStore()
+    assert store.get_run(active_id).status.value == "RUNNING" and RunPaths(active_id).folder.is_dir()
+    assert (snapshots / active_key).is_dir() and (snapshots / recent_key).is_dir()
+    assert store.get_run(recent.id).status.value == "SUCCESS" and RunPaths(recent.id).node_log(0, 0).exists()
+    assert _prune()["runs"] == []  # nothing more to do
+
+    assert air("cancel", active_id).returncode == 0
+    wait_terminal(active_id)
+
+
+def test_prune_refuses_a_negative_age_and_creates_nothing(air_home: Path) -> None:
+    bad = air("prune", "--older-than-days", "-1")
+    assert bad.returncode == 2 and "--older-than-days" in bad.stderr
+    empty = air("prune", "--json")
+    assert empty.returncode == 0 and json.loads(empty.stdout)["data"]["count"] == 0
+    assert not air_home.exists()
