@@ -5,6 +5,11 @@ both ranks importing torch, a gloo rendezvous, one DDP step, teardown. Prints me
 "air, cold start" is air with AIR_WARM_START=0 (every rank its own interpreter, as before warm starts).
 
     .venv/bin/python benchmarks/bench_launch.py [--repeat 7]
+
+`--warm-calls N`: warm calls (issue 17) side by side with torchrun: one process makes N calls of the same
+job in a row (a notebook iterating); call 1 starts the zygote (same as a fresh process's call), calls
+2..N are forked from the zygote kept since. Prints medians of call 1 and of calls 2..N, and their ratio
+to torchrun's end-to-end time for the same job, from interleaved samples.
 """
 
 from __future__ import annotations
@@ -41,6 +46,23 @@ import trivial_ddp
 ray.init(num_cpus=2, include_dashboard=False, runtime_env={{"env_vars": {{"AIR_BENCH_UNDER_RAY": "1"}}}})
 TorchTrainer(lambda: trivial_ddp.job(), scaling_config=ScalingConfig(num_workers=2, use_gpu=False)).fit()
 ray.shutdown()
+"""
+
+
+WARM_DRIVER = f"""
+import json, sys, time
+sys.path.insert(0, {str(HERE)!r})
+from air import distributed
+import trivial_ddp
+from bench_launch import settle
+job = distributed(num_accelerators=2, accelerator_type="CPU")(trivial_ddp.job)
+times = []
+for _ in range(int(sys.argv[1])):
+    start = time.perf_counter()
+    assert job.distributed() == [2.0, 2.0]
+    times.append(time.perf_counter() - start)
+    settle()  # the last call's detached MLflow recorder, off the caller's path: not counted
+print(json.dumps(times))
 """
 
 
@@ -83,15 +105,60 @@ def _byte_compile_air() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(air.__file__).parent)], check=True)
 
 
+def warm_calls(calls: int, repeat: int, env: dict[str, str], torchrun: str) -> None:
+    """Call 1 and calls 2..N of one process, side by side with torchrun (interleaved runs)."""
+    import json
+
+    driver = [sys.executable, "-c", WARM_DRIVER, str(calls)]
+    torchrun_argv = [torchrun, "--standalone", "--nproc_per_node=2", str(HERE / "trivial_ddp.py")]
+    aborts: dict[str, int] = {}
+    timed(torchrun_argv, env, {}, "torchrun")  # warm the page cache once, not counted
+    subprocess.run(driver + ["1"], env=env, stdout=subprocess.DEVNULL, check=True)
+    first: list[float] = []
+    later: list[float] = []
+    unkept: list[float] = []
+    base: list[float] = []
+    for _ in range(repeat):
+        done = subprocess.run(driver, env=env, stdout=subprocess.PIPE, text=True, check=True)
+        times = json.loads(done.stdout.strip().splitlines()[-1])
+        first.append(times[0])
+        later.extend(times[1:])
+        done = subprocess.run(driver[:-1] + ["1"], env={**env, "AIR_WARM_IDLE_S": "0"}, stdout=subprocess.PIPE,
+                              text=True, check=True)
+        unkept.append(json.loads(done.stdout.strip().splitlines()[-1])[0])
+        base.append(timed(torchrun_argv, env, aborts, "torchrun"))
+    median_base = statistics.median(base)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"{repeat} processes of {calls} calls each, interleaved with {repeat} torchrun runs")
+    rows = [("air call 1 (starts the zygote)", first), (f"air calls 2..{calls} (warm)", later),
+            ("air call, AIR_WARM_IDLE_S=0", unkept), ("torchrun --standalone", base)]
+    for name, values in rows:
+        median = statistics.median(values)
+        print(f"  {name:<32} {median:6.3f} s  (range {min(values):.3f}–{max(values):.3f}, n={len(values)})"
+              f"  {median / median_base:5.3f}× torchrun")
+    if aborts:
+        print(f"  (torchrun: {aborts['torchrun']} run(s) failed at exit and were rerun)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--warm-calls", type=int, metavar="N", default=0,
+                        help="time call 1 and calls 2..N of one process against torchrun, instead")
     args = parser.parse_args()
     _byte_compile_air()
     home = tempfile.mkdtemp(prefix="air-bench-")
-    env = dict(os.environ, AIR_HOME=home, PYTHONPATH=str(HERE))
+    # The caller's PYTHONPATH stays behind HERE (a checkout's src/ when run from one).
+    env = dict(os.environ, AIR_HOME=home,
+               PYTHONPATH=os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p))
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    if args.warm_calls:
+        if args.warm_calls < 2:
+            parser.error("--warm-calls needs at least 2 calls (call 1, then the warm ones)")
+        warm_calls(args.warm_calls, args.repeat, env, torchrun)
+        shutil.rmtree(home, ignore_errors=True)
+        return
     launchers: dict[str, list[str]] = {
         "air @distributed": [sys.executable, "-c", AIR_DRIVER],
         "air, tracking off": ["env", "AIR_TRACKING=off", sys.executable, "-c", AIR_DRIVER],

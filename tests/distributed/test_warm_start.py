@@ -20,11 +20,18 @@ cpu2 = distributed(num_accelerators=2, accelerator_type="CPU")
 
 
 def _zygotes() -> list[psutil.Process]:
+    """This test's zygotes still at work: a one-shot zygote, or a kept one with a launch's leader (or
+    anything else) still running under it. A kept zygote idle between calls is what warm calls keep."""
     found = []
     for proc in psutil.process_iter(["cmdline", "ppid"]):
         cmdline = proc.info["cmdline"] or []
         if "air.launcher.zygote" in cmdline and proc.info["ppid"] == os.getpid():
-            found.append(proc)
+            try:
+                idle = "keep" in cmdline and alive(c.pid for c in proc.children(recursive=True)) == []
+            except psutil.NoSuchProcess:
+                continue
+            if not idle:
+                found.append(proc)
     return found
 
 

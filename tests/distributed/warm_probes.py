@@ -65,3 +65,28 @@ def leaves_an_unclosed_file(path: str) -> int:
     out = open(f"{path}.{os.environ['RANK']}", "w")  # noqa: SIM115 - closed by its release, as in CPython
     out.write("written before return, flushed when released")
     return 1
+
+
+_CALLS_SEEN: list[int] = []  # a module global the function changes: a warm call must find it fresh
+
+
+def remembers() -> dict[str, object]:
+    """Who forked this rank (the leader, and the kept zygote above it) and what it found of earlier calls."""
+    import psutil
+
+    if os.environ.get("NEVER_SET_BY_ANYONE"):
+        import torch  # noqa: F401 - named only: the zygote preloads torch, as for a real training call
+    _CALLS_SEEN.append(1)
+    leader = psutil.Process(os.getppid())
+    return {"pid": os.getpid(), "leader": leader.pid, "zygote": leader.ppid(), "port": os.environ["MASTER_PORT"],
+            "seen": len(_CALLS_SEEN), "torch_preloaded": "torch" in sys.modules,
+            "user_module_loaded": "warm_user_module" in sys.modules}
+
+
+def sleeps() -> None:
+    """Names torch (the same preload as `remembers`), then blocks until ended."""
+    import time
+
+    if os.environ.get("NEVER_SET_BY_ANYONE"):
+        import torch  # noqa: F401
+    time.sleep(600)

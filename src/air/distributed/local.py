@@ -146,9 +146,12 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
             for r in range(world)
         ]
         width = len(str(world - 1))
+        # What air sets for this call (ports, folders, ranks): left out of a kept zygote's environment.
+        call_env = tuple(sorted(k for k, v in specs[0].env.items() if os.environ.get(k) != v))
         launch = start_processes(specs, on_line=_echo(lambda i: f"[rank {i:>{width}}] ") if echo else None,
                                  grace_s=TERMINATE_GRACE_S, tag=tag,
-                                 warm=warm_start(preload, world, port.port, timeout_s) if warm_enabled() else None)
+                                 warm=warm_start(preload, world, port.port, timeout_s, call_env)
+                                 if warm_enabled() else None)
         if on_launched is not None:
             on_launched(call_dir, log_paths)
         result = launch.wait(timeout=timeout_s, fail_fast=True, is_failure=lambda e: not _reported_ok(call_dir, e.index))
@@ -183,13 +186,17 @@ def warm_enabled() -> bool:
     return python_can_fork() and os.environ.get(WARM_START_ENV, "1").strip().lower() not in ("0", "false", "off")
 
 
-def warm_start(preload: tuple[str, ...], world: int, port: int, timeout_s: float | None) -> WarmStart:
+def warm_start(preload: tuple[str, ...], world: int, port: int, timeout_s: float | None,
+               call_env: tuple[str, ...] = ()) -> WarmStart:
     """One zygote imports `preload` once and forks every rank; with torch, it also hosts the rendezvous
-    store on MASTER_PORT (as torchrun's agent does), so no rank waits for rank 0 to open it."""
+    store on MASTER_PORT (as torchrun's agent does), so no rank waits for rank 0 to open it. The zygote
+    is kept for this caller's next call (warm calls, AIR_WARM_IDLE_S): the next call's ranks are forked
+    at once. Only `preload` (well-known third-party modules, see preload.py) is ever imported there, so a
+    user module edited between calls is imported afresh by the next call's ranks."""
     with_torch = "torch" in preload
     return WarmStart(python=sys.executable, preload=preload, sys_path=tuple(p for p in sys.path if p),
                      store_port=port if with_torch else None, world_size=world, grace_s=TERMINATE_GRACE_S,
-                     timeout_s=min(timeout_s or 1800.0, 1800.0))
+                     timeout_s=min(timeout_s or 1800.0, 1800.0), keep=True, call_env=call_env)
 
 
 def _cleanup(call_dir: Path, world: int) -> None:

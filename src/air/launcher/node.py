@@ -21,7 +21,7 @@ from typing import BinaryIO
 from air.constants import LAUNCH_POLL_S, PROCESS_TAG_ENV, TERMINATE_GRACE_S
 from air.launcher.procs import terminate_tree
 from air.launcher.pump import LineCallback, OutputPump
-from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_zygote
+from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_kept, start_zygote
 
 #: What the launcher holds for each started process: a Popen (cold start) or a ForkedProcess (warm).
 ProcessHandle = subprocess.Popen[bytes] | ForkedProcess
@@ -111,8 +111,11 @@ class Launch:
         """Every process forked by one zygote that imported `warm.preload` once (see warm.py)."""
         self._open_logs()
         envs = [{**spec.env, PROCESS_TAG_ENV: self.tag} for spec in self.specs]
-        zygote = start_zygote(warm, [spec.argv for spec in self.specs], envs,
-                              [str(spec.cwd) if spec.cwd else None for spec in self.specs])
+        argvs = [spec.argv for spec in self.specs]
+        cwds = [str(spec.cwd) if spec.cwd else None for spec in self.specs]
+        zygote = start_kept(warm, argvs, envs, cwds, self.tag) if warm.keep else None
+        if zygote is None:
+            zygote = start_zygote(warm, argvs, envs, cwds)
         self.zygote = zygote
         self.popens = list(zygote.handles)
         for index, stream, pipe in zygote.pipes:
@@ -226,7 +229,9 @@ class Launch:
             except subprocess.TimeoutExpired:
                 pass
         if self.zygote is not None:
-            children.append(self.zygote.popen)  # it forwards SIGTERM to its children and reaps them
+            ending = self.zygote.for_teardown()
+            if ending is not None:
+                children.append(ending)  # it forwards SIGTERM to its children and reaps them
         killed = terminate_tree(children, tag=self.tag, grace_s=self.grace_s)
         if not self._pump.join(timeout=2.0):
             self._pump.stop()

@@ -10,6 +10,12 @@ to open it), and reports on STATUS_FD:
     start <index> <pid>
     exit <index> <returncode> <unix time>     (returncode < 0: killed by that signal, as in Popen)
     note <text>
+    leader <pid>                              (kept zygote: the process running this launch)
+    done <returncode>                         (kept zygote: that process's exit code, just before it leaves)
+
+`python -m air.launcher.zygote keep CONTROL_FD` is a zygote kept between the launches of one caller
+(warm calls, see serve()): it preloads once and forks one leader per launch, which does all of the above
+for that launch, so that nothing of one launch stays behind in the zygote for the next.
 
 A child is what `python -m MODULE ARGS` would be, but starts in milliseconds with `preload` already
 imported; on its way out it runs its atexit handlers, flushes, and `os._exit`s (skipping the interpreter
@@ -27,14 +33,21 @@ import io
 import json
 import os
 import runpy
+import select
 import signal
+import socket
 import sys
 import time
 import traceback
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+#: In a kept zygote's environment: room, in the process's own environment block, for one launch's
+#: AIR_PROCESS_TAG, written there by the launch's leader (see _write_tag).
+TAG_SLOT_ENV = "AIR_WARM_TAG_SLOT"
+TAG_SLOT_LEN = 96
 _children: dict[int, int] = {}  # pid -> index
+_leaders: set[int] = set()  # a kept zygote's per-launch leaders
 _stopping = False
 _forking_done = False
 
@@ -220,25 +233,12 @@ def import_with_gc_off(modules: list[str]) -> list[tuple[str, BaseException]]:
     return failed
 
 
-def main(plan_fd: int, status_fd: int) -> int:
+def _launch(plan: dict[str, Any], status_fd: int, close_in_children: list[int]) -> int:
+    """Fork every process of the plan, host its rendezvous store, report, reap; sweep if stopped."""
     global _forking_done
-    launcher_pid = os.getppid()
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    _pdeathsig(signal.SIGTERM)
-    if os.getppid() != launcher_pid:
-        return 128 + signal.SIGTERM
-    with os.fdopen(plan_fd, "rb") as fh:
-        plan = json.loads(fh.read())
-    for entry in reversed(plan.get("sys_path", [])):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    started = time.monotonic()
-    for name, exc in import_with_gc_off([*plan.get("preload", []), *sorted({p["module"] for p in plan["procs"]})]):
-        _status(status_fd, f"note preload of {name} failed: {type(exc).__name__}: {exc}")
-    _status(status_fd, f"note preloaded in {time.monotonic() - started:.3f}s")
     store_plan = plan.get("store")
     go_pipes: list[tuple[int, int]] = []
-    all_fds = [fd for p in plan["procs"] for fd in (p["out"], p["err"])] + [status_fd]
+    all_fds = [fd for p in plan["procs"] for fd in (p["out"], p["err"])] + [status_fd, *close_in_children]
     zygote_pid = os.getpid()
     for index, proc in enumerate(plan["procs"]):
         if _stopping:
@@ -275,8 +275,202 @@ def main(plan_fd: int, status_fd: int) -> int:
     return 0
 
 
+def _preload(plan: dict[str, Any]) -> list[str]:
+    """sys.path as the caller's, then the preload (GC off, frozen); returns the notes to report."""
+    for entry in reversed(plan.get("sys_path", [])):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    started = time.monotonic()
+    notes = [f"preload of {name} failed: {type(exc).__name__}: {exc}"
+             for name, exc in import_with_gc_off([*plan.get("preload", []), *plan.get("modules", [])])]
+    notes.append(f"preloaded in {time.monotonic() - started:.3f}s")
+    return notes
+
+
+def main(plan_fd: int, status_fd: int) -> int:
+    """One launch: preload, fork every process, end when they have."""
+    launcher_pid = os.getppid()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _pdeathsig(signal.SIGTERM)
+    if os.getppid() != launcher_pid:
+        return 128 + signal.SIGTERM
+    with os.fdopen(plan_fd, "rb") as fh:
+        plan = json.loads(fh.read())
+    plan["modules"] = sorted({p["module"] for p in plan["procs"]})
+    for note in _preload(plan):
+        _status(status_fd, f"note {note}")
+    return _launch(plan, status_fd, [])
+
+
+# -- kept between launches (warm calls) -----------------------------------------------------------------
+
+def _write_tag(tag: str) -> bool:
+    """Write AIR_PROCESS_TAG=tag over the tag slot of this process's original environment block.
+
+    Why: tag sweeps read /proc/PID/environ, which shows that block, not os.environ; a forked process
+    inherits its parent's block as it is. A kept zygote cannot carry any one launch's tag, so each
+    launch's leader writes its own into the slot the zygote was started with, and every process it
+    forks (ranks, their forked workers) shows it, as a one-shot zygote's children show the tag it was
+    started with (setproctitle rewrites the same memory)."""
+    from air.constants import PROCESS_TAG_ENV
+
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        env_start, env_end = int(fields[47]), int(fields[48])  # fields 50 and 51 of proc(5)
+        with open("/proc/self/environ", "rb") as fh:
+            block = fh.read()
+        needle = f"{TAG_SLOT_ENV}=".encode()
+        if block.startswith(needle):
+            offset = 0
+        else:
+            found = block.find(b"\0" + needle)
+            if found < 0:
+                return False
+            offset = found + 1
+        size = block.index(b"\0", offset) - offset
+        entry = f"{PROCESS_TAG_ENV}={tag}".encode()
+        if len(entry) > size or env_start + offset + size > env_end:
+            return False
+        ctypes.memmove(env_start + offset, entry.ljust(size, b"\0"), size)
+        with open("/proc/self/environ", "rb") as fh:
+            return entry in fh.read().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _lead(plan: dict[str, Any], fds: list[int], zygote_pid: int, control_fd: int, notes: list[str]) -> None:
+    """A kept zygote's child that runs one launch as a one-shot zygote would (fork, store, reap, sweep).
+
+    The zygote itself never runs anything of a launch, so no launch leaves anything in it for the next.
+    Its own session (the launcher ends it by group); dies with the zygote. Never returns."""
+    from air.constants import PROCESS_TAG_ENV
+
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _pdeathsig(signal.SIGTERM)
+        if os.getppid() != zygote_pid:
+            os._exit(128 + signal.SIGTERM)
+        os.close(control_fd)
+        for proc in plan["procs"]:
+            proc["out"], proc["err"] = fds[proc["out"]], fds[proc["err"]]
+        status_fd = fds[plan["status"]]
+        tag = plan.get("tag")
+        os.environ.pop(TAG_SLOT_ENV, None)
+        if tag:
+            os.environ[PROCESS_TAG_ENV] = tag
+            if not _write_tag(tag):
+                _status(status_fd, "note the launch's tag is not in its processes' /proc environ")
+        os.dup2(plan["procs"][0]["out"], 1)  # what a one-shot zygote writes lands in the first log too
+        os.dup2(plan["procs"][0]["err"], 2)
+        _reopen_stdio()
+        _status(status_fd, f"leader {os.getpid()}")
+        for note in notes:
+            _status(status_fd, f"note {note}")
+        code = _launch(plan, status_fd, [])
+        _status(status_fd, f"done {code}")
+    except BaseException:  # noqa: BLE001 - reported in the first process's log
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)  # as a one-shot zygote leaves: the store and preloaded modules need no teardown
+
+
+def _on_sigterm_kept(_signum: int, _frame: Any) -> None:
+    """The caller ends the kept zygote (or died: pdeathsig): each running launch's leader ends its own."""
+    global _stopping
+    _stopping = True
+    if not _leaders:  # idle (or still preloading): nothing to end but itself
+        os._exit(128 + signal.SIGTERM)
+    for pid in list(_leaders):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _reap_leaders(block_s: float = 0.0) -> None:
+    deadline = time.monotonic() + block_s
+    while _leaders:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            _leaders.clear()
+            return
+        if pid:
+            _leaders.discard(pid)
+        elif time.monotonic() >= deadline:
+            return
+        else:
+            time.sleep(0.02)
+
+
+def serve(control_fd: int) -> int:
+    """A zygote kept between launches of one caller: preload once, then fork one leader per launch.
+
+    Messages on CONTROL_FD (a SOCK_SEQPACKET socket): first the setup (JSON: preload, sys_path, modules,
+    idle_s, grace_s); then one launch plan each, with its pipes as SCM_RIGHTS fds. It answers `ready`
+    once preloaded and `k` for each plan it took. It leaves when told (SIGTERM, or its caller's death
+    through pdeathsig), when the caller closes the socket, or after `idle_s` without a launch.
+    """
+    launcher_pid = os.getppid()
+    signal.signal(signal.SIGTERM, _on_sigterm_kept)
+    _pdeathsig(signal.SIGTERM)
+    if os.getppid() != launcher_pid:
+        return 128 + signal.SIGTERM
+    sock = socket.socket(fileno=control_fd)
+    setup = json.loads(sock.recv(1 << 20) or b"null")
+    if not setup:
+        return 0
+    notes = _preload(setup)
+    devnull = os.open(os.devnull, os.O_RDWR)  # the first launch's pipes: its pump waits for their end
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    _reopen_stdio()
+    idle_s, grace_s = float(setup.get("idle_s", 600.0)), float(setup.get("grace_s", 1.0))
+    zygote_pid = os.getpid()
+    try:
+        sock.send(b"ready")
+        idle_since = time.monotonic()
+        while not _stopping:
+            _reap_leaders()
+            if _leaders:
+                idle_since = time.monotonic()
+            wait = idle_s - (time.monotonic() - idle_since)
+            if wait <= 0:
+                break
+            ready, _, _ = select.select([sock], [], [], min(wait, 0.2) if _leaders else wait)
+            if not ready or _stopping:
+                continue
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 256)
+            if not data:
+                break  # the caller closed its end: gone
+            sock.send(b"k")
+            pid = os.fork()
+            if pid == 0:
+                _lead(json.loads(data), fds, zygote_pid, control_fd, notes)
+            _leaders.add(pid)
+            for fd in fds:
+                os.close(fd)
+    except OSError:
+        pass  # the caller's end is gone
+    _on_sigterm_kept(signal.SIGTERM, None)  # a leader still running sweeps its launch on the way out
+    _reap_leaders(block_s=3 * grace_s + 2)
+    return 0
+
+
 if __name__ == "__main__":
-    code = main(int(sys.argv[1]), int(sys.argv[2]))
+    if sys.argv[1] == "keep":
+        code = serve(int(sys.argv[2]))
+    else:
+        code = main(int(sys.argv[1]), int(sys.argv[2]))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # the store and preloaded modules need no teardown
