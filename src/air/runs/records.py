@@ -5,6 +5,7 @@ Kept apart from the store so readers of a record (the CLI's tables and `--json`)
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -158,6 +159,15 @@ _INSERT_RUN = (
     "INSERT INTO runs (" + ", ".join(_RUN_COLUMNS) + ", queue_seq) VALUES ("
     + ", ".join("?" for _ in range(len(_RUN_COLUMNS) + 1)) + ")"
 )
+
+def _current_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        return str(os.getuid())
+
 
 # Field names of the records, for callers that render them (the CLI's --json).
 RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run))

@@ -15,7 +15,6 @@ lookup.py (which run an id names) and liveness.py (is a supervisor alive).
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -40,6 +39,7 @@ from air.runs.records import (
     CreateRunResult,
     Run,
     _attempt_from_row,
+    _current_user,
     _run_from_row,
     _run_values,
 )
@@ -70,15 +70,6 @@ _ATTEMPT_END: dict[RunStatus, AttemptStatus] = {
     RunStatus.TIMEDOUT: AttemptStatus.TIMEDOUT,
     RunStatus.INTERNAL_ERROR: AttemptStatus.INTERNAL_ERROR,
 }
-
-
-def _current_user() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (containers)
-        return str(os.getuid())
 
 
 # ---- the store --------------------------------------------------------------------------------------
