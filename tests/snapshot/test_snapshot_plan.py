@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from air.errors import UserInputError
-from air.workload.snapshot import materialize_snapshot, plan_snapshot
+from air.workload.snapshot import plan_snapshot
+from air.workload.snapshot_store import materialize_snapshot
 
 
 def test_git_ships_tracked_and_untracked_not_ignored(repo: Path, git, write) -> None:

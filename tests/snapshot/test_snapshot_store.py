@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from air.home import air_home
-from air.workload.snapshot import materialize_snapshot, plan_snapshot, prune_snapshots
+from air.workload.snapshot import plan_snapshot
+from air.workload.snapshot_store import materialize_snapshot, prune_snapshots
 
 
 def _keys(store: Path) -> list[str]:
@@ -88,7 +89,8 @@ _RACER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from air.workload.snapshot import materialize_snapshot, plan_snapshot
+    from air.workload.snapshot import plan_snapshot
+    from air.workload.snapshot_store import materialize_snapshot
 
     root, store, go = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
     plan = plan_snapshot(root)

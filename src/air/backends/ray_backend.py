@@ -7,10 +7,9 @@ actor (ray_agent.py) that starts the node's processes with the same node launche
 backend. MASTER_ADDR is node 0's address and MASTER_PORT a port reserved free there by node 0's
 agent; CUDA_VISIBLE_DEVICES comes from the GPU ids Ray assigned to the bundle.
 
-Lines reach the submitting side by long-polling the agents (`RayAttempt.wait`), which writes them to
-each NodeLaunch's log files and hands them to `on_line`. An agent that stops answering is checked against
-the cluster's view of its node: a node Ray declared dead ends the attempt with
-`lost_node = "node <address> lost"`; the other nodes' process trees are ended.
+Lines reach the submitting side by long-polling the agents (`RayAttempt.wait`, ray_attempt.py), which
+also ends the attempt when a node is lost. Connecting and reading the cluster's capacity (bundles, shapes)
+is `RayCapacity` (ray_capacity.py), the base of `RayBackend`.
 
 Ray is imported lazily (inside functions), so `import air.backends.ray_backend` is cheap.
 """
@@ -20,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import logging
 import os
 import tarfile
 import threading
@@ -28,45 +26,35 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from air.accelerators import AcceleratorType, normalize_model
+from air.accelerators import AcceleratorType
 from air.backends.base import (
     NODE_DIR,
     NODE_PYTHON,
     Allocation,
-    AttemptOutcome,
     NodeLaunch,
     NodeProcess,
     ProcLineCallback,
-    build_outcome,
-    first_failure,
-    parse_node_shape,
 )
 from air.backends.ray_agent import (
     PATH_PREFIX_ENV,
     NodeAgent,
-    NodePoll,
     local_versions,
     reap_tag,
     tagged_processes_any_node,
 )
+from air.backends.ray_attempt import RayAttempt
+from air.backends.ray_capacity import RayCapacity, _ray
 from air.backends.ray_cluster import RayAuth, refresh_auth
 from air.backends.ray_shim import workload_ray_env
 from air.constants import TERMINATE_GRACE_S
-from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
-from air.launcher.node import ProcessExit
-
-_log = logging.getLogger("air.backends.ray")
+from air.errors import LaunchError
 
 #: How long an agent's long-poll blocks waiting for output (one call per node per this, when quiet).
 POLL_WAIT_S = 0.5
-#: An agent call unanswered for this long makes the attempt ask Ray whether the node is still alive.
-SUSPECT_AFTER_S = 3.0
 #: How often `acquire` reports that it is still waiting.
 WAIT_REPORT_S = 10.0
-#: Ray's share of a node's accelerator-type resource per bundle, as Ray Train asks for it.
-ACCELERATOR_SHARE = 0.001
 
 
 @dataclass
@@ -83,13 +71,7 @@ class _Held:
 _AGENT_CLASS: Any = None  # ray.remote(NodeAgent), made once per process
 
 
-def _ray() -> Any:
-    import ray
-
-    return ray
-
-
-class RayBackend:
+class RayBackend(RayCapacity):
     """Backend on an existing Ray cluster (a profile with `backend: ray`). See the module docstring.
 
     `address` is what `ray.init` takes (`host:port`, `auto`, `ray://…` is refused: agents need a real
@@ -124,166 +106,6 @@ class RayBackend:
             os.environ["RAY_AUTH_TOKEN_PATH"] = os.path.expanduser(str(token_path))
             refresh_auth()
         return cls(getattr(profile, "address", None), code_shipping=getattr(profile, "code_shipping", None) or "auto")
-
-    # -- connection -------------------------------------------------------------------------------
-
-    def connect(self) -> None:
-        """Join the cluster as a driver (once per process); clear errors for the usual mistakes."""
-        if not self.address:
-            raise BackendUnavailableError(
-                "The ray profile has no address (and RAY_ADDRESS is not set).",
-                hint="Set profiles.NAME.address in $AIR_HOME/config.yaml to the cluster's GCS address (host:port). "
-                "air does not guess: on a shared machine 'auto' may find someone else's cluster.",
-            )
-        ray = _ray()
-        if ray.is_initialized():
-            self._check_same_cluster(ray)
-            return
-        if self.address.startswith("ray://"):
-            raise BackendUnavailableError(
-                f"The ray profile's address {self.address!r} is a Ray Client address; air needs the cluster's "
-                "GCS address.",
-                hint="Use the address `ray start --head` printed (host:6379 or the port you chose).",
-            )
-        refresh_auth()
-        _log.info("connecting to the Ray cluster at %s (namespace %s)", self.address, self.namespace)
-        started = time.monotonic()
-        try:
-            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False,
-                     logging_level=logging.WARNING)
-            _log.info("connected to the Ray cluster at %s in %.1f s", self.address, time.monotonic() - started)
-        except Exception as exc:  # ConnectionError, AuthenticationError, …
-            text = f"{type(exc).__name__}: {exc}"
-            auth = "auth" in text.lower() or "token" in text.lower()
-            raise BackendUnavailableError(
-                f"Cannot connect to the Ray cluster at {self.address}: {text.splitlines()[0][:400]}",
-                hint="Set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to the cluster's token, "
-                "or RAY_AUTH_MODE=disabled for a cluster started without authentication."
-                if auth else "Check the profile's address (`air -h config.profiles`) and that the cluster is up "
-                "(`ray status --address ...`).",
-            ) from None
-
-    def _check_same_cluster(self, ray: Any) -> None:
-        """One process drives one Ray cluster: refuse to silently use another one."""
-        try:
-            current = ray.get_runtime_context().gcs_address
-        except Exception:  # noqa: BLE001
-            return
-        if self.address == "auto" or not current:
-            return
-        if current.rsplit(":", 1)[-1] != self.address.rsplit(":", 1)[-1]:
-            raise BackendUnavailableError(
-                f"This process is already connected to the Ray cluster at {current}, not {self.address}.",
-                hint="Use one Ray cluster per process (call ray.shutdown() first, or run from a fresh process).",
-            )
-
-    # -- capacity ---------------------------------------------------------------------------------
-
-    def _alive_nodes(self) -> list[dict[str, Any]]:
-        self.connect()
-        return [n for n in _ray().nodes() if n.get("Alive")]
-
-    @staticmethod
-    def _node_address(node: Mapping[str, Any]) -> str:
-        return f"{node.get('NodeManagerAddress')}:{node.get('NodeManagerPort')}"
-
-    def _accelerator_key(self, model: str, nodes: Sequence[Mapping[str, Any]]) -> str | None:
-        """The cluster's resource name for a GPU model (Ray says A10G where air says A10)."""
-        counts: dict[str, int] = {}
-        for node in nodes:
-            for key in node.get("Resources", {}):
-                if key.startswith("accelerator_type:"):
-                    name = key.split(":", 1)[1]
-                    if name.upper() == model.upper() or normalize_model(name) == model:
-                        counts[key] = counts.get(key, 0) + 1
-        return max(counts, key=lambda k: counts[k]) if counts else None
-
-    def bundle_for(self, accelerator: AcceleratorType, nodes: Sequence[Mapping[str, Any]] | None = None
-                   ) -> dict[str, float]:
-        """One node's bundle: its CPU slots, or its GPUs plus a sliver of the accelerator type."""
-        if accelerator.is_cpu:
-            return {"CPU": float(accelerator.per_node)}
-        nodes = nodes if nodes is not None else self._alive_nodes()
-        key = self._accelerator_key(accelerator.model, nodes) or f"accelerator_type:{accelerator.model}"
-        return {"GPU": float(accelerator.per_node), key: ACCELERATOR_SHARE}
-
-    def describe_capacity(self) -> str:
-        nodes = self._alive_nodes()
-        cpus = sum(n["Resources"].get("CPU", 0) for n in nodes)
-        gpus: dict[str, float] = {}
-        for node in nodes:
-            count = node["Resources"].get("GPU", 0)
-            if count:
-                models = [k.split(":", 1)[1] for k in node["Resources"] if k.startswith("accelerator_type:")]
-                model = models[0] if models else "GPU"
-                gpus[model] = gpus.get(model, 0) + count
-        gpu_text = ", ".join(f"{g:g} × {m}" for m, g in sorted(gpus.items())) or "no GPU"
-        return f"Ray cluster at {self.address}: {len(nodes)} nodes, {gpu_text}, {cpus:g} CPUs"
-
-    def _nodes_fitting(self, bundle: Mapping[str, float], nodes: Sequence[Mapping[str, Any]],
-                       resources_of: Callable[[Mapping[str, Any]], Mapping[str, float]]) -> int:
-        return sum(1 for n in nodes if all(resources_of(n).get(k, 0) >= v for k, v in bundle.items()))
-
-    def check_shape(self, accelerator: AcceleratorType, num_nodes: int) -> None:
-        nodes = self._alive_nodes()
-        bundle = self.bundle_for(accelerator, nodes)
-        fit = self._nodes_fitting(bundle, nodes, lambda n: n.get("Resources", {}))
-        if fit >= num_nodes:
-            return
-        per_node = f"{accelerator.per_node} × {accelerator.model} GPU" if not accelerator.is_cpu \
-            else f"{accelerator.per_node} CPU"
-        raise GPUValidationError(
-            f"{num_nodes} node(s) of {accelerator.name} need {num_nodes} distinct Ray nodes with {per_node} "
-            f"each; {fit} node(s) of the cluster can ever hold that. {self.describe_capacity()}.",
-            hint="Ask for fewer nodes or another accelerator type, or add nodes to the cluster "
-            "(`ray start --address ... --num-gpus N --resources '{\"accelerator_type:MODEL\": 1}'`).",
-        )
-
-    def plan_shape(self, count: int, accelerator_type: str) -> tuple[AcceleratorType, int]:
-        """A full node type fixes the ranks per node. A bare model (`H100`, `CPU`, `GPU`) packs as many
-        ranks per node as the cluster's nodes hold, using as few nodes as possible."""
-        full = parse_node_shape(accelerator_type)
-        if full is not None:
-            return full, full.nodes_for(count)
-        raw = accelerator_type.strip()
-        nodes = self._alive_nodes()
-        if raw.lower() == "cpu":
-            model = "CPU"
-            capacities = [int(n["Resources"].get("CPU", 0)) for n in nodes]
-        else:
-            wanted = None if raw.lower() == "gpu" else (normalize_model(raw) or raw.upper())
-            capacities = []
-            model = wanted or ""
-            for node in nodes:
-                types = [k.split(":", 1)[1] for k in node["Resources"] if k.startswith("accelerator_type:")]
-                names = {normalize_model(t) or t for t in types}
-                if wanted is None and names:
-                    model = model or sorted(names)[0]
-                if (wanted is None and model in names) or (wanted is not None and wanted in names):
-                    capacities.append(int(node["Resources"].get("GPU", 0)))
-            if not model:
-                raise GPUValidationError(f"Asked for GPUs, but {self.describe_capacity()}.",
-                                         hint="Pass accelerator_type='CPU' to run CPU ranks.")
-        for per_node in range(min(count, max(capacities, default=0)), 0, -1):
-            if count % per_node == 0 and sum(1 for c in capacities if c >= per_node) >= count // per_node:
-                kind = "CPU" if model == "CPU" else "GPU"
-                return AcceleratorType(kind, per_node, model), count // per_node
-        raise GPUValidationError(
-            f"{count} × {raw} ranks do not fit on the cluster: {self.describe_capacity()}.",
-            hint="Ask for fewer, or give a node shape such as GPU_8xH100 / CPU_2xCPU explicitly.",
-        )
-
-    def _waiting_line(self, bundle: Mapping[str, float], num_nodes: int) -> str:
-        try:
-            from ray._private.state import available_resources_per_node
-
-            free = available_resources_per_node()
-            room = sum(1 for res in free.values() if all(res.get(k, 0) >= v for k, v in bundle.items()))
-        except Exception:  # an internal API: the message is a courtesy
-            room = -1
-        want = ", ".join(f"{k} {v:g}" for k, v in bundle.items())
-        room_text = f"{room} node(s) have room now" if room >= 0 else "the cluster is busy"
-        return f"waiting for capacity: {num_nodes} Ray node(s) with {{{want}}} each; {room_text}"
 
     def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
                 should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
@@ -581,195 +403,6 @@ def _tar_folder(folder: Path) -> bytes:
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         tar.add(str(folder), arcname=".")
     return buf.getvalue()
-
-
-class RayAttempt:
-    """A started attempt on Ray nodes: `wait()` pumps lines and watches exits and node health."""
-
-    def __init__(self, backend: RayBackend, allocation: Allocation, held: _Held, launches: Sequence[NodeLaunch], *,
-                 tag: str, on_line: ProcLineCallback | None, poll_wait_s: float, master_addr: str,
-                 master_port: int) -> None:
-        self.backend = backend
-        self.allocation = allocation
-        self.tag = tag
-        self.master_addr = master_addr
-        self.master_port = master_port
-        self._held = held
-        self._agents = list(held.agents)
-        self._infos = list(held.infos)
-        self._launches = list(launches)
-        self._on_line = on_line
-        self._poll_wait_s = poll_wait_s
-        self._cursors = [0] * len(launches)
-        self._exits: list[list[ProcessExit] | None] = [None] * len(launches)
-        self._lost: dict[int, str] = {}
-        self._files: dict[Path, BinaryIO] = {}
-        self._terminated = False
-        self._outcome: AttemptOutcome | None = None
-        self._lock = threading.Lock()
-
-    # -- lines --------------------------------------------------------------------------------------
-
-    def _file(self, path: Path) -> BinaryIO:
-        fh = self._files.get(path)
-        if fh is None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in _close_files
-            self._files[path] = fh
-        return fh
-
-    def _deliver(self, node: int, reply: NodePoll) -> None:
-        launch = self._launches[node]
-        for index, stream, text in reply.lines:
-            data = (text + "\n").encode("utf-8", errors="replace")
-            self._file(launch.log_path).write(data)
-            if 0 <= index < len(launch.processes):
-                proc_log = launch.processes[index].log_path
-                if proc_log is not None and proc_log != launch.log_path:
-                    self._file(proc_log).write(data)
-            if self._on_line is not None:
-                try:
-                    self._on_line(launch.node_rank, index, stream, text)
-                except Exception:  # a broken callback must not stop the attempt
-                    _log.exception("on_line callback failed")
-        self._cursors[node] = reply.cursor
-        if reply.exits is not None and self._exits[node] is None:
-            self._exits[node] = list(reply.exits)
-
-    def _close_files(self) -> None:
-        for fh in self._files.values():
-            with contextlib.suppress(OSError):
-                fh.close()
-        self._files.clear()
-
-    # -- health ---------------------------------------------------------------------------------------
-
-    def _node_dead(self, node: int) -> bool:
-        ray = _ray()
-        node_id = self._infos[node]["node_id"]
-        try:
-            for entry in ray.nodes():
-                if entry.get("NodeID") == node_id:
-                    return not entry.get("Alive")
-        except Exception:
-            return False
-        return True
-
-    def _mark_lost(self, node: int, why: str | None = None) -> None:
-        address = self._infos[node].get("address") or self._infos[node].get("ip")
-        self._lost.setdefault(node, f"node {address} lost" + (f" ({why})" if why else ""))
-
-    # -- waiting ------------------------------------------------------------------------------------
-
-    def wait(self, *, timeout_s: float | None, should_stop: Callable[[], bool]) -> AttemptOutcome:
-        """Block until every node ends, one fails or is lost, the timeout passes or should_stop()."""
-        if self._outcome is not None:
-            return self._outcome
-        ray = _ray()
-        from ray.exceptions import RayActorError
-
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        pending: dict[int, tuple[Any, float]] = {}
-        last_health = 0.0
-        timed_out = stopped = False
-        try:
-            while True:
-                for node, agent in enumerate(self._agents):
-                    if node in pending or node in self._lost or self._exits[node] is not None:
-                        continue
-                    pending[node] = (agent.poll.remote(self._cursors[node], self._poll_wait_s), time.monotonic())
-                if pending:
-                    refs = [ref for ref, _ in pending.values()]
-                    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.1)
-                    ready_set = set(ready)
-                    for node in [n for n, (ref, _) in pending.items() if ref in ready_set]:
-                        ref, _ = pending.pop(node)
-                        try:
-                            self._deliver(node, ray.get(ref))
-                        except RayActorError as exc:
-                            if self._node_dead(node):
-                                self._mark_lost(node)
-                            else:
-                                self._mark_lost(node, f"its air agent died: {str(exc).splitlines()[0][:200]}")
-                    now = time.monotonic()
-                    slow = [n for n, (_, since) in pending.items() if now - since > self._poll_wait_s + SUSPECT_AFTER_S]
-                    if slow and now - last_health > 1.0:
-                        last_health = now
-                        for node in slow:
-                            if self._node_dead(node):
-                                pending.pop(node, None)
-                                self._mark_lost(node)
-                if self._lost or self._first_failure() is not None:
-                    break
-                if all(e is not None for e in self._exits):
-                    break
-                if deadline is not None and time.monotonic() >= deadline:
-                    timed_out = True
-                    break
-                if should_stop():
-                    stopped = True
-                    break
-        except BaseException:
-            self.terminate()
-            raise
-        ok = not self._lost and not timed_out and not stopped and self._first_failure() is None
-        if not ok:
-            self.terminate()
-        else:
-            self._close_files()
-        self._outcome = self._build_outcome(timed_out=timed_out, stopped=stopped)
-        return self._outcome
-
-    def _first_failure(self) -> tuple[int, ProcessExit] | None:
-        return first_failure(self._exits)
-
-    def _build_outcome(self, *, timed_out: bool, stopped: bool) -> AttemptOutcome:
-        addresses = [str(info.get("address", info.get("ip", ""))) for info in self._infos]
-        lost = next(iter(self._lost.values())) if self._lost else None
-        return build_outcome([launch.node_rank for launch in self._launches], self._exits, addresses,
-                             timed_out=timed_out, stopped=stopped, lost_node=lost)
-
-    def terminate(self) -> None:
-        """End every node's process tree (idempotent), then collect their last lines and exits."""
-        with self._lock:
-            if self._terminated:
-                return
-            self._terminated = True
-        ray = _ray()
-        live = [n for n in range(len(self._agents)) if n not in self._lost]
-        refs = {n: self._agents[n].terminate.remote() for n in live}
-        for node, ref in refs.items():
-            try:
-                exits = ray.get(ref, timeout=TERMINATE_GRACE_S * 3 + 35)
-            except Exception:
-                if self._node_dead(node):
-                    self._mark_lost(node)
-                continue
-            try:
-                self._deliver(node, ray.get(self._agents[node].poll.remote(self._cursors[node], 0.0), timeout=30))
-            except Exception:
-                pass
-            if exits is not None and self._exits[node] is None:
-                self._exits[node] = list(exits)
-        self._close_files()
-
-    def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
-        """Files the node's processes wrote in its work folder (e.g. rank outcomes)."""
-        if node in self._lost:
-            return dict.fromkeys(names)
-        ray = _ray()
-        try:
-            return ray.get(self._agents[node].read_files.remote(list(names)), timeout=300)
-        except Exception:
-            return dict.fromkeys(names)
-
-    def process_exits(self, node: int) -> list[ProcessExit] | None:
-        """How each process of a node ended (None if the node never reported)."""
-        return self._exits[node]
-
-    @property
-    def lost_nodes(self) -> dict[int, str]:
-        return dict(self._lost)
 
 
 __all__ = ["NODE_DIR", "NODE_PYTHON", "NodeLaunch", "NodeProcess", "RayAttempt", "RayBackend", "tagged_processes_any_node"]

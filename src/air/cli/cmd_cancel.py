@@ -19,8 +19,8 @@ CANCEL_WAIT_S = 30.0
 def cancel_run(store: RunStore, run_id: str) -> RunStatus:
     """Ask the supervisor to end the run (TERMINATING), wait for it; end it here if it has no supervisor."""
     from air.launcher import reap_tag
+    from air.runs.liveness import supervisor_alive
     from air.runs.paths import process_tag
-    from air.runs.store import supervisor_alive
 
     run = store.get_run(run_id)
     if run.is_terminal:

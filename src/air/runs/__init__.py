@@ -33,11 +33,11 @@ _WHERE = {
     "StatusConflictError": "states",
     "can_transition": "states",
     "check_transition": "states",
-    "Attempt": "store",
-    "CreateRunResult": "store",
-    "Run": "store",
+    "Attempt": "records",
+    "CreateRunResult": "records",
+    "Run": "records",
     "RunStore": "store",
-    "supervisor_alive": "store",
+    "supervisor_alive": "liveness",
 }
 
 

@@ -189,7 +189,7 @@ def prune(
                 if not dry_run:
                     _remove_tree(folder)
 
-    from air.workload.snapshot import prune_snapshots
+    from air.workload.snapshot_store import prune_snapshots
 
     report.kept_for_active_runs = sorted(keep_snapshots | keep_envs)
     snapshots = prune_snapshots(older_than_days, now=now, keep=keep_snapshots, dry_run=True)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import time
 
+from air.runs.liveness import supervisor_alive
 from air.runs.paths import process_tag
+from air.runs.records import Run
 from air.runs.states import FailureClass, RunStatus, StatusConflictError
-from air.runs.store import Run, RunStore, supervisor_alive
+from air.runs.store import RunStore
 
 #: A PENDING run with no supervisor recorded after this long never got one.
 SUPERVISOR_START_GRACE_S = 60.0

@@ -101,7 +101,7 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
             plan.parameters_path = str(paths.hyperparameters)
         if prepared.snapshot is not None:
             from air.progress import spinner
-            from air.workload.snapshot import materialize_snapshot
+            from air.workload.snapshot_store import materialize_snapshot
 
             snap = prepared.snapshot
             started = time.monotonic()

@@ -16,7 +16,8 @@ from pydantic.fields import FieldInfo
 
 from air.errors import UserInputError
 from air.workload.schema import annotation_members, is_map, section_model, unknown_key_message
-from air.workload.spec import WorkloadSpec, dotted
+from air.workload.spec import WorkloadSpec
+from air.workload.spec_rules import dotted
 
 WIDTH = 100
 _INDENT = "      "

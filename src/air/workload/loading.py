@@ -22,7 +22,8 @@ from pydantic import ValidationError
 
 from air.errors import UserInputError
 from air.workload.schema import model_at, unknown_key_message
-from air.workload.spec import MAX_YAML_BYTES, WorkloadSpec, dotted, show_value
+from air.workload.spec import WorkloadSpec
+from air.workload.spec_rules import MAX_YAML_BYTES, dotted, show_value
 
 # ---- problems and the error that lists them ---------------------------------------------------------
 

@@ -28,7 +28,8 @@ from air.workload.schema import (
     section_model,
     unknown_key_message,
 )
-from air.workload.spec import WorkloadSpec, dotted, show_value
+from air.workload.spec import WorkloadSpec
+from air.workload.spec_rules import dotted, show_value
 
 
 class _OverrideProblem(Exception):

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from air.workload.spec import HOSTED_ONLY_KEYS, RENAMED_KEYS, WorkloadSpec, dotted
+from air.workload.spec import WorkloadSpec
+from air.workload.spec_rules import HOSTED_ONLY_KEYS, RENAMED_KEYS, dotted
 
 
 def annotation_members(annotation: Any) -> tuple[Any, ...]:

@@ -1,7 +1,7 @@
 """Code snapshots: `code_source.snapshot` turned into a folder that every node sees as CODE_SOURCE_PATH.
 
 Two steps, as everywhere in air: `plan_snapshot` is pure (it reads the tree, writes nothing) and is what
-`--dry-run` prints; `materialize_snapshot` copies exactly the planned files into a content-addressed
+`--dry-run` prints; `materialize_snapshot` (snapshot_store.py) copies exactly the planned files into a content-addressed
 folder `$AIR_HOME/snapshots/<key>/<basename(root_path)>/`, so an unchanged tree is never copied twice.
 
 What is shipped is what git would ship:
@@ -18,23 +18,26 @@ What is shipped is what git would ship:
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
-import shutil
 import stat
-import subprocess
-import tempfile
-import time
-import uuid
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from air.errors import AirError, UserInputError
+from air.errors import UserInputError
 from air.home import air_home
+from air.workload.snapshot_git import (
+    _find_repo,
+    _git,
+    _git_changes,
+    _git_current_branch,
+    _git_head,
+    _git_rev,
+    _git_worktree_files,
+)
 
 #: A snapshot bigger than this gets a note in the plan (large data usually belongs in .gitignore).
 LARGE_SNAPSHOT_BYTES: int = 1 << 30
@@ -46,17 +49,6 @@ MODE_LINK = "120000"
 
 _REF_RE = re.compile(r"^[\w./-]+$")  # branch/commit names: also guards against option injection
 _CHUNK = 1 << 20
-# Variables that would point git at another repository (set when air is called from a git hook).
-_GIT_LOCATION_ENV = (
-    "GIT_DIR",
-    "GIT_WORK_TREE",
-    "GIT_INDEX_FILE",
-    "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_COMMON_DIR",
-    "GIT_NAMESPACE",
-    "GIT_PREFIX",
-)
 
 
 @dataclass(frozen=True)
@@ -406,82 +398,6 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-# ---- git ------------------------------------------------------------------------------------------
-
-
-def _git_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_ENV}
-    env["GIT_OPTIONAL_LOCKS"] = "0"  # `git status` must not take the index lock of the user's repo
-    return env
-
-
-def _git_run(cwd: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    try:
-        return subprocess.run(
-            ["git", *args], cwd=cwd, env=_git_env(), input=input, capture_output=True, check=False
-        )
-    except FileNotFoundError as exc:
-        raise UserInputError(
-            f"code_source.snapshot.root_path: {cwd} is a git repository but `git` is not installed",
-            hint="Install git (it decides which files are shipped).",
-        ) from exc
-
-
-def _git(cwd: Path, *args: str) -> str:
-    """Run git and return stdout; a failure is a runtime error that quotes git's own message."""
-    proc = _git_run(cwd, *args)
-    if proc.returncode != 0:
-        msg = proc.stderr.decode(errors="replace").strip()
-        raise AirError(f"`git {' '.join(args)}` failed in {cwd}: {msg}")
-    return os.fsdecode(proc.stdout)
-
-
-def _find_repo(root: Path, notes: list[str]) -> tuple[Path, str] | None:
-    """(repo top level, root's path inside it) when root is in a git working tree, else None."""
-    if shutil.which("git") is None:
-        if any((p / ".git").exists() for p in (root, *root.parents)):
-            _git_run(root, "--version")  # raises the "git is not installed" error
-        return None
-    proc = _git_run(root, "rev-parse", "--show-toplevel", "--show-prefix")
-    if proc.returncode != 0:
-        msg = proc.stderr.decode(errors="replace").strip()
-        if "not a git repository" in msg:
-            return None
-        raise UserInputError(f"code_source.snapshot.root_path: git cannot read {root}: {msg}")
-    lines = os.fsdecode(proc.stdout).splitlines()
-    if len(lines) < 1 or not lines[0]:  # inside a .git folder or a bare repository
-        return None
-    top = Path(lines[0]).resolve()
-    subdir = lines[1].rstrip("/") if len(lines) > 1 else ""
-    if subdir and _git_run(root, "check-ignore", "-q", ".").returncode == 0:
-        notes.append(f"root_path is ignored by the git repository at {top}; shipped as a plain folder")
-        return None
-    return top, subdir
-
-
-def _git_worktree_files(folder: Path, notes: list[str], shown: str = "") -> list[str]:
-    """Tracked + untracked-not-ignored files under `folder`, relative to it (submodules included).
-
-    `shown` is the folder's path in the snapshot, for notes only.
-    """
-    raw = _git(folder, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    out: list[str] = []
-    for rel in dict.fromkeys(p for p in raw.split("\0") if p):  # unmerged paths appear once per stage
-        if rel.rstrip("/").rsplit("/", 1)[-1].startswith("._"):
-            continue
-        path = folder / rel
-        if rel.endswith("/"):  # an untracked nested repository: git does not look inside
-            notes.append(f"skipped {shown}{rel.rstrip('/')}: a nested git repository that is not a submodule")
-        elif path.is_dir() and not path.is_symlink():  # a submodule: ship its own files
-            if (path / ".git").exists():
-                out.extend(f"{rel}/{p}" for p in _git_worktree_files(path, notes, f"{shown}{rel}/"))
-            else:
-                notes.append(f"skipped {shown}{rel}: submodule not checked out")
-        else:
-            out.append(rel)
-    return out
-
-
 def _git_tree_entries(root: Path, tree: str, notes: list[str]) -> list[SnapshotEntry]:
     """Every blob of a git tree, with git's mode and size (no working-tree file is read)."""
     raw = _git(root, "ls-tree", "-r", "-z", "-l", "--full-tree", tree)
@@ -502,208 +418,16 @@ def _git_tree_entries(root: Path, tree: str, notes: list[str]) -> list[SnapshotE
     return entries
 
 
-def _git_rev(root: Path, rev: str) -> str | None:
-    proc = _git_run(root, "rev-parse", "--verify", "--quiet", rev)
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.decode().strip() or None
-
-
-def _git_head(root: Path) -> str | None:
-    return _git_rev(root, "HEAD^{commit}")  # None in a repository without commits
-
-
-def _git_current_branch(root: Path) -> str | None:
-    proc = _git_run(root, "symbolic-ref", "--short", "-q", "HEAD")
-    if proc.returncode != 0:
-        return None  # detached HEAD
-    return proc.stdout.decode().strip() or None
-
-
-def _git_changes(root: Path) -> list[str]:
-    """Uncommitted changes under root (modified, staged, deleted, untracked-not-ignored), as paths."""
-    raw = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ".")
-    paths: list[str] = []
-    records = iter(raw.split("\0"))
-    for record in records:
-        if not record:
-            continue
-        paths.append(record[3:])
-        if record[0] in "RC":  # renames carry the old path in the next record
-            next(records, None)
-    return paths
-
-
-# ---- materialising --------------------------------------------------------------------------------
+# ---- the store --------------------------------------------------------------------------------
 
 
 def _store(store_root: Path | None, *, create_home: bool = True) -> Path:
     return Path(store_root) if store_root is not None else air_home(create=create_home) / "snapshots"
 
 
-def materialize_snapshot(plan: SnapshotPlan, store_root: Path | None = None) -> Path:
-    """Copy the planned files to `<store>/<key>/<name>/` (once per key) and return that folder.
-
-    Built in a temporary folder and renamed into place, so a snapshot folder is either complete or
-    absent; when two processes race, the loser throws its copy away and uses the winner's. Working-tree
-    files are hashed again while they are copied: if one changed since the plan, the snapshot is filed
-    under the key of what was really copied (never a stale key), and the returned path says so.
-    """
-    store = _store(store_root)
-    store.mkdir(parents=True, exist_ok=True, mode=0o700)
-    existing = store / plan.key
-    if existing.is_dir():
-        _touch(existing)
-        return existing / plan.name
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{plan.key[:16]}-", dir=store))
-    try:
-        dest = tmp / plan.name
-        dest.mkdir()
-        if plan.source == "git":
-            _write_git_entries(plan, dest)
-            key = plan.key
-        else:
-            copied = _copy_worktree(plan, dest)
-            key = plan.key if copied == list(plan.entries) else _worktree_key(plan.name, copied)
-        final = store / key
-        try:
-            os.rename(tmp, final)
-        except OSError as exc:
-            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not final.is_dir():
-                raise
-            _touch(final)  # another process won the race: its copy has the same content
-        return final / plan.name
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _touch(folder: Path) -> None:
-    """Mark a snapshot as used now, so `prune_snapshots` keeps what runs still use."""
-    try:
-        os.utime(folder)
-    except OSError:
-        pass
-
-
-def _copy_worktree(plan: SnapshotPlan, dest: Path) -> list[SnapshotEntry]:
-    """Copy each planned file from root_path, returning entries for what was really written."""
-    copied: list[SnapshotEntry] = []
-    for entry in plan.entries:
-        src = plan.root_path / entry.path
-        out = dest / entry.path
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            st = src.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                target = os.readlink(src)
-                os.symlink(target, out)
-                raw = os.fsencode(target)
-                copied.append(SnapshotEntry(entry.path, MODE_LINK, len(raw), hashlib.sha256(raw).hexdigest()))
-            elif stat.S_ISREG(st.st_mode):
-                mode = MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
-                h = hashlib.sha256()
-                size = 0
-                with open(src, "rb") as fin, open(out, "wb") as fout:
-                    while chunk := fin.read(_CHUNK):
-                        h.update(chunk)
-                        fout.write(chunk)
-                        size += len(chunk)
-                os.chmod(out, 0o755 if mode == MODE_EXEC else 0o644)
-                copied.append(SnapshotEntry(entry.path, mode, size, h.hexdigest()))
-        except FileNotFoundError:
-            continue  # removed since the plan; the key is recomputed without it
-    return copied
-
-
-def _write_git_entries(plan: SnapshotPlan, dest: Path) -> None:
-    """Write every planned blob from the object database (`git cat-file --batch`)."""
-    if not plan.entries:
-        return
-    proc = subprocess.Popen(
-        ["git", "cat-file", "--batch"],
-        cwd=plan.root_path,
-        env=_git_env(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        for entry in plan.entries:
-            proc.stdin.write(entry.digest.encode() + b"\n")
-            proc.stdin.flush()
-            header = proc.stdout.readline().split()
-            if len(header) != 3 or header[1] != b"blob":
-                raise AirError(f"git object {entry.digest} ({entry.path}) could not be read: {header!r}")
-            remaining = int(header[2])
-            out = dest / entry.path
-            out.parent.mkdir(parents=True, exist_ok=True)
-            if entry.mode == MODE_LINK:
-                target = proc.stdout.read(remaining)
-                os.symlink(os.fsdecode(target), out)
-            else:
-                with open(out, "wb") as f:
-                    while remaining:
-                        chunk = proc.stdout.read(min(remaining, _CHUNK))
-                        if not chunk:
-                            raise AirError(f"git cat-file ended early while writing {entry.path}")
-                        f.write(chunk)
-                        remaining -= len(chunk)
-                os.chmod(out, 0o755 if entry.mode == MODE_EXEC else 0o644)
-            proc.stdout.read(1)  # the newline after each object
-    finally:
-        proc.stdin.close()
-        proc.stdout.close()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
-
-
-def prune_snapshots(
-    older_than_days: float,
-    store_root: Path | None = None,
-    now: float | None = None,
-    *,
-    keep: Collection[str] = (),
-    dry_run: bool = False,
-) -> list[Path]:
-    """Delete snapshots not used for `older_than_days` (and abandoned temporary builds); return them.
-
-    A snapshot is moved aside before it is deleted, so nobody ever sees a half-deleted one as valid.
-    `keep`: snapshot keys that active runs use (`air prune` passes them), never removed. `dry_run`:
-    return what would go and remove nothing.
-    """
-    store = _store(store_root, create_home=False)
-    if not store.is_dir():
-        return []
-    cutoff = (time.time() if now is None else now) - older_than_days * 86400
-    removed: list[Path] = []
-    for item in sorted(store.iterdir()):
-        try:
-            if not item.is_dir() or item.is_symlink() or item.stat().st_mtime >= cutoff or item.name in keep:
-                continue
-            if item.name.startswith(".trash-"):
-                if not dry_run:
-                    shutil.rmtree(item, ignore_errors=True)
-                continue
-            if dry_run:
-                removed.append(item)
-                continue
-            trash = store / f".trash-{uuid.uuid4().hex}"
-            os.rename(item, trash)
-        except OSError:
-            continue  # used or removed by someone else meanwhile
-        shutil.rmtree(trash, ignore_errors=True)
-        removed.append(item)
-    return removed
-
-
 __all__ = [
     "GitProvenance",
     "SnapshotEntry",
     "SnapshotPlan",
-    "materialize_snapshot",
     "plan_snapshot",
-    "prune_snapshots",
 ]

@@ -1,0 +1,143 @@
+"""The slot ledger: this machine's accelerator slots, handed out first in first out to QUEUED runs.
+
+One table (`slot_claims`, whose primary key is the guarantee: one slot, one run); every claim is one
+write transaction, so two runs can never take the same slot, and "why does it wait" reads the same rule.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from air.errors import GPUValidationError, NotFoundError
+from air.runs.schema import StoreDatabase
+from air.runs.states import RunStatus, StatusConflictError
+
+SLOT_KINDS = ("GPU", "CPU")
+
+
+class SlotLedger(StoreDatabase):
+    """The slot-ledger half of `RunStore` (claims, releases, queue order)."""
+
+    def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int) -> list[int] | None:
+        """Claim `count` of this machine's `capacity` slots of `kind` ('GPU' or 'CPU') for a QUEUED run.
+
+        Strictly first in first out: a run gets slots only when no run that entered the queue before
+        it (same kind, same backend) is still waiting without slots, even if enough slots are free for
+        this one. Returns the slot indices (lowest free first), or None: not its turn or not enough
+        free yet; try again later. A run that already holds slots gets them back (and one that gave
+        them back while still QUEUED waits again, at its old place). A run no longer
+        QUEUED (canceled meanwhile) raises StatusConflictError; a `count` above `capacity` can never be
+        met and raises GPUValidationError.
+        """
+        kind = kind.upper()
+        if kind not in SLOT_KINDS:
+            raise ValueError(f"slot kind must be one of {SLOT_KINDS}, got {kind!r}")
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if count > capacity:
+            raise GPUValidationError(
+                f"Run {run_id} needs {count} {kind} slots; this machine has {capacity}.",
+                hint="Ask for fewer accelerators, or use a backend with more (a Ray cluster profile).",
+            )
+        now = self._clock()
+        with self._write() as conn:
+            row = conn.execute("SELECT status, backend, queue_seq FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"Run {run_id} not found.")
+            status, backend, queue_seq = RunStatus(row[0]), row[1], row[2]
+            held = [r[0] for r in conn.execute(
+                "SELECT slot_index FROM slot_claims WHERE run_id = ? ORDER BY slot_index", (run_id,)
+            )]
+            if held:
+                return held
+            if status is not RunStatus.QUEUED:
+                raise StatusConflictError(
+                    f"Run {run_id} is {status}, not QUEUED; it cannot claim slots.",
+                    run_id=run_id, current=status.value,
+                )
+            if self._waiting_ahead(conn, kind, backend, queue_seq, stop_at_one=True):
+                return None
+            used = {r[0] for r in conn.execute("SELECT slot_index FROM slot_claims WHERE slot_kind = ?", (kind,))}
+            free = [i for i in range(capacity) if i not in used]
+            if len(free) < count:
+                return None
+            chosen = free[:count]
+            conn.executemany(
+                "INSERT INTO slot_claims (slot_kind, slot_index, run_id, claimed_at) VALUES (?, ?, ?, ?)",
+                [(kind, i, run_id, now) for i in chosen],
+            )
+            return chosen
+
+    @staticmethod
+    def _waiting_ahead(
+        conn: sqlite3.Connection, kind: str, backend: str, queue_seq: int | None, *, stop_at_one: bool
+    ) -> int:
+        """QUEUED runs of this kind and backend that entered the queue earlier and hold no slots."""
+        if queue_seq is None:
+            return 0
+        sql = (
+            "SELECT COUNT(*) FROM (SELECT 1 FROM runs r WHERE r.status = ? AND r.queue_seq < ? "
+            "AND r.backend = ? AND r.accelerator_type LIKE ? ESCAPE '\\' "
+            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id)"
+            + (" LIMIT 1)" if stop_at_one else ")")
+        )
+        row = conn.execute(sql, (RunStatus.QUEUED.value, queue_seq, backend, kind + "\\_%")).fetchone()
+        return int(row[0])
+
+    def queue_position(self, run_id: str) -> int | None:
+        """How many runs wait ahead of this QUEUED run (0: next). None if it is not waiting."""
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT status, backend, queue_seq, accelerator_type FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"Run {run_id} not found.")
+        if row[0] != RunStatus.QUEUED.value or self.claimed_slots(run_id):
+            return None
+        kind = str(row[3]).split("_", 1)[0].upper()
+        return self._waiting_ahead(conn, kind, row[1], row[2], stop_at_one=False)
+
+    def queued_ahead(self, run_id: str) -> list[str]:
+        """Ids of the runs this QUEUED run waits behind (same slot kind and backend, entered the queue
+        earlier, no slots yet), first in line first. Empty when it is next, holds slots or is not QUEUED.
+        The same rule as `try_claim_slots`'s FIFO check, so "why does it wait" never disagrees with it."""
+        conn = self._conn()
+        row = conn.execute(
+            "SELECT status, backend, queue_seq, accelerator_type FROM runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"Run {run_id} not found.")
+        if row[0] != RunStatus.QUEUED.value or row[2] is None or self.claimed_slots(run_id):
+            return []
+        kind = str(row[3]).split("_", 1)[0].upper()
+        return [r[0] for r in conn.execute(
+            "SELECT r.id FROM runs r WHERE r.status = ? AND r.queue_seq < ? AND r.backend = ? "
+            "AND r.accelerator_type LIKE ? ESCAPE '\\' "
+            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id) ORDER BY r.queue_seq",
+            (RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%"),
+        )]
+
+    def release_slots(self, run_id: str) -> list[int]:
+        """Give back every slot the run holds (idempotent); returns the indices released."""
+        with self._write() as conn:
+            held = [r[0] for r in conn.execute(
+                "SELECT slot_index FROM slot_claims WHERE run_id = ? ORDER BY slot_index", (run_id,)
+            )]
+            conn.execute("DELETE FROM slot_claims WHERE run_id = ?", (run_id,))
+        return held
+
+    def claimed_slots(self, run_id: str) -> list[int]:
+        """The slot indices the run holds now, in order (empty if none)."""
+        return [r[0] for r in self._conn().execute(
+            "SELECT slot_index FROM slot_claims WHERE run_id = ? ORDER BY slot_index", (run_id,)
+        )]
+
+    def slot_holders(self, kind: str) -> dict[int, str]:
+        """Slot index → run id, for every claimed slot of `kind` (for messages like "slots 0-1: run-…")."""
+        return {r[0]: r[1] for r in self._conn().execute(
+            "SELECT slot_index, run_id FROM slot_claims WHERE slot_kind = ? ORDER BY slot_index",
+            (kind.upper(),),
+        )}
+
+
+__all__ = ["SLOT_KINDS", "SlotLedger"]

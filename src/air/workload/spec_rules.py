@@ -1,0 +1,193 @@
+"""The workload spec's rules: name and size limits, keys renamed or not supported, and the small validators
+the spec's models (spec.py) share, worded the way loading.py reports problems.
+
+Also what the readers of a spec's errors need without the models: `dotted` field paths and `show_value`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Annotated, Any, NoReturn
+
+from pydantic import AfterValidator, BeforeValidator
+from pydantic_core import PydanticCustomError
+
+from air.constants import PROCESS_TAG_ENV
+
+#: experiment_name and mlflow_run_name: they become MLflow names and folder names, so no spaces or dots.
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+MAX_NAME_LENGTH = 100
+MAX_COMMAND_LINES = 1000
+MAX_IDEMPOTENCY_TOKEN = 64
+#: A workload YAML larger than this is almost certainly data that belongs in the code snapshot.
+MAX_YAML_BYTES = 1 << 20
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Git refs: also guards against option injection (`--upload-pack=…`); same rule as snapshot.py.
+GIT_REF_RE = re.compile(r"^[\w./-]+$")
+GIT_SHA_RE = re.compile(r"^[0-9a-fA-F]{4,64}$")
+#: Secret scope and key names (the secret store's charset; '/' separates them).
+SECRET_PART_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+#: Variables air sets on every node (SPEC "Contract with the user's code"); a workload may not change them,
+#: or torchrun would rendezvous at the wrong place. CUDA_VISIBLE_DEVICES is each node's slice of the GPUs
+#: (a user value would make concurrent runs share GPUs); the process tag is how teardown finds processes.
+RESERVED_ENV_NAMES: frozenset[str] = frozenset(
+    {
+        "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NUM_NODES", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+        "CODE_SOURCE_PATH", "MLFLOW_RUN_ID", "HYPERPARAMETERS_PATH", "CUDA_VISIBLE_DEVICES", PROCESS_TAG_ENV,
+    }
+)
+
+#: Keys of the hosted product (or older air versions) that now live elsewhere: full dotted path → hint.
+RENAMED_KEYS: dict[str, str] = {
+    "bash_script": "renamed to 'command'",
+    "run_name": "renamed to 'mlflow_run_name'",
+    "compute.gpus": "renamed to 'compute.num_accelerators'",
+    "compute.gpu_type": "renamed to 'compute.accelerator_type' (e.g. GPU_8xH100)",
+    "compute.num_gpus": "use 'compute.num_accelerators'",
+    "compute.gpu": "use 'compute.num_accelerators' (how many) and 'compute.accelerator_type' (which)",
+    "code_source.snapshot.repo_path": "renamed to 'code_source.snapshot.root_path'",
+    "code_source.root_path": "put it under 'code_source.snapshot.root_path' (with 'code_source.type: snapshot')",
+    "code_source.include_paths": "put it under 'code_source.snapshot.include_paths'",
+    "code_source.git": "put it under 'code_source.snapshot.git'",
+    "environment.env_variables": "moved to the top-level 'env_variables'",
+    "environment.env_variables_secrets": "moved to the top-level 'secrets'",
+    "env_variables_secrets": "renamed to 'secrets'",
+    "workspace": "there are no workspaces; choose the backend with `air -p PROFILE` (or AIR_PROFILE)",
+}
+
+_UNSUPPORTED = "a hosted-product field that air does not support"
+#: Fields of the hosted product with no meaning on one's own machines: full dotted path → hint.
+HOSTED_ONLY_KEYS: dict[str, str] = {
+    "experiment_directory": f"{_UNSUPPORTED}; experiments live in the MLflow tracking store (MLFLOW_TRACKING_URI)",
+    "mlflow_experiment_directory": f"{_UNSUPPORTED}; experiments live in the MLflow tracking store "
+    "(MLFLOW_TRACKING_URI)",
+    "mlflow_artifact_location": f"{_UNSUPPORTED}; artifacts go where the MLflow tracking store puts them",
+    "permissions": f"{_UNSUPPORTED}; runs belong to the user who started them",
+    "usage_policy_name": _UNSUPPORTED,
+    "usage_policy_id": _UNSUPPORTED,
+    "priority": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
+    "job_type": f"{_UNSUPPORTED}; every workload runs its 'command'",
+    "udp": f"{_UNSUPPORTED}; run batch inference from 'command'",
+    "_bases_": f"{_UNSUPPORTED}; YAML composition is not supported, use --override",
+    "compute.provisioned_capacity_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
+    "compute.priority_class": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
+    "compute.pool_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
+    "compute.node_pool_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
+    "compute.pool_name": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
+    "environment.docker_image": f"{_UNSUPPORTED}; air builds a uv environment from 'dependencies'",
+    "environment.custom_image_tag": _UNSUPPORTED,
+    "environment.unity_catalog_image": _UNSUPPORTED,
+    "code_source.snapshot.remote_volume": f"{_UNSUPPORTED}; snapshots are stored under AIR_HOME",
+    "code_source.snapshot.git.remote": f"{_UNSUPPORTED}; pin a local branch or a commit",
+}
+
+
+# ---- small helpers ----------------------------------------------------------------------------------
+
+
+def _fail(message: str, field: str | None = None) -> NoReturn:
+    """Raise a validation error with our own wording; `field` moves it one level down (cross-field checks)."""
+    raise PydanticCustomError("air_invalid", message, {"air_field": field} if field else None)
+
+
+def show_value(value: Any) -> str:
+    """A value as the user wrote it in YAML, with its YAML kind, for "got …" in messages."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, int):
+        return f"{value} (an integer)"
+    if isinstance(value, float):
+        return f"{value} (a number)"
+    if isinstance(value, str):
+        text = value if len(value) <= 60 else value[:57] + "..."
+        return repr(text)
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def dotted(loc: Sequence[str | int]) -> str:
+    """A field path as users write it in --override: `compute.num_accelerators`, `include_paths[1]`."""
+    out = ""
+    for seg in loc:
+        if isinstance(seg, int):
+            out += f"[{seg}]"
+        elif NAME_RE.match(seg):
+            out += f".{seg}" if out else seg
+        else:
+            out += f"[{seg!r}]"
+    return out
+
+
+def _check_name(value: str, what: str) -> str:
+    if not value:
+        _fail("must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        _fail(f"is {len(value)} characters long; {what} may have at most {MAX_NAME_LENGTH}")
+    if not NAME_RE.match(value):
+        bad = ", ".join(repr(c) for c in sorted({c for c in value if not NAME_RE.match(c)}))
+        _fail(f"may only hold letters, digits, '_' and '-' (not {bad}), got {show_value(value)}")
+    return value
+
+
+def _check_env_name(name: str) -> str:
+    if not ENV_NAME_RE.match(name):
+        _fail(
+            f"{name!r} is not a valid environment variable name "
+            "(letters, digits and '_', not starting with a digit)"
+        )
+    if name in RESERVED_ENV_NAMES:
+        _fail(f"{name} is set by air on every node and cannot be overridden")
+    return name
+
+
+def _env_value(value: Any) -> str:
+    """Numbers and booleans become strings, as the shell will see them; anything else is an error."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    if value is None:
+        _fail('must be a string, got nothing (null); write NAME: "" for an empty value')
+    _fail(f"must be a string (numbers and booleans are turned into strings), got {show_value(value)}")
+
+
+def _secret_ref(value: Any) -> str:
+    if not isinstance(value, str):
+        _fail(f"must be a secret reference 'scope/key', got {show_value(value)}")
+    parts = value.split("/")
+    if len(parts) != 2 or not all(SECRET_PART_RE.match(p) for p in parts):
+        _fail(
+            f"must be a secret reference 'scope/key' (exactly one '/', both parts made of letters, digits, "
+            f"'_', '.' and '-'), got {show_value(value)}"
+        )
+    return value
+
+
+#: An environment variable name a workload may set.
+EnvName = Annotated[str, AfterValidator(_check_env_name)]
+#: An environment variable value (numbers and booleans turned into strings).
+EnvValue = Annotated[str, BeforeValidator(_env_value)]
+#: `scope/key` in the local secret store.
+SecretRef = Annotated[str, BeforeValidator(_secret_ref)]
+
+
+__all__ = [
+    "HOSTED_ONLY_KEYS",
+    "MAX_YAML_BYTES",
+    "RENAMED_KEYS",
+    "RESERVED_ENV_NAMES",
+    "EnvName",
+    "EnvValue",
+    "SecretRef",
+    "dotted",
+    "show_value",
+]
