@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, BinaryIO
 
 import psutil
 
@@ -100,7 +100,7 @@ class Zygote:
     popen: subprocess.Popen[bytes]
     handles: list[ForkedProcess]
     pipes: list[tuple[int, str, IO[bytes]]]  # (index, stream, read end) per child, plus the zygote's own as 0
-    status: IO[bytes]
+    status: BinaryIO
     notes: list[str] = field(default_factory=list)
 
     def on_status(self, line: str) -> None:
