@@ -55,8 +55,10 @@ test-lean: $(LEAN_STAMP)
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu tests
 
+# ruff, then mypy over src/air (settings in pyproject.toml; the cache in .mypy_cache makes reruns fast).
 lint: setup
 	$(PY) -m ruff check src tests
+	$(PY) -m mypy
 
 clean:
-	rm -rf $(VENV) $(VENV_LEAN) .air-home .pytest_cache
+	rm -rf $(VENV) $(VENV_LEAN) .air-home .pytest_cache .mypy_cache

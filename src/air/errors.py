@@ -20,14 +20,14 @@ class AirError(Exception):
         self.message = message
         self.hint = hint
 
-    def __reduce__(self):  # keep `hint` across pickling
+    def __reduce__(self) -> tuple[object, ...]:  # keep `hint` across pickling
         return (_rebuild, (type(self), self.message, self.hint, dict(self.__dict__)))
 
     def __str__(self) -> str:
         return f"{self.message}\n{self.hint}" if self.hint else self.message
 
 
-def _rebuild(cls: type[AirError], message: str, hint: str | None, state: dict) -> AirError:
+def _rebuild(cls: type[AirError], message: str, hint: str | None, state: dict[str, object]) -> AirError:
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.__dict__.update(state)

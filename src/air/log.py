@@ -25,6 +25,8 @@ PREFIX = "[air]"
 FILE_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 FILE_DATEFMT = "%Y-%m-%dT%H:%M:%S"
 _FILE_LINE = re.compile(r"^\S+ (DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+(\S+): (.*)$")
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
+           "CRITICAL": logging.CRITICAL}  # the names _FILE_LINE matches
 
 _cli_handler: logging.Handler | None = None
 
@@ -101,7 +103,7 @@ def parse_file_line(line: str) -> tuple[int, str, str] | None:
     match = _FILE_LINE.match(line)
     if match is None:
         return None
-    return logging.getLevelName(match.group(1)), match.group(2), match.group(3)
+    return _LEVELS[match.group(1)], match.group(2), match.group(3)
 
 
 def prefixed(line: str, verbose: int) -> str | None:

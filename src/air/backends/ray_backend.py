@@ -258,7 +258,7 @@ class RayBackend(RayCapacity):
                 else:
                     env["CUDA_VISIBLE_DEVICES"] = ",".join(info["gpu_ids"])
                 original = str(launch.cwd) if launch.cwd else None
-                if original and cwd != original:
+                if original and cwd is not None and cwd != original:
                     env = {k: (cwd + v[len(original):] if v == original or v.startswith(original + "/") else v)
                            for k, v in env.items()}
                 procs.append(NodeProcess(proc.name, list(proc.argv), env, None, cwd or proc.cwd))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import click
@@ -63,7 +64,7 @@ def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
         status("No active runs.")
         return 0
     if all_runs and not yes:
-        if not click.get_text_stream("stdin").isatty():
+        if not sys.stdin.isatty():  # click 8.5 deprecates get_text_stream
             raise UserInputError(f"Refusing to cancel {len(targets)} run(s) without confirmation.", hint="Add -y.")
         click.confirm(f"Cancel {len(targets)} active run(s)?", abort=True)
     results = {run_id: cancel_run(store, run_id).value for run_id in targets}

@@ -79,9 +79,9 @@ def log_sources(
             f"Run {run.id} has {run.num_nodes} node(s); there is no node {node}.",
             hint=f"Nodes are numbered 0 to {run.num_nodes - 1}.",
         )
-    paths = RunPaths(run.id)
+    run_paths = RunPaths(run.id)
     return [
-        LogSource("node", n, paths.node_log(attempt, n))
+        LogSource("node", n, run_paths.node_log(attempt, n))
         for n in ([node] if node is not None else range(run.num_nodes))
     ]
 

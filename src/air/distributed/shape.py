@@ -85,14 +85,14 @@ def parse_requested_type(value: str) -> AcceleratorType | str:
         if sep:
             canonical_model = "CPU" if kind.upper() == "CPU" else (normalize_model(model) or model.upper())
             return parse_accelerator_type(f"{kind.upper()}_{per_node}x{canonical_model}")
-    model = normalize_model(text)
-    if model is None:
+    known = normalize_model(text)
+    if known is None:
         raise GPUTypeError(
             f"Unknown accelerator type {value!r}.",
             hint="Use a GPU model such as 'H100' or 'A10', a node shape such as 'GPU_8xH100', 'GPU' for this "
             "machine's GPUs, or 'CPU' to run on CPU processes with gloo.",
         )
-    return model
+    return known
 
 
 def _cpu_hint() -> str:

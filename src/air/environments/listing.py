@@ -105,7 +105,7 @@ def prune_environments(
     if older_than_days is not None and older_than_days < 0:
         raise UserInputError(f"older_than_days must be >= 0, got {older_than_days}.")
     cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
-    removed = []
+    removed: list[EnvInfo] = []
     if not envs_dir(create=False).is_dir():
         return removed  # nothing cached yet: nothing to create just to look
     for path in _entries():

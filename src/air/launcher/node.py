@@ -16,15 +16,20 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 from air.constants import LAUNCH_POLL_S, PROCESS_TAG_ENV, TERMINATE_GRACE_S
-from air.launcher.procs import terminate_tree
+from air.launcher.procs import Waitable, terminate_tree
 from air.launcher.pump import LineCallback, OutputPump
 from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_kept, start_zygote
 
 #: What the launcher holds for each started process: a Popen (cold start) or a ForkedProcess (warm).
 ProcessHandle = subprocess.Popen[bytes] | ForkedProcess
+
+
+def _started(process: ProcessHandle) -> TypeGuard[Waitable]:
+    """Whether teardown can signal it: a forked child's pid arrives later, on the zygote's status pipe."""
+    return process.pid is not None
 
 
 @dataclass(frozen=True)
@@ -222,7 +227,7 @@ class Launch:
             return []
         if self._running_at_teardown is None:
             self._running_at_teardown = {i for i, p in enumerate(self.popens) if p.poll() is None}
-        children: list[ProcessHandle] = [p for p in self.popens if p.pid is not None]
+        children: list[Waitable] = [p for p in self.popens if _started(p)]
         if self.zygote is not None and all(p.poll() is not None for p in self.popens):
             try:  # every child reported: the zygote leaves by itself in a moment
                 self.zygote.popen.wait(timeout=self.grace_s)

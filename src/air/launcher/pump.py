@@ -12,7 +12,7 @@ import selectors
 import threading
 import time
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import IO, cast
 
 MAX_LINE = 64 * 1024
 
@@ -33,7 +33,7 @@ class OutputPump:
         self._stop = threading.Event()
         self._exit_fds = 0
 
-    def add(self, source: int, stream: str, pipe: BinaryIO, log: BinaryIO) -> None:
+    def add(self, source: int, stream: str, pipe: IO[bytes], log: IO[bytes]) -> None:
         """Register a pipe before `start()`; `log` receives the same lines (shared by both streams)."""
         os.set_blocking(pipe.fileno(), False)
         self._selector.register(pipe, selectors.EVENT_READ, (source, stream, log))
@@ -54,7 +54,7 @@ class OutputPump:
         self._exit_fds += 1
         return True
 
-    def add_control(self, pipe: BinaryIO, on_line: Callable[[str], None], on_close: Callable[[], None]) -> None:
+    def add_control(self, pipe: IO[bytes], on_line: Callable[[str], None], on_close: Callable[[], None]) -> None:
         """A pipe of status lines for the launcher itself (not logged): `on_line` each, `on_close` at EOF."""
         os.set_blocking(pipe.fileno(), False)
         self._selector.register(pipe, selectors.EVENT_READ, ("control", on_line, on_close))
@@ -78,7 +78,7 @@ class OutputPump:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _emit(self, source: int, stream: str, log: BinaryIO, raw: bytes) -> None:
+    def _emit(self, source: int, stream: str, log: IO[bytes], raw: bytes) -> None:
         line = raw if raw.endswith(b"\n") else raw + b"\n"
         with self._lock:
             log.write(line)
@@ -99,15 +99,16 @@ class OutputPump:
                 return True
             buf.extend(chunk)
 
-    def _forget(self, pipe: object) -> None:
+    def _forget(self, pipe: IO[bytes]) -> None:
         """A pipe at EOF: no longer watched, closed, one fewer to wait for."""
         self._selector.unregister(pipe)
-        pipe.close()  # type: ignore[attr-defined]
+        pipe.close()
         self._open -= 1
 
     def _read_control(self, key: selectors.SelectorKey) -> None:
         _, on_line, on_close = key.data
-        fd = key.fileobj.fileno()  # type: ignore[union-attr]
+        pipe = _pipe(key)
+        fd = pipe.fileno()
         buf = self._buffers[fd]
         eof = self._drain(fd, buf)
         *lines, rest = buf.split(b"\n")
@@ -115,16 +116,16 @@ class OutputPump:
         for raw in lines:
             on_line(raw.decode("utf-8", errors="replace"))
         if eof:
-            self._forget(key.fileobj)
+            self._forget(pipe)
             on_close()
 
     def _read(self, key: selectors.SelectorKey, final: bool = False) -> None:
         if key.data[0] == "control":
             self._read_control(key)
             return
-        pipe = key.fileobj
+        pipe = _pipe(key)
         source, stream, log = key.data
-        fd = pipe.fileno()  # type: ignore[union-attr]
+        fd = pipe.fileno()
         buf = self._buffers[fd]
         eof = self._drain(fd, buf)
         while True:
@@ -164,11 +165,16 @@ class OutputPump:
             if isinstance(key.fileobj, int):
                 os.close(key.fileobj)
             else:
-                key.fileobj.close()  # type: ignore[union-attr]
+                _pipe(key).close()
         self._selector.close()
 
     def _exited(self, key: selectors.SelectorKey) -> None:
         _, source, on_exit = key.data
         on_exit(source, time.time())
         self._selector.unregister(key.fileobj)
-        os.close(key.fileobj)  # type: ignore[arg-type]
+        os.close(key.fd)
+
+
+def _pipe(key: selectors.SelectorKey) -> IO[bytes]:
+    """The pipe `add`/`add_control` registered: the selector keeps it typed only as "has a fileno"."""
+    return cast("IO[bytes]", key.fileobj)

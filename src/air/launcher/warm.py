@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import psutil
 
@@ -147,7 +147,7 @@ class Zygote:
 
     popen: subprocess.Popen[bytes] | LeaderHandle  # the one-shot zygote, or a kept one's leader
     handles: list[ForkedProcess]
-    pipes: list[tuple[int, str, BinaryIO]]  # (index, stream, read end) per child, plus the zygote's own as 0
+    pipes: list[tuple[int, str, IO[bytes]]]  # (index, stream, read end) per child, plus the zygote's own as 0
     status: BinaryIO
     notes: list[str] = field(default_factory=list)
 
@@ -257,7 +257,7 @@ def start_zygote(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence
     except BrokenPipeError:
         pass  # the zygote died at once; its stderr and exit code say why
     assert popen.stdout is not None and popen.stderr is not None
-    pipes: list[tuple[int, str, BinaryIO]] = []
+    pipes: list[tuple[int, str, IO[bytes]]] = []
     for index in range(len(argvs)):
         pipes.append((index, "stdout", os.fdopen(out_pipes[index][0], "rb", buffering=0)))
         pipes.append((index, "stderr", os.fdopen(err_pipes[index][0], "rb", buffering=0)))

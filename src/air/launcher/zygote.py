@@ -267,9 +267,9 @@ def _launch(plan: dict[str, Any], status_fd: int, close_in_children: list[int]) 
             pid, status = os.wait()
         except ChildProcessError:
             break
-        index = _children.pop(pid, None)
-        if index is not None:
-            _status(status_fd, f"exit {index} {os.waitstatus_to_exitcode(status)} {time.time():.6f}")
+        ended = _children.pop(pid, None)
+        if ended is not None:
+            _status(status_fd, f"exit {ended} {os.waitstatus_to_exitcode(status)} {time.time():.6f}")
     if _stopping:
         _sweep(float(plan.get("grace_s", 1.0)))
     return 0

@@ -162,7 +162,8 @@ def _wait_for_nodes(address: str, expected: int, auth: Any, timeout_s: float = J
     user's own `ray.init(...)` (with its runtime_env) is the driver's first and only connection."""
     if expected <= 1:
         return 1
-    from ray._raylet import GcsClient
+    # ray's _raylet.pyi stub lists only part of the compiled module; GcsClient is there at run time.
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
 
     client = GcsClient(address=address)
     deadline = time.monotonic() + timeout_s
@@ -201,7 +202,7 @@ class RayLaunchFunction(DistributedFunction[P, R], Generic[P, R]):
         plain = super().with_overrides(*args, **kwargs)
         return RayLaunchFunction(self.raw_func, plain._settings)
 
-    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> list[R]:  # type: ignore[override]
+    def distributed(self, *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """Start a Ray cluster over the call's nodes, run the function as its driver, return
         `[driver's value, None, …]` (one entry per rank)."""
         import secrets

@@ -17,6 +17,10 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 _log = logging.getLogger("air.ray.metrics")
 
@@ -87,7 +91,8 @@ class RayMetricsMonitor:
         self.samples_logged = 0
         self.last_error: str | None = None
 
-    def _client(self):  # noqa: ANN202 - MlflowClient, imported lazily
+    def _client(self) -> MlflowClient:
+        """Imported lazily: mlflow loads only in a process that logs Ray's metrics."""
         from mlflow import MlflowClient
 
         if self.tracking_uri is None:
@@ -131,7 +136,7 @@ class RayMetricsMonitor:
             values[metric_key(f"system/ray/{self.node_name}", family, labels)] = value
         return values
 
-    def log_sample(self, client: object | None = None) -> int:
+    def log_sample(self, client: MlflowClient | None = None) -> int:
         """Scrape once and log it; returns how many metrics were logged."""
         from mlflow.entities import Metric
 
@@ -140,14 +145,14 @@ class RayMetricsMonitor:
         now = int(time.time() * 1000)
         metrics = [Metric(key, value, now, self._step) for key, value in values.items()]
         for start in range(0, len(metrics), 900):  # MLflow caps a batch at 1000 metrics
-            client.log_batch(self.run_id, metrics=metrics[start : start + 900])  # type: ignore[attr-defined]
+            client.log_batch(self.run_id, metrics=metrics[start : start + 900])
         self._step += 1
         self.samples_logged += 1
         return len(metrics)
 
-    def _run_is_running(self, client: object) -> bool:
+    def _run_is_running(self, client: MlflowClient) -> bool:
         try:
-            return client.get_run(self.run_id).info.status == "RUNNING"  # type: ignore[attr-defined]
+            return client.get_run(self.run_id).info.status == "RUNNING"
         except Exception:  # noqa: BLE001 - unknown: keep going
             return True
 

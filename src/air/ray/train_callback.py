@@ -41,7 +41,7 @@ class MlflowReportCallback(ReportCallback):
             return
         first = metrics[0] or {}
         values = {k: float(v) for k, v in first.items()
-                  if isinstance(v, numbers.Number) and not isinstance(v, bool)}
+                  if isinstance(v, numbers.Real) and not isinstance(v, bool)}
         step = int(values["step"]) if "step" in values else self.reports
         self.reports += 1
         if not values:

@@ -78,7 +78,10 @@ class RunJob(Protocol):
     accelerator: AcceleratorType
     num_nodes: int
     timeout_s: float | None
-    on_line: ProcLineCallback | None
+
+    @property
+    def on_line(self) -> ProcLineCallback | None:
+        """Each process line as it arrives (a call prints them); None: the logs are enough."""
 
     def say(self, line: str) -> None:
         """One line of the controller's own log (supervisor.log; a call's debug log)."""
