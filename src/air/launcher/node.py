@@ -235,7 +235,7 @@ class Launch:
                 pass
         if self.zygote is not None:
             ending = self.zygote.for_teardown()
-            if ending is not None:
+            if ending is not None and _started(ending):  # for_teardown returns no leader without a pid
                 children.append(ending)  # it forwards SIGTERM to its children and reaps them
         killed = terminate_tree(children, tag=self.tag, grace_s=self.grace_s)
         if not self._pump.join(timeout=2.0):

@@ -278,7 +278,7 @@ class KeptZygote:
         self.grace_s = grace_s
         self.ready = False  # it said it is done preloading (and may now leave when idle)
         self._unacked = 0
-        self._own_pipes: list[tuple[int, str, BinaryIO]] | None = None
+        self._own_pipes: list[tuple[int, str, IO[bytes]]] | None = None
         self._lock = threading.Lock()
         self._ended = False
         self.in_flight = 0  # launches handed to it whose leader has not ended yet
@@ -333,7 +333,7 @@ class KeptZygote:
         with self._lock:
             self.in_flight = max(self.in_flight - 1, 0)
 
-    def own_pipes(self) -> list[tuple[int, str, BinaryIO]]:
+    def own_pipes(self) -> list[tuple[int, str, IO[bytes]]]:
         """Its stdout/stderr, for the first launch only (it points them at /dev/null once preloaded)."""
         pipes, self._own_pipes = self._own_pipes or [], None
         return pipes
@@ -500,7 +500,7 @@ def start_kept(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[d
         for fd in (status_r, *[r for r, _ in out_pipes], *[r for r, _ in err_pipes]):
             os.close(fd)
         return None
-    pipes: list[tuple[int, str, BinaryIO]] = []
+    pipes: list[tuple[int, str, IO[bytes]]] = []
     for index in range(n):
         pipes.append((index, "stdout", os.fdopen(out_pipes[index][0], "rb", buffering=0)))
         pipes.append((index, "stderr", os.fdopen(err_pipes[index][0], "rb", buffering=0)))
