@@ -37,3 +37,9 @@ PROCESS_TAG_ENV: str = "AIR_PROCESS_TAG"
 #: raised is taken as the root cause: its peers' errors ("Connection reset by peer") are echoes of it,
 #: and the moment a death is noticed can lag the moment it happened on a busy machine.
 ECHO_WINDOW_S: float = 2.0
+
+#: How long `air cancel` waits for a run's supervisor to end it before ending its processes itself.
+CANCEL_WAIT_S: float = 30.0
+
+#: How long `air cancel` waits for a supervisor that has not started yet (no pid recorded) to appear.
+CANCEL_NO_SUPERVISOR_S: float = 5.0
