@@ -21,14 +21,18 @@ def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
     """Cancel runs: TERMINATING, then CANCELED once every process is gone."""
     store = RunStore()
     if all_runs == bool(run_ids):
-        raise UserInputError("Give run ids or --all (not both, not neither).", hint="air cancel RUN_ID… | --all -y")
+        raise UserInputError(
+            "Give run ids or --all (not both, not neither).", hint="air cancel RUN_ID… | --all -y"
+        )
     targets = active_run_ids(store) if all_runs else [store.get_run(i).id for i in run_ids]
     if not targets:
         status("No active runs.")
         return 0
     if all_runs and not yes:
         if not click.get_text_stream("stdin").isatty():
-            raise UserInputError(f"Refusing to cancel {len(targets)} run(s) without confirmation.", hint="Add -y.")
+            raise UserInputError(
+                f"Refusing to cancel {len(targets)} run(s) without confirmation.", hint="Add -y."
+            )
         click.confirm(f"Cancel {len(targets)} active run(s)?", abort=True)
     results = {run_id: outcome.value for run_id, outcome in cancel_runs(store, targets).items()}
     if settings().json:

@@ -27,8 +27,13 @@ def cancel_run(store: RunStore, run_id: str) -> RunStatus:
     if run.is_terminal:
         return run.status
     try:
-        store.transition(run.id, RunStatus.TERMINATING, reason=CANCEL_REASON,
-                         failure_class=FailureClass.CANCEL, expected_from=run.status)
+        store.transition(
+            run.id,
+            RunStatus.TERMINATING,
+            reason=CANCEL_REASON,
+            failure_class=FailureClass.CANCEL,
+            expected_from=run.status,
+        )
     except StatusConflictError:
         return cancel_run(store, run_id)
     started = time.monotonic()
@@ -44,8 +49,13 @@ def cancel_run(store: RunStore, run_id: str) -> RunStatus:
     # No supervisor (or it did not answer in time): end the processes here.
     reap_tag(process_tag(run.id))
     try:
-        return store.transition(run.id, RunStatus.CANCELED, reason=CANCEL_REASON,
-                                failure_class=FailureClass.CANCEL, expected_from=RunStatus.TERMINATING).status
+        return store.transition(
+            run.id,
+            RunStatus.CANCELED,
+            reason=CANCEL_REASON,
+            failure_class=FailureClass.CANCEL,
+            expected_from=RunStatus.TERMINATING,
+        ).status
     except StatusConflictError:
         return store.get_run(run.id).status
 

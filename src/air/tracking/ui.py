@@ -90,8 +90,16 @@ def run_url(run_id: str, experiment_id: str, base: str | None = None) -> str:
 def write_tracking_ref(path: Path, handle: TrackingHandle) -> None:
     """Note which MLflow run an attempt logs to (atomically), so `air get run` can link to it later
     without asking MLflow; the caller owns the file's name (`RunPaths.tracking`)."""
-    atomic_write_text(path, json.dumps({
-        "run_id": handle.run_id, "experiment_id": handle.experiment_id, "tracking_uri": handle.tracking_uri}))
+    atomic_write_text(
+        path,
+        json.dumps(
+            {
+                "run_id": handle.run_id,
+                "experiment_id": handle.experiment_id,
+                "tracking_uri": handle.tracking_uri,
+            }
+        ),
+    )
 
 
 def tracking_ref_url(path: Path) -> str | None:
