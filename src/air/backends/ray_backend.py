@@ -43,19 +43,13 @@ from air.backends.base import (
     first_failure,
     parse_node_shape,
 )
-from air.backends.ray_agent import (
-    PATH_PREFIX_ENV,
-    NodeAgent,
-    NodePoll,
-    local_versions,
-    reap_tag,
-    tagged_processes_any_node,
-)
+from air.backends.ray_agent import NodeAgent, NodePoll, local_versions, reap_tag, tagged_processes_any_node
 from air.backends.ray_cluster import RayAuth, refresh_auth
 from air.backends.ray_shim import workload_ray_env
 from air.constants import TERMINATE_GRACE_S
 from air.errors import BackendUnavailableError, GPUValidationError, LaunchError
 from air.launcher.node import ProcessExit
+from air.settings import AIR_PATH_PREFIX
 
 _log = logging.getLogger("air.backends.ray")
 
@@ -469,7 +463,7 @@ class RayBackend:
                                          mlflow_run_id=env.get("MLFLOW_RUN_ID"),
                                          train_callbacks=env.get("RAY_TRAIN_CALLBACKS"), path="")
                 extra.pop("PATH")
-                extra[PATH_PREFIX_ENV] = node_dirs["shim_dir"]
+                extra[AIR_PATH_PREFIX] = node_dirs["shim_dir"]
                 # The supervisor passes its whole environment: a RAY_ADDRESS or token there points at the
                 # cluster air runs on, not at the Ray a node command starts, so these are always air's.
                 env.pop("RAY_ADDRESS", None)

@@ -23,8 +23,10 @@ from typing import BinaryIO
 
 import psutil
 
+from air.settings import AIR_LAUNCHER_PID
+
 #: Environment keys a forked child sets for itself (never inherited from the zygote's environment).
-_PER_CHILD = ("AIR_LAUNCHER_PID",)
+_PER_CHILD = (AIR_LAUNCHER_PID,)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ import time
 import traceback
 from typing import Any
 
+from air.settings import AIR_LAUNCHER_PID, AIR_PROCESS_TAG
+
 _PR_SET_PDEATHSIG = 1
 _children: dict[int, int] = {}  # pid -> index
 _stopping = False
@@ -119,7 +121,7 @@ def _run_child(proc: dict[str, Any], zygote_pid: int, close_fds: list[int], go_f
         for key in proc.get("unset", []):
             os.environ.pop(key, None)
         os.environ.update(proc["env"])
-        os.environ["AIR_LAUNCHER_PID"] = str(zygote_pid)  # the parent this child must not outlive
+        os.environ[AIR_LAUNCHER_PID] = str(zygote_pid)  # the parent this child must not outlive
         if proc.get("cwd"):
             os.chdir(proc["cwd"])
         _reseed()
@@ -188,7 +190,7 @@ def _sweep(grace_s: float) -> None:
     when the launcher's thread that started this process exits, which can be while the rest of a
     SIGKILLed launcher is still being torn down and getppid() still names it.
     """
-    tag = os.environ.get("AIR_PROCESS_TAG")
+    tag = os.environ.get(AIR_PROCESS_TAG)
     if not tag:
         return
     try:

@@ -31,8 +31,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
-from air.constants import DEFAULT_MAX_RETRIES, PROCESS_TAG_ENV
+from air.constants import DEFAULT_MAX_RETRIES
 from air.errors import GPUTypeError
+from air.settings import AIR_PROCESS_TAG
 
 #: experiment_name and mlflow_run_name: they become MLflow names and folder names, so no spaces or dots.
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -54,7 +55,7 @@ SECRET_PART_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 RESERVED_ENV_NAMES: frozenset[str] = frozenset(
     {
         "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NUM_NODES", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-        "CODE_SOURCE_PATH", "MLFLOW_RUN_ID", "HYPERPARAMETERS_PATH", "CUDA_VISIBLE_DEVICES", PROCESS_TAG_ENV,
+        "CODE_SOURCE_PATH", "MLFLOW_RUN_ID", "HYPERPARAMETERS_PATH", "CUDA_VISIBLE_DEVICES", AIR_PROCESS_TAG,
     }
 )
 
