@@ -39,7 +39,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-
 class RayLaunchBootstrap:
     """What every rank of a `ray_launch` call runs (pickled with the user's function)."""
 
