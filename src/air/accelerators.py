@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 
 from air.errors import GPUTypeError, GPUValidationError
+from air.settings import AIR_CPU_SLOTS, AIR_FAKE_GPUS
 
 _TYPE_RE = re.compile(r"^(GPU|CPU)_([1-9][0-9]*)x([A-Za-z0-9]+)$")
 
@@ -134,7 +135,7 @@ class MachineAccelerators:
 
 def cpu_slots() -> int:
     """CPU slots of this machine: AIR_CPU_SLOTS, else the CPU count."""
-    configured = os.environ.get("AIR_CPU_SLOTS")
+    configured = os.environ.get(AIR_CPU_SLOTS)
     if configured:
         try:
             value = int(configured)
@@ -224,13 +225,13 @@ def uuid_or_idx_is_index(visible_key: str) -> bool:
 
 def discover() -> MachineAccelerators:
     """This machine's visible GPUs and CPU slots (cached per CUDA_VISIBLE_DEVICES / AIR_CPU_SLOTS)."""
-    if os.environ.get("AIR_FAKE_GPUS"):
+    if os.environ.get(AIR_FAKE_GPUS):
         # "N:MODEL" for tests of validation messages and slot ledgers on machines without GPUs; the ranks
         # get CUDA_VISIBLE_DEVICES but nothing checks that a device exists.
-        count, _, model = os.environ["AIR_FAKE_GPUS"].partition(":")
+        count, _, model = os.environ[AIR_FAKE_GPUS].partition(":")
         gpus = tuple(GpuDevice(i, str(i), f"NVIDIA {model or 'H100'}") for i in range(int(count)))
         return MachineAccelerators(gpus=gpus, cpu_slots=cpu_slots())
-    return _discover(os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("AIR_CPU_SLOTS"))
+    return _discover(os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get(AIR_CPU_SLOTS))
 
 
 def cpu_type(per_node: int) -> AcceleratorType:

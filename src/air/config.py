@@ -24,9 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from air.errors import UserInputError
 from air.home import air_home
-
-#: Environment variable that picks the profile when `-p` is not given.
-PROFILE_ENV = "AIR_PROFILE"
+from air.settings import AIR_PROFILE
 
 #: The profile that always exists, even with no configuration file.
 LOCAL_PROFILE = "local"
@@ -142,10 +140,10 @@ def load_config(path: Path | None = None) -> AirConfig:
 def resolve_profile(name: str | None = None, config: AirConfig | None = None) -> Profile:
     """The profile to use: `name` (from `-p`), else AIR_PROFILE, else the configured default."""
     config = config or load_config()
-    chosen = name or os.environ.get(PROFILE_ENV) or config.default_profile
+    chosen = name or os.environ.get(AIR_PROFILE) or config.default_profile
     profile = config.profiles.get(chosen)
     if profile is None:
-        source = "-p" if name else PROFILE_ENV if os.environ.get(PROFILE_ENV) else "default_profile"
+        source = "-p" if name else AIR_PROFILE if os.environ.get(AIR_PROFILE) else "default_profile"
         raise UserInputError(
             f"Unknown profile {chosen!r} (from {source}). Known profiles: {', '.join(sorted(config.profiles))}."
             + _did_you_mean(chosen, config.profiles),
@@ -214,7 +212,6 @@ def _describe(exc: ValidationError) -> str:
 
 __all__ = [
     "LOCAL_PROFILE",
-    "PROFILE_ENV",
     "AirConfig",
     "BaseEnvironment",
     "Profile",

@@ -1,8 +1,14 @@
-"""Tunables in one place (grace periods, poll intervals, defaults). Tests pass smaller values in."""
+"""Tunables in one place (grace periods, timeouts, defaults). Tests pass smaller values in.
+
+The ones a user may change through the environment read their `AIR_*` variable here (registered, with
+its default, in air/settings.py). Poll intervals private to one loop stay beside that loop.
+"""
 
 from __future__ import annotations
 
 import os
+
+from air.settings import AIR_RAY_JOIN_TIMEOUT_S, AIR_RELEASE_TIMEOUT_S, AIR_TERMINATE_GRACE_S
 
 
 def _float_env(name: str, default: float) -> float:
@@ -15,7 +21,7 @@ def _float_env(name: str, default: float) -> float:
 
 #: Seconds between SIGTERM and SIGKILL when a process tree is ended. Short on purpose: a rank stuck in a
 #: collective does not need 30 s to notice it should die, and the others must not hang (SPEC pain 1).
-TERMINATE_GRACE_S: float = _float_env("AIR_TERMINATE_GRACE_S", 1.0)
+TERMINATE_GRACE_S: float = _float_env(AIR_TERMINATE_GRACE_S, 1.0)
 
 #: How often the launcher looks at its processes.
 LAUNCH_POLL_S: float = 0.02
@@ -23,17 +29,29 @@ LAUNCH_POLL_S: float = 0.02
 #: Default wall-clock cap of a local `@distributed` call (3 h, as in the reference).
 DEFAULT_DISTRIBUTED_TIMEOUT_S: float = 10800.0
 
-#: Lines of a rank's log quoted when it died without a Python exception.
-LOG_TAIL_LINES: int = 30
-
 #: Default retries of a workload (the reference: 3 → 4 attempts).
 DEFAULT_MAX_RETRIES: int = 3
 
-#: Environment variable that marks every process of one launch; inherited by all descendants, so a
-#: teardown finds processes that left the process group or were re-parented.
-PROCESS_TAG_ENV: str = "AIR_PROCESS_TAG"
 
 #: A rank that died without reporting (signal, os._exit) within this many seconds after another rank
 #: raised is taken as the root cause: its peers' errors ("Connection reset by peer") are echoes of it,
 #: and the moment a death is noticed can lag the moment it happened on a busy machine.
 ECHO_WINDOW_S: float = 2.0
+
+#: How long `air cancel` waits for a run's supervisor to end it before ending its processes itself.
+CANCEL_WAIT_S: float = 30.0
+
+#: How long `air cancel` waits for a supervisor that has not started yet (no pid recorded) to appear.
+CANCEL_NO_SUPERVISOR_S: float = 5.0
+
+#: How long `ray_launch`'s head waits for every node to join before running the driver anyway.
+RAY_JOIN_TIMEOUT_S: float = _float_env(AIR_RAY_JOIN_TIMEOUT_S, 120.0)
+
+#: How often a caller or recorder of a `@distributed` call looks for an `air cancel` of it (seconds).
+CANCEL_CHECK_S: float = 1.0
+
+
+def release_timeout_s() -> float:
+    """Seconds a rank may take to release what its function left behind, after reporting its result
+    (read at each call: a test sets it after import)."""
+    return _float_env(AIR_RELEASE_TIMEOUT_S, 10.0)

@@ -131,6 +131,13 @@ class EnvironmentBuildError(AirError):
     """`environment.dependencies` could not be installed."""
 
 
+class SecretMaskingError(AirError):
+    """A run's logs cannot be shown safely: a secret it was given can no longer be resolved, so its value
+    could not be hidden. Nothing was printed (exit 1: the request was fine, the state is not)."""
+
+    code = "SECRET_UNRESOLVABLE"
+
+
 __all__ = [
     "AirError",
     "BackendUnavailableError",
@@ -142,6 +149,7 @@ __all__ = [
     "NotFoundError",
     "RankFailedError",
     "RayInitializationError",
+    "SecretMaskingError",
     "RuntimeConfigurationError",
     "SerializationError",
     "UserInputError",

@@ -17,9 +17,9 @@ import re
 import sys
 from pathlib import Path
 
+from air.settings import AIR_LOG_LEVEL
+
 ROOT = "air"
-#: The supervisor's log level (INFO unless `air run -vv` asked for DEBUG).
-LOG_LEVEL_ENV = "AIR_LOG_LEVEL"
 PREFIX = "[air]"
 #: One line of a supervisor.log: "2026-05-22T10:00:00 INFO    air.supervisor: message".
 FILE_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
@@ -81,13 +81,13 @@ def configure_cli(verbose: int, quiet: bool) -> None:
         logger.propagate = False
         _cli_handler = handler
     if verbose >= 2:
-        os.environ[LOG_LEVEL_ENV] = "DEBUG"
+        os.environ[AIR_LOG_LEVEL] = "DEBUG"
 
 
 def configure_file(path: Path, level: int | None = None) -> logging.Handler:
     """Log the `air` tree into `path` (the supervisor's log), at AIR_LOG_LEVEL or INFO."""
     if level is None:
-        level = logging.DEBUG if os.environ.get(LOG_LEVEL_ENV, "").upper() == "DEBUG" else logging.INFO
+        level = logging.DEBUG if os.environ.get(AIR_LOG_LEVEL, "").upper() == "DEBUG" else logging.INFO
     logger = logging.getLogger(ROOT)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(FILE_FORMAT, FILE_DATEFMT))
@@ -119,7 +119,6 @@ def prefixed(line: str, verbose: int) -> str | None:
 
 
 __all__ = [
-    "LOG_LEVEL_ENV",
     "configure_cli",
     "configure_file",
     "get_logger",

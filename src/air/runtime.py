@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from air.errors import RuntimeConfigurationError
+from air.settings import AIR_ACCELERATOR_KIND
 
 
 def _dist() -> Any | None:
@@ -92,7 +93,7 @@ def get_node_ip() -> str:
 
 def default_backend() -> str:
     """'nccl' on a GPU rank, 'gloo' on a CPU one: pass it to `dist.init_process_group`."""
-    return "gloo" if os.environ.get("AIR_ACCELERATOR_KIND", "GPU") == "CPU" else "nccl"
+    return "gloo" if os.environ.get(AIR_ACCELERATOR_KIND, "GPU") == "CPU" else "nccl"
 
 
 __all__ = ["default_backend", "get_global_rank", "get_local_rank", "get_local_world_size", "get_node_ip",

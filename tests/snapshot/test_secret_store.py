@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from air.errors import NotFoundError, UserInputError
+from air.errors import NotFoundError, SecretMaskingError, UserInputError
 from air.home import air_home
 from air.workload.secrets import (
     delete_secret,
     list_secrets,
     mask_secrets,
+    masker_for_run,
     parse_secret_ref,
     put_secret,
     resolve_secrets,
@@ -125,3 +126,45 @@ def test_masking() -> None:
     log_line = "debug: CCCCDDDD"  # one line of a multi-line secret, as a log shows it
     assert mask_secrets(f"key={pem}", [pem]) == "key=***"
     assert mask_secrets(log_line, [pem]) == "debug: ***"
+
+
+def _plan(folder: Path, refs: dict[str, str]) -> Path:
+    path = folder / "submission.json"
+    path.write_text(json.dumps({"secret_refs": refs}))
+    return path
+
+
+def test_run_masker_hides_the_runs_secrets(tmp_path: Path) -> None:
+    put_secret("team", "token", "t0ken")
+    mask = masker_for_run("run-x", _plan(tmp_path, {"API_TOKEN": "team/token"}))
+    assert mask("token is t0ken") == "token is ***"
+    assert masker_for_run("call-x", None)("t0ken") == "t0ken"  # a run given no secrets has none to hide
+
+
+def test_run_masker_fails_closed(tmp_path: Path) -> None:
+    """Unresolvable secrets, an unreadable plan, a store others can read: an error, never plain text."""
+    put_secret("team", "kept", "k")
+    plan = _plan(tmp_path, {"API_TOKEN": "team/gone", "OTHER": "team/kept"})
+    with pytest.raises(SecretMaskingError) as err:
+        masker_for_run("run-x", plan)
+    assert err.value.exit_code == 1
+    assert "team/gone (for API_TOKEN)" in str(err.value) and "air secrets put team gone" in str(err.value)
+    assert "team/kept" not in str(err.value)
+    plan.write_text("{not json")
+    with pytest.raises(SecretMaskingError, match="cannot be read"):
+        masker_for_run("run-x", plan)
+    _plan(tmp_path, {"OTHER": "team/kept"})
+    os.chmod(secrets_path(), 0o644)
+    with pytest.raises(SecretMaskingError, match="chmod 600"):
+        masker_for_run("run-x", plan)
+
+
+def test_run_masker_resolves_at_the_first_line_when_the_plan_comes_later(tmp_path: Path) -> None:
+    """`air logs --follow` started while the run is still in setup: the plan is read when lines come."""
+    plan = tmp_path / "submission.json"
+    mask = masker_for_run("run-x", plan)  # no plan yet: nothing to print yet either
+    _plan(tmp_path, {"API_TOKEN": "team/late"})
+    with pytest.raises(SecretMaskingError, match="team/late"):
+        mask("token is v4lue")
+    put_secret("team", "late", "v4lue")
+    assert masker_for_run("run-x", plan)("token is v4lue") == "token is ***"

@@ -90,6 +90,21 @@ def test_run_url_points_into_the_ui() -> None:
     )
 
 
+def test_tracking_ref_round_trips_into_a_link(tmp_path: Path) -> None:
+    """`tracking.json` is written whole (no temp file left) and read back into the same links as before."""
+    from air.tracking.ui import tracking_ref_url, write_tracking_ref
+
+    ref = tmp_path / "attempt_0" / "tracking.json"
+    assert tracking_ref_url(ref) is None  # no note yet: no link, no error
+    write_tracking_ref(ref, TrackingHandle("abc", "7", "http://mlflow.internal:5000/"))
+    assert [p.name for p in ref.parent.iterdir()] == ["tracking.json"]
+    assert tracking_ref_url(ref) == "http://mlflow.internal:5000/#/experiments/7/runs/abc"
+    write_tracking_ref(ref, TrackingHandle("abc", "7", "sqlite:////nowhere/mlflow.db"))
+    assert tracking_ref_url(ref) == "http://127.0.0.1:5000/#/experiments/7/runs/abc"
+    ref.write_text("{not json")
+    assert tracking_ref_url(ref) is None
+
+
 def test_handle_pickles_without_the_callers_warn() -> None:
     handle = TrackingHandle("abc", "7", "sqlite:////x/mlflow.db", warn=lambda m: None)
     again = pickle.loads(pickle.dumps(handle))

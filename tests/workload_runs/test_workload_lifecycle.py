@@ -213,6 +213,33 @@ def test_watch_json_is_a_jsonl_event_stream_with_retry(tmp_path: Path) -> None:
     assert "token is ***" in shown.stdout and "s3cr3t-value" not in shown.stdout
 
 
+def test_logs_fail_closed_when_a_secret_was_deleted_after_submit(tmp_path: Path) -> None:
+    """Masking cannot hide a value it cannot resolve: `air logs` then prints no line (exit 1) and says
+    which secret is missing and how to put it back, instead of printing the value unmasked."""
+    path = write_workload(tmp_path, "leaky", """
+        experiment_name: leaky
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        secrets: {API_TOKEN: team/leaky}
+        command: echo "token is $API_TOKEN"
+    """)
+    assert air("secrets", "put", "team", "leaky", input="l3aky-value\n").returncode == 0
+    run_id = submit(path)
+    assert wait_terminal(run_id).status.value == "SUCCESS"
+    assert "l3aky-value" in RunPaths(run_id).node_log(0, 0).read_text()  # the workload did print it
+    assert air("secrets", "delete", "team", "leaky").returncode == 0
+    for args in ((), ("--no-follow",), ("--follow",), ("--tail", "5"), ("--json",)):
+        shown = air("logs", run_id, *args)
+        assert shown.returncode == 1, (args, shown.stdout, shown.stderr)
+        assert "l3aky-value" not in shown.stdout + shown.stderr, args
+        assert "token is" not in shown.stdout, args  # no line at all, not even a masked one
+        assert "team/leaky" in shown.stdout + shown.stderr and "air secrets put team leaky" in (
+            shown.stdout + shown.stderr
+        ), args
+    assert air("secrets", "put", "team", "leaky", input="l3aky-value\n").returncode == 0
+    shown = air("logs", run_id)
+    assert shown.returncode == 0 and "token is ***" in shown.stdout and "l3aky-value" not in shown.stdout
+
+
 def test_cancel_all_asks_unless_yes(tmp_path: Path) -> None:
     path = write_workload(tmp_path, "idle", """
         experiment_name: idle

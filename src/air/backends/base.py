@@ -20,6 +20,7 @@ from typing import Protocol
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
 from air.launcher.node import ProcessExit
+from air.settings import AIR_AGENT_DIR
 
 #: on_line(node_rank, process_index, stream, text): every line a node's process prints, as it arrives
 #: (also written to its logs).
@@ -146,7 +147,7 @@ def build_outcome(node_ranks: Sequence[int], exits: Sequence[Sequence[ProcessExi
 
 def node_work_root(run_id: str, node_rank: int) -> Path:
     """Node-local folder of one node of one run: unpacked code, call payloads and outcomes."""
-    base = Path(os.environ.get("AIR_AGENT_DIR") or tempfile.gettempdir()) / f"air-agent-{os.getuid()}"
+    base = Path(os.environ.get(AIR_AGENT_DIR) or tempfile.gettempdir()) / f"air-agent-{os.getuid()}"
     return base / run_id / f"node_{node_rank}"
 
 

@@ -34,11 +34,12 @@ from air.backends.base import (
     parse_node_shape,
 )
 from air.backends.ray_shim import local_workload_ray_env
-from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
+from air.constants import TERMINATE_GRACE_S
 from air.errors import AirError, GPUTypeError, GPUValidationError, LaunchError
 from air.home import air_home
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
 from air.launcher.warm import python_can_fork
+from air.settings import AIR_LAUNCHER_PID, AIR_NODE_SLOTS, AIR_PROCESS_TAG, AIR_SUPERVISOR
 
 QUEUE_POLL_S = 0.2
 
@@ -159,7 +160,7 @@ class LocalBackend:
                     env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)})
                     env["CUDA_VISIBLE_DEVICES"] = "" if allocation.accelerator.is_cpu else ",".join(slots)
                     if launch.ray_shim:
-                        env["AIR_NODE_SLOTS"] = ",".join(slots)
+                        env[AIR_NODE_SLOTS] = ",".join(slots)
                         env.pop("RAY_ADDRESS", None)  # some other cluster, not the one the node command starts
                         env.update(ray_env)
                     cwd = launch.cwd or (_expand(proc.cwd, work) if proc.cwd else None)
@@ -195,8 +196,8 @@ def _node_environment(launch: NodeLaunch) -> dict[str, str]:
     environment its launch carries (the supervisor built it whole)."""
     if launch.ray_shim:
         return {}
-    env = {k: v for k, v in os.environ.items() if k not in (PROCESS_TAG_ENV, "AIR_SUPERVISOR")}
-    env["AIR_LAUNCHER_PID"] = str(os.getpid())
+    env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
+    env[AIR_LAUNCHER_PID] = str(os.getpid())
     return env
 
 

@@ -32,13 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from air.backends.base import NODE_DIR, NODE_PYTHON, NodeProcess, node_work_root
-from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
+from air.constants import TERMINATE_GRACE_S
 from air.launcher.node import ProcessExit
 from air.launcher.procs import reap_tag as reap_launch_tag
 from air.launcher.procs import tagged_processes
-
-#: A folder the agent puts first on the node processes' PATH (the node's own PATH follows).
-PATH_PREFIX_ENV = "AIR_PATH_PREFIX"
+from air.settings import AIR_LAUNCHER_PID, AIR_PATH_PREFIX, AIR_PROCESS_TAG, AIR_RAY_NODE
 
 #: Separates an attempt's tag from a node's rank in that node's AIR_PROCESS_TAG.
 NODE_TAG_SEP = ".node"
@@ -184,9 +182,9 @@ class NodeAgent:
         env = clean_ray_env(os.environ)
         for key in _RAY_PROCESS_ENV:
             env.pop(key, None)
-        env.pop(PROCESS_TAG_ENV, None)
+        env.pop(AIR_PROCESS_TAG, None)
         env.update(task_env)
-        prefix = env.pop(PATH_PREFIX_ENV, None)
+        prefix = env.pop(AIR_PATH_PREFIX, None)
         if prefix:
             env["PATH"] = prefix + os.pathsep + env.get("PATH", os.defpath)
         return env
@@ -213,7 +211,7 @@ class NodeAgent:
         specs = []
         for index, proc in enumerate(procs):
             env = {k: self._expand(v) for k, v in self._node_env(proc.env).items()}
-            env.setdefault("AIR_LAUNCHER_PID", str(os.getpid()))
+            env.setdefault(AIR_LAUNCHER_PID, str(os.getpid()))
             cwd = self._expand(proc.cwd) if proc.cwd else None
             if cwd and not Path(cwd).is_dir():
                 cwd = None
@@ -230,10 +228,8 @@ class NodeAgent:
         return list(self._launch.pids)
 
     def _start_sentinel(self, tag: str) -> None:
-        from air.backends.ray_cluster import NODE_MARKER_ENV
-
         # Neither the launch's tag nor the Ray node's marker: stopping either must not stop the sentinel.
-        env = {k: v for k, v in os.environ.items() if k not in (PROCESS_TAG_ENV, NODE_MARKER_ENV)}
+        env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_RAY_NODE)}
         try:
             self._sentinel = subprocess.Popen(
                 [sys.executable, "-m", "air.backends.ray_agent", "--detach", tag, str(self.root),

@@ -38,7 +38,6 @@ from air.backends.base import (
     ProcLineCallback,
 )
 from air.backends.ray_agent import (
-    PATH_PREFIX_ENV,
     NodeAgent,
     local_versions,
     reap_tag,
@@ -50,6 +49,7 @@ from air.backends.ray_cluster import RayAuth, refresh_auth
 from air.backends.ray_shim import workload_ray_env
 from air.constants import TERMINATE_GRACE_S
 from air.errors import LaunchError
+from air.settings import AIR_PATH_PREFIX
 
 #: How long an agent's long-poll blocks waiting for output (one call per node per this, when quiet).
 POLL_WAIT_S = 0.5
@@ -291,7 +291,7 @@ class RayBackend(RayCapacity):
                                          mlflow_run_id=env.get("MLFLOW_RUN_ID"),
                                          train_callbacks=env.get("RAY_TRAIN_CALLBACKS"), path="")
                 extra.pop("PATH")
-                extra[PATH_PREFIX_ENV] = node_dirs["shim_dir"]
+                extra[AIR_PATH_PREFIX] = node_dirs["shim_dir"]
                 # The supervisor passes its whole environment: a RAY_ADDRESS or token there points at the
                 # cluster air runs on, not at the Ray a node command starts, so these are always air's.
                 env.pop("RAY_ADDRESS", None)

@@ -27,9 +27,7 @@ from pathlib import Path
 
 from air.errors import RayInitializationError
 from air.launcher import reserve_port
-
-#: Environment variable carried by every process of one air-started Ray node.
-NODE_MARKER_ENV = "AIR_RAY_NODE"
+from air.settings import AIR_KEEP_RAY_TEMP, AIR_RAY_NODE, AIR_RAY_TEMP_ROOT
 
 #: Ray's own authentication switches (see the module docstring).
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -40,7 +38,7 @@ AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 RAY_WORKER_ENV = (
     "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_NODE_ID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS",
     "RAY_JOB_CONFIG_JSON_ENV_VAR", "RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-    "RAY_RUNTIME_ENV_CREATE_WORKING_DIR", "RAY_NAMESPACE", NODE_MARKER_ENV,
+    "RAY_RUNTIME_ENV_CREATE_WORKING_DIR", "RAY_NAMESPACE", AIR_RAY_NODE,
 )
 
 #: Ports a node listens on besides the GCS port (head only: client server and dashboard).
@@ -97,13 +95,13 @@ class RayNode:
         return f"http://{self.address.rsplit(':', 1)[0]}:{port}" if port else None
 
     def processes(self) -> list:
-        return processes_with_env(NODE_MARKER_ENV, self.marker)
+        return processes_with_env(AIR_RAY_NODE, self.marker)
 
     def stop(self, grace_s: float = 2.0, *, remove_temp_dir: bool | None = None) -> int:
         """End this node's processes (SIGTERM, `grace_s`, SIGKILL); returns how many there were."""
         count = stop_marked(self.marker, grace_s=grace_s)
         if remove_temp_dir if remove_temp_dir is not None else self.owns_temp_dir:
-            if not os.environ.get("AIR_KEEP_RAY_TEMP"):
+            if not os.environ.get(AIR_KEEP_RAY_TEMP):
                 shutil.rmtree(self.temp_dir, ignore_errors=True)
         return count
 
@@ -150,16 +148,16 @@ def processes_with_env(key: str, value: str) -> list:
 
 
 def stop_marked(marker: str, *, grace_s: float = 2.0) -> int:
-    """End every process carrying NODE_MARKER_ENV=marker: SIGTERM, `grace_s`, SIGKILL (the launcher's
+    """End every process carrying AIR_RAY_NODE=marker: SIGTERM, `grace_s`, SIGKILL (the launcher's
     staged teardown). The Python parts exit within a second of SIGTERM; raylet, GCS and the autoscaler
     monitor (measured, Ray 2.60) ignore it for many seconds, and a throwaway node needs no drain."""
     from air.launcher import terminate_tree
 
-    procs = processes_with_env(NODE_MARKER_ENV, marker)
+    procs = processes_with_env(AIR_RAY_NODE, marker)
     if procs:
         terminate_tree(others=procs, grace_s=grace_s)
         # Processes forked during the grace period (a worker being started) are caught on a second pass.
-        late = processes_with_env(NODE_MARKER_ENV, marker)
+        late = processes_with_env(AIR_RAY_NODE, marker)
         if late:
             terminate_tree(others=late, grace_s=0.5)
     return len(procs)
@@ -175,7 +173,7 @@ def ray_executable() -> list[str]:
 
 def short_temp_dir(prefix: str = "air-ray") -> Path:
     """A new, short folder for `--temp-dir`: Ray puts Unix sockets under it (path limit ~107 bytes)."""
-    base = Path(os.environ.get("AIR_RAY_TEMP_ROOT") or tempfile.gettempdir())
+    base = Path(os.environ.get(AIR_RAY_TEMP_ROOT) or tempfile.gettempdir())
     path = base / f"{prefix}-{os.getuid()}-{secrets.token_hex(4)}"
     path.mkdir(parents=True, mode=0o700)
     return path
@@ -257,7 +255,7 @@ def start_ray_node(
         argv += list(extra_args)
         child_env = clean_ray_env(env if env is not None else os.environ)
         child_env.update(auth.env())
-        child_env.update({NODE_MARKER_ENV: marker, "RAY_USAGE_STATS_ENABLED": "0"})
+        child_env.update({AIR_RAY_NODE: marker, "RAY_USAGE_STATS_ENABLED": "0"})
         deadline = time.monotonic() + timeout_s
         while True:  # the reservations stay held until Ray has bound the ports: no other air launch takes them
             try:
@@ -302,6 +300,6 @@ def _local_ip(output: str) -> str:
 
 
 __all__ = [
-    "NODE_MARKER_ENV", "RAY_WORKER_ENV", "RayAuth", "RayNode", "clean_ray_env", "processes_with_env",
+    "RAY_WORKER_ENV", "RayAuth", "RayNode", "clean_ray_env", "processes_with_env",
     "ray_executable", "short_temp_dir", "refresh_auth", "start_ray_node", "stop_marked", "use_auth",
 ]

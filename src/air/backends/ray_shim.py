@@ -33,11 +33,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from air.backends.ray_cluster import NODE_MARKER_ENV, RayAuth, stop_marked
+from air.backends.ray_cluster import RayAuth, stop_marked
 from air.backends.ray_train_report import train_report_env
-
-HEAD_PORT_ENV = "AIR_RAY_HEAD_PORT"
-SHIM_DIR_ENV = "AIR_RAY_SHIM_DIR"
+from air.settings import AIR_PROCESS_TAG, AIR_RAY_HEAD_PORT, AIR_RAY_NODE, AIR_RAY_SHIM_DIR
 
 _PORT_OPTIONS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
                  "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
@@ -69,7 +67,7 @@ def workload_ray_env(*, node_rank: int, head_port: int, shim_dir: Path, ray_tmpd
     """
     env = {
         "PATH": f"{shim_dir}{os.pathsep}{path if path is not None else os.environ.get('PATH', '')}",
-        SHIM_DIR_ENV: str(shim_dir), HEAD_PORT_ENV: str(head_port), "RAY_TMPDIR": str(ray_tmpdir),
+        AIR_RAY_SHIM_DIR: str(shim_dir), AIR_RAY_HEAD_PORT: str(head_port), "RAY_TMPDIR": str(ray_tmpdir),
         "RAY_USAGE_STATS_ENABLED": "0", **auth.env(),
     }
     if mlflow_run_id:
@@ -110,7 +108,7 @@ def _is_shim(folder: str) -> bool:
 
 def _real_ray() -> list[str]:
     """The `ray` the user's environment has, found on PATH after this shim's folder."""
-    shim_dir = os.environ.get(SHIM_DIR_ENV, "")
+    shim_dir = os.environ.get(AIR_RAY_SHIM_DIR, "")
     entries = [p for p in os.environ.get("PATH", "").split(os.pathsep)
                if p and os.path.realpath(p) != os.path.realpath(shim_dir or "/nonexistent") and not _is_shim(p)]
     found = shutil.which("ray", path=os.pathsep.join(entries))
@@ -168,7 +166,7 @@ def rewrite_start(args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str
     given = _options(out)
     notes: list[str] = []
     head = "head" in given
-    head_port = env.get(HEAD_PORT_ENV)
+    head_port = env.get(AIR_RAY_HEAD_PORT)
     # MASTER_PORT is already a port air reserved free on node 0: a command that puts the GCS there
     # (and joins it there) keeps it. Only Ray's fixed defaults (6379) are moved.
     master_port = env.get("MASTER_PORT")
@@ -177,13 +175,13 @@ def rewrite_start(args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str
             asked = given.get("port", (0, None))[1]
             if asked not in (head_port, master_port) or asked is None:
                 out = _set_option(out, "port", head_port)
-                notes.append(f"GCS port {asked or 6379} -> {head_port} ({HEAD_PORT_ENV}, free on node 0)")
+                notes.append(f"GCS port {asked or 6379} -> {head_port} ({AIR_RAY_HEAD_PORT}, free on node 0)")
         elif "address" in given and given["address"][1]:
             host, _, port = given["address"][1].rpartition(":")
             master = env.get("MASTER_ADDR")
             if host and host in {master, "127.0.0.1", "localhost"} and port not in (head_port, master_port):
                 out = _set_option(out, "address", f"{host}:{head_port}")
-                notes.append(f"joining {host}:{head_port} ({HEAD_PORT_ENV}) instead of port {port}")
+                notes.append(f"joining {host}:{head_port} ({AIR_RAY_HEAD_PORT}) instead of port {port}")
     for name in _PORT_OPTIONS + (_HEAD_PORT_OPTIONS if head else ()):
         if name not in given:
             out = _set_option(out, name, str(_free_port()))
@@ -196,7 +194,7 @@ def rewrite_start(args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str
 
 
 def _marker(env: Mapping[str, str]) -> str:
-    tag = env.get("AIR_PROCESS_TAG") or f"pid{os.getppid()}"
+    tag = env.get(AIR_PROCESS_TAG) or f"pid{os.getppid()}"
     return f"{tag}-ray-node{env.get('NODE_RANK', '0')}"
 
 
@@ -214,7 +212,7 @@ def _start(args: Sequence[str]) -> int:
         print(f"[air] ray start: {note}", flush=True)  # stdout, like ray's own notes (seed 000 hides stderr)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     marker = _marker(os.environ)
-    env[NODE_MARKER_ENV] = marker
+    env[AIR_RAY_NODE] = marker
     given = _options(rewritten)
     block = "block" in given
     joining = "address" in given and "head" not in given
@@ -282,4 +280,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["HEAD_PORT_ENV", "install_shim", "local_workload_ray_env", "rewrite_start", "workload_ray_env"]
+__all__ = ["install_shim", "local_workload_ray_env", "rewrite_start", "workload_ray_env"]

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
+from air.settings import AIR_RAY_TRAIN_MLFLOW
+
 CALLBACK_PATH = "air.ray.train_callback.MlflowReportCallback"
 CALLBACKS_ENV = "RAY_TRAIN_CALLBACKS"
-SWITCH_ENV = "AIR_RAY_TRAIN_MLFLOW"
 
 
 def train_report_env(current: str | None = None) -> dict[str, str]:
@@ -28,7 +29,7 @@ def train_report_env(current: str | None = None) -> dict[str, str]:
 def enable_train_report_logging(env: MutableMapping[str, str] | None = None) -> bool:
     """Add the callback to `env` (default: this process) when an MLflow run is set; True if added."""
     env = os.environ if env is None else env
-    if not env.get("MLFLOW_RUN_ID") or env.get(SWITCH_ENV, "1") == "0":
+    if not env.get("MLFLOW_RUN_ID") or env.get(AIR_RAY_TRAIN_MLFLOW, "1") == "0":
         return False
     env.update(train_report_env(env.get(CALLBACKS_ENV)))
     return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -14,22 +13,15 @@ from air.cli.main import common, settings
 from air.cli.output import stderr
 from air.errors import NotFoundError
 from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.runs.store import Run, RunStore
 
 
-def masker_for(run_id: str) -> Callable[[str], str]:
-    """Hide the run's secret values should the user's code print them."""
-    try:
-        plan = json.loads(RunPaths(run_id).submission.read_text())
-        refs = plan.get("secret_refs") or {}
-        if not refs:
-            return lambda text: text
-        from air.workload.secrets import mask_secrets, resolve_secrets
+def masker_for(run: Run) -> Callable[[str], str]:
+    """Hide the run's secret values should the user's code print them; raises (prints nothing) when they
+    cannot be resolved any more (air.workload.secrets.masker_for_run fails closed)."""
+    from air.workload.secrets import masker_for_run
 
-        values = list(resolve_secrets(refs).values())
-        return lambda text: mask_secrets(text, values)
-    except Exception:
-        return lambda text: text
+    return masker_for_run(run.id, None if run.kind == "call" else RunPaths(run.id).submission)
 
 
 @click.command()
@@ -107,7 +99,7 @@ def logs(
             shutil.copyfile(path, target / f"{label}_{n}.log")
         stderr(f"Copied {len(found)} log(s) of attempt {attempt_index} to {target}")
         return
-    mask = masker_for(run.id)
+    mask = masker_for(run)  # before any line: fails closed when secrets cannot be resolved
     json_mode = settings().json
     pinned = attempt is not None and attempt != run.current_attempt
     if follow is None:  # like the hosted CLI and `sky logs`: an active run is followed

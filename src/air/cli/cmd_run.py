@@ -81,7 +81,7 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
         from air.cli.cmd_logs import masker_for
         from air.cli.watch import watch as watch_run
 
-        return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_.id), verbose=s.verbose,
+        return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_), verbose=s.verbose,
                          node=watch_node)
     return 0
 

@@ -55,24 +55,13 @@ def queue_dict(store: RunStore, run: Run) -> dict[str, Any] | None:
 
 
 def mlflow_link(run: Run) -> str | None:
-    """A link into the MLflow UI for the run's latest attempt (the supervisor notes the experiment)."""
-    import json
-
+    """A link into the MLflow UI for the run's latest attempt (the supervisor notes its MLflow run)."""
     from air.runs.paths import RunPaths
+    from air.tracking.ui import tracking_ref_url
 
     if not run.mlflow_run_id or run.current_attempt is None:
         return None
-    try:
-        info = json.loads((RunPaths(run.id).attempt_dir(run.current_attempt) / "tracking.json").read_text())
-        if not info.get("tracking_uri", "").startswith("sqlite"):
-            base = info["tracking_uri"].rstrip("/")
-            return f"{base}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}"
-        from air.tracking import run_url, ui_base_url
-
-        # The port a running `air ui` for this store listens on, else its default.
-        return run_url(info["run_id"], info["experiment_id"], base=ui_base_url(store=info["tracking_uri"]))
-    except Exception:
-        return None
+    return tracking_ref_url(RunPaths(run.id).tracking(run.current_attempt))
 
 
 @click.group()

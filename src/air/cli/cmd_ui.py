@@ -20,6 +20,7 @@ import click
 from air.cli.main import common
 from air.cli.output import stderr
 from air.errors import LaunchError
+from air.settings import AIR_PROCESS_TAG
 
 #: Signals that stop `air ui` (and so everything it started).
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -111,7 +112,6 @@ def ui(host: str, port: int, workers: int) -> int:
 
     Needs MLflow's UI server: `pip install 'air-runtime[ui]'` (`make setup` installs it).
     """
-    from air.constants import PROCESS_TAG_ENV
     from air.launcher.guard import guard_argv
     from air.launcher.procs import terminate_tree
     from air.tracking import tracking_uri, ui_command
@@ -126,7 +126,7 @@ def ui(host: str, port: int, workers: int) -> int:
     uri = tracking_uri()
     argv = ui_command(host=host, port=port, workers=workers)
     tag = f"air-ui-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, PROCESS_TAG_ENV: tag}
+    env = {**os.environ, AIR_PROCESS_TAG: tag}
     previous = {sig: signal.signal(sig, _raise_stop) for sig in _STOP_SIGNALS}
     proc: subprocess.Popen[bytes] | None = None
     recorded = False

@@ -16,18 +16,22 @@ from typing import Any
 
 import cloudpickle
 
-from air.constants import TERMINATE_GRACE_S
+from air.constants import TERMINATE_GRACE_S, release_timeout_s
 from air.distributed.outcome import read_outcome, resolve
-from air.distributed.preload import RANK_PRELOAD_ENV, preload_for
+from air.distributed.preload import preload_for
 from air.distributed.shape import LocalShape
-from air.distributed.worker import release_timeout_s
 from air.errors import SerializationError
 from air.home import air_home
 from air.launcher import ProcessSpec, WarmStart, reserve_port, start_processes
 from air.launcher.warm import python_can_fork
-
-#: AIR_WARM_START=0 starts every rank as its own interpreter instead of forking it from a warm zygote.
-WARM_START_ENV = "AIR_WARM_START"
+from air.settings import (
+    AIR_ACCELERATOR_KIND,
+    AIR_CALL_DIR,
+    AIR_LAUNCHER_PID,
+    AIR_RANK_PRELOAD,
+    AIR_SYS_PATH,
+    AIR_WARM_START,
+)
 
 
 def new_call_dir(func_name: str) -> Path:
@@ -87,7 +91,7 @@ def rank_env(base: Mapping[str, str], *, rank: int, local_rank: int, world_size:
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(local_world_size), "NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
         "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port), "PYTHONUNBUFFERED": "1", "AIR_ACCELERATOR_KIND": accelerator_kind,
+        "MASTER_PORT": str(master_port), "PYTHONUNBUFFERED": "1", AIR_ACCELERATOR_KIND: accelerator_kind,
         "TORCHELASTIC_USE_AGENT_STORE": "False",
     })
     if gpu_ids is not None:
@@ -126,12 +130,12 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
     log_paths = [call_dir / f"rank_{r}.log" for r in range(world)]
     base_env = dict(os.environ)
     base_env.update(extra_env or {})
-    base_env["AIR_SYS_PATH"] = json.dumps([p for p in sys.path if p])
-    base_env["AIR_LAUNCHER_PID"] = str(os.getpid())
-    base_env["AIR_CALL_DIR"] = str(call_dir)
+    base_env[AIR_SYS_PATH] = json.dumps([p for p in sys.path if p])
+    base_env[AIR_LAUNCHER_PID] = str(os.getpid())
+    base_env[AIR_CALL_DIR] = str(call_dir)
     gpu_ids = list(shape.gpu_ids) if not shape.accelerator.is_cpu else []
     preload = preload_for(func, args, kwargs)
-    base_env[RANK_PRELOAD_ENV] = ",".join(preload)  # what a rank imports first (a forked one finds it done)
+    base_env[AIR_RANK_PRELOAD] = ",".join(preload)  # what a rank imports first (a forked one finds it done)
     with reserve_port() as port:
         specs = [
             ProcessSpec(
@@ -183,7 +187,7 @@ def _warn_about_hung_releases(call_dir: Path, world: int) -> None:
 
 def warm_enabled() -> bool:
     """Ranks are forked from a warm zygote (see air.launcher.warm) unless AIR_WARM_START=0 or no fork()."""
-    return python_can_fork() and os.environ.get(WARM_START_ENV, "1").strip().lower() not in ("0", "false", "off")
+    return python_can_fork() and os.environ.get(AIR_WARM_START, "1").strip().lower() not in ("0", "false", "off")
 
 
 def warm_start(preload: tuple[str, ...], world: int, port: int, timeout_s: float | None,

@@ -18,10 +18,7 @@ import types
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-PRELOAD_ENV = "AIR_PRELOAD"
-#: What every rank imports first (comma-separated), set by the caller from preload_for(); a rank forked
-#: from a zygote finds it imported already.
-RANK_PRELOAD_ENV = "AIR_RANK_PRELOAD"
+from air.settings import AIR_PRELOAD
 
 #: DDP and FSDP import torch._dynamo when they wrap a model (about a second of every rank's start):
 #: preloaded for code that names them.
@@ -109,7 +106,7 @@ def _scan(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> _
 def preload_for(func: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
                 env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The modules every rank of this call imports first (once, in the zygote, for a warm start)."""
-    setting = (env if env is not None else os.environ).get(PRELOAD_ENV, "auto").strip()
+    setting = (env if env is not None else os.environ).get(AIR_PRELOAD, "auto").strip()
     if setting.lower() in ("", "none", "off", "0", "false"):
         return ()
     if setting.lower() != "auto":

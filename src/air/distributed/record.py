@@ -16,10 +16,8 @@ import sys
 import threading
 from typing import Any, NamedTuple
 
+from air.constants import CANCEL_CHECK_S
 from air.runs.paths import process_tag  # light: the store and the states load in the recorder thread
-
-#: How often the recorder looks for an `air cancel` of the call while it runs (seconds).
-CANCEL_CHECK_S = 1.0
 
 
 class CallEnd(NamedTuple):

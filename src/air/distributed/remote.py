@@ -37,9 +37,10 @@ from air.backends.base import (
     NodeLaunch,
     NodeProcess,
 )
+from air.constants import CANCEL_CHECK_S
 from air.distributed.local import rank_env, serialize_call, warm_enabled
 from air.distributed.outcome import read_outcome, resolve
-from air.distributed.preload import RANK_PRELOAD_ENV, preload_for
+from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
 from air.launcher.node import LaunchResult, ProcessExit
@@ -47,12 +48,11 @@ from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import CallPaths
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
+from air.settings import AIR_ACCELERATOR_TYPE, AIR_CALL_DIR, AIR_RANK_PRELOAD, AIR_RUN_ID, AIR_SYS_PATH
 from air.tracking.attempt_tracking import AttemptTracking
 
 _log = logging.getLogger("air.call")
 
-#: How often the waiting caller looks at the run store for an `air cancel`.
-CANCEL_CHECK_S = 1.0
 
 
 def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -194,9 +194,9 @@ class CallJob:
                 message, hint="Install the same Python, cloudpickle and torch versions on the cluster's "
                 "nodes as here (or run from an environment that matches the cluster)."))
         base = {
-            "AIR_SYS_PATH": json.dumps([p for p in sys.path if p]), "AIR_CALL_DIR": NODE_DIR,
-            "NUM_NODES": str(self.num_nodes), "AIR_RUN_ID": self.run_id,
-            "AIR_ACCELERATOR_TYPE": self.accelerator.name, RANK_PRELOAD_ENV: ",".join(self.preload),
+            AIR_SYS_PATH: json.dumps([p for p in sys.path if p]), AIR_CALL_DIR: NODE_DIR,
+            "NUM_NODES": str(self.num_nodes), AIR_RUN_ID: self.run_id,
+            AIR_ACCELERATOR_TYPE: self.accelerator.name, AIR_RANK_PRELOAD: ",".join(self.preload),
         }
         if tracking_env:
             base.update(tracking_env)

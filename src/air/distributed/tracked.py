@@ -20,6 +20,7 @@ from typing import Any
 
 from air.distributed.local import run_local
 from air.distributed.shape import LocalShape
+from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
 from air.tracking.store import tracking_enabled
 
 
@@ -107,7 +108,7 @@ class CallTracking:
         with open(job.with_suffix(".log"), "ab") as log:
             subprocess.Popen([sys.executable, "-m", "air.distributed.tracked", str(job)], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True,
-                             env={k: v for k, v in os.environ.items() if k != "AIR_PROCESS_TAG"})
+                             env={k: v for k, v in os.environ.items() if k != AIR_PROCESS_TAG})
 
 
 def record_call(job_file: Path) -> int:
@@ -166,7 +167,7 @@ def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Map
     log_paths = paths.rank_log_list(shape.world_size)
     try:
         values, _ = run_local(func, args, kwargs, shape, timeout_s, call_dir=call_dir, tag=process_tag(run_id),
-                              extra_env={"AIR_MLFLOW_ENV_FILE": str(tracking.env_file)})
+                              extra_env={AIR_MLFLOW_ENV_FILE: str(tracking.env_file)})
         status = "FINISHED"
         end = CallEnd("SUCCESS")
         return values

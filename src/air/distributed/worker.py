@@ -20,22 +20,22 @@ from typing import Any
 
 import cloudpickle
 
-from air.constants import _float_env
+from air.constants import release_timeout_s
 from air.distributed.outcome import error, ok, write_outcome
-from air.distributed.preload import RANK_PRELOAD_ENV
 from air.launcher.zygote import exit_now, import_with_gc_off
+from air.settings import (
+    AIR_LAUNCHER_PID,
+    AIR_MLFLOW_ENV_FILE,
+    AIR_RANK_PRELOAD,
+    AIR_SYS_PATH,
+)
 
 _PR_SET_PDEATHSIG = 1
 
 
-def release_timeout_s() -> float:
-    """Seconds a rank may take to release what its function left behind, after reporting its result."""
-    return _float_env("AIR_RELEASE_TIMEOUT_S", 10.0)
-
-
 def _die_with_launcher() -> None:
     """If the launching process dies (even by SIGKILL), this rank gets SIGTERM instead of lingering."""
-    launcher = int(os.environ.get("AIR_LAUNCHER_PID", "0") or 0)
+    launcher = int(os.environ.get(AIR_LAUNCHER_PID, "0") or 0)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -101,13 +101,13 @@ def release_guarded(call_dir: Path, rank: int, leftovers: list[Any]) -> None:
 def main(call_dir: Path) -> int:
     _die_with_launcher()
     rank = int(os.environ.get("RANK", "0"))
-    for entry in reversed(json.loads(os.environ.get("AIR_SYS_PATH", "[]"))):
+    for entry in reversed(json.loads(os.environ.get(AIR_SYS_PATH, "[]"))):
         if entry not in sys.path:
             sys.path.insert(0, entry)
     from air.distributed.mlflow_gate import install
 
-    install(os.environ.get("AIR_MLFLOW_ENV_FILE"))
-    preload = [m for m in os.environ.get(RANK_PRELOAD_ENV, "").split(",") if m and m not in sys.modules]
+    install(os.environ.get(AIR_MLFLOW_ENV_FILE))
+    preload = [m for m in os.environ.get(AIR_RANK_PRELOAD, "").split(",") if m and m not in sys.modules]
     if preload:  # a cold start (a forked rank has them already), or one the zygote failed to import
         import_with_gc_off(preload)  # one that fails is imported again by the function, failing there
         gc.enable()

@@ -21,8 +21,8 @@ from types import FrameType
 
 import psutil
 
-from air.constants import PROCESS_TAG_ENV
 from air.launcher.procs import become_subreaper, die_with_parent, terminate_tree
+from air.settings import AIR_PROCESS_TAG
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
             others = psutil.Process().children(recursive=True)
         except psutil.Error:
             others = []
-        terminate_tree(others=others, tag=os.environ.get(PROCESS_TAG_ENV) or None)
+        terminate_tree(others=others, tag=os.environ.get(AIR_PROCESS_TAG) or None)
     return code
 
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TypeGuard
 
-from air.constants import LAUNCH_POLL_S, PROCESS_TAG_ENV, TERMINATE_GRACE_S
+from air.constants import LAUNCH_POLL_S, TERMINATE_GRACE_S
 from air.launcher.procs import Waitable, terminate_tree
 from air.launcher.pump import LineCallback, OutputPump
 from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_kept, start_zygote
+from air.settings import AIR_PROCESS_TAG
 
 #: What the launcher holds for each started process: a Popen (cold start) or a ForkedProcess (warm).
 ProcessHandle = subprocess.Popen[bytes] | ForkedProcess
@@ -115,7 +116,7 @@ class Launch:
     def _start_warm(self, warm: WarmStart) -> None:
         """Every process forked by one zygote that imported `warm.preload` once (see warm.py)."""
         self._open_logs()
-        envs = [{**spec.env, PROCESS_TAG_ENV: self.tag} for spec in self.specs]
+        envs = [{**spec.env, AIR_PROCESS_TAG: self.tag} for spec in self.specs]
         argvs = [spec.argv for spec in self.specs]
         cwds = [str(spec.cwd) if spec.cwd else None for spec in self.specs]
         zygote = start_kept(warm, argvs, envs, cwds, self.tag) if warm.keep else None
@@ -132,7 +133,7 @@ class Launch:
         self._open_logs()
         for index, (spec, log) in enumerate(zip(self.specs, self._logs, strict=True)):
             popen = subprocess.Popen(
-                list(spec.argv), env={**spec.env, PROCESS_TAG_ENV: self.tag}, cwd=spec.cwd,
+                list(spec.argv), env={**spec.env, AIR_PROCESS_TAG: self.tag}, cwd=spec.cwd,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 close_fds=True,
             )

@@ -19,7 +19,8 @@ from typing import Protocol
 
 import psutil
 
-from air.constants import PROCESS_TAG_ENV, TERMINATE_GRACE_S
+from air.constants import TERMINATE_GRACE_S
+from air.settings import AIR_PROCESS_TAG
 
 
 class Waitable(Protocol):
@@ -39,7 +40,7 @@ def tagged_processes(tag: str, *, subtags: bool = False) -> list[psutil.Process]
     `subtags`: also `tag.<anything>` (the Ray backend tags node n of an attempt `tag.node<n>`).
     """
     found: list[psutil.Process] = []
-    needle = f"{PROCESS_TAG_ENV}={tag}".encode()
+    needle = f"{AIR_PROCESS_TAG}={tag}".encode()
     prefix = needle + b"."
     me = os.getpid()
     for pid in psutil.pids():

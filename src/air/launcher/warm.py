@@ -32,13 +32,14 @@ from typing import IO, BinaryIO
 
 import psutil
 
-from air.constants import PROCESS_TAG_ENV, _float_env
+from air.constants import _float_env
+from air.settings import AIR_LAUNCHER_PID, AIR_PROCESS_TAG, AIR_WARM_IDLE_S
 
 #: Environment keys a forked child sets for itself (never inherited from the zygote's environment).
-_PER_CHILD = ("AIR_LAUNCHER_PID",)
+_PER_CHILD = (AIR_LAUNCHER_PID,)
 
 #: Seconds a zygote kept between launches waits for the next one before it leaves; 0 keeps none.
-WARM_IDLE_ENV = "AIR_WARM_IDLE_S"
+WARM_IDLE_ENV = AIR_WARM_IDLE_S
 _MAX_FDS = 250  # SCM_RIGHTS takes at most 253 descriptors per message
 _MAX_PLAN = 128 * 1024  # within a SOCK_SEQPACKET message's default limit
 
@@ -456,10 +457,10 @@ def start_kept(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[d
 
     if not warm.keep or warm_idle_s() <= 0 or 2 * len(argvs) + 1 > _MAX_FDS:
         return None
-    if len(f"{PROCESS_TAG_ENV}={tag}") > len(TAG_SLOT_ENV) + 1 + TAG_SLOT_LEN:
+    if len(f"{AIR_PROCESS_TAG}={tag}") > len(TAG_SLOT_ENV) + 1 + TAG_SLOT_LEN:
         return None
     modules = [warm.module_of(argv) for argv in argvs]
-    left_out = {*warm.call_env, PROCESS_TAG_ENV}
+    left_out = {*warm.call_env, AIR_PROCESS_TAG}
     base = {k: v for k, v in common_env(envs).items() if k not in left_out}
     names = sorted({module for module, _ in modules})
     key = (warm.python, warm.preload, warm.sys_path, tuple(names), warm.world_size, cwds[0],

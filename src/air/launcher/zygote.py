@@ -41,10 +41,12 @@ import time
 import traceback
 from typing import Any
 
+from air.settings import AIR_LAUNCHER_PID, AIR_PROCESS_TAG, AIR_WARM_TAG_SLOT
+
 _PR_SET_PDEATHSIG = 1
 #: In a kept zygote's environment: room, in the process's own environment block, for one launch's
 #: AIR_PROCESS_TAG, written there by the launch's leader (see _write_tag).
-TAG_SLOT_ENV = "AIR_WARM_TAG_SLOT"
+TAG_SLOT_ENV = AIR_WARM_TAG_SLOT
 TAG_SLOT_LEN = 96
 _children: dict[int, int] = {}  # pid -> index
 _leaders: set[int] = set()  # a kept zygote's per-launch leaders
@@ -132,7 +134,7 @@ def _run_child(proc: dict[str, Any], zygote_pid: int, close_fds: list[int], go_f
         for key in proc.get("unset", []):
             os.environ.pop(key, None)
         os.environ.update(proc["env"])
-        os.environ["AIR_LAUNCHER_PID"] = str(zygote_pid)  # the parent this child must not outlive
+        os.environ[AIR_LAUNCHER_PID] = str(zygote_pid)  # the parent this child must not outlive
         if proc.get("cwd"):
             os.chdir(proc["cwd"])
         _reseed()
@@ -201,7 +203,7 @@ def _sweep(grace_s: float) -> None:
     when the launcher's thread that started this process exits, which can be while the rest of a
     SIGKILLed launcher is still being torn down and getppid() still names it.
     """
-    tag = os.environ.get("AIR_PROCESS_TAG")
+    tag = os.environ.get(AIR_PROCESS_TAG)
     if not tag:
         return
     try:
@@ -312,7 +314,6 @@ def _write_tag(tag: str) -> bool:
     launch's leader writes its own into the slot the zygote was started with, and every process it
     forks (ranks, their forked workers) shows it, as a one-shot zygote's children show the tag it was
     started with (setproctitle rewrites the same memory)."""
-    from air.constants import PROCESS_TAG_ENV
 
     try:
         with open("/proc/self/stat", "rb") as fh:
@@ -329,7 +330,7 @@ def _write_tag(tag: str) -> bool:
                 return False
             offset = found + 1
         size = block.index(b"\0", offset) - offset
-        entry = f"{PROCESS_TAG_ENV}={tag}".encode()
+        entry = f"{AIR_PROCESS_TAG}={tag}".encode()
         if len(entry) > size or env_start + offset + size > env_end:
             return False
         ctypes.memmove(env_start + offset, entry.ljust(size, b"\0"), size)
@@ -344,7 +345,6 @@ def _lead(plan: dict[str, Any], fds: list[int], zygote_pid: int, control_fd: int
 
     The zygote itself never runs anything of a launch, so no launch leaves anything in it for the next.
     Its own session (the launcher ends it by group); dies with the zygote. Never returns."""
-    from air.constants import PROCESS_TAG_ENV
 
     code = 1
     try:
@@ -360,7 +360,7 @@ def _lead(plan: dict[str, Any], fds: list[int], zygote_pid: int, control_fd: int
         tag = plan.get("tag")
         os.environ.pop(TAG_SLOT_ENV, None)
         if tag:
-            os.environ[PROCESS_TAG_ENV] = tag
+            os.environ[AIR_PROCESS_TAG] = tag
             if not _write_tag(tag):
                 _status(status_fd, "note the launch's tag is not in its processes' /proc environ")
         os.dup2(plan["procs"][0]["out"], 1)  # what a one-shot zygote writes lands in the first log too

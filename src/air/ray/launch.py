@@ -21,26 +21,22 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
+from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S, RAY_JOIN_TIMEOUT_S
 from air.distributed.decorator import DistributedFunction
 from air.distributed.shape import CallSettings, check_settings
 from air.errors import AirError, RayInitializationError
+from air.settings import (
+    AIR_ACCELERATOR_KIND,
+    AIR_ACCELERATOR_TYPE,
+    AIR_RAY_METRICS,
+    AIR_RAY_METRICS_PORT,
+    AIR_RAY_OBJECT_STORE_MEMORY,
+)
 
 _log = logging.getLogger("air.ray.launch")
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-#: Environment variable that holds the call's node shape for the ranks (set by air, read by the bootstrap).
-ACCELERATOR_TYPE_ENV = "AIR_ACCELERATOR_TYPE"
-#: The metrics export port of this node's Ray, for RayMetricsMonitor.
-METRICS_PORT_ENV = "AIR_RAY_METRICS_PORT"
-#: Set to 0 to keep Ray metrics out of MLflow.
-RAY_METRICS_ENV = "AIR_RAY_METRICS"
-#: Object store size of the Ray nodes a call starts (bytes); Ray's default (30% of RAM) otherwise.
-OBJECT_STORE_ENV = "AIR_RAY_OBJECT_STORE_MEMORY"
-#: How long the head waits for every node to join before running the driver anyway.
-JOIN_TIMEOUT_S = float(os.environ.get("AIR_RAY_JOIN_TIMEOUT_S", "120"))
 
 
 class RayLaunchBootstrap:
@@ -76,11 +72,13 @@ class RayLaunchBootstrap:
             "auth": auth, "num_gpus": gpus,
             "num_cpus": max(per_node, os.cpu_count() or 1) if kind == "CPU" else None,
             "resources": resources,
-            "object_store_memory": int(os.environ[OBJECT_STORE_ENV]) if os.environ.get(OBJECT_STORE_ENV) else None,
+            "object_store_memory": (
+                int(os.environ[AIR_RAY_OBJECT_STORE_MEMORY]) if os.environ.get(AIR_RAY_OBJECT_STORE_MEMORY) else None
+            ),
             "labels": {"air-node-rank": str(node_rank)},
         }
         if node_rank != 0:
-            node = start_ray_node(head=False, address=f"{host}:{port}", retry_until=time.monotonic() + JOIN_TIMEOUT_S,
+            node = start_ray_node(head=False, address=f"{host}:{port}", retry_until=time.monotonic() + RAY_JOIN_TIMEOUT_S,
                                   **common)
             monitor = _node_monitor(node.metrics_export_port)
             try:
@@ -105,7 +103,7 @@ class RayLaunchBootstrap:
                 joined = _wait_for_nodes(address, num_nodes, auth)
             print(f"[air] Ray cluster up at {address}: {joined} of {num_nodes} node(s)"
                   + (f", dashboard {node.dashboard_url}" if node.dashboard_url else ""), flush=True)
-            os.environ[METRICS_PORT_ENV] = str(node.metrics_export_port)
+            os.environ[AIR_RAY_METRICS_PORT] = str(node.metrics_export_port)
             from air.backends.ray_train_report import enable_train_report_logging
 
             enable_train_report_logging()
@@ -120,13 +118,13 @@ class RayLaunchBootstrap:
     def _shape(self) -> tuple[str, str | None]:
         if self.kind:
             return self.kind, self.model
-        text = os.environ.get(ACCELERATOR_TYPE_ENV, "")
+        text = os.environ.get(AIR_ACCELERATOR_TYPE, "")
         if text:
             from air.accelerators import parse_accelerator_type
 
             parsed = parse_accelerator_type(text)
             return parsed.kind, parsed.model
-        kind = os.environ.get("AIR_ACCELERATOR_KIND", "CPU")
+        kind = os.environ.get(AIR_ACCELERATOR_KIND, "CPU")
         if kind == "GPU":
             from air.accelerators import discover
 
@@ -136,7 +134,7 @@ class RayLaunchBootstrap:
 
 def _node_monitor(port: int, head: bool = False) -> Any:
     """This node's RayMetricsMonitor, started, when the call has an MLflow run (and metrics are on)."""
-    if not os.environ.get("MLFLOW_RUN_ID") or os.environ.get(RAY_METRICS_ENV, "1") == "0":
+    if not os.environ.get("MLFLOW_RUN_ID") or os.environ.get(AIR_RAY_METRICS, "1") == "0":
         return None
     from air.ray.metrics import RayMetricsMonitor
 
@@ -157,7 +155,7 @@ def _shutdown_driver() -> None:
             pass
 
 
-def _wait_for_nodes(address: str, expected: int, auth: Any, timeout_s: float = JOIN_TIMEOUT_S) -> int:
+def _wait_for_nodes(address: str, expected: int, auth: Any, timeout_s: float = RAY_JOIN_TIMEOUT_S) -> int:
     """Alive nodes once `expected` have joined (or the timeout passed); asks the GCS directly, so the
     user's own `ray.init(...)` (with its runtime_env) is the driver's first and only connection."""
     if expected <= 1:

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
+from air.settings import AIR_RAY_METRICS_PORT
+
 _log = logging.getLogger("air.ray.metrics")
 
 #: Cluster-wide families: logged by the head node's monitor only.
@@ -81,7 +83,7 @@ class RayMetricsMonitor:
         self.run_id = run_id
         self.is_head_node = is_head_node
         self.sampling_interval = float(sampling_interval)
-        port = os.environ.get("AIR_RAY_METRICS_PORT")
+        port = os.environ.get(AIR_RAY_METRICS_PORT)
         self.metrics_url = metrics_url or (f"http://127.0.0.1:{port}/metrics" if port else None)
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         self.node_name = node_name or f"node_{os.environ.get('NODE_RANK', '0')}"

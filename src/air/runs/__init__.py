@@ -11,6 +11,8 @@ from typing import Any
 #: Name → submodule. Loaded on first use (PEP 562): a `@distributed` call imports `air.runs.paths` on its
 #: path, and must not pay for the store, the reasons' regexes and the rest with it.
 _WHERE = {
+    "cancel_run": "cancel",
+    "cancel_runs": "cancel",
     "follow": "logtail",
     "tail_lines": "logtail",
     "RunPaths": "paths",
@@ -67,6 +69,8 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "can_transition",
+    "cancel_run",
+    "cancel_runs",
     "check_transition",
     "follow",
     "is_run_id",

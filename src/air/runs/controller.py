@@ -20,7 +20,6 @@ every step, and whatever happens, the allocation is released and no node process
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -31,7 +30,7 @@ from typing import Any, Protocol
 
 from air.accelerators import AcceleratorType
 from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, Backend, NodeLaunch, ProcLineCallback
-from air.runs.paths import RunPaths, atomic_write_text, process_tag
+from air.runs.paths import RunPaths, process_tag
 from air.runs.states import (
     AttemptStatus,
     FailureClass,
@@ -42,6 +41,7 @@ from air.runs.states import (
 )
 from air.runs.store import RunStore
 from air.tracking.attempt_tracking import AttemptTracking
+from air.tracking.ui import write_tracking_ref
 
 
 class SetupFailure(Exception):
@@ -384,9 +384,7 @@ class RunController:
             return
         try:
             self.store.set_mlflow_run_id(self.run_id, handle.run_id, attempt=index)
-            atomic_write_text(self.paths.attempt_dir(index) / "tracking.json", json.dumps({
-                "run_id": handle.run_id, "experiment_id": handle.experiment_id,
-                "tracking_uri": handle.tracking_uri}))
+            write_tracking_ref(self.paths.tracking(index), handle)
         except Exception as exc:  # noqa: BLE001 - tracking never fails a run
             tracking.warn(f"tracking: {exc}")
 

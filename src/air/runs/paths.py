@@ -124,6 +124,10 @@ class RunPaths:
             raise ValueError(f"node must be >= 0, got {node}")
         return self.attempt_dir(attempt) / f"node_{node}.log"
 
+    def tracking(self, attempt: int) -> Path:
+        """`attempt_<a>/tracking.json`: the attempt's MLflow run (id, experiment, store), for `air get` links."""
+        return self.attempt_dir(attempt) / "tracking.json"
+
     def attempts(self) -> list[int]:
         """Attempt indices that have a folder on disk, in order."""
         return sorted(_indices(self.folder, "attempt_", ""))

@@ -30,6 +30,7 @@ from air.runs.paths import RunPaths, process_tag
 from air.runs.reasons import termination_reason
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
+from air.settings import AIR_ATTEMPT, AIR_PROCESS_TAG, AIR_SUPERVISOR
 from air.tracking.attempt_tracking import AttemptTracking
 from air.workload.plan import RunPlan
 
@@ -141,7 +142,7 @@ class WorkloadJob:
     def _node_launches(self, attempt: int, logs: dict[int, Path], environment: Any,
                        tracking_env: dict[str, str]) -> list[NodeLaunch]:
         base = dict(os.environ)
-        for key in ("AIR_PROCESS_TAG", "AIR_SUPERVISOR"):
+        for key in (AIR_PROCESS_TAG, AIR_SUPERVISOR):
             base.pop(key, None)
         if environment is not None:
             from air.environments import activation_env
@@ -156,7 +157,7 @@ class WorkloadJob:
             env = dict(base)
             env.update(tracking_env)
             env.update(self.plan.node_env(node, secrets=self.secrets))
-            env["AIR_ATTEMPT"] = str(attempt)
+            env[AIR_ATTEMPT] = str(attempt)
             launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
                                                logs[node], cwd))
         _log.debug("attempt %d: node commands %s, cwd %s", attempt,
@@ -269,8 +270,8 @@ def _reap_remote_nodes(supervisor: Supervisor | None, run_id: str, within_s: flo
 
 
 def _supervisor_env(run_id: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "AIR_PROCESS_TAG"}  # independent of any outer run
-    env["AIR_SUPERVISOR"] = run_id
+    env = {k: v for k, v in os.environ.items() if k != AIR_PROCESS_TAG}  # independent of any outer run
+    env[AIR_SUPERVISOR] = run_id
     return env
 
 

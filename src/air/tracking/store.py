@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air.home import air_home
+from air.settings import AIR_TRACKING
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -242,4 +243,4 @@ def os_user() -> str:
 
 def tracking_enabled() -> bool:
     """AIR_TRACKING=off turns MLflow recording off for workloads and @distributed calls alike."""
-    return os.environ.get("AIR_TRACKING", "on").strip().lower() not in ("0", "off", "false", "no")
+    return os.environ.get(AIR_TRACKING, "on").strip().lower() not in ("0", "off", "false", "no")

@@ -3,7 +3,8 @@
 air does not ship a UI: the embedded store is a normal MLflow SQLite store, so `mlflow ui` shows it. The
 UI server comes with the full `mlflow` distribution (the `ui` extra); air itself needs only
 `mlflow-skinny`. A running `air ui` notes its address in `$AIR_HOME/ui.json` (this module owns that
-file), so links printed by `air get run` and by calls point at the port it really listens on.
+file), so links printed by `air get run` and by calls point at the port it really listens on. An
+attempt's `tracking.json` (named by `RunPaths.tracking`) is written and read into a link here too.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from air.errors import UserInputError
+from air.files import atomic_write_text
 from air.home import air_home
 from air.tracking.store import artifact_root, is_embedded, is_http, prepare_store, tracking_uri
+
+if TYPE_CHECKING:
+    from air.tracking.handle import TrackingHandle
 
 DEFAULT_UI_HOST = "127.0.0.1"
 DEFAULT_UI_PORT = 5000
@@ -79,6 +85,35 @@ def run_url(run_id: str, experiment_id: str, base: str | None = None) -> str:
     """Link to one run in an MLflow UI (the single-page app's route); `base` defaults to `ui_base_url()`."""
     base = ui_base_url() if base is None else base
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def write_tracking_ref(path: Path, handle: TrackingHandle) -> None:
+    """Note which MLflow run an attempt logs to (atomically), so `air get run` can link to it later
+    without asking MLflow; the caller owns the file's name (`RunPaths.tracking`)."""
+    atomic_write_text(
+        path,
+        json.dumps(
+            {
+                "run_id": handle.run_id,
+                "experiment_id": handle.experiment_id,
+                "tracking_uri": handle.tracking_uri,
+            }
+        ),
+    )
+
+
+def tracking_ref_url(path: Path) -> str | None:
+    """A link into the MLflow UI for the run noted in `path` (by `write_tracking_ref`); None when there is
+    no such note or it cannot be read. A non-SQLite store is its own UI; the embedded one links to the
+    port a running `air ui` for it listens on, else `air ui`'s default address."""
+    try:
+        info = json.loads(path.read_text())
+        uri = info.get("tracking_uri", "")
+        if not uri.startswith("sqlite"):
+            return f"{uri.rstrip('/')}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}"
+        return run_url(info["run_id"], info["experiment_id"], base=ui_base_url(store=uri))
+    except Exception:  # noqa: BLE001 - a missing or broken note only means no link
+        return None
 
 
 def experiment_url(experiment_id: str, base: str | None = None) -> str:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from air.settings import AIR_ACCELERATOR_KIND, AIR_ACCELERATOR_TYPE, AIR_RUN_ID
 from air.workload.spec import WorkloadSpec
 
 MASK = "***"
@@ -66,15 +67,15 @@ class RunPlan:
         env.update({
             "NUM_NODES": str(self.num_nodes), "NODE_RANK": str(node_rank), "WORLD_SIZE": str(self.num_accelerators),
             "LOCAL_WORLD_SIZE": str(self.per_node), "MLFLOW_SYSTEM_METRICS_NODE_ID": f"node_{node_rank}",
-            "AIR_ACCELERATOR_KIND": self.accelerator.split("_", 1)[0],
-            "AIR_ACCELERATOR_TYPE": self.accelerator,
+            AIR_ACCELERATOR_KIND: self.accelerator.split("_", 1)[0],
+            AIR_ACCELERATOR_TYPE: self.accelerator,
         })
         if self.code_path or self.code_root:
             env["CODE_SOURCE_PATH"] = self.code_path or f"<snapshot of {self.code_root}>"
         if self.parameters is not None:
             env["HYPERPARAMETERS_PATH"] = self.parameters_path or "<run folder>/hyperparameters.yaml"
         if self.run_id:
-            env["AIR_RUN_ID"] = self.run_id
+            env[AIR_RUN_ID] = self.run_id
         return env
 
     def to_json(self) -> str:

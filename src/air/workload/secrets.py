@@ -2,8 +2,9 @@
 
 A workload names secrets as `ENV_NAME: scope/key`; `resolve_secrets` turns those into values at launch
 time, so values never sit in a YAML file, the run store, or dry-run output (`mask_secrets` hides any that
-leak into text). The file is created with mode 0600 (never briefly wider), rewritten atomically under a
-lock, and refused when its permissions let anyone else read it: a store that leaked once is not trusted.
+leak into text; `masker_for_run` does it for a run's logs and fails closed: no masking, no lines). The
+file is created with mode 0600 (never briefly wider), rewritten atomically under a lock, and refused
+when its permissions let anyone else read it: a store that leaked once is not trusted.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from air.errors import NotFoundError, UserInputError
+from air.errors import AirError, NotFoundError, SecretMaskingError, UserInputError
 from air.files import atomic_write_text
 from air.home import air_home
 
@@ -131,6 +132,63 @@ def mask_secrets(text: str, values: Iterable[str]) -> str:
     return pattern.sub("***", text)
 
 
+class RunMasker:
+    """Hides one run's secret values in its log lines; built by `masker_for_run`."""
+
+    def __init__(self, run_id: str, submission: Path | None, store: Path | None) -> None:
+        self.run_id, self.submission, self.store = run_id, submission, store
+        self.values: list[str] | None = [] if submission is None else None
+
+    def resolve(self) -> list[str]:
+        """The values to hide (read once). Raises SecretMaskingError when they cannot all be known."""
+        if self.values is None:
+            self.values = list(self._resolve().values())
+        return self.values
+
+    def _resolve(self) -> dict[str, str]:
+        if self.submission is None:
+            return {}
+        try:
+            refs = json.loads(self.submission.read_text()).get("secret_refs") or {}
+        except (OSError, ValueError, AttributeError) as exc:
+            raise SecretMaskingError(
+                f"Not showing the logs of run {self.run_id}: its launch plan {self.submission} cannot be read "
+                f"({exc}), so air cannot tell which secret values to hide.",
+                hint=f"The raw log files are under {self.submission.parent} if you accept reading them unmasked.",
+            ) from exc
+        try:
+            return resolve_secrets(refs, store=self.store)
+        except AirError as exc:  # deleted/renamed secret, unreadable store, malformed reference
+            raise SecretMaskingError(
+                f"Not showing the logs of run {self.run_id}: it was given secrets that cannot be resolved "
+                f"now, so their values could not be hidden should the logs contain them. {exc.message}",
+                hint=(exc.hint + "\n" if exc.hint else "")
+                + "Then run the command again. (Put back the value the run was given: only that value is hidden.)",
+            ) from exc
+
+    def __call__(self, text: str) -> str:
+        return mask_secrets(text, self.resolve())
+
+
+def masker_for_run(
+    run_id: str, submission: Path | None, *, store: Path | None = None
+) -> Callable[[str], str]:
+    """A function hiding `run_id`'s secret values in its log lines, failing CLOSED.
+
+    `submission` is the run's launch plan (`RunPaths.submission`, which names its secret references), or
+    None for a run that is given no secrets (a `@distributed` call). The references are resolved now when
+    the plan exists, so an error comes before any line is printed; else at the first line (a run still
+    in setup has printed nothing). When a reference cannot be resolved (the secret was deleted from the
+    store after submit, the store became unreadable) this raises `SecretMaskingError`, naming the secret
+    and how to put it back, instead of printing lines that may hold its value: redacting every line
+    instead would print nothing useful while looking like output, and printing unmasked leaks.
+    """
+    masker = RunMasker(run_id, submission, store)
+    if submission is not None and submission.exists():
+        masker.resolve()
+    return masker
+
+
 # ---- the file -------------------------------------------------------------------------------------
 
 
@@ -189,7 +247,9 @@ def _write(path: Path, data: Store) -> None:
 __all__ = [
     "delete_secret",
     "list_secrets",
+    "RunMasker",
     "mask_secrets",
+    "masker_for_run",
     "parse_secret_ref",
     "put_secret",
     "resolve_secrets",

@@ -13,7 +13,7 @@ from typing import Annotated, Any, NoReturn
 from pydantic import AfterValidator, BeforeValidator
 from pydantic_core import PydanticCustomError
 
-from air.constants import PROCESS_TAG_ENV
+from air.settings import AIR_PROCESS_TAG
 
 #: experiment_name and mlflow_run_name: they become MLflow names and folder names, so no spaces or dots.
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -35,7 +35,7 @@ SECRET_PART_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 RESERVED_ENV_NAMES: frozenset[str] = frozenset(
     {
         "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NUM_NODES", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-        "CODE_SOURCE_PATH", "MLFLOW_RUN_ID", "HYPERPARAMETERS_PATH", "CUDA_VISIBLE_DEVICES", PROCESS_TAG_ENV,
+        "CODE_SOURCE_PATH", "MLFLOW_RUN_ID", "HYPERPARAMETERS_PATH", "CUDA_VISIBLE_DEVICES", AIR_PROCESS_TAG,
     }
 )
 
