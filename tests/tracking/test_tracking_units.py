@@ -160,3 +160,15 @@ def test_sampler_logs_gpu_metrics_through_nvml() -> None:
     metrics = MlflowClient(tracking_uri()).get_run(handle.run_id).data.metrics
     assert "system/node_1/gpu_0_utilization_percentage" in metrics
     assert "system/node_1/gpu_0_memory_usage_megabytes" in metrics
+
+
+def test_creating_the_embedded_store_prints_nothing(tmp_path: Path) -> None:
+    """A first remote=True call creates the store in the user's process: MLflow's INFO lines are noise."""
+    home = tmp_path / "fresh-home"
+    code = "from air.tracking.store import embedded_uri, prepare_store; prepare_store(embedded_uri())"
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "AIR_HOME": str(home)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (home / "mlflow.db").exists()
+    assert "Creating initial MLflow database tables" not in done.stderr, done.stderr
+    assert done.stderr == "", done.stderr

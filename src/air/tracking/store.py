@@ -168,12 +168,28 @@ def prepare_store(uri: str) -> None:
                     # keeps its artifacts under AIR_HOME, not in whatever folder the caller is in.
                     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
-                    SqlAlchemyStore(uri, root.as_uri())
+                    with _quiet_loggers("mlflow.store.db.utils", "alembic"):
+                        SqlAlchemyStore(uri, root.as_uri())
                 MlflowClient(uri).search_experiments(max_results=1)  # checks the schema version
                 _enable_wal(db)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         _prepared.add(uri)
+
+
+@contextlib.contextmanager
+def _quiet_loggers(*names: str) -> Iterator[None]:
+    """MLflow logs its schema creation at INFO on the user's stderr ("Creating initial MLflow database
+    tables..."); air creates the embedded store on the user's behalf, so that is noise, not news."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _enable_wal(db: Path) -> None:
