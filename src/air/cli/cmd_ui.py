@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import uuid
-from types import FrameType
 
 import click
 
@@ -21,19 +20,6 @@ from air.cli.main import common
 from air.cli.output import stderr
 from air.errors import LaunchError
 from air.settings import AIR_PROCESS_TAG
-
-#: Signals that stop `air ui` (and so everything it started).
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-class _Stop(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_stop(signum: int, _frame: FrameType | None) -> None:
-    raise _Stop(signum)
 
 
 def _port_busy(host: str, port: int) -> OSError | None:
@@ -112,7 +98,7 @@ def ui(host: str, port: int, workers: int) -> int:
 
     Needs MLflow's UI server: `pip install 'air-runtime[ui]'` (`make setup` installs it).
     """
-    from air.launcher.guard import guard_argv
+    from air.launcher.guard import STOP_SIGNALS, Stopped, guard_argv, raise_stopped
     from air.launcher.procs import terminate_tree
     from air.tracking import tracking_uri, ui_command
     from air.tracking.store import is_http
@@ -127,7 +113,7 @@ def ui(host: str, port: int, workers: int) -> int:
     argv = ui_command(host=host, port=port, workers=workers)
     tag = f"air-ui-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, AIR_PROCESS_TAG: tag}
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in _STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
     proc: subprocess.Popen[bytes] | None = None
     recorded = False
     try:
@@ -136,10 +122,10 @@ def ui(host: str, port: int, workers: int) -> int:
         recorded = True
         stderr(f"MLflow UI for {uri} at http://{host}:{port}  (Ctrl-C to stop)")
         return proc.wait()
-    except _Stop:
+    except Stopped:
         return 0
     finally:
-        for sig in _STOP_SIGNALS:
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         try:
             terminate_tree([proc] if proc is not None else [], tag=tag)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from pathlib import Path
 
 from air.cli.output import event, status, stderr
 from air.progress import Spinner, spinner
+from air.runs.logtail import LineCursor
 from air.runs.paths import RunPaths
 from air.runs.queue import QueueInfo, queue_info
 from air.runs.states import RunStatus
@@ -26,30 +26,12 @@ QUEUE_EVERY_S = 1.0
 _NODES_STARTING = re.compile(r"^attempt (\d+): starting \d+ node")
 
 
-class _Lines:
-    """Complete lines appended to a file since the last read (a partial last line waits)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset, self.pending = path, 0, b""
-
-    def read(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        *lines, self.pending = (self.pending + data).split(b"\n")
-        return [line.decode("utf-8", errors="replace") for line in lines]
-
-
 class WatchExtras:
     """Called once per watch poll with the run as it is now; `close()` when the watch ends."""
 
     def __init__(self, run_id: str, *, json_mode: bool, verbose: int, store: RunStore) -> None:
         self.run_id, self.json_mode, self.verbose, self.store = run_id, json_mode, verbose, store
-        self.log = _Lines(RunPaths(run_id).supervisor_log)
+        self.log = LineCursor(RunPaths(run_id).supervisor_log)
         self.last_message = ""
         self.started_attempts: set[int] = set()
         self.queue_key: object = None

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from air.cli.output import event, fmt_duration, stderr
 from air.cli.output import status as say_status
 from air.errors import NotFoundError, UserInputError
+from air.runs.logtail import LineCursor
 from air.runs.paths import CallPaths, RunPaths
 from air.runs.states import RunStatus
 from air.runs.store import Run, RunStore
@@ -86,36 +87,6 @@ def log_sources(
     ]
 
 
-class _LogCursor:
-    """Reads complete lines appended to a file since the last call (the last partial line waits)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.pending = b""
-
-    def start_at_tail(self, n: int) -> list[str]:
-        """Start with the last `n` complete lines (returned) instead of the beginning."""
-        from air.runs.logtail import complete_tail
-
-        lines, self.offset = complete_tail(self.path, n)
-        return lines
-
-    def read(self, final: bool = False) -> list[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        *lines, self.pending = (self.pending + data).split(b"\n")
-        if final and self.pending:
-            lines.append(self.pending)
-            self.pending = b""
-        return [line.decode("utf-8", errors="replace") for line in lines]
-
-
 class LogPrinter:
     """Writes lines of some logs to stdout: prefixed when there is more than one, or as LOG events."""
 
@@ -157,7 +128,7 @@ class _Streamer(LogPrinter):
         tail: int | None,
     ) -> None:
         super().__init__(sources, json_mode=json_mode, mask=mask, attempt=attempt)
-        self.cursors = [(source, _LogCursor(source.path)) for source in self.sources]
+        self.cursors = [(source, LineCursor(source.path)) for source in self.sources]
         if tail is not None:
             for source, cursor in self.cursors:
                 self.emit(source, cursor.start_at_tail(tail))

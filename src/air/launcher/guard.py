@@ -27,7 +27,7 @@ from air.settings import AIR_PROCESS_TAG
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-class _Stop(Exception):
+class Stopped(Exception):
     """Raised by the signal handler, so a blocking wait() is left at once."""
 
     def __init__(self, signum: int) -> None:
@@ -35,8 +35,8 @@ class _Stop(Exception):
         self.signum = signum
 
 
-def _raise_stop(signum: int, _frame: FrameType | None) -> None:
-    raise _Stop(signum)
+def raise_stopped(signum: int, _frame: FrameType | None) -> None:
+    raise Stopped(signum)
 
 
 def guard_argv(command: list[str], parent_pid: int | None = None) -> list[str]:
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: python -m air.launcher.guard PARENT_PID -- COMMAND [ARGS...]\n")
         return 2
     for sig in STOP_SIGNALS:
-        signal.signal(sig, _raise_stop)
+        signal.signal(sig, raise_stopped)
     child: subprocess.Popen[bytes] | None = None
     code = 0
     try:
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
         become_subreaper()
         child = subprocess.Popen(argv[2:])
         code = child.wait()
-    except _Stop as stop:
+    except Stopped as stop:
         code = 128 + stop.signum
     finally:
         for sig in STOP_SIGNALS:

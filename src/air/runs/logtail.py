@@ -85,6 +85,36 @@ def complete_tail(path: Path | str, n: int) -> tuple[list[str], int]:
         return [], 0
 
 
+class LineCursor:
+    """Complete lines appended to a file since the last read (a partial last line waits); never blocks, so
+    one poll loop can read several files (every node's log, the supervisor's)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.pending = b""
+
+    def start_at_tail(self, n: int) -> list[str]:
+        """Start with the last `n` complete lines (returned) instead of the beginning."""
+        lines, self.offset = complete_tail(self.path, n)
+        return lines
+
+    def read(self, final: bool = False) -> list[str]:
+        """New complete lines; with `final`, also the last one without its newline."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *lines, self.pending = (self.pending + data).split(b"\n")
+        if final and self.pending:
+            lines.append(self.pending)
+            self.pending = b""
+        return [line.decode("utf-8", errors="replace") for line in lines]
+
+
 def follow(
     path: Path | str,
     stop: Callable[[], bool],

@@ -63,14 +63,18 @@ def parse_run_id_fragment(text: str) -> str:
     return value
 
 
-class RunPaths:
-    """Every path of one run's folder. Pure names: nothing is created until `create()`/a write."""
+class _RunIdPaths:
+    """Paths named by a run id under AIR_HOME; the id is checked before any path is built from it."""
 
     def __init__(self, run_id: str, home: Path | str | None = None) -> None:
         if not RUN_ID_RE.match(run_id):  # never build a path from something that is not an id
             raise UserInputError(f"{run_id!r} is not a run id.")
         self.run_id = run_id
         self.home = Path(home) if home is not None else air_home()
+
+
+class RunPaths(_RunIdPaths):
+    """Every path of one run's folder. Pure names: nothing is created until `create()`/a write."""
 
     @property
     def folder(self) -> Path:
@@ -152,15 +156,9 @@ class RunPaths:
         return f"RunPaths({self.folder})"
 
 
-class CallPaths:
+class CallPaths(_RunIdPaths):
     """Every file name of one `@distributed` call's folder, `$AIR_HOME/calls/<run_id>/` (the call is a run
     of kind `call`, so its folder is named by its run id). The ranks, the caller and `air logs` ask here."""
-
-    def __init__(self, run_id: str, home: Path | str | None = None) -> None:
-        if not RUN_ID_RE.match(run_id):  # never build a path from something that is not an id
-            raise UserInputError(f"{run_id!r} is not a run id.")
-        self.run_id = run_id
-        self.home = Path(home) if home is not None else air_home()
 
     @property
     def folder(self) -> Path:
@@ -179,7 +177,7 @@ class CallPaths:
 
     def rank_logs(self) -> dict[int, Path]:
         """Rank → log path for the rank logs that exist."""
-        return {r: self.folder / f"rank_{r}.log" for r in sorted(_indices(self.folder, "rank_", ".log"))}
+        return {r: self.rank_log(r) for r in sorted(_indices(self.folder, "rank_", ".log"))}
 
     @property
     def mlflow_env(self) -> Path:
