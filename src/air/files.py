@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -36,4 +37,14 @@ def atomic_write_text(path: Path | str, data: str, *, mode: int = 0o644, encodin
     return atomic_write_bytes(path, data.encode(encoding), mode=mode)
 
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "folder_size"]
+
+
+def folder_size(path: Path) -> int:
+    """Bytes a folder takes on disk (allocated blocks, not file lengths); unreadable entries count 0."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import shutil
 import time
 from collections.abc import Collection
@@ -17,6 +16,7 @@ from typing import Literal
 from air.environments.cache import _is_complete, _Lock
 from air.environments.layout import _COMPLETE, _LAST_USED, _META, envs_dir
 from air.errors import UserInputError
+from air.files import folder_size
 
 
 @dataclass(frozen=True)
@@ -32,15 +32,6 @@ class EnvInfo:
     base_python: str | None = None
     state: Literal["ready", "building", "incomplete"] = "ready"
     in_use: bool = False
-
-
-def _folder_size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-    return total
 
 
 def _mtime(path: Path) -> datetime | None:
@@ -59,7 +50,7 @@ def _info(path: Path, state: Literal["ready", "building", "incomplete"], in_use:
     return EnvInfo(
         key=path.name,
         path=path,
-        size_bytes=_folder_size(path),
+        size_bytes=folder_size(path),
         created=datetime.fromisoformat(created) if created else _mtime(path),
         last_used=_mtime(path / _LAST_USED) or _mtime(path / _COMPLETE),
         dependencies=list(meta.get("dependencies", [])),

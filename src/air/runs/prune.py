@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from air.errors import UserInputError
+from air.files import folder_size
 from air.home import air_home
 from air.runs.paths import RUN_ID_RE, RunPaths
 from air.runs.states import RunStatus
@@ -48,15 +49,6 @@ class PruneReport:
     @property
     def count(self) -> int:
         return len(self.runs) + len(self.calls) + len(self.snapshots) + len(self.environments)
-
-
-def _size(path: Path) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-    return total
 
 
 def _remove_tree(path: Path) -> None:
@@ -152,7 +144,7 @@ def prune(
             if not RUN_ID_RE.match(run_id):
                 continue  # an id that is not a path name: its row is all there is
             folder = RunPaths(run_id, home).folder
-            report.bytes += _size(folder)
+            report.bytes += folder_size(folder)
             if not dry_run:
                 _remove_tree(folder)
         report.runs = list(removable)
@@ -172,7 +164,7 @@ def prune(
                 and store is not None
                 and _mtime(folder) < cutoff
             ):
-                report.bytes += _size(folder)
+                report.bytes += folder_size(folder)
                 report.runs.append(folder.name)
                 if not dry_run:
                     _remove_tree(folder)
@@ -184,7 +176,7 @@ def prune(
             if folder.name.startswith(".") or not folder.is_dir() or folder in busy:
                 continue
             if _newest_mtime(folder) < cutoff:
-                report.bytes += _size(folder)
+                report.bytes += folder_size(folder)
                 report.calls.append(folder.name)
                 if not dry_run:
                     _remove_tree(folder)
@@ -193,7 +185,7 @@ def prune(
 
     report.kept_for_active_runs = sorted(keep_snapshots | keep_envs)
     snapshots = prune_snapshots(older_than_days, now=now, keep=keep_snapshots, dry_run=True)
-    report.bytes += sum(_size(s) for s in snapshots)
+    report.bytes += sum(folder_size(s) for s in snapshots)
     if not dry_run:
         snapshots = prune_snapshots(older_than_days, now=now, keep=keep_snapshots)
     report.snapshots = [s.name for s in snapshots]
