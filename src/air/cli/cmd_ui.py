@@ -112,8 +112,6 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
     from air.tracking import tracking_uri, ui_command
     from air.tracking.store import is_http
     from air.tracking.ui import forget_ui, record_ui, require_ui_server
-    from air.web import create_web_app
-    from air.web.serve import PageServer
 
     # Checked before AIR_HOME is touched: a missing extra or a busy port writes nothing.
     # A tracking server has its own UI: ui_command() says so, and needs neither the extra nor the port.
@@ -125,6 +123,10 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
         require_ui_server()
         _check_port(host, port)
         _check_port(host, pages_port)
+    # After the check: the pages need Starlette, uvicorn and Jinja2, which the `ui` extra brings.
+    from air.web import create_web_app
+    from air.web.serve import PageServer
+
     uri = tracking_uri()
     argv = ui_command(host=host, port=port, workers=workers)
     tag = f"air-ui-{os.getpid()}-{uuid.uuid4().hex[:8]}"

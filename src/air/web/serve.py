@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from air.constants import WEB_SHUTDOWN_GRACE_S
+from air.errors import LaunchError
 
 
 class PageServer:
@@ -23,12 +24,15 @@ class PageServer:
         self.thread = threading.Thread(target=self.server.run, name="air-web", daemon=True)
 
     def start(self, timeout_s: float = 30.0) -> None:
-        """Start and wait until it listens; RuntimeError when it could not (the port was taken meanwhile)."""
+        """Start and wait until it listens; LaunchError when it could not (the port was taken meanwhile)."""
         self.thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the web pages' server did not start (is the port free?)")
+                raise LaunchError(
+                    f"air's pages could not listen on {self.server.config.host}:{self.server.config.port}.",
+                    hint="Pick another port with --web-port (the port may have been taken meanwhile).",
+                )
             time.sleep(0.02)
 
     def stop(self) -> None:

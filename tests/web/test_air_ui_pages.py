@@ -1,0 +1,46 @@
+"""`air ui` serves air's pages on --web-port beside MLflow's UI on --port, links to MLflow, and ends both
+(every process, both ports) on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import urllib.request
+from pathlib import Path
+
+from conftest import free_port
+from proc_helpers import alive, wait_for
+from runs_helpers import submit, wait_terminal, write_workload
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking_runs"))
+from test_ui_cli import UI, port_is_free  # noqa: E402
+
+
+def test_air_ui_serves_the_pages_beside_mlflow(tmp_path: Path, air_home: Path, cpu_slots: None) -> None:
+    run_id = submit(write_workload(tmp_path, "shown", """
+        experiment_name: shown
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        max_retries: 0
+        command: echo "the last line of node 0"
+    """))
+    assert wait_terminal(run_id, timeout=180).status.value == "SUCCESS"
+    port, web_port = free_port(), free_port()
+    ui = UI(tmp_path, port, "--web-port", str(web_port), "--workers", "1")
+    try:
+        tree = ui.wait_ready()  # MLflow answers on --port
+        log = ui.log.read_text()
+        assert f"air pages (runs, logs, queue, capacity) at http://127.0.0.1:{web_port}" in log, log
+        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/runs", timeout=60) as response:
+            page = response.read().decode()
+        assert run_id in page and "SUCCESS" in page
+        assert f'href="http://127.0.0.1:{port}" id="mlflow-link"' in page
+        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/runs/{run_id}", timeout=60) as response:
+            assert "the last line of node 0" in response.read().decode()
+        os.kill(ui.proc.pid, signal.SIGTERM)
+        assert ui.proc.wait(timeout=60) == 0
+        wait_for(lambda: not alive([p.pid for p in tree]), "every process of `air ui` to end", timeout=30)
+        assert port_is_free(port) and port_is_free(web_port)
+    finally:
+        if ui.proc.poll() is None:
+            ui.kill_all()
