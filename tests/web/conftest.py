@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,21 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-#: Where the test setup saves the screenshots the README shows.
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-CHROMIUM_ARGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1400,1000",
-)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from web_helpers import CHROMEDRIVER, CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,10 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from conftest import free_port
-from proc_helpers import alive, wait_for
 from runs_helpers import submit, wait_terminal, write_workload
+from web_helpers import free_port
+
+from proc_helpers import alive, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking_runs"))
 from test_ui_cli import UI, port_is_free  # noqa: E402

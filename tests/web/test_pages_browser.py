@@ -11,11 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import SCREENSHOTS
-from proc_helpers import alive, wait_for
 from runs_helpers import submit, wait_status, wait_terminal, write_workload
+from web_helpers import SCREENSHOTS
 
 from air.runs.store import RunStore
+from proc_helpers import alive, wait_for
 
 #: A run page follows its log while the run is active; pages and runs start slowly on a loaded 2-core machine.
 PAGE_TIMEOUT_S = 90

@@ -1,0 +1,76 @@
+"""The pages as curl sees them (no JavaScript), over real runs: the queue says who waits for what, the
+capacity page who holds which slot, and a run page hides secret values and shows each attempt."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
+
+
+def page(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=60) as response:
+        assert response.status == 200
+        return response.read().decode()
+
+
+def test_queue_and_capacity(tmp_path: Path, air_home: Path, monkeypatch: pytest.MonkeyPatch,
+                            serve: Callable[..., str]) -> None:
+    monkeypatch.setenv("AIR_CPU_SLOTS", "1")
+    monkeypatch.setenv("AIR_TRACKING", "off")
+    stop = tmp_path / "stop"
+    body = f"""
+        experiment_name: slots
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: while [ ! -f {stop} ]; do sleep 0.2; done
+    """
+    holder = submit(write_workload(tmp_path, "holder", body))
+    wait_status(holder, "RUNNING", timeout=180)
+    waiting = submit(write_workload(tmp_path, "waiting", body))
+    wait_status(waiting, "QUEUED", timeout=180)
+    base = serve()
+    try:
+        runs = page(f"{base}/runs")
+        queue = runs.split('<section class="queue">')[1].split("</section>")[0]
+        assert waiting in queue and "1st in line" in queue and f"1 running run holds them: {holder}" in queue
+        queued_rows = page(f"{base}/runs?status=queued")
+        assert f'data-run="{waiting}"' in queued_rows and f'data-run="{holder}"' not in queued_rows
+        capacity = page(f"{base}/capacity")
+        assert "CPU: 1 used, 0 free of 1" in capacity
+        assert f'href="/runs/{holder}" title="{holder}">0</a>' in capacity  # slot 0 is the holder's
+        assert waiting not in capacity
+    finally:
+        stop.touch()
+    assert wait_terminal(holder, timeout=180).status.value == "SUCCESS"
+    assert wait_terminal(waiting, timeout=180).status.value == "SUCCESS"
+    assert "CPU: 0 used, 1 free of 1" in page(f"{base}/capacity")
+
+
+def test_run_page_masks_secrets_and_shows_every_attempt(
+    tmp_path: Path, air_home: Path, cpu_slots: None, serve: Callable[..., str]
+) -> None:
+    marker = tmp_path / "once"
+    assert air("secrets", "put", "team", "token", input="s3cr3t-value\n").returncode == 0
+    run_id = submit(write_workload(tmp_path, "retried", f"""
+        experiment_name: retried
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 1
+        secrets: {{API_TOKEN: team/token}}
+        command: |
+          echo "token is $API_TOKEN"
+          if [ ! -e {marker} ]; then touch {marker}; echo "CUDA out of memory. Tried to allocate 2 GiB"; exit 7; fi
+          echo done
+    """))
+    assert wait_terminal(run_id, timeout=240).status.value == "SUCCESS"
+    base = serve()
+    latest = page(f"{base}/runs/{run_id}")
+    assert 'id="run-status">SUCCESS<' in latest and latest.count('class="bar s-') == 2
+    assert "token is ***" in latest and "s3cr3t-value" not in latest
+    assert "team/token" in latest.split('id="spec"')[1]  # the spec as submitted: the reference, no value
+    first = page(f"{base}/runs/{run_id}?attempt=0")
+    assert "s3cr3t-value" not in first
+    assert 'data-signature="cuda_oom"' in first and "CUDA out of memory" in first  # highlighted signature
