@@ -188,7 +188,14 @@ def test_pages_need_a_login_or_a_bearer_token(
     assert status == 200 and 'id="run-status">RUNNING<' in body and "the very last line" in body
     assert 'id="cancel-button"' not in body  # not bob's run
 
-    # Cancel: another user is refused (403), an admin may.
+    # Cancel: a form posted from another site is refused, so is another user (403); an admin may.
+    request = urllib.request.Request(f"{base}/runs/{run_id}/cancel", data=b"", method="POST", headers={
+        "Authorization": "Bearer root-token", "Origin": "http://evil.example"})
+    try:
+        urllib.request.urlopen(request, timeout=60)
+        raise AssertionError("a cross-site post canceled the run")
+    except urllib.error.HTTPError as err:
+        assert err.code == 403
     request = urllib.request.Request(f"{base}/runs/{run_id}/cancel", data=b"", method="POST",
                                      headers={"Authorization": "Bearer bob-token"})
     try:

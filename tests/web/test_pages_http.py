@@ -99,3 +99,45 @@ def test_run_page_charts_training_and_system_metrics_and_links_mlflow(
     assert 'aria-label="node_0 cpu_utilization_percentage"' in shown
     assert f"/runs/{run.mlflow_run_id}" in shown and 'class="mlflow">MLflow run<' in shown
     assert 'href="http://127.0.0.1:5999" id="mlflow-link"' in shown
+
+
+CALLER = """
+import os
+from air import distributed
+
+@distributed(num_accelerators=2, accelerator_type="CPU")
+def work() -> int:
+    rank = int(os.environ["RANK"])
+    print(f"line of rank {rank}", flush=True)
+    if rank == 1:
+        raise ValueError("rank one is unhappy")
+    return rank
+
+try:
+    work.distributed()
+except Exception as exc:
+    print("RAISED", type(exc).__name__)
+"""
+
+
+def test_a_failed_call_shows_per_rank_logs_with_the_failing_rank_first(
+    tmp_path: Path, air_home: Path, cpu_slots: None, serve: Callable[..., str]
+) -> None:
+    import subprocess
+    import sys
+
+    from air.runs.store import RunStore
+
+    script = tmp_path / "caller.py"
+    script.write_text(CALLER)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
+    assert "RAISED" in result.stdout, result.stdout + result.stderr
+    (call,) = RunStore().list_runs(statuses="all")
+    assert call.kind == "call" and call.status.value == "FAILED"
+    base = serve()
+    assert f'data-run="{call.id}"' in page(f"{base}/runs")
+    shown = page(f"{base}/runs/{call.id}")
+    assert "rank 0" in shown and "rank 1" in shown  # per-rank tabs
+    assert 'class="chosen failing"' in shown and "line of rank 1" in shown  # the failing rank's log first
+    assert "rank one is unhappy" in shown.split('id="run-reason"')[1].split("</span>")[0]
+    assert "line of rank 0" in page(f"{base}/runs/{call.id}?log=0")

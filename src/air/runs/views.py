@@ -246,10 +246,10 @@ def log_view(run: Run, path: Path, *, lines: int = LOG_TAIL_LINES, query: str | 
 
 
 def failing_index(reason: str | None) -> int | None:
-    """The node (or rank) a termination reason names ("… (node 1)", "node 1, exit code 2"), if any."""
+    """The node (or rank) a termination reason names ("… (node 1)", "Rank 1: …"), if any."""
     import re
 
-    found = re.search(r"\b(?:node|rank) (\d+)\b", reason or "")
+    found = re.search(r"\b(?:node|rank) (\d+)\b", reason or "", re.IGNORECASE)  # "Rank 1: ValueError…"
     return int(found.group(1)) if found else None
 
 

@@ -155,7 +155,9 @@ def create_web_app(
         query = q.get("q") or ""
         lines = min(max(_int(q.get("lines"), views.LOG_TAIL_LINES), 1), views.LOG_SEARCH_LINES)
         log = views.log_view(run, files[index]["path"], lines=lines, query=query) if files else None
-        live = not run.is_terminal and attempt == run.current_attempt
+        # Live: the latest attempt of an active run (or attempt 0 of one that has not started: its log
+        # is followed from the moment it appears).
+        live = not run.is_terminal and attempt == (run.current_attempt or 0)
         return render(
             request, "run.html", user, run=detail, attempts=attempts, attempt=attempt, files=files,
             log_index=index, log=log, query=query, lines=lines, live=live, failing=failing,
@@ -185,6 +187,7 @@ def create_web_app(
     def cancel(request: Request) -> Response:
         from air.runs.cancel import cancel_run
 
+        _same_origin(request)
         user = user_of(request)
         store = open_store()
         run = store.get_run(request.path_params["run_id"])
@@ -261,6 +264,14 @@ def _int(text: str | None, default: int) -> int:
         return int(text) if text not in (None, "") else default
     except ValueError:
         return default
+
+
+def _same_origin(request: Request) -> None:
+    """A form posted from another site is refused: on `air ui` no cookie is needed, so any page the user
+    visits could otherwise post to the loopback address (the server's cookie is SameSite=Strict too)."""
+    origin = request.headers.get("origin")
+    if origin and origin != "null" and urllib.parse.urlsplit(origin).netloc != request.headers.get("host"):
+        raise Forbidden(f"Refused a cancel posted from another site ({origin}).")
 
 
 def _safe_next(target: str | None, base: str) -> str:

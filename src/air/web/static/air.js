@@ -47,9 +47,15 @@
       });
       if (atBottom) { log.scrollTop = log.scrollHeight; }
     });
-    source.addEventListener("end", function () {
+    source.addEventListener("end", function (event) {
       source.close();
-      refresh();
+      var status = JSON.parse(event.data).status;
+      var over = ["SUCCESS", "FAILED", "CANCELED", "TIMEDOUT", "INTERNAL_ERROR"].indexOf(status) >= 0;
+      if (over) { refresh(); return; }
+      // A retry started: show the new attempt's log (same node or rank, no attempt pinned).
+      var params = new URLSearchParams(window.location.search);
+      params.delete("attempt");
+      window.location.search = params.toString();
     });
   }
 })();
