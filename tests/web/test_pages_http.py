@@ -141,3 +141,65 @@ def test_a_failed_call_shows_per_rank_logs_with_the_failing_rank_first(
     assert 'class="chosen failing"' in shown and "line of rank 1" in shown  # the failing rank's log first
     assert "rank one is unhappy" in shown.split('id="run-reason"')[1].split("</span>")[0]
     assert "line of rank 0" in page(f"{base}/runs/{call.id}?log=0")
+
+
+def test_mounted_under_a_prefix_as_air_server_mounts_it(
+    tmp_path: Path, air_home: Path, cpu_slots: None, serve: Callable[..., str]
+) -> None:
+    """`air server` mounts the pages (`Mount("/ui", create_web_app(...))`): links, assets, the login
+    redirect and the session cookie stay under the prefix."""
+    import urllib.error
+
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Mount, Route
+    from web_helpers import free_port
+
+    from air.web import WebUser, create_web_app
+    from air.web.serve import PageServer
+
+    run_id = submit(write_workload(tmp_path, "mounted", """
+        experiment_name: mounted
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        max_retries: 0
+        command: echo "mounted line"
+    """))
+    assert wait_terminal(run_id, timeout=180).status.value == "SUCCESS"
+    pages = create_web_app(authenticator={"tok": WebUser("ana")}.get)
+    outer = Starlette(routes=[Route("/api/health", lambda request: PlainTextResponse("ok")), Mount("/ui", pages)])
+    port = free_port()
+    server = PageServer(outer, "127.0.0.1", port)
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert page(f"{base}/api/health") == "ok"
+        request = urllib.request.Request(f"{base}/ui/runs", headers={"Authorization": "Bearer tok"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            runs = response.read().decode()
+        assert f'href="/ui/runs/{run_id}"' in runs and 'href="/ui/static/air.css"' in runs
+        assert "--ok:" in page(f"{base}/ui/static/air.css")
+        request = urllib.request.Request(f"{base}/ui/runs/{run_id}", headers={"Authorization": "Bearer tok"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert "mounted line" in response.read().decode()
+        # Without a token a page goes to the mounted login page; logging in sets a cookie for /ui.
+        login = urllib.request.Request(f"{base}/ui/login", data=b"token=tok&next=/ui/runs", method="POST")
+
+        class Keep(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args: object, **kwargs: object) -> None:
+                return None
+
+        opener = urllib.request.build_opener(Keep)
+        try:
+            opener.open(login, timeout=60)
+            raise AssertionError("login did not redirect")
+        except urllib.error.HTTPError as err:
+            assert err.code == 303 and err.headers["Location"] == "/ui/runs"
+            cookie = err.headers["Set-Cookie"]
+        assert "air_session=" in cookie and "HttpOnly" in cookie and "Path=/ui" in cookie
+        try:
+            opener.open(f"{base}/ui/runs/{run_id}", timeout=60)
+            raise AssertionError("a page without login was served")
+        except urllib.error.HTTPError as err:
+            assert err.code == 303 and err.headers["Location"].startswith("/ui/login?next=/ui/runs/")
+    finally:
+        server.stop()
