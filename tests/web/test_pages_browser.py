@@ -91,8 +91,20 @@ def test_runs_page_and_a_live_run_page(
     wait_for(lambda: "node 1 saw the marker" in text_of(browser, "#log"), "node 1's live line in the page",
              timeout=PAGE_TIMEOUT_S, interval=0.3)
     assert "node 0" not in text_of(browser, "#log")  # node 1's log only
+
+    # The runs page, in a second tab, refreshes itself while a run is active: the row turns SUCCESS.
+    run_tab = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    browser.get(f"{base}/runs")
+    row = f'#runs-table tr[data-run="{running}"]'
+    assert browser.find_element("css selector", row).get_attribute("data-status") == "RUNNING"
     stop.touch()
-    wait_for(lambda: text_of(browser, "#run-status") == "SUCCESS", "SUCCESS on the page",
+    wait_for(lambda: "SUCCESS" in text_of(browser, row), "the runs page to show SUCCESS by itself",
+             timeout=PAGE_TIMEOUT_S, interval=0.3)
+    assert browser.execute_script("return document.body.dataset.live") == "0"  # nothing active: it stops
+    browser.close()
+    browser.switch_to.window(run_tab)
+    wait_for(lambda: text_of(browser, "#run-status") == "SUCCESS", "SUCCESS on the run page",
              timeout=PAGE_TIMEOUT_S, interval=0.3)
     assert "node 1 done training" in text_of(browser, "#log")
     browser.save_screenshot(str(SCREENSHOTS / "run.png"))
@@ -138,7 +150,11 @@ def test_failed_run_reason_and_cancel_from_the_page(
     marked = [e.text for e in browser.find_elements("css selector", "#log .line.error")]
     assert any("ValueError: learning rate 10.0 is too large" in line for line in marked), marked
     assert not any("epoch 0 ok" in line for line in marked)
+    browser.save_screenshot(str(SCREENSHOTS / "run-failed.png"))
     assert not browser.find_elements("css selector", "#cancel-button")  # over: nothing to cancel
+    browser.find_element("id", "log-search").send_keys("learning rate")  # narrows the lines as one types
+    wait_for(lambda: "epoch 0 ok" not in text_of(browser, "#log"), "the search to hide other lines", timeout=30)
+    assert "ValueError: learning rate 10.0 is too large" in text_of(browser, "#log")
 
     browser.get(f"{base}/runs/{long}")
     assert text_of(browser, "#run-status") == "RUNNING"

@@ -29,6 +29,20 @@
     }, every);
   }
 
+  // Typing in the search box narrows the lines shown at once; Enter still asks the server (which
+  // searches further back than the lines on the page).
+  var search = document.getElementById("log-search");
+  if (log && search) {
+    search.addEventListener("input", function () {
+      var wanted = search.value.toLowerCase();
+      Array.prototype.forEach.call(log.querySelectorAll(".line"), function (line) {
+        var hide = wanted && line.textContent.toLowerCase().indexOf(wanted) < 0;
+        line.style.display = hide ? "none" : "";
+        if (line.nextSibling && line.nextSibling.nodeType === 3) { line.nextSibling.textContent = hide ? "" : "\n"; }
+      });
+    });
+  }
+
   if (streaming && window.EventSource) {
     var query = (log.dataset.query || "").toLowerCase();
     var source = new EventSource(log.dataset.stream);
