@@ -74,6 +74,10 @@ def test_run_page_masks_secrets_and_shows_every_attempt(
     first = page(f"{base}/runs/{run_id}?attempt=0")
     assert "s3cr3t-value" not in first
     assert 'data-signature="cuda_oom"' in first and "CUDA out of memory" in first  # highlighted signature
+    # The secret is deleted: its value can no longer be hidden, so the page shows no line (fails closed).
+    assert air("secrets", "delete", "team", "token").returncode == 0
+    closed = page(f"{base}/runs/{run_id}")
+    assert "Not showing the logs of run" in closed and "token is" not in closed and "s3cr3t-value" not in closed
 
 
 def test_run_page_charts_training_and_system_metrics_and_links_mlflow(
@@ -203,3 +207,27 @@ def test_mounted_under_a_prefix_as_air_server_mounts_it(
             assert err.code == 303 and err.headers["Location"].startswith("/ui/login?next=/ui/runs/")
     finally:
         server.stop()
+
+
+def test_log_stream_of_an_ended_run_sends_the_tail_then_ends(
+    tmp_path: Path, air_home: Path, cpu_slots: None, serve: Callable[..., str]
+) -> None:
+    import json
+
+    run_id = submit(write_workload(tmp_path, "streamed", """
+        experiment_name: streamed
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        max_retries: 0
+        command: for i in $(seq 1 2000); do echo "line $i"; done
+    """))
+    assert wait_terminal(run_id, timeout=180).status.value == "SUCCESS"
+    base = serve()
+    body = page(f"{base}/runs/{run_id}/logs/stream?log=0")  # returns: the stream ends with the run
+    events = [block for block in body.split("\n\n") if block.startswith("id:") or block.startswith("event:")]
+    lines = [line["text"] for block in events if "event: lines" in block
+             for line in json.loads(block.split("data: ", 1)[1])]
+    assert lines[0] == "line 1501" and lines[-1] == "line 2000" and len(lines) == 500  # the tail, not the file
+    assert "event: end" in events[-1] and '"status": "SUCCESS"' in events[-1]
+    offset = int(events[0].split("\n")[0].removeprefix("id: "))
+    again = page(f"{base}/runs/{run_id}/logs/stream?log=0&offset={offset}")
+    assert "event: lines" not in again and "event: end" in again  # resumed at the end: nothing repeated

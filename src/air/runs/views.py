@@ -229,6 +229,7 @@ def log_view(run: Run, path: Path, *, lines: int = LOG_TAIL_LINES, query: str | 
 
     try:
         mask = log_masker(run)
+        mask("")  # resolves the secret values now (fails closed here, not half-way through the lines)
         _, offset = complete_tail(path, 0)  # where a live stream picks up (after the last complete line)
         if query:
             found = [t for t in tail_lines(path, LOG_SEARCH_LINES) if query.lower() in t.lower()]

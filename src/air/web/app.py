@@ -176,9 +176,11 @@ def create_web_app(
         if not 0 <= index < len(files):
             raise NotFoundError(f"Run {run.id} has no log {index}.")
         mask = await run_in_threadpool(views.log_masker, run)
+        await run_in_threadpool(mask, "")  # fails closed before any line is sent
         from air.web.stream import follow_log
 
-        offset = _int(request.headers.get("last-event-id"), _int(q.get("offset"), 0))
+        resume = request.headers.get("last-event-id") or q.get("offset")
+        offset = _int(resume, 0) if resume else None
         stream = follow_log(request, store, run.id, files[index]["path"], offset, mask,
                             attempt=attempt)
         return StreamingResponse(stream, media_type="text/event-stream",

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from air.constants import WEB_STREAM_POLL_S
 from air.runs.logtail import LineCursor
 from air.runs.store import RunStore
-from air.runs.views import marked_line
+from air.runs.views import LOG_TAIL_LINES, marked_line
 
 #: Lines sent per event at most (a burst of output is several events, not one huge one).
 LINES_PER_EVENT = 500
@@ -31,16 +31,22 @@ async def follow_log(
     store: RunStore,
     run_id: str,
     path: Path,
-    offset: int,
+    offset: int | None,
     mask: Callable[[str], str],
     *,
     attempt: int | None,
 ) -> AsyncIterator[str]:
     """Events `lines` (a JSON list of marked lines) as the log grows, and `end` (the run's status) once
-    the run is over (or moved on to another attempt) and the log is drained."""
+    the run is over (or moved on to another attempt) and the log is drained. From `offset` (where the
+    page's lines ended), or without one from the last LOG_TAIL_LINES lines: never the whole file."""
     cursor = LineCursor(path)
-    cursor.offset = max(0, offset)
     yield ": following\n\n"  # flushes the headers: the browser's EventSource opens now
+    if offset is None:
+        first = cursor.start_at_tail(LOG_TAIL_LINES)
+        if first:
+            yield _event("lines", [marked_line(None, mask(t)) for t in first], cursor.offset)
+    else:
+        cursor.offset = max(0, offset)
     while True:
         if await request.is_disconnected():
             return
