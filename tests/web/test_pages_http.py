@@ -20,6 +20,7 @@ def page(url: str) -> str:
 def test_queue_and_capacity(tmp_path: Path, air_home: Path, monkeypatch: pytest.MonkeyPatch,
                             serve: Callable[..., str]) -> None:
     monkeypatch.setenv("AIR_CPU_SLOTS", "1")
+    monkeypatch.setenv("AIR_FAKE_GPUS", "4:H100")  # the page's GPU pool: this process's view of the machine
     monkeypatch.setenv("AIR_TRACKING", "off")
     stop = tmp_path / "stop"
     body = f"""
@@ -40,7 +41,10 @@ def test_queue_and_capacity(tmp_path: Path, air_home: Path, monkeypatch: pytest.
         queued_rows = page(f"{base}/runs?status=queued")
         assert f'data-run="{waiting}"' in queued_rows and f'data-run="{holder}"' not in queued_rows
         capacity = page(f"{base}/capacity")
-        assert "CPU: 1 used, 0 free of 1" in capacity
+        assert "CPU: 1 used, 0 free of 1" in capacity and "GPU: 0 used, 4 free of 4" in capacity
+        waiting_page = page(f"{base}/runs/{waiting}")
+        assert 'id="run-status">QUEUED<' in waiting_page
+        assert "1st in line" in waiting_page.split('id="queue-reason"')[1].split("</p>")[0]
         assert f'href="/runs/{holder}" title="{holder}">0</a>' in capacity  # slot 0 is the holder's
         assert waiting not in capacity
     finally:

@@ -163,7 +163,7 @@ def create_web_app(
             log_index=index, log=log, query=query, lines=lines, live=live, failing=failing,
             spec=views.masked_spec(run), metrics=views.attempt_metrics(chosen["mlflow_run_id"] if chosen else None),
             can_cancel=not run.is_terminal and may_cancel(user, run.user, auth_on=auth_on),
-            notice=q.get("notice"))
+            notice=f"Canceled: run {run.id} is {run.status.value}." if q.get("canceled") else None)
 
     async def log_stream(request: Request) -> Response:
         await run_in_threadpool(user_of, request)
@@ -195,9 +195,8 @@ def create_web_app(
         run = store.get_run(request.path_params["run_id"])
         if not may_cancel(user, run.user, auth_on=auth_on):
             raise Forbidden(f"Only {run.user} (who submitted it) or an admin may cancel run {run.id}.")
-        status = cancel_run(store, run.id)
-        notice = urllib.parse.quote(f"Canceled: run {run.id} is {status.value}.")
-        return RedirectResponse(f"{base(request)}/runs/{run.id}?notice={notice}", status_code=303)
+        cancel_run(store, run.id)
+        return RedirectResponse(f"{base(request)}/runs/{run.id}?canceled=1", status_code=303)
 
     def capacity_page(request: Request) -> Response:
         user = user_of(request)
