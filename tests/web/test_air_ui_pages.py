@@ -9,7 +9,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from runs_helpers import submit, wait_terminal, write_workload
+from runs_helpers import submit, wait_status, wait_terminal, write_workload
 from web_helpers import free_port
 
 from proc_helpers import alive, wait_for
@@ -26,6 +26,13 @@ def test_air_ui_serves_the_pages_beside_mlflow(tmp_path: Path, air_home: Path, c
         command: echo "the last line of node 0"
     """))
     assert wait_terminal(run_id, timeout=180).status.value == "SUCCESS"
+    stop = tmp_path / "stop"
+    active = submit(write_workload(tmp_path, "active", f"""
+        experiment_name: active
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: while [ ! -f {stop} ]; do echo tick; sleep 0.2; done
+    """))
     port, web_port = free_port(), free_port()
     ui = UI(tmp_path, port, "--web-port", str(web_port), "--workers", "1")
     try:
@@ -38,10 +45,17 @@ def test_air_ui_serves_the_pages_beside_mlflow(tmp_path: Path, air_home: Path, c
         assert f'href="http://127.0.0.1:{port}" id="mlflow-link"' in page
         with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/runs/{run_id}", timeout=60) as response:
             assert "the last line of node 0" in response.read().decode()
+        # A browser following a live log keeps a stream open: `air ui` still stops at once.
+        wait_status(active, "RUNNING", timeout=180)
+        stream = urllib.request.urlopen(f"http://127.0.0.1:{web_port}/runs/{active}/logs/stream", timeout=60)
+        assert stream.readline().startswith(b": following")
         os.kill(ui.proc.pid, signal.SIGTERM)
         assert ui.proc.wait(timeout=60) == 0
+        stream.close()
         wait_for(lambda: not alive([p.pid for p in tree]), "every process of `air ui` to end", timeout=30)
         assert port_is_free(port) and port_is_free(web_port)
     finally:
+        stop.touch()
         if ui.proc.poll() is None:
             ui.kill_all()
+    assert wait_terminal(active, timeout=180).status.value == "SUCCESS"
