@@ -59,3 +59,36 @@ def test_air_ui_serves_the_pages_beside_mlflow(tmp_path: Path, air_home: Path, c
         if ui.proc.poll() is None:
             ui.kill_all()
     assert wait_terminal(active, timeout=180).status.value == "SUCCESS"
+
+
+def test_with_a_tracking_server_air_ui_serves_only_its_pages(
+    tmp_path: Path, air_home: Path, cpu_slots: None, monkeypatch: object
+) -> None:
+    """MLFLOW_TRACKING_URI=http…: the server has its own UI; `air ui` serves air's pages, linking there."""
+    import subprocess
+
+    port = free_port()
+    server = f"http://127.0.0.1:{free_port()}"  # nothing needs to answer there: only linked to
+    log = tmp_path / "ui.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", "ui", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "MLFLOW_TRACKING_URI": server})
+    try:
+        def answers() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/runs", timeout=5) as response:
+                    return f'href="{server}" id="mlflow-link"' in response.read().decode()
+            except OSError:
+                return False
+
+        wait_for(answers, "air's pages on --port + 1", timeout=120, interval=0.3)
+        assert port_is_free(port)  # no MLflow UI of its own
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert port_is_free(port + 1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
