@@ -55,3 +55,12 @@ def release_timeout_s() -> float:
     """Seconds a rank may take to release what its function left behind, after reporting its result
     (read at each call: a test sets it after import)."""
     return _float_env(AIR_RELEASE_TIMEOUT_S, 10.0)
+
+#: How often a run page's live log stream (SSE) looks for new lines and for the run's end (seconds).
+WEB_STREAM_POLL_S: float = 0.5
+
+#: How often the runs and run pages refresh themselves (JavaScript) while runs are active (milliseconds).
+WEB_REFRESH_MS: int = 3000
+
+#: How long `air ui` (and the mounted pages) wait for open live streams before stopping (seconds).
+WEB_SHUTDOWN_GRACE_S: float = 2.0

@@ -1,4 +1,8 @@
-"""`air ui`: MLflow's own UI over air's tracking store, on localhost.
+"""`air ui`: air's own pages (runs, logs, queue, capacity) and MLflow's UI over the local stores, on localhost.
+
+MLflow's UI keeps `--port` (the links `air get run` prints point there); air's pages listen on `--web-port`
+(default: the next port), served by uvicorn on a thread of this process, so they end with it. With a
+tracking server (MLFLOW_TRACKING_URI=http…), which has its own UI, only air's pages are served.
 
 MLflow's server is a tree (its CLI, uvicorn, workers); it runs under a guard in its own session, so any
 way `air ui` stops (Ctrl-C, SIGTERM, SIGHUP, or SIGKILL through the guard's pdeathsig) ends all of it and
@@ -18,7 +22,7 @@ import click
 
 from air.cli.main import common
 from air.cli.output import stderr
-from air.errors import LaunchError
+from air.errors import LaunchError, UserInputError
 from air.settings import AIR_PROCESS_TAG
 
 
@@ -76,6 +80,43 @@ def _check_port(host: str, port: int) -> None:
     )
 
 
+def _require_pages() -> None:
+    """air's pages need Jinja2 beside what mlflow-skinny brings (the `ui` extra has it)."""
+    from air.tracking.ui import ui_install_hint
+
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        raise UserInputError("air's pages need Jinja2, which is not installed.", hint=ui_install_hint()) from None
+
+
+def _serve_pages_only(host: str, pages_port: int, mlflow_base: str) -> int:
+    """With a tracking server (MLFLOW_TRACKING_URI=http…): air's pages alone, linking to its UI."""
+    from air.launcher.guard import STOP_SIGNALS, Stopped, raise_stopped
+    from air.web import create_web_app
+    from air.web.serve import PageServer
+
+    previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
+    pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base), host, pages_port)
+    try:
+        pages.start()
+        stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
+        stderr(f"MLflow UI: {mlflow_base} (MLFLOW_TRACKING_URI's server)  (Ctrl-C to stop)")
+        while pages.thread.is_alive():
+            pages.thread.join(1.0)
+        return 1  # the pages' server ended by itself
+    except Stopped:
+        return 0
+    finally:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            pages.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
@@ -86,6 +127,12 @@ def _check_port(host: str, port: int) -> None:
     help="Port to listen on; a busy port is an error (exit 1).",
 )
 @click.option(
+    "--web-port",
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="Port of air's pages (runs, logs, queue, capacity) [default: --port + 1].",
+)
+@click.option(
     "--workers",
     default=1,
     show_default=True,
@@ -93,8 +140,8 @@ def _check_port(host: str, port: int) -> None:
     help="Server worker processes (MLflow's own default, 4, takes 4x the start-up CPU).",
 )
 @common
-def ui(host: str, port: int, workers: int) -> int:
-    """Start the MLflow UI for air's tracking store and print its address (Ctrl-C stops it).
+def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
+    """Serve air's pages (runs, logs, queue, capacity) and MLflow's UI; print both addresses (Ctrl-C stops).
 
     Needs MLflow's UI server: `pip install 'air-runtime[ui]'` (`make setup` installs it).
     """
@@ -105,22 +152,40 @@ def ui(host: str, port: int, workers: int) -> int:
     from air.tracking.ui import forget_ui, record_ui, require_ui_server
 
     # Checked before AIR_HOME is touched: a missing extra or a busy port writes nothing.
-    # A tracking server has its own UI: ui_command() says so, and needs neither the extra nor the port.
-    if not is_http(os.environ.get("MLFLOW_TRACKING_URI", "")):
+    pages_port = web_port if web_port is not None else (port + 1 if port < 65535 else port - 1)
+    if pages_port == port:
+        raise UserInputError(f"--web-port {pages_port} is MLflow's --port too.",
+                             hint="Give air's pages and MLflow's UI different ports.")
+    remote = is_http(os.environ.get("MLFLOW_TRACKING_URI", ""))
+    if remote:  # the tracking server has its own UI: air serves only its pages, linking there
+        _require_pages()
+    else:
         require_ui_server()
         _check_port(host, port)
+    _check_port(host, pages_port)
+    # After the check: the pages need Starlette, uvicorn and Jinja2, which the `ui` extra brings.
+    from air.web import create_web_app
+    from air.web.serve import PageServer
+
     uri = tracking_uri()
+    if remote:
+        return _serve_pages_only(host, pages_port, uri.rstrip("/"))
     argv = ui_command(host=host, port=port, workers=workers)
     tag = f"air-ui-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, AIR_PROCESS_TAG: tag}
     previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
     proc: subprocess.Popen[bytes] | None = None
+    pages: PageServer | None = None
     recorded = False
     try:
         proc = subprocess.Popen(guard_argv(argv), env=env, start_new_session=True)
         record_ui(host, port, uri)
         recorded = True
-        stderr(f"MLflow UI for {uri} at http://{host}:{port}  (Ctrl-C to stop)")
+        mlflow_base = f"http://{host}:{port}"
+        pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base), host, pages_port)
+        pages.start()
+        stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
+        stderr(f"MLflow UI for {uri} at {mlflow_base}  (Ctrl-C to stop)")
         return proc.wait()
     except Stopped:
         return 0
@@ -128,6 +193,8 @@ def ui(host: str, port: int, workers: int) -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         try:
+            if pages is not None:
+                pages.stop()
             terminate_tree([proc] if proc is not None else [], tag=tag)
         finally:
             if recorded:

@@ -118,6 +118,19 @@ def scan_line(line: str) -> Signature | None:
     return None
 
 
+def mark_line(line: str) -> tuple[Signature | None, bool]:
+    """How a log page marks one line: the failure signature it shows (highlighted), and whether it reads
+    as an error (an exception line, an error message) — the same rules `termination_reason` reads by."""
+    text = _strip_prefix(line)
+    stripped = text.strip()
+    error = bool(stripped) and bool(
+        (_EXC_ANYWHERE_RE.match(stripped) and text[:1] not in (" ", "\t"))
+        or stripped == _TRACEBACK_HEADER
+        or _ERROR_LINE_RE.search(stripped)
+    )
+    return scan_line(line), error
+
+
 def termination_reason(
     exit_code: int | None,
     signal: int | None,
@@ -281,4 +294,4 @@ def _clip(text: str, reserve: int = 0) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-__all__ = ["SIGNATURES", "Signature", "TerminationReason", "scan_line", "termination_reason"]
+__all__ = ["SIGNATURES", "Signature", "TerminationReason", "mark_line", "scan_line", "termination_reason"]

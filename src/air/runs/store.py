@@ -206,6 +206,7 @@ class RunStore(SlotLedger, RunLookup):
         num_accelerators: int | None = None,
         user: str | None = None,
         id_prefix: str | None = None,
+        offset: int = 0,
     ) -> list[Run]:
         """Runs, newest first. `statuses=None` means the active ones (what `air list runs` shows);
         "all" adds the ended ones. `experiment_glob` is a case-insensitive glob (`qwen*`),
@@ -249,6 +250,9 @@ class RunStore(SlotLedger, RunLookup):
                 raise UserInputError(f"limit must be a positive integer, got {limit}.")
             sql += " LIMIT ?"
             params.append(int(limit))
+            if offset > 0:  # a page further down (the web page's "older"): the index is walked, not sorted
+                sql += " OFFSET ?"
+                params.append(int(offset))
         return [_run_from_row(r) for r in self._conn().execute(sql, params)]
 
     def transition(

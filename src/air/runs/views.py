@@ -7,6 +7,7 @@ returns it, the pages render it. The hosted CLI's field names sit beside air's o
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,12 @@ def run_dict(run: Run) -> dict[str, Any]:
     return data
 
 
-def queue_dict(store: RunStore, run: Run) -> dict[str, Any] | None:
+def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dict[str, Any] | None:
     """The `queue` object of --json: why a QUEUED run waits (position, slots, holders, reason); None
-    for a run that does not wait in a queue."""
+    for a run that does not wait in a queue. `capacity` defaults to this machine's slots of its kind."""
     from air.runs.queue import queue_info
 
-    info = queue_info(store, run)
+    info = queue_info(store, run, capacity=capacity)
     return None if info is None else info.to_dict()
 
 
@@ -84,3 +85,221 @@ def run_detail(store: RunStore, run: Run) -> dict[str, Any]:
     if run.kind == "call":
         data["rank_logs"] = call_rank_logs(run)
     return data
+
+
+# ---- the web pages (and any API that lists, pages and follows) -------------------------------------
+
+#: Rows per page of the runs listing.
+RUNS_PER_PAGE = 50
+#: Lines of a log a run page shows, read from the end (never the whole file).
+LOG_TAIL_LINES = 500
+#: Lines from the end a log search reads, at most: a search of a 1 GB log stays a tail read.
+LOG_SEARCH_LINES = 20_000
+#: Status filter values beside the statuses themselves.
+STATUS_GROUPS = ("active", "ended")
+
+
+def _statuses(status: str | None) -> Any:
+    """`list_runs`' statuses for the page's status filter ('', a status, 'active', 'ended')."""
+    from air.errors import UserInputError
+    from air.runs.states import RunStatus
+
+    if not status:
+        return "all"
+    if status == "active":
+        return None
+    if status == "ended":
+        return [s for s in RunStatus if s.is_terminal()]
+    try:
+        return [RunStatus(status.upper())]
+    except ValueError:
+        names = ", ".join([*STATUS_GROUPS, *(s.value for s in RunStatus)])
+        raise UserInputError(f"Unknown status {status!r}.", hint=f"Use one of: {names}.") from None
+
+
+def _capacities() -> dict[str, int | None]:
+    from air.runs.queue import local_capacity
+
+    return {kind: local_capacity(kind) for kind in ("GPU", "CPU")}
+
+
+def run_list_page(
+    store: RunStore,
+    *,
+    status: str | None = None,
+    experiment: str | None = None,
+    user: str | None = None,
+    accelerator: str | None = None,
+    page: int = 1,
+    per_page: int = RUNS_PER_PAGE,
+) -> dict[str, Any]:
+    """One page of every run and call, newest first, filtered as `air list runs` filters; queued rows
+    say where they wait. `has_next` comes from reading one row more (no COUNT over 100,000 runs)."""
+    from air.runs.states import RunStatus
+
+    page = max(1, page)
+    runs = store.list_runs(
+        statuses=_statuses(status), limit=per_page + 1, offset=(page - 1) * per_page,
+        experiment_glob=experiment or None, user=user or None, accelerator_type=accelerator or None,
+    )
+    capacities = _capacities()
+    rows = []
+    for run in runs[:per_page]:
+        row = run_dict(run)
+        row["queue"] = (queue_dict(store, run, capacity=capacities.get(run.slot_kind))
+                        if run.status is RunStatus.QUEUED else None)
+        rows.append(row)
+    queued = store.list_runs(statuses=[RunStatus.QUEUED], limit=None)
+    queue = [q for q in (queue_dict(store, r, capacity=capacities.get(r.slot_kind)) for r in queued) if q]
+    queue.sort(key=lambda q: (q["kind"], q["position"] is None, q["position"] or 0, q["run_id"]))
+    return {
+        "runs": rows, "page": page, "per_page": per_page, "has_next": len(runs) > per_page,
+        "queue": queue, "any_active": bool(store.list_runs(limit=1)),
+        "filters": {"status": status or "", "experiment": experiment or "", "user": user or "",
+                    "accelerator": accelerator or ""},
+    }
+
+
+def capacity_view(store: RunStore) -> dict[str, Any]:
+    """This machine's slots (the local backend's capacity) and which run holds which, from the slot
+    ledger; and the active runs on Ray profiles, whose placement Ray decides."""
+    import socket
+
+    from air.runs.states import RunStatus
+
+    pools = []
+    for kind, capacity in _capacities().items():
+        holders = store.slot_holders(kind)
+        runs: dict[str, dict[str, Any]] = {}
+        for index, run_id in holders.items():
+            if run_id not in runs:
+                try:
+                    holder = store.get_run(run_id)
+                    runs[run_id] = {"run_id": run_id, "status": holder.status.value, "user": holder.user,
+                                    "experiment": holder.experiment, "slots": []}
+                except Exception:  # noqa: BLE001 - it ended and was pruned in between
+                    runs[run_id] = {"run_id": run_id, "status": "?", "user": "", "experiment": "", "slots": []}
+            runs[run_id]["slots"].append(index)
+        total = max([capacity or 0, *(i + 1 for i in holders)])
+        pools.append({
+            "kind": kind, "capacity": capacity, "used": len(holders),
+            "free": None if capacity is None else max(capacity - len(holders), 0),
+            "slots": [{"index": i, "run_id": holders.get(i)} for i in range(total)],
+            "holders": list(runs.values()),
+        })
+    remote = [run_dict(r) for r in store.list_runs(limit=None) if r.backend != "local"
+              and r.status in (RunStatus.RUNNING, RunStatus.TERMINATING, RunStatus.QUEUED)]
+    return {"node": socket.gethostname(), "backend": "local", "pools": pools, "remote": remote}
+
+
+def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:
+    """The logs of one attempt a page shows: a local call's per rank, any other run's per node."""
+    if run.kind == "call" and run.backend == "local":
+        call = CallPaths(run.id)
+        paths = [("rank", r, call.rank_log(r)) for r in range(run.num_accelerators)]
+    else:
+        folder = RunPaths(run.id)
+        paths = [("node", n, folder.node_log(attempt, n)) for n in range(run.num_nodes)]
+    return [{"label": label, "index": i, "path": path, "exists": path.exists()} for label, i, path in paths]
+
+
+def log_masker(run: Run) -> Any:
+    """Hides the run's secret values in what a page shows (fails closed: SecretMaskingError)."""
+    from air.workload.secrets import masker_for_run
+
+    return masker_for_run(run.id, None if run.kind == "call" else RunPaths(run.id).submission)
+
+
+def marked_line(number: int | None, text: str) -> dict[str, Any]:
+    """One log line as a page shows it: the failure signature air detects in it, and whether it reads
+    as an error line (`air.runs.reasons`' rules)."""
+    from air.runs.reasons import mark_line
+
+    signature, error = mark_line(text)
+    return {"n": number, "text": text, "error": error,
+            "signature": signature.name if signature else None,
+            "signature_label": signature.label if signature else None}
+
+
+def log_view(run: Run, path: Path, *, lines: int = LOG_TAIL_LINES, query: str | None = None) -> dict[str, Any]:
+    """The last `lines` lines of a log (or, with `query`, the last matching ones among the final
+    LOG_SEARCH_LINES), masked and marked, read from the end of the file. `error` says why nothing shows."""
+    from air.errors import AirError
+    from air.runs.logtail import complete_tail, tail_lines
+
+    try:
+        mask = log_masker(run)
+        mask("")  # resolves the secret values now (fails closed here, not half-way through the lines)
+        _, offset = complete_tail(path, 0)  # where a live stream picks up (after the last complete line)
+        if query:
+            found = [t for t in tail_lines(path, LOG_SEARCH_LINES) if query.lower() in t.lower()]
+            texts, truncated = found[-lines:], len(found) > lines
+        else:
+            texts = tail_lines(path, lines + 1)
+            truncated = len(texts) > lines
+            texts = texts[-lines:]
+    except FileNotFoundError:
+        return {"lines": [], "truncated": False, "offset": 0, "error": None, "missing": True}
+    except AirError as exc:
+        return {"lines": [], "truncated": False, "offset": 0, "error": exc.message, "missing": False}
+    return {"lines": [marked_line(None, mask(t)) for t in texts], "truncated": truncated,
+            "offset": offset, "error": None, "missing": False}
+
+
+def failing_index(reason: str | None) -> int | None:
+    """The node (or rank) a termination reason names ("… (node 1)", "Rank 1: …"), if any."""
+    import re
+
+    found = re.search(r"\b(?:node|rank) (\d+)\b", reason or "", re.IGNORECASE)  # "Rank 1: ValueError…"
+    return int(found.group(1)) if found else None
+
+
+def attempt_views(store: RunStore, run: Run) -> list[dict[str, Any]]:
+    """Each attempt with its MLflow link, its failing node and where it sits on the run's timeline."""
+    from air.tracking.ui import tracking_ref_url
+
+    attempts = store.list_attempts(run.id)
+    start = min([a.started_at for a in attempts], default=run.submitted_at)
+    now = time.time()
+    end = max([a.ended_at if a.ended_at is not None else now for a in attempts], default=start)
+    span = max(end - start, 1e-9)
+    out = []
+    for a in attempts:
+        a_end = a.ended_at if a.ended_at is not None else end
+        out.append({
+            "index": a.index, "status": a.status.value, "started_at": rfc3339(a.started_at),
+            "ended_at": rfc3339(a.ended_at), "duration_seconds": a.duration_seconds(),
+            "termination_reason": a.termination_reason,
+            "failure_class": a.failure_class.value if a.failure_class else None,
+            "exit_code": a.exit_code, "signal": a.signal_name, "mlflow_run_id": a.mlflow_run_id,
+            "mlflow_url": tracking_ref_url(RunPaths(run.id).tracking(a.index)),
+            "failing": failing_index(a.termination_reason),
+            "left_pct": round((a.started_at - start) / span * 100, 2),
+            "width_pct": round(max((a_end - a.started_at) / span * 100, 0.5), 2),
+        })
+    return out
+
+
+def masked_spec(run: Run) -> dict[str, Any]:
+    """The spec as submitted, its secret values hidden (or why it is not shown)."""
+    from air.errors import AirError
+
+    try:
+        return {"text": log_masker(run)(run.spec_yaml), "error": None}
+    except AirError as exc:
+        return {"text": "", "error": exc.message}
+
+
+def attempt_metrics(mlflow_run_id: str | None) -> dict[str, Any]:
+    """An attempt's metric histories from its MLflow run: the training metrics, and the system
+    metrics per node (`system/node_<n>/<name>`)."""
+    from air.tracking.history import metric_histories
+
+    histories = metric_histories(mlflow_run_id) if mlflow_run_id else {}
+    training = {k: v for k, v in histories.items() if not k.startswith("system/")}
+    system: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for key, points in histories.items():
+        if key.startswith("system/"):
+            node, _, name = key.removeprefix("system/").partition("/")
+            system.setdefault(node, {})[name or node] = points
+    return {"training": training, "system": system}

@@ -1,0 +1,78 @@
+"""Browser tests of the web pages: Debian's chromium driven through its chromedriver (Selenium), against
+the pages served by uvicorn on loopback over a real run store with real runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
+
+from web_helpers import CHROMEDRIVER, CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def chromium_installed() -> None:
+    """Debian's chromium and chromedriver, installed once where missing (CI on a fresh machine)."""
+    if CHROMIUM.exists() and CHROMEDRIVER.exists():
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"]):
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+        assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    assert CHROMIUM.exists() and CHROMEDRIVER.exists()
+
+
+@pytest.fixture
+def browser(chromium_installed: None) -> Iterator[object]:
+    """A fresh headless chromium (its own profile folder) per test."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="air-chromium-")
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for arg in (*CHROMIUM_ARGS, f"--user-data-dir={profile}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(air_home: Path) -> Iterator[Callable[..., str]]:
+    """Serve `create_web_app(**kwargs)` over this test's AIR_HOME on a free loopback port; returns its URL."""
+    from air.web import create_web_app
+    from air.web.serve import PageServer
+
+    servers: list[PageServer] = []
+
+    def start(**kwargs: object) -> str:
+        port = free_port()
+        server = PageServer(create_web_app(**kwargs), "127.0.0.1", port)  # type: ignore[arg-type]
+        server.start()
+        servers.append(server)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def cpu_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enough CPU slots for the runs of one test at once, and no MLflow start-up per run on 2 cores."""
+    monkeypatch.setenv("AIR_CPU_SLOTS", "8")
+    monkeypatch.setenv("AIR_TRACKING", "off")

@@ -1,0 +1,227 @@
+"""The pages in a real headless chromium, over real runs submitted through the CLI: the runs page lists a
+finished and a running run; a run page streams node 1's new lines, then shows SUCCESS; a failed run's
+reason and marked error line; cancel from the page ends the run's processes; plain GETs (no JavaScript)
+show a run's status and last log lines. Screenshots of the runs and run pages go to docs/screenshots/."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runs_helpers import submit, wait_status, wait_terminal, write_workload
+from web_helpers import SCREENSHOTS
+
+from air.runs.store import RunStore
+from proc_helpers import alive, wait_for
+
+#: A run page follows its log while the run is active; pages and runs start slowly on a loaded 2-core machine.
+PAGE_TIMEOUT_S = 90
+
+
+def http_get(url: str, token: str | None = None) -> tuple[int, str, str]:
+    """GET as curl would (no JavaScript, no redirects followed): status, body, Location."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=60) as response:
+            return response.status, response.read().decode(), response.headers.get("Location", "")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(), err.headers.get("Location", "")
+
+
+def text_of(driver: Any, css: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return str(driver.find_element("css selector", css).text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
+def test_runs_page_and_a_live_run_page(
+    tmp_path: Path, air_home: Path, cpu_slots: None, browser: Any, serve: Callable[..., str]
+) -> None:
+    finished = submit(write_workload(tmp_path, "finished", """
+        experiment_name: warmup
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        max_retries: 0
+        command: echo "loaded 100 batches"; echo "finished warmup"
+    """))
+    assert wait_terminal(finished, timeout=180).status.value == "SUCCESS"
+    live, stop = tmp_path / "live-marker", tmp_path / "stop"
+    running = submit(write_workload(tmp_path, "live", f"""
+        experiment_name: pretrain
+        compute: {{num_accelerators: 2, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: |
+          i=0
+          while [ ! -f {stop} ]; do
+            i=$((i+1)); echo "node $NODE_RANK step $i loss 0.$((1000 - i))"
+            if [ -f {live} ]; then echo "node $NODE_RANK saw the marker"; fi
+            sleep 0.3
+          done
+          echo "node $NODE_RANK done training"
+    """))
+    wait_status(running, "RUNNING", timeout=180)
+    base = serve()
+
+    # The runs page: both runs, newest first, with their status.
+    browser.get(f"{base}/runs")
+    rows = browser.find_elements("css selector", "#runs-table tbody tr")
+    by_id = {row.get_attribute("data-run"): row.get_attribute("data-status") for row in rows}
+    assert by_id == {running: "RUNNING", finished: "SUCCESS"}, by_id
+    assert rows[0].get_attribute("data-run") == running  # newest first
+    assert "pretrain" in rows[0].text and "2 × CPU_1xCPU" in rows[0].text
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "runs.png"))
+
+    # A run page on node 1: lines written after the page loaded appear (SSE), then SUCCESS.
+    browser.get(f"{base}/runs/{running}?log=1")
+    assert text_of(browser, "#run-status") == "RUNNING"
+    assert "node 1 step" in text_of(browser, "#log")
+    assert "saw the marker" not in text_of(browser, "#log")
+    live.touch()
+    wait_for(lambda: "node 1 saw the marker" in text_of(browser, "#log"), "node 1's live line in the page",
+             timeout=PAGE_TIMEOUT_S, interval=0.3)
+    assert "node 0" not in text_of(browser, "#log")  # node 1's log only
+
+    # The runs page, in a second tab, refreshes itself while a run is active: the row turns SUCCESS.
+    run_tab = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    browser.get(f"{base}/runs")
+    row = f'#runs-table tr[data-run="{running}"]'
+    assert browser.find_element("css selector", row).get_attribute("data-status") == "RUNNING"
+    stop.touch()
+    wait_for(lambda: "SUCCESS" in text_of(browser, row), "the runs page to show SUCCESS by itself",
+             timeout=PAGE_TIMEOUT_S, interval=0.3)
+    assert browser.execute_script("return document.body.dataset.live") == "0"  # nothing active: it stops
+    browser.close()
+    browser.switch_to.window(run_tab)
+    wait_for(lambda: text_of(browser, "#run-status") == "SUCCESS", "SUCCESS on the run page",
+             timeout=PAGE_TIMEOUT_S, interval=0.3)
+    assert "node 1 done training" in text_of(browser, "#log")
+    browser.save_screenshot(str(SCREENSHOTS / "run.png"))
+
+    # Without JavaScript (curl): the status and the last log lines are in the HTML.
+    status, body, _ = http_get(f"{base}/runs/{running}?log=1")
+    assert status == 200 and 'id="run-status">SUCCESS<' in body
+    assert "node 1 done training" in body and "node 1 saw the marker" in body
+    status, body, _ = http_get(f"{base}/runs/{running}?log=1&q=done")
+    assert status == 200 and "node 1 done training" in body and "step 1 loss" not in body
+
+
+def test_failed_run_reason_and_cancel_from_the_page(
+    tmp_path: Path, air_home: Path, cpu_slots: None, browser: Any, serve: Callable[..., str]
+) -> None:
+    failed = submit(write_workload(tmp_path, "failing", """
+        experiment_name: sweep
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        max_retries: 0
+        command: |
+          echo "epoch 0 ok"
+          python -c "raise ValueError('learning rate 10.0 is too large')"
+    """))
+    pid_file = tmp_path / "sleeper.pid"
+    long = submit(write_workload(tmp_path, "long", f"""
+        experiment_name: sweep
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: |
+          sleep 600 & echo $! > {pid_file}
+          echo "sleeping"
+          wait
+    """))
+    assert wait_terminal(failed, timeout=180).status.value == "FAILED"
+    wait_status(long, "RUNNING", timeout=180)
+    wait_for(pid_file.exists, "the long run's sleep to start", timeout=60)
+    sleeper = int(pid_file.read_text())
+    base = serve()
+
+    browser.get(f"{base}/runs/{failed}")
+    assert text_of(browser, "#run-status") == "FAILED"
+    assert "ValueError: learning rate 10.0 is too large" in text_of(browser, "#run-reason")
+    marked = [e.text for e in browser.find_elements("css selector", "#log .line.error")]
+    assert any("ValueError: learning rate 10.0 is too large" in line for line in marked), marked
+    assert not any("epoch 0 ok" in line for line in marked)
+    browser.save_screenshot(str(SCREENSHOTS / "run-failed.png"))
+    assert not browser.find_elements("css selector", "#cancel-button")  # over: nothing to cancel
+    browser.find_element("id", "log-search").send_keys("learning rate")  # narrows the lines as one types
+    wait_for(lambda: "epoch 0 ok" not in text_of(browser, "#log"), "the search to hide other lines", timeout=30)
+    assert "ValueError: learning rate 10.0 is too large" in text_of(browser, "#log")
+
+    browser.get(f"{base}/runs/{long}")
+    assert text_of(browser, "#run-status") == "RUNNING"
+    browser.find_element("css selector", "#cancel-button").click()
+    wait_for(lambda: text_of(browser, "#run-status") == "CANCELED", "CANCELED on the page",
+             timeout=PAGE_TIMEOUT_S, interval=0.3)
+    assert "Canceled" in text_of(browser, "#notice")
+    assert RunStore().get_run(long).status.value == "CANCELED"
+    wait_for(lambda: not alive([sleeper]), "the canceled run's sleep to end", timeout=60)
+
+
+def test_pages_need_a_login_or_a_bearer_token(
+    tmp_path: Path, air_home: Path, cpu_slots: None, browser: Any, serve: Callable[..., str]
+) -> None:
+    from air.web import WebUser
+
+    run_id = submit(write_workload(tmp_path, "owned", """
+        experiment_name: owned
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        max_retries: 0
+        command: echo "first line"; echo "the very last line"; sleep 600
+    """))
+    wait_status(run_id, "RUNNING", timeout=180)
+    owner = RunStore().get_run(run_id).user
+    users = {"alice-token": WebUser(owner), "bob-token": WebUser("bob"), "root-token": WebUser("ops", admin=True)}
+    base = serve(authenticator=users.get)
+
+    # A browser without a session is sent to the login page; a wrong token is refused there.
+    browser.get(f"{base}/runs/{run_id}")
+    assert "/login" in browser.current_url and not browser.find_elements("css selector", "#run-status")
+    browser.find_element("id", "token").send_keys("not-a-token")
+    browser.find_element("id", "login-button").click()
+    assert "not valid" in text_of(browser, "#login-error")
+    browser.find_element("id", "token").send_keys("alice-token")
+    browser.find_element("id", "login-button").click()
+    wait_for(lambda: text_of(browser, "#run-status") == "RUNNING", "the run page after login", timeout=60)
+    assert browser.find_elements("css selector", "#cancel-button")  # her own run
+    cookie = browser.get_cookie("air_session")
+    assert cookie is not None and cookie["httpOnly"] and "alice-token" not in cookie["value"]
+
+    # curl: no token is 401 (a page asked for with a bad bearer too); a bearer token reads the page.
+    for token in (None, "stolen"):
+        status, body, location = http_get(f"{base}/runs/{run_id}", token)
+        assert status in (401, 303) and run_id not in body, (status, body)
+        assert status == 401 or "/login" in location
+    status, body, _ = http_get(f"{base}/runs/{run_id}", "bob-token")
+    assert status == 200 and 'id="run-status">RUNNING<' in body and "the very last line" in body
+    assert 'id="cancel-button"' not in body  # not bob's run
+
+    # Cancel: a form posted from another site is refused, so is another user (403); an admin may.
+    request = urllib.request.Request(f"{base}/runs/{run_id}/cancel", data=b"", method="POST", headers={
+        "Authorization": "Bearer root-token", "Origin": "http://evil.example"})
+    try:
+        urllib.request.urlopen(request, timeout=60)
+        raise AssertionError("a cross-site post canceled the run")
+    except urllib.error.HTTPError as err:
+        assert err.code == 403
+    request = urllib.request.Request(f"{base}/runs/{run_id}/cancel", data=b"", method="POST",
+                                     headers={"Authorization": "Bearer bob-token"})
+    try:
+        urllib.request.urlopen(request, timeout=60)
+        raise AssertionError("bob canceled alice's run")
+    except urllib.error.HTTPError as err:
+        assert err.code == 403
+    assert RunStore().get_run(run_id).status.value == "RUNNING"
+    request = urllib.request.Request(f"{base}/runs/{run_id}/cancel", data=b"", method="POST",
+                                     headers={"Authorization": "Bearer root-token"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert response.status == 200 and 'id="run-status">CANCELED<' in response.read().decode()
+    assert RunStore().get_run(run_id).status.value == "CANCELED"
