@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runs_helpers import submit, wait_status, wait_terminal, write_workload
-from web_helpers import SCREENSHOTS
+from web_helpers import save_screenshot
 
 from air.runs.store import RunStore
 from proc_helpers import alive, wait_for
@@ -79,8 +79,7 @@ def test_runs_page_and_a_live_run_page(
     assert by_id == {running: "RUNNING", finished: "SUCCESS"}, by_id
     assert rows[0].get_attribute("data-run") == running  # newest first
     assert "pretrain" in rows[0].text and "2 × CPU_1xCPU" in rows[0].text
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(SCREENSHOTS / "runs.png"))
+    save_screenshot(browser, "runs.png")
 
     # A run page on node 1: lines written after the page loaded appear (SSE), then SUCCESS.
     browser.get(f"{base}/runs/{running}?log=1")
@@ -107,7 +106,7 @@ def test_runs_page_and_a_live_run_page(
     wait_for(lambda: text_of(browser, "#run-status") == "SUCCESS", "SUCCESS on the run page",
              timeout=PAGE_TIMEOUT_S, interval=0.3)
     assert "node 1 done training" in text_of(browser, "#log")
-    browser.save_screenshot(str(SCREENSHOTS / "run.png"))
+    save_screenshot(browser, "run.png")
 
     # Without JavaScript (curl): the status and the last log lines are in the HTML.
     status, body, _ = http_get(f"{base}/runs/{running}?log=1")
@@ -150,7 +149,7 @@ def test_failed_run_reason_and_cancel_from_the_page(
     marked = [e.text for e in browser.find_elements("css selector", "#log .line.error")]
     assert any("ValueError: learning rate 10.0 is too large" in line for line in marked), marked
     assert not any("epoch 0 ok" in line for line in marked)
-    browser.save_screenshot(str(SCREENSHOTS / "run-failed.png"))
+    save_screenshot(browser, "run-failed.png")
     assert not browser.find_elements("css selector", "#cancel-button")  # over: nothing to cancel
     browser.find_element("id", "log-search").send_keys("learning rate")  # narrows the lines as one types
     wait_for(lambda: "epoch 0 ok" not in text_of(browser, "#log"), "the search to hide other lines", timeout=30)
