@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from air.runs.paths import CallPaths, RunPaths
-from air.runs.store import Run, RunStore
+from air.runs.records import ATTEMPT_FIELDS, RUN_FIELDS
+from air.runs.states import AttemptStatus, FailureClass, RunStatus
+from air.runs.store import Attempt, Run, RunStore
 
 
 def rfc3339(ts: float | None) -> str | None:
@@ -84,3 +86,20 @@ def run_detail(store: RunStore, run: Run) -> dict[str, Any]:
     if run.kind == "call":
         data["rank_logs"] = call_rank_logs(run)
     return data
+
+
+def run_from_dict(data: dict[str, Any]) -> Run:
+    """The run a `run_dict` was made from (what a client of `air server` prints from)."""
+    values = {name: data[name] for name in RUN_FIELDS if name in data and name != "started_at"}
+    values["started_at"] = data.get("started_at_epoch")
+    values["status"] = RunStatus(data["status"])
+    values["failure_class"] = FailureClass(data["failure_class"]) if data.get("failure_class") else None
+    return Run(**values)
+
+
+def attempt_from_dict(data: dict[str, Any]) -> Attempt:
+    """An attempt of `run_detail`'s `attempt_list`, back as the record."""
+    values = {name: data[name] for name in ATTEMPT_FIELDS if name in data}
+    values["status"] = AttemptStatus(data["status"])
+    values["failure_class"] = FailureClass(data["failure_class"]) if data.get("failure_class") else None
+    return Attempt(**values)

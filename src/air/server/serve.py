@@ -1,0 +1,95 @@
+"""Running `air server`: uvicorn in the foreground until SIGTERM/SIGINT.
+
+Run supervisors are their own detached processes (air.runs.supervisor): stopping or killing the server
+leaves them running, and a server started again serves them from the store. On the way out the server
+ends only what it owns: open log streams (so shutdown never waits on a follower) and its MLflow server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from air.errors import UserInputError
+
+_log = logging.getLogger("air.server")
+
+
+class _Server:
+    """uvicorn.Server that also tells the app's open streams to end when a stop signal comes."""
+
+    def __init__(self, config: Any, stopping: threading.Event) -> None:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                stopping.set()
+                super().handle_exit(sig, frame)
+
+        self.server = Server(config)
+
+    def run(self) -> None:
+        self.server.run()
+
+
+def _reap_children(stopping: threading.Event) -> None:
+    """Collect the exit status of supervisors this server started, so none lingers as a zombie."""
+    while not stopping.wait(1.0):
+        try:
+            while True:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+        except ChildProcessError:
+            continue
+
+
+def check_server_home() -> str:
+    """The profile runs go to (this AIR_HOME's default); a `server` profile would send them in a circle."""
+    from air.config import resolve_profile
+
+    profile = resolve_profile(None)
+    if profile.backend == "server":
+        raise UserInputError(f"The server's own default profile {profile.name!r} points at a server ({profile.url}).",
+                             hint="Give the server an AIR_HOME whose default profile is local or ray.")
+    return profile.name
+
+
+def serve(host: str, port: int, *, tls_cert: Path | None = None, tls_key: Path | None = None,
+          on_ready: Any = None) -> None:
+    """Serve until stopped. `on_ready(url)` is called once the port is open."""
+    import uvicorn
+
+    from air.runs.store import RunStore
+    from air.server.app import create_app
+
+    if (tls_cert is None) != (tls_key is None):
+        raise UserInputError("--tls-cert and --tls-key go together.")
+    check_server_home()
+    store = RunStore()
+    store.schema_version()  # migrate (the tokens table) before the first request
+    app = create_app(store=store)
+    stopping = threading.Event()
+    app.state.stopping = stopping
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5, ssl_certfile=str(tls_cert) if tls_cert else None,
+                            ssl_keyfile=str(tls_key) if tls_key else None)
+    server = _Server(config, stopping)
+    threading.Thread(target=_reap_children, args=(stopping,), name="air-server-reaper", daemon=True).start()
+
+    def announce() -> None:
+        while not server.server.started and not stopping.is_set():
+            time.sleep(0.05)
+        if server.server.started and on_ready is not None:
+            on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}")
+
+    threading.Thread(target=announce, name="air-server-ready", daemon=True).start()
+    try:
+        server.run()
+    finally:
+        stopping.set()
