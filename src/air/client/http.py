@@ -7,6 +7,7 @@ client needs nothing the lean install lacks.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
@@ -87,10 +88,17 @@ class ServerClient:
         return self.call("POST", path, body=body if body is not None else {})
 
     def stream(self, path: str, **params: Any) -> Iterator[dict[str, Any]]:
-        """An NDJSON stream, one decoded object per line, until the server ends it. An `{"error": ...}`
-        line (a failure after the stream began) is raised as a RemoteError."""
+        """An NDJSON stream, one decoded object per line, until the server ends it (or goes away: the
+        caller sees the stream end early). An `{"error": ...}` line (a failure after the stream began)
+        is raised as a RemoteError."""
         with self._request("GET", path, params=params, timeout=None) as response:
-            for raw in response:
+            while True:
+                try:
+                    raw = response.readline()
+                except (OSError, http.client.HTTPException):  # the server went away mid-stream
+                    return
+                if not raw:
+                    return
                 if not raw.strip():
                     continue
                 item = json.loads(raw)

@@ -30,6 +30,7 @@ class _Server:
             def handle_exit(self, sig: int, frame: FrameType | None) -> None:
                 stopping.set()
                 super().handle_exit(sig, frame)
+                self._captured_signals.clear()  # a stop we asked for is a clean exit (0), not death by signal
 
         self.server = Server(config)
 
