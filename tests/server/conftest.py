@@ -51,6 +51,8 @@ class AirServer:
     log: Path
     tokens: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    #: The port of the MLflow server it runs (0: none, the runs log to its embedded store).
+    mlflow_port: int = 0
 
     @property
     def url(self) -> str:
@@ -62,9 +64,10 @@ class AirServer:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port)], env=self.server_env(),
+            self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port",
+                                          str(self.mlflow_port)], env=self.server_env(),
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(self.healthy, f"air server on {self.url} to answer (log: {self.log})", timeout=60)
+        wait_for(self.healthy, f"air server on {self.url} to answer (log: {self.log})", timeout=240)
 
     def healthy(self) -> bool:
         assert self.proc is not None
@@ -131,10 +134,12 @@ class AirServer:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[AirServer]:
-    """A started server; on teardown it is stopped with SIGTERM and no process of its home survives."""
+def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[AirServer]:
+    """A started server; on teardown it is stopped with SIGTERM and no process of its home survives.
+    `@pytest.mark.parametrize("server", ["mlflow"], indirect=True)` also gives it its MLflow server."""
     srv = AirServer(home=tmp_path / "server-home", port=free_port(), clients=tmp_path / "clients",
-                    log=tmp_path / "server.log")
+                    log=tmp_path / "server.log",
+                    mlflow_port=free_port() if getattr(request, "param", None) == "mlflow" else 0)
     srv.home.mkdir()
     srv.tokens = {"alice": srv.token_create("alice"), "bob": srv.token_create("bob"),
                   "root": srv.token_create("root", "--admin")}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -30,12 +31,15 @@ def server() -> None:
 @server.command("start")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=SERVER_DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--mlflow-port", default=SERVER_DEFAULT_PORT + 1, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the MLflow tracking server it runs for every node (0: none; an MLFLOW_TRACKING_URI "
+              "in its environment wins).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Serve HTTPS with this certificate (PEM); needs --tls-key.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="The certificate's private key (PEM).")
 @common
-def start(host: str, port: int, tls_cert: Path | None, tls_key: Path | None) -> None:
+def start(host: str, port: int, mlflow_port: int, tls_cert: Path | None, tls_key: Path | None) -> None:
     """Serve in the foreground until Ctrl-C or SIGTERM; runs keep running when it stops."""
     _need_server_extra()
     from air.cli.cmd_ui import _check_port
@@ -44,11 +48,14 @@ def start(host: str, port: int, tls_cert: Path | None, tls_key: Path | None) -> 
 
     profile = check_server_home()
     _check_port(host, port)
+    if mlflow_port and not os.environ.get("MLFLOW_TRACKING_URI"):
+        _check_port(host, mlflow_port)
 
-    def ready(url: str) -> None:
-        stderr(f"air server on {url}  (AIR_HOME {air_home()}, runs go to profile {profile!r}); Ctrl-C stops it")
+    def ready(url: str, mlflow_uri: str) -> None:
+        stderr(f"air server on {url}  (AIR_HOME {air_home()}, runs go to profile {profile!r}, MLflow at "
+               f"{mlflow_uri}); Ctrl-C stops it")
 
-    serve(host, port, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready)
+    serve(host, port, mlflow_port=mlflow_port, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready)
     stderr("air server stopped (runs keep running; start it again to serve them).")
 
 

@@ -61,20 +61,32 @@ def check_server_home() -> str:
     return profile.name
 
 
-def serve(host: str, port: int, *, tls_cert: Path | None = None, tls_key: Path | None = None,
-          on_ready: Any = None) -> None:
-    """Serve until stopped. `on_ready(url)` is called once the port is open."""
-    import uvicorn
-
-    from air.runs.store import RunStore
-    from air.server.app import create_app
+def serve(host: str, port: int, *, mlflow_port: int = 0, tls_cert: Path | None = None,
+          tls_key: Path | None = None, on_ready: Any = None) -> None:
+    """Serve until stopped (and MLflow on `mlflow_port`, 0: none). `on_ready(url, mlflow_uri)` is called
+    once the port is open."""
+    from air.server.mlflow_server import mlflow_server
 
     if (tls_cert is None) != (tls_key is None):
         raise UserInputError("--tls-cert and --tls-key go together.")
     check_server_home()
+    with mlflow_server(host, mlflow_port) as mlflow_uri:
+        _serve(host, port, mlflow_uri=mlflow_uri, tls_cert=tls_cert, tls_key=tls_key, on_ready=on_ready)
+
+
+def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | None, tls_key: Path | None,
+           on_ready: Any) -> None:
+    import uvicorn
+
+    from air.runs.reconcile import reconcile
+    from air.runs.store import RunStore
+    from air.server.app import create_app
+    from air.tracking.store import tracking_uri
+
     store = RunStore()
     store.schema_version()  # migrate (the tokens table) before the first request
-    app = create_app(store=store)
+    reconcile(store)  # runs whose supervisor died while no server ran end now, with a reason
+    app = create_app(store=store, mlflow_uri=mlflow_uri or tracking_uri())
     stopping = threading.Event()
     app.state.stopping = stopping
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
@@ -87,7 +99,7 @@ def serve(host: str, port: int, *, tls_cert: Path | None = None, tls_key: Path |
         while not server.server.started and not stopping.is_set():
             time.sleep(0.05)
         if server.server.started and on_ready is not None:
-            on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}")
+            on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}", app.state.mlflow_uri)
 
     threading.Thread(target=announce, name="air-server-ready", daemon=True).start()
     try:
