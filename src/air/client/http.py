@@ -81,6 +81,11 @@ class ServerClient:
             payload = response.read()
         return json.loads(payload) if payload else None
 
+    def get_bytes(self, path: str) -> bytes:
+        """A binary answer (a call's pickled result)."""
+        with self._request("GET", path) as response:
+            return bytes(response.read())
+
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params=params)
 

@@ -74,6 +74,7 @@ Caller = Annotated[Principal, Depends(principal)]
 def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = None,
                mlflow_uri: str | None = None) -> FastAPI:
     """The server's app over a run store (default: this AIR_HOME's)."""
+    from air.server.routes_calls import router as calls_router
     from air.server.routes_runs import router as runs_router
     from air.server.routes_secrets import router as secrets_router
 
@@ -107,6 +108,7 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
 
     app.include_router(runs_router, prefix=API, dependencies=[Depends(principal)])
     app.include_router(secrets_router, prefix=API, dependencies=[Depends(principal)])
+    app.include_router(calls_router, prefix=API, dependencies=[Depends(principal)])
     return app
 
 
