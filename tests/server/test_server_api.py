@@ -9,7 +9,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-from conftest import AIR, AirServer, home_processes
+from server_helpers import AIR, AirServer, home_processes
+
 from proc_helpers import alive, wait_for
 
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from conftest import AirServer
+from server_helpers import AirServer
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys

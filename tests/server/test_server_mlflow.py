@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from conftest import AirServer
+from server_helpers import AirServer
 
 
 @pytest.mark.parametrize("server", ["mlflow"], indirect=True)
@@ -36,3 +35,12 @@ def test_a_nodes_metric_lands_in_the_servers_mlflow(server: AirServer, tmp_path:
     assert read.returncode == 0, read.stderr
     metrics = json.loads(read.stdout.strip().splitlines()[-1])
     assert metrics.get("node_loss_0") == 0.25 and metrics.get("node_loss_1") == 0.25, metrics
+
+
+def test_an_mlflow_tracking_uri_in_the_servers_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from air.server.mlflow_server import mlflow_server
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.team.example:5000")
+    with mlflow_server("127.0.0.1", 8766) as uri:  # starts nothing: the team's server is used as it is
+        assert uri is None
+        assert os.environ["MLFLOW_TRACKING_URI"] == "http://mlflow.team.example:5000"

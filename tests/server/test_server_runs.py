@@ -10,7 +10,8 @@ import textwrap
 import threading
 from pathlib import Path
 
-from conftest import AIR, AirServer
+from server_helpers import AIR, AirServer
+
 from proc_helpers import wait_for
 
 LINES = 5
