@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -54,10 +55,12 @@ class AirServer:
     proc: subprocess.Popen[bytes] | None = None
     #: The port of the MLflow server it runs (0: none, the runs log to its embedded store).
     mlflow_port: int = 0
+    #: (certificate, key) to serve HTTPS with; clients trust the certificate through SSL_CERT_FILE.
+    tls: tuple[Path, Path] | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def server_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("AIR_SERVER_URL", "AIR_TOKEN")}
@@ -66,16 +69,20 @@ class AirServer:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port",
-                                          str(self.mlflow_port)], env=self.server_env(),
+                                          str(self.mlflow_port), *self.tls_args()], env=self.server_env(),
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(self.healthy, f"air server on {self.url} to answer (log: {self.log})", timeout=240)
+
+    def tls_args(self) -> list[str]:
+        return ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []
 
     def healthy(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"air server exited {self.proc.returncode}: {self.log.read_text()}")
         try:
-            with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2) as r:
+            context = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+            with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2, context=context) as r:
                 return bool(json.loads(r.read())["status"] == "ok")
         except OSError:
             return False
@@ -95,7 +102,8 @@ class AirServer:
 
     def env(self, user: str) -> dict[str, str]:
         home = self.clients / user
-        return {**os.environ, "AIR_HOME": str(home), "AIR_SERVER_URL": self.url, "AIR_TOKEN": self.tokens[user]}
+        env = {**os.environ, "AIR_HOME": str(home), "AIR_SERVER_URL": self.url, "AIR_TOKEN": self.tokens[user]}
+        return {**env, "SSL_CERT_FILE": str(self.tls[0])} if self.tls else env
 
     def air(self, user: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """The real `air` CLI as `user`, through the server."""
@@ -114,8 +122,9 @@ class AirServer:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        context = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
         try:
-            with urllib.request.urlopen(request, timeout=60) as r:
+            with urllib.request.urlopen(request, timeout=60, context=context) as r:
                 return r.status, json.loads(r.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
@@ -135,11 +144,12 @@ class AirServer:
 
 
 @contextmanager
-def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None = None) -> Iterator[AirServer]:
+def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None = None,
+                   tls: tuple[Path, Path] | None = None) -> Iterator[AirServer]:
     """A started server (its home's config.yaml = `config`); afterwards it is stopped with SIGTERM and
     no process of its home survives."""
     srv = AirServer(home=tmp_path / "server-home", port=free_port(), clients=tmp_path / "clients",
-                    log=tmp_path / "server.log", mlflow_port=free_port() if mlflow else 0)
+                    log=tmp_path / "server.log", mlflow_port=free_port() if mlflow else 0, tls=tls)
     srv.home.mkdir()
     if config is not None:
         (srv.home / "config.yaml").write_text(config)
@@ -150,7 +160,8 @@ def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None =
         yield srv
     finally:
         if srv.proc is not None:
-            assert srv.stop() == 0, srv.log.read_text()
+            code = srv.stop()
+            assert code == 0, f"exit code {code}: {srv.log.read_text()}"
         wait_for(lambda: not alive(home_processes(srv.home)), "every process of the server's home to end",
                  timeout=60)
 

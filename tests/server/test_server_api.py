@@ -117,3 +117,20 @@ def test_the_server_stops_cleanly_with_a_follower_attached(server: AirServer, tm
     cancel = server.air("alice", "cancel", run_id)
     assert cancel.returncode == 0 and "CANCELED" in cancel.stderr, cancel.stderr
     wait_for(lambda: len(home_processes(server.home)) == 1, "only the server to be left", timeout=60)
+
+
+def test_https_with_a_certificate(tmp_path: Path) -> None:
+    from server_helpers import running_server
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                           "-out", str(cert)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    with running_server(tmp_path, tls=(cert, key)) as server:
+        assert server.url.startswith("https://")
+        assert server.api("GET", "/api/v1/runs")[0] == 401
+        assert server.air_json("alice", "list", "runs")["runs"] == []  # the CLI trusts it via SSL_CERT_FILE
+        untrusted = {k: v for k, v in server.env("alice").items() if k != "SSL_CERT_FILE"}
+        refused = subprocess.run([*AIR, "list", "runs"], env=untrusted, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and "SSL_CERT_FILE" in refused.stderr, refused.stderr

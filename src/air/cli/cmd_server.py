@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -57,6 +58,9 @@ def start(host: str, port: int, mlflow_port: int, tls_cert: Path | None, tls_key
 
     serve(host, port, mlflow_port=mlflow_port, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready)
     stderr("air server stopped (runs keep running; start it again to serve them).")
+    if "ray" in sys.modules:  # Ray's core worker can abort the interpreter's own teardown (SIGABRT after
+        sys.stdout.flush()   # a clean stop); everything is written and closed by now: leave without it
+        os._exit(0)
 
 
 @server.group("token")

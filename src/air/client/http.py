@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -70,9 +71,11 @@ class ServerClient:
             raise _error_from(exc) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
+            hint = ("Its certificate is not trusted here: point SSL_CERT_FILE at the CA certificate that signed it."
+                    if isinstance(reason, ssl.SSLError) else
+                    "Is `air server start` running there? Check AIR_SERVER_URL or the profile's url.")
             raise RemoteError(f"Cannot reach the air server at {self.url}: {reason}.", code="UNAVAILABLE",
-                              kind="TRANSIENT",
-                              hint="Is `air server start` running there? Check AIR_SERVER_URL or the profile's url.") from None
+                              kind="TRANSIENT", hint=hint) from None
 
     def call(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
              data: bytes | None = None) -> Any:

@@ -38,16 +38,40 @@ class _Server:
         self.server.run()
 
 
-def _reap_children(stopping: threading.Event) -> None:
-    """Collect the exit status of supervisors this server started, so none lingers as a zombie."""
-    while not stopping.wait(1.0):
+#: The modules of the detached processes this server starts and never waits for.
+_DETACHED = ("air.runs.supervisor", "air.distributed.call_driver")
+
+
+def _reap_detached(known: set[int]) -> None:
+    """Collect ended supervisors and call drivers (only those, seen alive earlier in `known`: a child
+    someone else waits for is theirs to collect). One missed here is collected by the next spawn."""
+    import psutil
+
+    for child in psutil.Process().children():
         try:
-            while True:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-                if pid == 0:
-                    break
-        except ChildProcessError:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                if child.pid in known:
+                    os.waitpid(child.pid, os.WNOHANG)
+                    known.discard(child.pid)
+            elif any(module in child.cmdline() for module in _DETACHED):
+                known.add(child.pid)
+        except (psutil.Error, ChildProcessError):
             continue
+
+
+def _housekeeping(store: Any, stopping: threading.Event) -> None:
+    """Collect the exit status of supervisors this server started (none lingers as a zombie), and end
+    runs whose supervisor died (what every local `air` command does, here without one being typed)."""
+    from air.runs.follow import RECONCILE_EVERY_S
+    from air.runs.reconcile import reconcile
+
+    known: set[int] = set()
+    while not stopping.wait(RECONCILE_EVERY_S):
+        _reap_detached(known)
+        try:
+            reconcile(store)
+        except Exception as exc:  # noqa: BLE001 - a failed check is tried again at the next tick
+            _log.warning("could not check run supervisors: %s", exc)
 
 
 def check_server_home() -> str:
@@ -93,7 +117,8 @@ def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | Non
                             timeout_graceful_shutdown=5, ssl_certfile=str(tls_cert) if tls_cert else None,
                             ssl_keyfile=str(tls_key) if tls_key else None)
     server = _Server(config, stopping)
-    threading.Thread(target=_reap_children, args=(stopping,), name="air-server-reaper", daemon=True).start()
+    threading.Thread(target=_housekeeping, args=(RunStore(), stopping), name="air-server-housekeeping",
+                     daemon=True).start()
 
     def announce() -> None:
         while not server.server.started and not stopping.is_set():
@@ -106,3 +131,13 @@ def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | Non
         server.run()
     finally:
         stopping.set()
+        _disconnect_ray()
+
+
+def _disconnect_ray() -> None:
+    """Leave a Ray cluster the server connected to (checking shapes), before the interpreter exits."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
