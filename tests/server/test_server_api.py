@@ -72,6 +72,15 @@ def test_bad_requests_are_4xx_and_change_nothing(server: AirServer) -> None:
     # and the CLI says so with exit code 2, as locally
     result = server.air("alice", "get", "run", missing)
     assert result.returncode == 2 and "not found" in result.stderr.lower(), result.stderr
+    spec = server.clients / "wl.yaml"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text("experiment_name: x\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 2}\n"
+                    "command: echo hi\n")
+    wrong_node = server.air("alice", "run", "-f", str(spec), "--watch", "--node", "2")
+    assert wrong_node.returncode == 2 and "the workload has 2 node(s)" in wrong_node.stderr, wrong_node.stderr
+    dry = server.air_json("alice", "run", "-f", str(spec), "--dry-run")  # planned by the server, nothing made
+    assert dry["status"] == "DRY_RUN_OK" and dry["plan"]["profile"] == "local", dry
+    assert _state(server) == before
 
 
 def test_tokens_users_and_secrets(server: AirServer) -> None:

@@ -56,7 +56,8 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
     if client is not None:
         from air.cli.remote import submit_remote
 
-        answer = submit_remote(client, path, list(overrides), idempotency_key=idempotency_key, dry_run=dry_run)
+        answer = submit_remote(client, path, list(overrides), idempotency_key=idempotency_key, dry_run=dry_run,
+                               watch_node=watch_node)
         if dry_run:
             return _dry_run(answer["plan"])
         submitted = {k: answer[k] for k in ("run_id", "status", "existing")}

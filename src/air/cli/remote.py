@@ -55,12 +55,15 @@ def upload_snapshot(client: ServerClient, snapshot: Any) -> dict[str, Any]:
 
 
 def submit_remote(client: ServerClient, path: str, overrides: list[str], *, idempotency_key: str | None,
-                  dry_run: bool) -> dict[str, Any]:
+                  dry_run: bool, watch_node: int | None = None) -> dict[str, Any]:
     """Validate the workload here (same errors as locally), then submit it to the server."""
     from air.workload.loading import load_workload
     from air.workload.snapshot import plan_snapshot
 
     spec = load_workload(path, overrides)
+    if watch_node is not None and watch_node >= spec.num_nodes:
+        raise UserInputError(f"--node {watch_node}: the workload has {spec.num_nodes} node(s).",
+                             hint=f"Nodes are numbered 0 to {spec.num_nodes - 1}.")
     data = spec.to_yaml_dict()
     deps = (data.get("environment") or {}).get("dependencies")
     if isinstance(deps, str):  # a requirements file here: send its lines
