@@ -38,13 +38,23 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(default=LOCAL_PROFILE, exclude=True)
-    backend: Literal["local", "ray"] = "local"
+    backend: Literal["local", "ray", "server"] = "local"
     #: Ray: the cluster address (`host:port`, `ray://host:port`, or `auto`). Unused by `local`.
     address: str | None = None
     #: Ray: the cluster's auth token file (RAY_AUTH_MODE=token); unset: the environment's Ray auth settings.
     auth_token_path: str | None = None
     #: Ray: "auto" ships the code snapshot only to nodes that lack its path; "always" ships it everywhere.
     code_shipping: Literal["auto", "always"] | None = None
+    #: Server: the `air server` address (`http://host:8765`); runs go there instead of this machine.
+    url: str | None = None
+    #: Server: a file holding this user's token (from `air server token create`).
+    token_path: str | None = None
+
+    @model_validator(mode="after")
+    def _server_needs_url(self) -> Profile:
+        if self.backend == "server" and not (self.url and self.token_path):
+            raise ValueError("a server profile needs url (http://host:8765) and token_path (a file with the token)")
+        return self
 
 
 class BaseEnvironment(BaseModel):

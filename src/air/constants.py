@@ -64,3 +64,17 @@ WEB_REFRESH_MS: int = 3000
 
 #: How long `air ui` (and the mounted pages) wait for open live streams before stopping (seconds).
 WEB_SHUTDOWN_GRACE_S: float = 2.0
+
+# ---- air server ----------------------------------------------------------------------------------
+
+#: Seconds a client waits for one answer of `air server` (streams wait as long as the run lasts).
+SERVER_REQUEST_TIMEOUT_S: float = 60.0
+
+#: The largest body `air server` accepts in one request (one snapshot blob, a spec): a clear 413 above it.
+SERVER_MAX_UPLOAD_BYTES: int = 256 << 20
+
+#: The most files one uploaded snapshot may hold.
+SERVER_MAX_SNAPSHOT_FILES: int = 100_000
+
+#: The port `air server start` listens on unless --port says otherwise.
+SERVER_DEFAULT_PORT: int = 8765

@@ -130,6 +130,12 @@ AIR_RAY_JOIN_TIMEOUT_S = _setting(
 AIR_RAY_METRICS = _setting(
     "AIR_RAY_METRICS", "`1`", "`0` keeps Ray's metrics out of MLflow in `ray_launch` calls."
 )
+AIR_SERVER_URL = _setting(
+    "AIR_SERVER_URL",
+    "unset",
+    "An `air server` to send `air run/list/get/logs/cancel/secrets` to (with AIR_TOKEN); wins over profiles.",
+)
+AIR_TOKEN = _setting("AIR_TOKEN", "unset", "The bearer token for AIR_SERVER_URL (`air server token create`).")
 AIR_RAY_TRAIN_MLFLOW = _setting(
     "AIR_RAY_TRAIN_MLFLOW",
     "`1`",

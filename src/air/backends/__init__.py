@@ -11,6 +11,12 @@ from air.backends.base import Backend, SlotLedger
 def backend_for(profile: Any, *, ledger: SlotLedger | None = None) -> Backend:
     """The backend of a profile (`air.config.Profile`). `ledger` is the slot ledger the local backend
     claims this machine's slots in (the run store); it is not needed to plan or check a shape."""
+    if profile.backend == "server":
+        from air.errors import UserInputError
+
+        raise UserInputError(
+            f"Profile {profile.name!r} sends runs to an air server ({profile.url}); this command runs here.",
+            hint="Pick a local or ray profile with -p, or use a command that goes through the server.")
     if profile.backend == "ray":
         from air.backends.ray_backend import RayBackend
 

@@ -21,12 +21,19 @@ from air.runs.store import RunStore
 @common
 def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
     """Cancel runs: TERMINATING, then CANCELED once every process is gone."""
-    store = RunStore()
+    from air.cli.remote import remote
+
     if all_runs == bool(run_ids):
         raise UserInputError(
             "Give run ids or --all (not both, not neither).", hint="air cancel RUN_ID… | --all -y"
         )
-    targets = active_run_ids(store) if all_runs else [store.get_run(i).id for i in run_ids]
+    client = remote()
+    if client is not None:  # --all: your own active runs
+        targets = ([r["id"] for r in client.get("/runs", limit=100_000)["runs"]] if all_runs
+                   else [client.get(f"/runs/{i}")["id"] for i in run_ids])
+    else:
+        store = RunStore()
+        targets = active_run_ids(store) if all_runs else [store.get_run(i).id for i in run_ids]
     if not targets:
         status("No active runs.")
         return 0
@@ -34,7 +41,10 @@ def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
         if not sys.stdin.isatty():  # click 8.5 deprecates get_text_stream
             raise UserInputError(f"Refusing to cancel {len(targets)} run(s) without confirmation.", hint="Add -y.")
         click.confirm(f"Cancel {len(targets)} active run(s)?", abort=True)
-    results = {run_id: outcome.value for run_id, outcome in cancel_runs(store, targets).items()}
+    if client is not None:
+        results = {run_id: client.post(f"/runs/{run_id}/cancel")["status"] for run_id in targets}
+    else:
+        results = {run_id: outcome.value for run_id, outcome in cancel_runs(store, targets).items()}
     if settings().json:
         envelope({"runs": [{"run_id": k, "status": v} for k, v in results.items()]})
     else:

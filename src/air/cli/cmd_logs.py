@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -14,14 +13,7 @@ from air.cli.output import stderr
 from air.errors import NotFoundError
 from air.runs.paths import RunPaths
 from air.runs.store import Run, RunStore
-
-
-def masker_for(run: Run) -> Callable[[str], str]:
-    """Hide the run's secret values should the user's code print them; raises (prints nothing) when they
-    cannot be resolved any more (air.workload.secrets.masker_for_run fails closed)."""
-    from air.workload.secrets import masker_for_run
-
-    return masker_for_run(run.id, None if run.kind == "call" else RunPaths(run.id).submission)
+from air.runs.views import log_masker
 
 
 @click.command()
@@ -73,8 +65,23 @@ def logs(
     download_to: str | None,
 ) -> None:
     """Print a run's logs: every node's (a workload) or rank's (a @distributed call); follows an active run."""
-    from air.cli.watch import LogPrinter, log_sources, logs_are_per_rank, stream_run
-    from air.runs.logtail import tail_lines
+    from air.cli.remote import remote
+    from air.cli.watch import print_follow, several_logs
+
+    json_mode = settings().json
+    client = remote()
+    if client is not None:
+        from air.cli.remote import follow_remote, not_through_server
+        from air.runs.views import run_from_dict
+
+        if download_to:
+            raise not_through_server("air logs --download-to")
+        run = run_from_dict(client.get(f"/runs/{run_id}"))
+        live = _follows(run, follow, attempt)
+        events = follow_remote(client, run.id, node=node, rank=rank, attempt=attempt, tail=tail, live=live)
+        print_follow(events, json_mode=json_mode, prefixed=several_logs(run, node, rank))
+        return
+    from air.runs.follow import log_sources, logs_are_per_rank, snapshot_lines
     from air.runs.paths import CallPaths
 
     store = RunStore()
@@ -85,7 +92,7 @@ def logs(
             hint=f"Wait for it with: air logs {run.id} --follow",
         )
     attempt_index = store.get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
-    sources = log_sources(run, attempt_index, node=node, rank=rank)  # checks --node/--rank first
+    log_sources(run, attempt_index, node=node, rank=rank)  # checks --node/--rank first
     if download_to:
         target = Path(download_to) / "logs"
         target.mkdir(parents=True, exist_ok=True)
@@ -99,30 +106,18 @@ def logs(
             shutil.copyfile(path, target / f"{label}_{n}.log")
         stderr(f"Copied {len(found)} log(s) of attempt {attempt_index} to {target}")
         return
-    mask = masker_for(run)  # before any line: fails closed when secrets cannot be resolved
-    json_mode = settings().json
-    pinned = attempt is not None and attempt != run.current_attempt
-    if follow is None:  # like the hosted CLI and `sky logs`: an active run is followed
-        follow = not run.is_terminal and not pinned
-    if follow:
-        stream_run(
-            run.id,
-            json_mode=json_mode,
-            store=store,
-            node=node,
-            rank=rank,
-            attempt=attempt,
-            tail=tail,
-            mask=mask,
-        )
-        return
-    printer = LogPrinter(sources, json_mode=json_mode, mask=mask, attempt=attempt_index)
-    present = [s for s in sources if s.path.exists()]
-    if not present:
-        what = f"{sources[0].label} {sources[0].index}" if len(sources) == 1 else "any node or rank"
-        raise NotFoundError(
-            f"No log for {what} of attempt {attempt_index} of run {run.id}"
-            + (f" ({run.status.value})." if run.is_terminal else " yet.")
-        )
-    for source in present:
-        printer.emit(source, tail_lines(source.path, tail if tail is not None else 10000))
+    mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
+    if _follows(run, follow, attempt):
+        from air.runs.follow import follow as follow_run
+
+        events = follow_run(run.id, store=store, node=node, rank=rank, attempt=attempt, tail=tail, mask=mask)
+    else:
+        events = iter(snapshot_lines(run, attempt_index, node=node, rank=rank, tail=tail, mask=mask))
+    print_follow(events, json_mode=json_mode, prefixed=several_logs(run, node, rank))
+
+
+def _follows(run: Run, follow: bool | None, attempt: int | None) -> bool:
+    """Like the hosted CLI and `sky logs`: an active run is followed unless --no-follow or an old attempt."""
+    if follow is not None:
+        return follow
+    return not run.is_terminal and not (attempt is not None and attempt != run.current_attempt)

@@ -39,7 +39,7 @@ _LiteralDumper.add_representer(str, _str)
 def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], dry_run: bool, watch: bool,
         watch_node: int | None, idempotency_key: str | None) -> int:
     """Run a workload: its command once per node, with retries, timeouts, logs and MLflow."""
-    from air.runs.submit import prepare, submit
+    from air.cli.remote import remote
 
     s = settings()
     if file_arg and file_opt and file_arg != file_opt:
@@ -52,38 +52,60 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
                              hint="Use: air run -f train.yaml --watch --node 1   (or later: air logs ID --node 1)")
     if idempotency_key is not None and not (0 < len(idempotency_key.strip()) <= 64):
         raise UserInputError("--idempotency-key must be 1 to 64 characters.")
-    prepared = prepare(path, list(overrides), s.profile)
-    if watch_node is not None and watch_node >= prepared.plan.num_nodes:
-        raise UserInputError(f"--node {watch_node}: the workload has {prepared.plan.num_nodes} node(s).",
-                             hint=f"Nodes are numbered 0 to {prepared.plan.num_nodes - 1}.")
-    if dry_run:
-        plan = prepared.plan.describe()
-        if s.json:
-            envelope({"status": "DRY_RUN_OK", "plan": plan})
-        else:
-            sys.stdout.write(yaml.dump(plan, Dumper=_LiteralDumper, sort_keys=False, width=100))
-            stderr("DRY_RUN_OK: the workload is valid; nothing was created.")
-        return 0
-    run_, existing = submit(prepared, idempotency_key=idempotency_key)
+    client = remote()
+    if client is not None:
+        from air.cli.remote import submit_remote
+
+        answer = submit_remote(client, path, list(overrides), idempotency_key=idempotency_key, dry_run=dry_run,
+                               watch_node=watch_node)
+        if dry_run:
+            return _dry_run(answer["plan"])
+        submitted = {k: answer[k] for k in ("run_id", "status", "existing")}
+        shape = (answer["num_nodes"], answer["per_node"], answer["accelerator"], answer["experiment"])
+    else:
+        from air.runs.submit import prepare, submit
+
+        prepared = prepare(path, list(overrides), s.profile)
+        plan = prepared.plan
+        if watch_node is not None and watch_node >= plan.num_nodes:
+            raise UserInputError(f"--node {watch_node}: the workload has {plan.num_nodes} node(s).",
+                                 hint=f"Nodes are numbered 0 to {plan.num_nodes - 1}.")
+        if dry_run:
+            return _dry_run(plan.describe())
+        run_, existing = submit(prepared, idempotency_key=idempotency_key)
+        submitted = {"run_id": run_.id, "status": run_.status.value, "existing": existing}
+        shape = (plan.num_nodes, plan.per_node, plan.accelerator, plan.experiment)
+    run_id, existing = submitted["run_id"], submitted["existing"]
     if s.json and not watch:
-        envelope({"run_id": run_.id, "status": run_.status.value, "existing": existing})
+        envelope(submitted)
     elif s.json:
-        event("SUBMITTED", run_id=run_.id, existing=existing)
+        event("SUBMITTED", run_id=run_id, existing=existing)
     else:
         what = "Existing run (same idempotency key)" if existing else "Submitted run"
-        status(f"{what} {run_.id}  ({prepared.plan.num_nodes} node(s) × {prepared.plan.per_node} "
-               f"{prepared.plan.accelerator}, experiment {prepared.plan.experiment})")
+        status(f"{what} {run_id}  ({shape[0]} node(s) × {shape[1]} {shape[2]}, experiment {shape[3]})")
         if not watch:
-            status(f"Follow it: air logs {run_.id} --follow   Status: air get run {run_.id}")
+            status(f"Follow it: air logs {run_id} --follow   Status: air get run {run_id}")
             if quiet():  # the result of a submit is the run's id: `ID=$(air -q run -f train.yaml)`
-                sys.stdout.write(run_.id + "\n")
-    if watch:
-        from air.cli.cmd_logs import masker_for
-        from air.cli.watch import watch as watch_run
+                sys.stdout.write(run_id + "\n")
+    if not watch:
+        return 0
+    if client is not None:
+        from air.cli.remote import follow_remote
+        from air.cli.watch import watch_events
+        from air.runs.views import run_from_dict
 
-        return watch_run(run_.id, json_mode=s.json, masker=masker_for(run_), verbose=s.verbose,
-                         node=watch_node)
+        run_ = run_from_dict(client.get(f"/runs/{run_id}"))
+        return watch_events(run_, follow_remote(client, run_id, node=watch_node), json_mode=s.json, node=watch_node)
+    from air.cli.watch import watch as watch_run
+    from air.runs.views import log_masker
+
+    return watch_run(run_id, json_mode=s.json, masker=log_masker(run_), verbose=s.verbose, node=watch_node)
+
+
+def _dry_run(plan: dict[str, object]) -> int:
+    if settings().json:
+        envelope({"status": "DRY_RUN_OK", "plan": plan})
+    else:
+        sys.stdout.write(yaml.dump(plan, Dumper=_LiteralDumper, sort_keys=False, width=100))
+        stderr("DRY_RUN_OK: the workload is valid; nothing was created.")
     return 0
-
-
-

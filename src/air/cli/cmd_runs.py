@@ -12,8 +12,8 @@ from air.cli.output import envelope, fmt_duration, fmt_time, print_fields, print
 from air.errors import UserInputError
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
-from air.runs.store import Run, RunStore
-from air.runs.views import call_rank_logs, mlflow_link, queue_dict, run_detail, run_dict, run_folder
+from air.runs.store import RunStore
+from air.runs.views import attempt_from_dict, queue_dict, run_detail, run_dict, run_from_dict
 
 
 @click.group()
@@ -26,17 +26,29 @@ def get() -> None:
 @common
 def get_run(run_id: str) -> None:
     """A run: status, attempts, termination reason, MLflow run, logs."""
+    from air.cli.remote import remote
 
-    store = RunStore()
-    run = store.get_run(run_id)
+    client = remote()
+    if client is not None:
+        detail = client.get(f"/runs/{run_id}")
+    else:
+        store = RunStore()
+        detail = run_detail(store, store.get_run(run_id))
     if settings().json:
-        envelope(run_detail(store, run))
+        envelope(detail)
         return
-    attempts = store.list_attempts(run.id)
-    link = mlflow_link(run)
+    print_run_detail(detail, ui_hint=client is None)
+
+
+def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
+    """`air get run` from `run_detail`'s dict (this machine's store or a server's answer alike)."""
+    run = run_from_dict(detail)
+    attempts = [attempt_from_dict(a) for a in detail.get("attempt_list") or []]
+    link = detail.get("mlflow_url")
+    queue = detail.get("queue")
     pairs = [
-        ("Run", run.id), ("Status", run.status.value), *_waiting(store, run), ("Experiment", run.experiment),
-        ("MLflow run name", run.run_name or run.experiment),
+        ("Run", run.id), ("Status", run.status.value), *([("Waiting", queue["reason"])] if queue else []),
+        ("Experiment", run.experiment), ("MLflow run name", run.run_name or run.experiment),
         ("Accelerators", f"{run.num_accelerators} × {run.accelerator_type} ({run.num_nodes} node(s))"),
         ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), ("User", run.user or "-"),
         ("Submitted", fmt_time(run.submitted_at)), ("Started", fmt_time(run.started_at)),
@@ -49,15 +61,15 @@ def get_run(run_id: str) -> None:
         pairs.append(("Failure class", run.failure_class.value))
     pairs.append(("MLflow run", run.mlflow_run_id or "-"))
     if link:
-        pairs.append(("MLflow UI", f"{link}   (start the UI with: air ui)"))
+        pairs.append(("MLflow UI", f"{link}   (start the UI with: air ui)" if ui_hint else link))
     if run.kind == "call":
         pairs.insert(1, ("Kind", f"call of {run.run_name or 'a function'} (@distributed)"))
-    pairs.append(("Folder", str(run_folder(run))))
+    pairs.append(("Folder", str(detail.get("folder"))))
     print_fields(pairs)
     if run.kind == "call":
         print()
         print_table(["RANK", "LOG"], [[str(r["rank"]), r["path"] + ("" if r["exists"] else "  (not written)")]
-                                      for r in call_rank_logs(run)])
+                                      for r in detail.get("rank_logs") or []])
         if run.backend == "local":
             print(f"\nLogs: air logs {run.id} [--rank N]")
             return
@@ -67,12 +79,6 @@ def get_run(run_id: str) -> None:
             [str(a.index), a.status.value, fmt_time(a.started_at), fmt_duration(a.duration_seconds()),
              a.termination_reason or "", a.mlflow_run_id or ""] for a in attempts])
         print(f"\nLogs: air logs {run.id} [--node N] [--retry A]")
-
-
-def _waiting(store: RunStore, run: Run) -> list[tuple[str, str]]:
-    """("Waiting", reason) for a QUEUED run, nothing otherwise."""
-    queue = queue_dict(store, run)
-    return [("Waiting", queue["reason"])] if queue else []
 
 
 @click.group("list")
@@ -108,22 +114,47 @@ def _filters(values: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="At most this many runs.")
 @click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
               help="experiment=GLOB, accelerator_type=TEXT (substring), num_accelerators=N. Repeatable.")
+@click.option("--all-users", "all_users", is_flag=True,
+              help="Through an air server: everyone's runs (default: yours), with a USER column.")
 @common
-def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filters: tuple[str, ...]) -> None:
+def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filters: tuple[str, ...],
+              all_users: bool) -> None:
     """Runs, newest first."""
+    from air.cli.remote import remote
+
     wanted: Any = "all" if all_status else (parse_statuses(status_names) if status_names else None)
-    store = RunStore()
-    runs = store.list_runs(statuses=wanted, limit=limit, **_filters(filters))
+    where = _filters(filters)
+    client = remote()
+    if client is not None:
+        runs = client.get("/runs", all_users=all_users, all_status=all_status, limit=limit,
+                          status=[s.value for s in wanted] if status_names and not all_status else None,
+                          experiment=where.get("experiment_glob"), accelerator_type=where.get("accelerator_type"),
+                          num_accelerators=where.get("num_accelerators"))["runs"]
+    else:
+        store = RunStore()
+        runs = [{**run_dict(r), "queue": queue_dict(store, r)}
+                for r in store.list_runs(statuses=wanted, limit=limit, **where)]
     if settings().json:
-        envelope({"runs": [{**run_dict(r), "queue": queue_dict(store, r)} for r in runs]})
+        envelope({"runs": runs})
         return
+    print_runs(runs, all_status=all_status, with_user=all_users)
+
+
+def print_runs(runs: list[dict[str, Any]], *, all_status: bool, with_user: bool = False) -> None:
+    """`air list runs` from `run_dict`s (this machine's store or a server's answer alike)."""
     if not runs:
         print("No runs." + ("" if all_status else " (--all-status shows ended runs too)"))
         return
-    print_table(["RUN", "KIND", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"], [
-        [r.id, r.kind, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}",
-         fmt_time(r.submitted_at), fmt_duration(r.duration_seconds()), str(r.attempt_count)] for r in runs])
-    waiting = [(r.id, queue_dict(store, r)) for r in runs if r.status is RunStatus.QUEUED]
+    records = [run_from_dict(r) for r in runs]
+    header = ["RUN", "KIND", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"]
+    rows = [[r.id, r.kind, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}",
+             fmt_time(r.submitted_at), fmt_duration(r.duration_seconds()), str(r.attempt_count)] for r in records]
+    if with_user:
+        header.insert(1, "USER")
+        for row, r in zip(rows, records, strict=True):
+            row.insert(1, r.user or "-")
+    print_table(header, rows)
+    waiting = [(r["id"], r.get("queue")) for r in runs if r["status"] == RunStatus.QUEUED.value]
     if waiting:
         print("\nWaiting:")
         for run_id, queue in waiting:

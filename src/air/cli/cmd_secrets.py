@@ -12,7 +12,8 @@ from air.cli.output import envelope, stderr
 
 @click.group()
 def secrets() -> None:
-    """Local secrets ($AIR_HOME/secrets.json, owner-only), referenced in workloads as scope/key."""
+    """Secrets referenced in workloads as scope/key: local ($AIR_HOME/secrets.json, owner-only), or your
+    own on an air server (AIR_SERVER_URL / a server profile)."""
 
 
 @secrets.command("put")
@@ -21,13 +22,18 @@ def secrets() -> None:
 @common
 def put(scope: str, key: str) -> None:
     """Store a secret; its value is read from stdin (never from the command line)."""
+    from air.cli.remote import remote
     from air.workload.secrets import put_secret
 
+    client = remote()
     if sys.stdin.isatty():
         value = click.prompt(f"Value of {scope}/{key}", hide_input=True)
     else:
         value = sys.stdin.read().rstrip("\n")
-    put_secret(scope, key, value)
+    if client is not None:
+        client.call("PUT", f"/secrets/{scope}/{key}", body={"value": value})
+    else:
+        put_secret(scope, key, value)
     stderr(f"Stored {scope}/{key}.")
 
 
@@ -35,9 +41,12 @@ def put(scope: str, key: str) -> None:
 @common
 def list_() -> None:
     """Scopes and keys (never values)."""
+    from air.cli.remote import remote
     from air.workload.secrets import list_secrets
 
-    items = list_secrets()
+    client = remote()
+    items = ([(i["scope"], i["key"]) for i in client.get("/secrets")["secrets"]] if client is not None
+             else list_secrets())
     if settings().json:
         envelope({"secrets": [{"scope": s, "key": k} for s, k in items]})
         return
@@ -51,7 +60,12 @@ def list_() -> None:
 @common
 def delete(scope: str, key: str) -> None:
     """Remove a secret."""
+    from air.cli.remote import remote
     from air.workload.secrets import delete_secret
 
-    delete_secret(scope, key)
+    client = remote()
+    if client is not None:
+        client.call("DELETE", f"/secrets/{scope}/{key}")
+    else:
+        delete_secret(scope, key)
     stderr(f"Deleted {scope}/{key}.")

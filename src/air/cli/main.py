@@ -53,7 +53,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("air.cli.cmd_run", "run"), "get": ("air.cli.cmd_runs", "get"), "list": ("air.cli.cmd_runs", "list_"),
     "logs": ("air.cli.cmd_logs", "logs"), "cancel": ("air.cli.cmd_cancel", "cancel"),
     "env": ("air.cli.cmd_env", "env"), "secrets": ("air.cli.cmd_secrets", "secrets"), "ui": ("air.cli.cmd_ui", "ui"),
-    "prune": ("air.cli.cmd_prune", "prune"),
+    "prune": ("air.cli.cmd_prune", "prune"), "server": ("air.cli.cmd_server", "server"),
 }
 #: Other names of a subcommand (not listed in --help).
 _ALIASES: dict[str, str] = {"gc": "prune"}
@@ -99,7 +99,7 @@ def cli(ctx: click.Context, json_flag: bool, profile: str | None, verbose: int, 
     s.json, s.profile, s.verbose, s.quiet = json_flag, profile, verbose, quiet
     _check_flags(s)
     apply(s)
-    if ctx.invoked_subcommand not in (None, "ui", "secrets"):
+    if ctx.invoked_subcommand not in (None, "ui", "secrets", "server"):
         _reconcile_quietly()
 
 

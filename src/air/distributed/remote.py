@@ -58,9 +58,16 @@ _log = logging.getLogger("air.call")
 def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
                settings: CallSettings, *, profile_name: str | None = None, echo: bool = True,
                extra_env: Mapping[str, str] | None = None, max_retries: int = 0) -> list[Any]:
-    """Run `func(*args, **kwargs)` once per rank on the profile's backend; block; return every rank's value."""
+    """Run `func(*args, **kwargs)` once per rank on the profile's backend; block; return every rank's value.
+    With an air server configured (AIR_SERVER_URL + AIR_TOKEN, or a `server` profile), the server drives it."""
+    from air.client import server_client
     from air.config import resolve_profile
 
+    client = server_client(profile_name)
+    if client is not None:
+        from air.distributed.remote_server import call_through_server
+
+        return call_through_server(client, func, args, kwargs, settings, echo=echo, max_retries=max_retries)
     profile = resolve_profile(profile_name)
     store = RunStore()
     backend = backend_for(profile, ledger=store)
@@ -72,19 +79,26 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
                            num_accelerators=accelerator.per_node * num_nodes, num_nodes=num_nodes,
                            backend=backend.name, profile=profile.name, kind="call", run_name=name).run
-    store.set_supervisor(run.id, os.getpid())  # this process drives the run: if it dies, reconcile ends it
     job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, echo,
                   dict(extra_env or {}), preload_for(func, args, kwargs))
-    controller = RunController(run.id, job, backend, store, RetryPolicy(max_retries), cancel_check_s=CANCEL_CHECK_S)
-    job.on_wait(f"run {run.id}: {job.world} rank(s) on {num_nodes} node(s) of {accelerator.name} "
-            f"({getattr(backend, 'address', backend.name)})")
+    return drive_call(store, job, max_retries)
+
+
+def drive_call(store: RunStore, job: CallJob, max_retries: int) -> list[Any]:
+    """Drive a call's run to its end in this process (the caller's, or an air server's call driver);
+    every rank's value, or the rank's own exception raised."""
+    run_id, backend = job.run_id, job.backend
+    store.set_supervisor(run_id, os.getpid())  # this process drives the run: if it dies, reconcile ends it
+    controller = RunController(run_id, job, backend, store, RetryPolicy(max_retries), cancel_check_s=CANCEL_CHECK_S)
+    job.on_wait(f"run {run_id}: {job.world} rank(s) on {job.num_nodes} node(s) of {job.accelerator.name} "
+                f"({getattr(backend, 'address', backend.name)})")
     try:
         status = controller.run()
     except KeyboardInterrupt:
-        job.on_wait(f"run {run.id} canceled; every rank was ended")
+        job.on_wait(f"run {run_id} canceled; every rank was ended")
         raise
     except BaseException as exc:
-        _end_internal(store, run.id, exc)
+        _end_internal(store, run_id, exc)
         raise
     verdict = controller.last_verdict
     if status is RunStatus.SUCCESS and verdict is not None:
@@ -92,9 +106,9 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     if verdict is not None and verdict.error is not None:
         raise verdict.error
     if status is RunStatus.CANCELED:
-        raise WorkloadFailureException(f"Run {run.id} was canceled while waiting for capacity.")
+        raise WorkloadFailureException(f"Run {run_id} was canceled while waiting for capacity.")
     reason = verdict.reason if verdict is not None else None
-    raise WorkloadFailureException(f"Run {run.id} ended {status}" + (f": {reason}" if reason else "."))
+    raise WorkloadFailureException(f"Run {run_id} ended {status}" + (f": {reason}" if reason else "."))
 
 
 def _end_internal(store: RunStore, run_id: str, exc: BaseException) -> None:
@@ -260,4 +274,4 @@ class CallJob:
                 (self.call_dir / f"rank_{rank}.outcome").unlink(missing_ok=True)
 
 
-__all__ = ["CallJob", "plan_shape", "run_remote"]
+__all__ = ["CallJob", "drive_call", "plan_shape", "run_remote"]

@@ -189,6 +189,26 @@ class CallPaths(_RunIdPaths):
         """What the detached MLflow recorder records (a call no rank asked MLflow about)."""
         return self.folder / "mlflow_record.json"
 
+    @property
+    def request(self) -> Path:
+        """A call `air server` drives: what to run (shape, name, timeout, retries), for its driver."""
+        return self.folder / "request.json"
+
+    @property
+    def payload(self) -> Path:
+        """A call `air server` drives: the pickled function and arguments its client sent."""
+        return self.folder / "payload.pkl"
+
+    @property
+    def driver_log(self) -> Path:
+        """A call `air server` drives: its driver's own output (air's lines, not the ranks')."""
+        return self.folder / "driver.log"
+
+    @property
+    def result(self) -> Path:
+        """A call `air server` drives: every rank's value, or the error (pickled), for its client."""
+        return self.folder / "result.pkl"
+
     def create(self) -> Path:
         """Create the call folder (owner-only) and return it."""
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -79,6 +79,17 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX slot_claims_by_run ON slot_claims (run_id)",
     ),
+    (
+        # `air server`'s API tokens: only a sha256 of each token is kept; a revoked token keeps its row.
+        """CREATE TABLE api_tokens (
+            token_sha256 TEXT PRIMARY KEY,
+            token_id     TEXT NOT NULL UNIQUE,
+            user         TEXT NOT NULL,
+            admin        INTEGER NOT NULL DEFAULT 0,
+            created_at   REAL NOT NULL,
+            revoked_at   REAL
+        )""",
+    ),
 )
 
 SCHEMA_VERSION: int = len(_MIGRATIONS)

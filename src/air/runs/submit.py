@@ -40,7 +40,12 @@ class Prepared:
 
 def prepare(path: str | Path, overrides: list[str] | tuple[str, ...] = (), profile: str | None = None) -> Prepared:
     """Everything `--dry-run` shows and `air run` needs; raises UserInputError on bad input."""
-    spec = load_workload(path, overrides)
+    return prepare_spec(load_workload(path, overrides), profile)
+
+
+def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store: Path | None = None) -> Prepared:
+    """`prepare` for a spec already validated (`air server` gets it over HTTP); `secret_store` is where
+    its secrets are (a server user's store; default $AIR_HOME/secrets.json)."""
     from air.config import resolve_profile
 
     chosen = resolve_profile(profile)
@@ -59,7 +64,9 @@ def prepare(path: str | Path, overrides: list[str] | tuple[str, ...] = (), profi
     if spec.secrets:
         from air.workload.secrets import resolve_secrets
 
-        resolve_secrets(spec.secrets)  # every scope/key must exist now, not minutes later on a node
+        resolve_secrets(spec.secrets, store=secret_store)  # every scope/key must exist now, not on a node
+    if secret_store is not None:
+        plan.secret_store = str(secret_store)
     return Prepared(spec, plan, backend, snapshot)
 
 
@@ -75,15 +82,17 @@ def _link_tree(source: Path, dest: Path) -> None:
 
 
 def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: RunStore | None = None,
-           start_supervisor: bool = True) -> tuple[Run, bool]:
-    """Create the run and start its supervisor. Returns (run, existing) — existing for a replayed key."""
+           start_supervisor: bool = True, user: str | None = None) -> tuple[Run, bool]:
+    """Create the run and start its supervisor. Returns (run, existing) — existing for a replayed key.
+    `user` owns the run (`air server`: the token's user; default: this machine's user)."""
     store = store or RunStore()
     spec, plan = prepared.spec, prepared.plan
     key = idempotency_key or spec.idempotency_token
     created = store.create_run(
         experiment=spec.experiment_name, accelerator_type=plan.accelerator, num_accelerators=plan.num_accelerators,
         num_nodes=plan.num_nodes, spec_yaml=yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False),
-        run_name=plan.run_name, backend=plan.backend, profile=plan.profile, kind="workload", idempotency_key=key)
+        run_name=plan.run_name, backend=plan.backend, profile=plan.profile, kind="workload", idempotency_key=key,
+        user=user)
     run = created.run
     if created.existing:
         return run, True

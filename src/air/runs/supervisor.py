@@ -92,7 +92,8 @@ class WorkloadJob:
     def resolve_secrets(self) -> None:
         from air.workload.secrets import resolve_secrets
 
-        self.secrets = resolve_secrets(self.plan.secret_refs) if self.plan.secret_refs else {}
+        store = Path(self.plan.secret_store) if self.plan.secret_store else None
+        self.secrets = resolve_secrets(self.plan.secret_refs, store=store) if self.plan.secret_refs else {}
 
     def attempt_log(self, attempt: int, node_logs: dict[int, Path]) -> Callable[[str], None]:
         return NodeLogs(list(node_logs.values()))

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from air.runs.paths import CallPaths, RunPaths
-from air.runs.store import Run, RunStore
+from air.runs.records import ATTEMPT_FIELDS, RUN_FIELDS
+from air.runs.states import AttemptStatus, FailureClass, RunStatus
+from air.runs.store import Attempt, Run, RunStore
 
 
 def rfc3339(ts: float | None) -> str | None:
@@ -193,18 +196,17 @@ def capacity_view(store: RunStore) -> dict[str, Any]:
 
 
 def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:
-    """The logs of one attempt a page shows: a local call's per rank, any other run's per node."""
-    if run.kind == "call" and run.backend == "local":
-        call = CallPaths(run.id)
-        paths = [("rank", r, call.rank_log(r)) for r in range(run.num_accelerators)]
-    else:
-        folder = RunPaths(run.id)
-        paths = [("node", n, folder.node_log(attempt, n)) for n in range(run.num_nodes)]
-    return [{"label": label, "index": i, "path": path, "exists": path.exists()} for label, i, path in paths]
+    """The logs of one attempt a page shows: a local call's per rank, any other run's per node
+    (`air.runs.follow.log_sources`, what `air logs` reads)."""
+    from air.runs.follow import log_sources
+
+    return [{"label": s.label, "index": s.index, "path": s.path, "exists": s.path is not None and s.path.exists()}
+            for s in log_sources(run, attempt)]
 
 
-def log_masker(run: Run) -> Any:
-    """Hides the run's secret values in what a page shows (fails closed: SecretMaskingError)."""
+def log_masker(run: Run) -> Callable[[str], str]:
+    """Hides the run's secret values in what `air logs`, `--watch`, the API and the pages show (fails
+    closed: SecretMaskingError when they cannot be resolved any more, before any line is shown)."""
     from air.workload.secrets import masker_for_run
 
     return masker_for_run(run.id, None if run.kind == "call" else RunPaths(run.id).submission)
@@ -303,3 +305,19 @@ def attempt_metrics(mlflow_run_id: str | None) -> dict[str, Any]:
             node, _, name = key.removeprefix("system/").partition("/")
             system.setdefault(node, {})[name or node] = points
     return {"training": training, "system": system}
+
+def run_from_dict(data: dict[str, Any]) -> Run:
+    """The run a `run_dict` was made from (what a client of `air server` prints from)."""
+    values = {name: data[name] for name in RUN_FIELDS if name in data and name != "started_at"}
+    values["started_at"] = data.get("started_at_epoch")
+    values["status"] = RunStatus(data["status"])
+    values["failure_class"] = FailureClass(data["failure_class"]) if data.get("failure_class") else None
+    return Run(**values)
+
+
+def attempt_from_dict(data: dict[str, Any]) -> Attempt:
+    """An attempt of `run_detail`'s `attempt_list`, back as the record."""
+    values = {name: data[name] for name in ATTEMPT_FIELDS if name in data}
+    values["status"] = AttemptStatus(data["status"])
+    values["failure_class"] = FailureClass(data["failure_class"]) if data.get("failure_class") else None
+    return Attempt(**values)

@@ -55,6 +55,8 @@ class RunPlan:
     code_path: str | None = None
     parameters_path: str | None = None
     command_path: str | None = None
+    #: The secret store the run's secrets come from (an `air server` user's); None: $AIR_HOME/secrets.json.
+    secret_store: str | None = None
 
     def node_env(self, node_rank: int, *, secrets: dict[str, str] | None = None) -> dict[str, str]:
         """The contract variables of one node (MASTER_ADDR/PORT and device slices come from the backend).

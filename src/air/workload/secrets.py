@@ -149,7 +149,10 @@ class RunMasker:
         if self.submission is None:
             return {}
         try:
-            refs = json.loads(self.submission.read_text()).get("secret_refs") or {}
+            plan = json.loads(self.submission.read_text())
+            refs = plan.get("secret_refs") or {}
+            if self.store is None and plan.get("secret_store"):  # an `air server` user's secrets
+                self.store = Path(plan["secret_store"])
         except (OSError, ValueError, AttributeError) as exc:
             raise SecretMaskingError(
                 f"Not showing the logs of run {self.run_id}: its launch plan {self.submission} cannot be read "

@@ -1,0 +1,92 @@
+"""A `@distributed(remote=True)` call that an `air server` drives: started by the server, then driven by
+its own detached process (`python -m air.distributed.call_driver RUN_ID`), as a workload's supervisor
+is, so it outlives the client and the server. The driver runs the same controller a caller runs
+(air.distributed.remote.drive_call) and leaves every rank's value, or the error, in the call folder
+(`CallPaths.result`) for the client to fetch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import cloudpickle
+
+from air.errors import WorkloadFailureException
+from air.runs.paths import CallPaths, atomic_write_bytes, atomic_write_text
+from air.runs.states import FailureClass, RunStatus
+from air.runs.store import Run, RunStore
+
+
+def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_accelerators: int,
+               accelerator_type: str, timeout: float | None, max_retries: int, preload: list[str],
+               experiment: str) -> Run:
+    """Check the shape against this machine's default profile, record the run (kind `call`, owned by
+    `user`), write its request and payload, and start its driver. Bad input raises before anything exists."""
+    from air.backends import backend_for
+    from air.config import resolve_profile
+    from air.distributed.remote import plan_shape
+    from air.distributed.shape import CallSettings
+
+    profile = resolve_profile(None)
+    backend = backend_for(profile, ledger=store)
+    accelerator, num_nodes = plan_shape(backend, CallSettings(num_accelerators, accelerator_type, True, timeout))
+    backend.check_shape(accelerator, num_nodes)
+    run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
+                           num_accelerators=accelerator.per_node * num_nodes, num_nodes=num_nodes,
+                           backend=backend.name, profile=profile.name, kind="call", run_name=name, user=user).run
+    paths = CallPaths(run.id)
+    try:
+        paths.create()
+        atomic_write_bytes(paths.payload, payload)
+        atomic_write_text(paths.request, json.dumps({
+            "name": name, "timeout": timeout, "max_retries": max_retries, "preload": preload,
+            "accelerator": accelerator.name, "num_nodes": num_nodes}))
+        with open(paths.driver_log, "ab") as log:
+            subprocess.Popen([sys.executable, "-m", "air.distributed.call_driver", run.id], stdin=subprocess.DEVNULL,
+                             stdout=log, stderr=log, start_new_session=True, close_fds=True, cwd=str(paths.folder))
+    except BaseException as exc:
+        store.transition(run.id, RunStatus.INTERNAL_ERROR, reason=f"Could not start the call: {exc}"[:500],
+                         failure_class=FailureClass.SETUP)
+        raise
+    return store.get_run(run.id)
+
+
+def _result_bytes(outcome: tuple[str, Any]) -> bytes:
+    try:
+        return bytes(cloudpickle.dumps(outcome))
+    except Exception as exc:  # noqa: BLE001 - a value or error that does not pickle: say so instead
+        kind, value = outcome
+        what = "a rank's return value" if kind == "ok" else f"the error ({type(value).__name__}: {value})"
+        return bytes(cloudpickle.dumps(("error", WorkloadFailureException(
+            f"The call ended but {what} could not be pickled to send back: {exc}"))))
+
+
+def main(argv: list[str]) -> int:
+    from air.accelerators import parse_accelerator_type
+    from air.backends import backend_for
+    from air.config import resolve_profile
+    from air.distributed.remote import CallJob, drive_call
+
+    run_id = argv[0]
+    store = RunStore()
+    run = store.get_run(run_id)
+    paths = CallPaths(run.id)
+    request = json.loads(paths.request.read_text())
+    outcome: tuple[str, Any]
+    try:
+        backend = backend_for(resolve_profile(run.profile), ledger=store)
+        job = CallJob(run.id, backend, parse_accelerator_type(request["accelerator"]), request["num_nodes"],
+                      paths.payload.read_bytes(), request["name"], request["timeout"], False, {},
+                      tuple(request["preload"]))
+        outcome = ("ok", drive_call(store, job, int(request["max_retries"])))
+    except BaseException as exc:  # noqa: BLE001 - the rank's own exception (or air's) goes to the client
+        outcome = ("error", exc)
+    atomic_write_bytes(paths.result, _result_bytes(outcome))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

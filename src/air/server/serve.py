@@ -1,0 +1,143 @@
+"""Running `air server`: uvicorn in the foreground until SIGTERM/SIGINT.
+
+Run supervisors are their own detached processes (air.runs.supervisor): stopping or killing the server
+leaves them running, and a server started again serves them from the store. On the way out the server
+ends only what it owns: open log streams (so shutdown never waits on a follower) and its MLflow server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from air.errors import UserInputError
+
+_log = logging.getLogger("air.server")
+
+
+class _Server:
+    """uvicorn.Server that also tells the app's open streams to end when a stop signal comes."""
+
+    def __init__(self, config: Any, stopping: threading.Event) -> None:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                stopping.set()
+                super().handle_exit(sig, frame)
+                self._captured_signals.clear()  # a stop we asked for is a clean exit (0), not death by signal
+
+        self.server = Server(config)
+
+    def run(self) -> None:
+        self.server.run()
+
+
+#: The modules of the detached processes this server starts and never waits for.
+_DETACHED = ("air.runs.supervisor", "air.distributed.call_driver")
+
+
+def _reap_detached(known: set[int]) -> None:
+    """Collect ended supervisors and call drivers (only those, seen alive earlier in `known`: a child
+    someone else waits for is theirs to collect). One missed here is collected by the next spawn."""
+    import psutil
+
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                if child.pid in known:
+                    os.waitpid(child.pid, os.WNOHANG)
+                    known.discard(child.pid)
+            elif any(module in child.cmdline() for module in _DETACHED):
+                known.add(child.pid)
+        except (psutil.Error, ChildProcessError):
+            continue
+
+
+def _housekeeping(store: Any, stopping: threading.Event) -> None:
+    """Collect the exit status of supervisors this server started (none lingers as a zombie), and end
+    runs whose supervisor died (what every local `air` command does, here without one being typed)."""
+    from air.runs.follow import RECONCILE_EVERY_S
+    from air.runs.reconcile import reconcile
+
+    known: set[int] = set()
+    while not stopping.wait(RECONCILE_EVERY_S):
+        _reap_detached(known)
+        try:
+            reconcile(store)
+        except Exception as exc:  # noqa: BLE001 - a failed check is tried again at the next tick
+            _log.warning("could not check run supervisors: %s", exc)
+
+
+def check_server_home() -> str:
+    """The profile runs go to (this AIR_HOME's default); a `server` profile would send them in a circle."""
+    from air.config import resolve_profile
+
+    profile = resolve_profile(None)
+    if profile.backend == "server":
+        raise UserInputError(f"The server's own default profile {profile.name!r} points at a server ({profile.url}).",
+                             hint="Give the server an AIR_HOME whose default profile is local or ray.")
+    return profile.name
+
+
+def serve(host: str, port: int, *, mlflow_port: int = 0, tls_cert: Path | None = None,
+          tls_key: Path | None = None, on_ready: Any = None) -> None:
+    """Serve until stopped (and MLflow on `mlflow_port`, 0: none). `on_ready(url, mlflow_uri)` is called
+    once the port is open."""
+    from air.server.mlflow_server import mlflow_server
+
+    if (tls_cert is None) != (tls_key is None):
+        raise UserInputError("--tls-cert and --tls-key go together.")
+    check_server_home()
+    with mlflow_server(host, mlflow_port) as mlflow_uri:
+        _serve(host, port, mlflow_uri=mlflow_uri, tls_cert=tls_cert, tls_key=tls_key, on_ready=on_ready)
+
+
+def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | None, tls_key: Path | None,
+           on_ready: Any) -> None:
+    import uvicorn
+
+    from air.runs.reconcile import reconcile
+    from air.runs.store import RunStore
+    from air.server.app import create_app
+    from air.tracking.store import tracking_uri
+
+    store = RunStore()
+    store.schema_version()  # migrate (the tokens table) before the first request
+    reconcile(store)  # runs whose supervisor died while no server ran end now, with a reason
+    app = create_app(store=store, mlflow_uri=mlflow_uri or tracking_uri())
+    stopping = threading.Event()
+    app.state.stopping = stopping
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5, ssl_certfile=str(tls_cert) if tls_cert else None,
+                            ssl_keyfile=str(tls_key) if tls_key else None)
+    server = _Server(config, stopping)
+    threading.Thread(target=_housekeeping, args=(RunStore(), stopping), name="air-server-housekeeping",
+                     daemon=True).start()
+
+    def announce() -> None:
+        while not server.server.started and not stopping.is_set():
+            time.sleep(0.05)
+        if server.server.started and on_ready is not None:
+            on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}", app.state.mlflow_uri)
+
+    threading.Thread(target=announce, name="air-server-ready", daemon=True).start()
+    try:
+        server.run()
+    finally:
+        stopping.set()
+        _disconnect_ray()
+
+
+def _disconnect_ray() -> None:
+    """Leave a Ray cluster the server connected to (checking shapes), before the interpreter exits."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

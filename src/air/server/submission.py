@@ -1,0 +1,57 @@
+"""A submit through `air server`: check the spec and the snapshot manifest, rebuild the snapshot, then
+create the run and start its supervisor exactly as `air run` does on one machine (air.runs.submit).
+
+Checks come before writes: a malformed spec, a bad manifest or a missing blob is a 4xx and no run, no
+folder. The run belongs to the token's user, its secrets come from that user's store on the server,
+and an idempotency key is the user's own (bob's key never returns alice's run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from air.errors import UserInputError
+from air.runs.store import RunStore
+from air.server.tokens import Principal
+from air.server.uploads import ServerPaths, build_snapshot
+
+
+def _spec_with_root(spec: dict[str, Any], root: str) -> dict[str, Any]:
+    return {**spec, "code_source": {"type": "snapshot", "snapshot": {"root_path": root}}}
+
+
+def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: Any) -> dict[str, Any]:
+    from air.runs.submit import prepare_spec, submit
+    from air.workload.loading import parse_workload
+
+    if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+        raise UserInputError("The submit body must be an object with 'spec' (the workload, as a mapping).")
+    spec_data: dict[str, Any] = dict(body["spec"])
+    manifest = body.get("snapshot")
+    key = body.get("idempotency_key")
+    if key is not None and (not isinstance(key, str) or not 0 < len(key.strip()) <= 64):
+        raise UserInputError("idempotency_key must be 1 to 64 characters.")
+    environment = spec_data.get("environment")
+    if isinstance(environment, dict) and isinstance(environment.get("dependencies"), str):
+        raise UserInputError("environment.dependencies must reach the server as a list of requirements.",
+                             hint="The air CLI sends a requirements file's lines; send them as a list.")
+    if (spec_data.get("code_source") is None) != (manifest is None):
+        raise UserInputError("A spec with code_source needs its 'snapshot' manifest, and only such a spec has one.")
+    source = "the submitted workload"
+    paths.root.mkdir(parents=True, exist_ok=True)
+    if manifest is not None:  # validate everything against a folder that exists, then build
+        parse_workload(_spec_with_root(spec_data, str(paths.root)), source=source, base_dir=paths.root)
+        from air.server.uploads import _check_manifest
+
+        _check_manifest(manifest)
+        spec_data = _spec_with_root(spec_data, str(build_snapshot(paths, manifest)))
+    spec = parse_workload(spec_data, source=source, base_dir=paths.root)
+    prepared = prepare_spec(spec, None, secret_store=paths.user_secrets(who.user))
+    token = key or spec.idempotency_token
+    if body.get("dry_run"):
+        return {"status": "DRY_RUN_OK", "plan": prepared.plan.describe()}
+    run, existing = submit(prepared, idempotency_key=f"{who.user}:{token}" if token else None, store=store,
+                           user=who.user)
+    plan = prepared.plan
+    return {"run_id": run.id, "status": run.status.value, "existing": existing, "num_nodes": plan.num_nodes,
+            "per_node": plan.per_node, "accelerator": plan.accelerator, "experiment": plan.experiment}

@@ -1,0 +1,170 @@
+"""A real `air server` on loopback with its own AIR_HOME, two users (alice, bob) and an admin (root),
+and the `air` CLI run as each of them (their own AIR_HOME, AIR_SERVER_URL + AIR_TOKEN). Used by
+tests/server (its conftest's `server` fixture) and by the Ray tests that put a server before a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from proc_helpers import alive, wait_for  # noqa: E402
+
+AIR = [sys.executable, "-m", "air.cli.main"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def home_processes(home: Path) -> list[int]:
+    """Processes whose AIR_HOME is `home` (the server, supervisors, nodes) — other users' are skipped."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("AIR_HOME") == str(home) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@dataclass
+class AirServer:
+    home: Path
+    port: int
+    clients: Path
+    log: Path
+    tokens: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    #: The port of the MLflow server it runs (0: none, the runs log to its embedded store).
+    mlflow_port: int = 0
+    #: (certificate, key) to serve HTTPS with; clients trust the certificate through SSL_CERT_FILE.
+    tls: tuple[Path, Path] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def server_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("AIR_SERVER_URL", "AIR_TOKEN")}
+        return {**env, "AIR_HOME": str(self.home), "AIR_CPU_SLOTS": "8"}
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port",
+                                          str(self.mlflow_port), *self.tls_args()], env=self.server_env(),
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(self.healthy, f"air server on {self.url} to answer (log: {self.log})", timeout=240)
+
+    def tls_args(self) -> list[str]:
+        return ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []
+
+    def healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"air server exited {self.proc.returncode}: {self.log.read_text()}")
+        try:
+            context = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+            with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2, context=context) as r:
+                return bool(json.loads(r.read())["status"] == "ok")
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=timeout)
+        self.proc = None
+        return code
+
+    def token_create(self, user: str, *extra: str) -> str:
+        result = subprocess.run([*AIR, "server", "token", "create", user, *extra], env=self.server_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip().splitlines()[-1]
+
+    def env(self, user: str) -> dict[str, str]:
+        home = self.clients / user
+        env = {**os.environ, "AIR_HOME": str(home), "AIR_SERVER_URL": self.url, "AIR_TOKEN": self.tokens[user]}
+        return {**env, "SSL_CERT_FILE": str(self.tls[0])} if self.tls else env
+
+    def air(self, user: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """The real `air` CLI as `user`, through the server."""
+        return subprocess.run([*AIR, *args], env=self.env(user), capture_output=True, text=True, timeout=timeout)
+
+    def air_json(self, user: str, *args: str) -> Any:
+        result = self.air(user, *args, "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        return json.loads(result.stdout)["data"]
+
+    def api(self, method: str, path: str, *, token: str | None = None, body: Any = None,
+            data: bytes | None = None) -> tuple[int, Any]:
+        """One raw HTTP request: (status, decoded JSON)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        context = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+        try:
+            with urllib.request.urlopen(request, timeout=60, context=context) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    def run_status(self, run_id: str) -> str:
+        return str(self.api("GET", f"/api/v1/runs/{run_id}", token=self.tokens["root"])[1]["status"])
+
+    def run_status_offline(self, run_id: str) -> str:
+        """The run's status read from the server's store while no server runs."""
+        from air.runs.store import RunStore
+
+        return RunStore(self.home / "runs.db").get_run(run_id).status.value
+
+    def wait_status(self, run_id: str, *statuses: str, timeout: float = 120) -> str:
+        return str(wait_for(lambda: (s := self.run_status(run_id)) in statuses and s,
+                            f"run {run_id} to be {'/'.join(statuses)}", timeout=timeout, interval=0.2))
+
+
+@contextmanager
+def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None = None,
+                   tls: tuple[Path, Path] | None = None) -> Iterator[AirServer]:
+    """A started server (its home's config.yaml = `config`); afterwards it is stopped with SIGTERM and
+    no process of its home survives."""
+    srv = AirServer(home=tmp_path / "server-home", port=free_port(), clients=tmp_path / "clients",
+                    log=tmp_path / "server.log", mlflow_port=free_port() if mlflow else 0, tls=tls)
+    srv.home.mkdir()
+    if config is not None:
+        (srv.home / "config.yaml").write_text(config)
+    srv.tokens = {"alice": srv.token_create("alice"), "bob": srv.token_create("bob"),
+                  "root": srv.token_create("root", "--admin")}
+    srv.start()
+    try:
+        yield srv
+    finally:
+        if srv.proc is not None:
+            code = srv.stop()
+            assert code == 0, f"exit code {code}: {srv.log.read_text()}"
+        wait_for(lambda: not alive(home_processes(srv.home)), "every process of the server's home to end",
+                 timeout=60)
+
+
+def wait_file(path: Path, what: str, timeout: float = 60) -> None:
+    wait_for(path.exists, what, timeout=timeout)
