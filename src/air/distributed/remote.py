@@ -43,6 +43,7 @@ from air.distributed.outcome import read_outcome, resolve
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
+from air.files import atomic_write_bytes
 from air.launcher.node import LaunchResult, ProcessExit
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import CallPaths
@@ -228,7 +229,7 @@ class CallJob:
             names = [f"rank_{node * self.per_node + local}.outcome" for local in range(self.per_node)]
             for name, data in handle.fetch_files(node, names).items():
                 if data is not None:
-                    (self.call_dir / name).write_bytes(data)
+                    atomic_write_bytes(self.call_dir / name, data, durable=False)
             for proc in handle.process_exits(node) or []:
                 exits.append(ProcessExit(node * self.per_node + proc.index, proc.name, proc.returncode,
                                          proc.ended_at, proc.killed_by_launcher))

@@ -20,16 +20,13 @@ from typing import Any
 
 from air.distributed.local import run_local
 from air.distributed.shape import LocalShape
+from air.files import atomic_write_text
 from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
 from air.tracking.store import tracking_enabled
 
 
 def _warn(message: str) -> None:
     sys.stderr.write(f"[air] {message}\n")
-
-
-#: In AIR_HOME: the lock the detached recorders of local calls take turns on.
-RECORDER_LOCK = ".mlflow-recorder.lock"
 
 
 class CallTracking:
@@ -60,9 +57,7 @@ class CallTracking:
             self._done.wait(0.05)
 
     def _write(self, values: Mapping[str, str]) -> None:
-        tmp = self.env_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dict(values)))
-        os.replace(tmp, self.env_file)
+        atomic_write_text(self.env_file, json.dumps(dict(values)))
 
     def _start(self) -> None:
         values: dict[str, str] = {}
@@ -103,8 +98,8 @@ class CallTracking:
         import subprocess
 
         job = self.env_file.with_name("mlflow_record.json")
-        job.write_text(json.dumps({"func_name": self._func_name, "tags": self._tags, "status": status,
-                                   "logs": [str(p) for p in log_paths], "run_id": run_id}))
+        atomic_write_text(job, json.dumps({"func_name": self._func_name, "tags": self._tags, "status": status,
+                                           "logs": [str(p) for p in log_paths], "run_id": run_id}))
         with open(job.with_suffix(".log"), "ab") as log:
             subprocess.Popen([sys.executable, "-m", "air.distributed.tracked", str(job)], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True,
@@ -118,9 +113,9 @@ def record_call(job_file: Path) -> int:
     quick calls would otherwise start that many at once."""
     import fcntl
 
-    from air.home import air_home
+    from air.home import AirHome
 
-    with open(air_home() / RECORDER_LOCK, "a") as lock:  # released when the process ends
+    with open(AirHome().mlflow_recorder_lock, "a") as lock:  # released when the process ends
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _record(job_file)
 
@@ -135,7 +130,7 @@ def _record(job_file: Path) -> int:
     for rank, path in enumerate(job["logs"]):
         handle.log_rank_log(Path(path), rank)
     handle.end(job["status"])
-    (job_file.with_name("mlflow_env.json")).write_text(json.dumps(dict(handle.env())))
+    atomic_write_text(job_file.with_name("mlflow_env.json"), json.dumps(dict(handle.env())))
     if job.get("run_id"):  # link the call's run to its MLflow run (`air get run` shows it)
         try:
             from air.runs.store import RunStore
