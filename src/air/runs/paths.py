@@ -1,8 +1,8 @@
 """Run ids and every file name under `$AIR_HOME/runs/<run_id>/`, in one class (as submitit's JobPaths).
 
 Nothing else in air spells a file name of a run: the supervisor, the launcher and `air logs` all ask
-`RunPaths` (whose root, `runs/`, is `AirHome`'s, air/home.py). Files that other processes read while they change (spec, pid) are written atomically
-(a temporary file in the same folder, then a rename), so a reader never sees half a file.
+`RunPaths` (whose root, `runs/`, is `AirHome`'s, air/home.py). Files that other processes read while
+they change (spec, pid) are written through air/files.py, so a reader never sees half a file.
 
 Run ids look like `run-260522-9f3a1c07`: a prefix, the UTC submit date (so ids sort roughly by day
 and say when they were made) and 32 random bits (so two `air run` processes never pick the same id).
@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from air.errors import UserInputError
-from air.files import atomic_write_bytes, atomic_write_text
 from air.home import AirHome
 
 RUN_ID_PREFIX = "run-"
@@ -216,8 +215,6 @@ __all__ = [
     "RUN_ID_RE",
     "CallPaths",
     "RunPaths",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "is_run_id",
     "new_run_id",
     "parse_run_id",
