@@ -126,12 +126,6 @@ class MachineAccelerators:
             return f"no GPU and {self.cpu_slots} CPU slots"
         return f"{len(self.gpus)} × {self.gpu_model} GPU and {self.cpu_slots} CPU slots"
 
-    def node_type(self) -> AcceleratorType | None:
-        """The GPU shape of this machine (all visible GPUs as one node), or None without a GPU."""
-        if not self.gpus:
-            return None
-        return AcceleratorType("GPU", len(self.gpus), self.gpu_model or "GPU")
-
 
 def cpu_slots() -> int:
     """CPU slots of this machine: AIR_CPU_SLOTS, else the CPU count."""
