@@ -16,13 +16,16 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air.distributed.local import run_local
 from air.distributed.shape import LocalShape
 from air.files import atomic_write_text
 from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
 from air.tracking.store import tracking_enabled
+
+if TYPE_CHECKING:
+    from air.runs.paths import CallPaths
 
 
 def _warn(message: str) -> None:
@@ -32,8 +35,9 @@ def _warn(message: str) -> None:
 class CallTracking:
     """The MLflow run of one call, created off the critical path."""
 
-    def __init__(self, func_name: str, call_dir: Path, tags: Mapping[str, str]) -> None:
-        self.env_file = call_dir / "mlflow_env.json"
+    def __init__(self, func_name: str, paths: CallPaths, tags: Mapping[str, str]) -> None:
+        self.paths = paths
+        self.env_file = paths.mlflow_env
         self.handle: Any = None
         self._thread: threading.Thread | None = None
         self._func_name = func_name
@@ -49,7 +53,7 @@ class CallTracking:
             self._thread.start()
 
     def _on_request(self) -> None:
-        request = self.env_file.with_name("mlflow_request")
+        request = self.paths.mlflow_request
         while not self._done.is_set():
             if request.exists():
                 self._start()
@@ -97,9 +101,10 @@ class CallTracking:
         """Record a call no rank asked MLflow about, in a detached process that exits when done."""
         import subprocess
 
-        job = self.env_file.with_name("mlflow_record.json")
+        job = self.paths.mlflow_record_job
         atomic_write_text(job, json.dumps({"func_name": self._func_name, "tags": self._tags, "status": status,
-                                           "logs": [str(p) for p in log_paths], "run_id": run_id}))
+                                           "logs": [str(p) for p in log_paths], "run_id": run_id,
+                                           "env_file": str(self.env_file)}))
         with open(job.with_suffix(".log"), "ab") as log:
             subprocess.Popen([sys.executable, "-m", "air.distributed.tracked", str(job)], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True,
@@ -130,7 +135,7 @@ def _record(job_file: Path) -> int:
     for rank, path in enumerate(job["logs"]):
         handle.log_rank_log(Path(path), rank)
     handle.end(job["status"])
-    atomic_write_text(job_file.with_name("mlflow_env.json"), json.dumps(dict(handle.env())))
+    atomic_write_text(job["env_file"], json.dumps(dict(handle.env())))
     if job.get("run_id"):  # link the call's run to its MLflow run (`air get run` shows it)
         try:
             from air.runs.store import RunStore
@@ -154,7 +159,7 @@ def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Map
     call_dir = paths.create()
     record = LocalCallRecord(run_id, name=name, accelerator_type=shape.accelerator.name,
                              world_size=shape.world_size)
-    tracking = CallTracking(name, call_dir, {
+    tracking = CallTracking(name, paths, {
         "air.call": call_dir.name, "air.run_id": run_id, "air.accelerator_type": shape.accelerator.name,
         "air.num_accelerators": str(shape.world_size), "air.num_nodes": "1"})
     status = "FAILED"

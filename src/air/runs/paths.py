@@ -184,6 +184,12 @@ class CallPaths(_RunIdPaths):
         return self.folder / "mlflow_env.json"
 
     @property
+    def mlflow_request(self) -> Path:
+        """Made by the first rank that imports mlflow: the caller then creates the MLflow run
+        (air/distributed/mlflow_gate.py finds it beside `mlflow_env`)."""
+        return self.folder / "mlflow_request"
+
+    @property
     def mlflow_record_job(self) -> Path:
         """What the detached MLflow recorder records (a call no rank asked MLflow about)."""
         return self.folder / "mlflow_record.json"
