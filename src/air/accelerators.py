@@ -29,9 +29,6 @@ _MODEL_PATTERNS: tuple[tuple[str, str], ...] = (
 #: Legacy `gpu_type=` spellings of the hosted product → model.
 _LEGACY_MODELS = {"a10": "A10", "a10g": "A10", "h100": "H100", "h100_80gb": "H100", "b300": "B300"}
 
-#: Hosted-product shapes: models that only come as whole 8-GPU nodes there. Locally we run any subset.
-EIGHT_GPU_MODELS = frozenset({"B300"})
-
 CPU_MODEL = "CPU"
 
 
