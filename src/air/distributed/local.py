@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 
 from air.constants import TERMINATE_GRACE_S, release_timeout_s
-from air.distributed.outcome import read_outcome, resolve
+from air.distributed.outcome import PAYLOAD_FILE, outcome_path, read_outcome, resolve
 from air.distributed.preload import preload_for
 from air.distributed.shape import LocalShape
 from air.errors import SerializationError
@@ -114,7 +114,7 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
 
     `tag`: the ranks' AIR_PROCESS_TAG (a recorded call's run tag, so `air cancel` and reconcile find them)."""
     payload = serialize_call(func, args, kwargs)
-    atomic_write_bytes(call_dir / "payload.pkl", payload, durable=False)
+    atomic_write_bytes(call_dir / PAYLOAD_FILE, payload, durable=False)
     world = shape.world_size
     log_paths = [call_dir / f"rank_{r}.log" for r in range(world)]
     base_env = dict(os.environ)
@@ -194,9 +194,6 @@ def warm_start(preload: tuple[str, ...], world: int, port: int, timeout_s: float
 
 def _cleanup(call_dir: Path, world: int) -> None:
     """Keep the logs; drop the payload and outcomes (they can be large)."""
-    for name in ["payload.pkl", *[f"rank_{r}.outcome" for r in range(world)]]:
-        try:
-            (call_dir / name).unlink()
-        except FileNotFoundError:
-            pass
+    for path in [call_dir / PAYLOAD_FILE, *[outcome_path(call_dir, r) for r in range(world)]]:
+        path.unlink(missing_ok=True)
     shutil.rmtree(call_dir / "tmp", ignore_errors=True)

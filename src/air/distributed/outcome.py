@@ -35,6 +35,11 @@ class RankOutcome:
     raised_at: float = 0.0
 
 
+#: What the ranks run, in the call's folder (or a remote node's work folder): the pickled function and
+#: arguments. Each rank answers in its `outcome_path`; the caller removes both when the call is over.
+PAYLOAD_FILE = "payload.pkl"
+
+
 def outcome_path(call_dir: Path, rank: int) -> Path:
     return call_dir / f"rank_{rank}.outcome"
 
