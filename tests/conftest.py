@@ -1,11 +1,19 @@
-"""Shared fixtures: every test gets its own AIR_HOME, and a way to prove no process survived."""
+"""Shared fixtures: every test gets its own AIR_HOME, a way to prove no process survived, and one real
+multi-node Ray cluster per test session (tests/ray and tests/seeds), started on first use."""
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # Ray is imported by the fixture only: the lean install runs this conftest without it
+    from air.ray.cluster import RayAuth, RayNode
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +41,99 @@ def pid_dir(tmp_path: Path) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("AIR_CPU_SLOTS", "8")
+
+
+# ---- the session's Ray cluster -----------------------------------------------------------------------
+
+RAY_OBJECT_STORE = 100 * 1024 * 1024
+#: A killed raylet is declared dead in ~2 s instead of ~15 s.
+RAY_FAST_HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 4,
+                   "health_check_timeout_ms": 500, "health_check_initial_delay_ms": 1000}
+
+
+@dataclass
+class RayTestCluster:
+    """The session's cluster: its address, auth and nodes (head first)."""
+
+    address: str
+    auth: RayAuth
+    nodes: list[RayNode] = field(default_factory=list)
+
+    def add_node(self, **kwargs: object) -> RayNode:
+        from air.ray.cluster import start_ray_node
+
+        node = start_ray_node(head=False, address=self.address, auth=self.auth,
+                              object_store_memory=RAY_OBJECT_STORE, **kwargs)  # type: ignore[arg-type]
+        self.nodes.append(node)
+        return node
+
+    def write_profile(self, air_home: Path, name: str = "cluster") -> None:
+        """A ray profile in AIR_HOME's config.yaml, chosen by default."""
+        air_home.mkdir(parents=True, exist_ok=True)
+        (air_home / "config.yaml").write_text(
+            f"default_profile: {name}\nprofiles:\n  {name}: {{backend: ray, address: '{self.address}'}}\n")
+
+    def driver_env(self) -> dict[str, str]:
+        """What a Ray driver started as a separate program needs to reach this cluster."""
+        return {**self.auth.env(), "RAY_ADDRESS": self.address}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayTestCluster]:
+    """One real Ray cluster for the whole session, started with `ray start` when a test first asks:
+    head (2 CPUs, with its dashboard, as a user's cluster has for Ray Train and Ray Data drivers) + a CPU
+    node (2 CPUs) + a node
+    advertising fake GPUs (2 x "H100", 2 CPUs). Every node has its own ports and temp dir and token
+    authentication with a session token, so it never collides with other Ray clusters on the machine;
+    teardown stops exactly these nodes' processes (never `ray stop`) and checks none is left."""
+    from air.ray.cluster import RayAuth, start_ray_node, use_auth
+
+    auth = RayAuth.new_token()
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")}
+    head = start_ray_node(head=True, num_cpus=2, object_store_memory=RAY_OBJECT_STORE, auth=auth,
+                          system_config=RAY_FAST_HEALTH, include_dashboard=True)
+    cluster = RayTestCluster(address=head.address, auth=auth, nodes=[head])
+    errors: list[BaseException] = []
+
+    def join(**kwargs: object) -> None:
+        try:
+            cluster.add_node(**kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=join, kwargs={"num_cpus": 2}),
+               threading.Thread(target=join, kwargs={"num_cpus": 2, "num_gpus": 2,
+                                                     "resources": {"accelerator_type:H100": 1}})]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    use_auth(auth)  # also refreshes a Ray imported earlier in this process (it caches the mode)
+    os.environ.pop("RAY_ADDRESS", None)
+    try:
+        if errors:
+            raise errors[0]
+        yield cluster
+    finally:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+        finally:
+            for node in reversed(cluster.nodes):
+                node.stop(grace_s=2.0)
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+    left = [node for node in cluster.nodes if node.processes()]
+    assert not left, f"the test cluster left processes behind: {left}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on the session's Ray cluster run last, together (tests/ray, then the seeds'): tests that
+    start Ray clusters of their own (ray_launch, workloads that run `ray start`) run before it exists, so
+    its idle processes do not slow them down on a small machine."""
+    items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))

@@ -29,9 +29,6 @@ _MODEL_PATTERNS: tuple[tuple[str, str], ...] = (
 #: Legacy `gpu_type=` spellings of the hosted product → model.
 _LEGACY_MODELS = {"a10": "A10", "a10g": "A10", "h100": "H100", "h100_80gb": "H100", "b300": "B300"}
 
-#: Hosted-product shapes: models that only come as whole 8-GPU nodes there. Locally we run any subset.
-EIGHT_GPU_MODELS = frozenset({"B300"})
-
 CPU_MODEL = "CPU"
 
 
@@ -125,12 +122,6 @@ class MachineAccelerators:
         if not self.gpus:
             return f"no GPU and {self.cpu_slots} CPU slots"
         return f"{len(self.gpus)} × {self.gpu_model} GPU and {self.cpu_slots} CPU slots"
-
-    def node_type(self) -> AcceleratorType | None:
-        """The GPU shape of this machine (all visible GPUs as one node), or None without a GPU."""
-        if not self.gpus:
-            return None
-        return AcceleratorType("GPU", len(self.gpus), self.gpu_model or "GPU")
 
 
 def cpu_slots() -> int:

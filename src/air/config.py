@@ -23,13 +23,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from air.errors import UserInputError
-from air.home import air_home
+from air.home import AirHome
 from air.settings import AIR_PROFILE
 
 #: The profile that always exists, even with no configuration file.
 LOCAL_PROFILE = "local"
-
-_CONFIG_FILE = "config.yaml"
 
 
 class Profile(BaseModel):
@@ -115,7 +113,7 @@ class AirConfig(BaseModel):
 
 def config_path() -> Path:
     """`$AIR_HOME/config.yaml` (it need not exist)."""
-    return air_home(create=False) / _CONFIG_FILE
+    return AirHome(create=False).config
 
 
 def load_config(path: Path | None = None) -> AirConfig:

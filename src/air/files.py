@@ -8,10 +8,12 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> Path:
+def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644, durable: bool = True) -> Path:
     """Write `data` so readers see the old file or the new one, never a mix: tmp file + fsync + rename.
 
-    Creates missing parent folders. `mode` is the final permission (0o600 for anything secret).
+    Creates missing parent folders. `mode` is the final permission (0o600 for anything secret, 0o755 for
+    a script). `durable=False` skips the fsync, for scratch files that matter only while the processes
+    that share them live (a call's payload, rank outcomes): atomic still, and off the call's latency.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -19,8 +21,9 @@ def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> P
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -32,9 +35,9 @@ def atomic_write_bytes(path: Path | str, data: bytes, *, mode: int = 0o644) -> P
     return path
 
 
-def atomic_write_text(path: Path | str, data: str, *, mode: int = 0o644, encoding: str = "utf-8") -> Path:
-    """`atomic_write_bytes` for text."""
-    return atomic_write_bytes(path, data.encode(encoding), mode=mode)
+def atomic_write_text(path: Path | str, data: str, *, mode: int = 0o644, durable: bool = True) -> Path:
+    """`atomic_write_bytes` for text (UTF-8)."""
+    return atomic_write_bytes(path, data.encode(), mode=mode, durable=durable)
 
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "folder_size"]

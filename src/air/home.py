@@ -1,4 +1,10 @@
-"""Where air keeps its state: AIR_HOME (default ~/.air). One function, so every part agrees."""
+"""Where air keeps its state: AIR_HOME (default ~/.air), and every name directly under it.
+
+`AirHome` owns the top-level names, as submitit's `JobPaths` owns a job's: nothing else in air spells
+`runs.db` or `envs/` (tests/test_home.py fails if one does). The names inside a run's or a call's
+folder belong to `RunPaths`/`CallPaths` (air/runs/paths.py), which take their root from here. A new
+top-level file or folder is added here and nowhere else.
+"""
 
 from __future__ import annotations
 
@@ -17,3 +23,94 @@ def air_home(*, create: bool = True) -> Path:
     if create:
         home.mkdir(parents=True, exist_ok=True, mode=0o700)
     return home
+
+
+class AirHome:
+    """Every file and folder directly under AIR_HOME. Pure names: asking creates nothing.
+
+    `AirHome()` is the current AIR_HOME, created (owner-only) unless `create=False`, for readers that must
+    leave no trace; `AirHome(root)` names another one (tests, a path the caller already holds).
+    """
+
+    def __init__(self, root: Path | str | None = None, *, create: bool = True) -> None:
+        self.root = Path(root) if root is not None else air_home(create=create)
+
+    # -- files ---------------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> Path:
+        """`config.yaml`: the user's profiles and base environments (air/config.py)."""
+        return self.root / "config.yaml"
+
+    @property
+    def runs_db(self) -> Path:
+        """`runs.db`: the run store (SQLite in WAL mode: SQLite keeps `-wal`/`-shm` files beside it)."""
+        return self.root / "runs.db"
+
+    @property
+    def mlflow_db(self) -> Path:
+        """`mlflow.db`: the embedded MLflow tracking store (also WAL)."""
+        return self.root / "mlflow.db"
+
+    @property
+    def mlflow_db_lock(self) -> Path:
+        """Held while the embedded MLflow store is first created (two processes on a fresh AIR_HOME)."""
+        return self.root / "mlflow.db.lock"
+
+    @property
+    def mlflow_recorder_lock(self) -> Path:
+        """The detached MLflow recorders of local calls take turns on this lock."""
+        return self.root / ".mlflow-recorder.lock"
+
+    @property
+    def secrets(self) -> Path:
+        """`secrets.json`: the local secret store (0600)."""
+        return self.root / "secrets.json"
+
+    @property
+    def ui(self) -> Path:
+        """`ui.json`: the running `air ui` processes and their addresses."""
+        return self.root / "ui.json"
+
+    @property
+    def ui_lock(self) -> Path:
+        """Held while `ui.json` is read and rewritten."""
+        return self.root / "ui.json.lock"
+
+    # -- folders -------------------------------------------------------------------------------------
+
+    @property
+    def runs(self) -> Path:
+        """`runs/<run_id>/`: one folder per run (RunPaths names what is inside)."""
+        return self.root / "runs"
+
+    @property
+    def calls(self) -> Path:
+        """`calls/<run_id>/`: one folder per `@distributed` call (CallPaths names what is inside)."""
+        return self.root / "calls"
+
+    @property
+    def snapshots(self) -> Path:
+        """`snapshots/<sha256>/`: content-addressed code snapshots."""
+        return self.root / "snapshots"
+
+    @property
+    def envs(self) -> Path:
+        """`envs/<key>/`: content-addressed virtual environments."""
+        return self.root / "envs"
+
+    @property
+    def mlartifacts(self) -> Path:
+        """`mlartifacts/`: artifacts of the embedded MLflow store's experiments."""
+        return self.root / "mlartifacts"
+
+    @property
+    def bin(self) -> Path:
+        """`bin/`: the `ray` shim local workload nodes find first on their PATH."""
+        return self.root / "bin"
+
+    def __repr__(self) -> str:
+        return f"AirHome({self.root})"
+
+
+__all__ = ["AirHome", "air_home"]

@@ -31,11 +31,6 @@ _LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARN
 _cli_handler: logging.Handler | None = None
 
 
-def get_logger(name: str) -> logging.Logger:
-    """`air.<name>` (or `air` itself)."""
-    return logging.getLogger(ROOT if not name or name == ROOT else f"{ROOT}.{name.removeprefix(ROOT + '.')}")
-
-
 def level_for(verbose: int, quiet: bool) -> int:
     """-q: errors only; nothing: warnings (Python's default); -v: INFO; -vv: DEBUG."""
     if quiet:
@@ -121,7 +116,6 @@ def prefixed(line: str, verbose: int) -> str | None:
 __all__ = [
     "configure_cli",
     "configure_file",
-    "get_logger",
     "level_for",
     "parse_file_line",
     "prefixed",

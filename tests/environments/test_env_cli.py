@@ -56,8 +56,10 @@ def test_prune_removes_an_unused_environment_but_not_one_a_waiting_run_will_use(
         """,
         )
 
-    first = wait_terminal(submit(workload("first", "python -c 'import airtest_hello'")), timeout=180)
-    other = wait_terminal(submit(workload("other", "echo other", deps="airtest-other")), timeout=180)
+    # Submitted together (each builds its own environment), then waited for.
+    first_id = submit(workload("first", "python -c 'import airtest_hello'"))
+    other_id = submit(workload("other", "echo other", deps="airtest-other"))
+    first, other = wait_terminal(first_id, timeout=180), wait_terminal(other_id, timeout=180)
     assert first.status.value == other.status.value == "SUCCESS", (
         first.termination_reason,
         other.termination_reason,

@@ -1,15 +1,14 @@
-"""tail_lines and follow on real files. follow is driven step by step through its injected `sleep`:
-each time it would wait, the test appends the next piece, so nothing depends on timing."""
+"""tail_lines and LineCursor on real files. A cursor is read step by step as the test appends each next
+piece, so nothing depends on timing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from air.runs.logtail import follow, tail_lines
+from air.runs.logtail import LineCursor, tail_lines
 
 
 def naive_tail(data: bytes, n: int) -> list[str]:
@@ -49,93 +48,72 @@ def test_tail_lines_of_a_large_file_reads_only_the_end(tmp_path: Path) -> None:
         tail_lines(tmp_path / "missing.log", 10)
 
 
-class Script:
-    """Stands in for time.sleep: each call performs the next step (append bytes, stop, or nothing)."""
-
-    def __init__(self, path: Path, steps: list[bytes | str | None]) -> None:
-        self.path, self.steps, self.stopped, self.sleeps = path, list(steps), False, 0
-
-    def stop(self) -> bool:
-        return self.stopped
-
-    def sleep(self, _seconds: float) -> None:
-        self.sleeps += 1
-        if not self.steps:
-            raise AssertionError("follow() kept waiting after the script ended")
-        step = self.steps.pop(0)
-        if step == "STOP":
-            self.stopped = True
-        elif isinstance(step, bytes):
-            with open(self.path, "ab") as f:
-                f.write(step)
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
 
 
-def run(path: Path, steps: list[bytes | str | None], **kw: object) -> list[str]:
-    script = Script(path, steps)
-    return list(follow(path, script.stop, poll=0.01, sleep=script.sleep, **kw))  # type: ignore[arg-type]
-
-
-def test_follow_yields_complete_lines_and_joins_partial_ones(tmp_path: Path) -> None:
+def test_cursor_yields_complete_lines_and_joins_partial_ones(tmp_path: Path) -> None:
     path = tmp_path / "node_0.log"
     path.write_bytes(b"first\nsec")
-    seen = run(path, [b"ond\nthi", None, b"rd\n", b"\xc3", b"\xa9\n", "STOP"])
+    cursor = LineCursor(path)
+    seen = cursor.read()
+    for piece in (b"ond\nthi", None, b"rd\n", b"\xc3", b"\xa9\n"):
+        if piece is not None:
+            append(path, piece)
+        seen += cursor.read()
     assert seen == ["first", "second", "third", "é"]
 
 
-def test_follow_drains_after_stop_and_keeps_an_unterminated_last_line(tmp_path: Path) -> None:
+def test_cursor_drains_at_the_end_and_keeps_an_unterminated_last_line(tmp_path: Path) -> None:
     path = tmp_path / "node_0.log"
     path.write_bytes(b"")
-    script = Script(path, [b"a\n"])
-
-    def stop() -> bool:
-        # The run ends and, in the same instant, its last words land in the file.
-        if script.sleeps >= 1 and not script.stopped:
-            with open(path, "ab") as f:
-                f.write(b"b\nno newline at the end")
-            script.stopped = True
-        return script.stopped
-
-    assert list(follow(path, stop, poll=0.01, sleep=script.sleep)) == ["a", "b", "no newline at the end"]
+    cursor = LineCursor(path)
+    append(path, b"a\n")
+    assert cursor.read() == ["a"]
+    append(path, b"b\nno newline at the end")  # the run ends and its last words land in the file
+    assert cursor.read(final=True) == ["b", "no newline at the end"]
+    assert cursor.read(final=True) == []
 
 
-def test_follow_waits_for_the_file_to_appear(tmp_path: Path) -> None:
+def test_cursor_waits_for_the_file_to_appear(tmp_path: Path) -> None:
     path = tmp_path / "attempt_0" / "node_1.log"
     path.parent.mkdir()
-    assert run(path, [None, b"hello\n", "STOP"]) == ["hello"]
-    never = tmp_path / "never.log"
-    assert run(never, [None, "STOP"]) == []
+    cursor = LineCursor(path)
+    assert cursor.read() == []
+    path.write_bytes(b"hello\n")
+    assert cursor.read(final=True) == ["hello"]
+    never = LineCursor(tmp_path / "never.log")
+    assert never.read() == [] and never.read(final=True) == []
+    assert not (tmp_path / "never.log").exists()
 
 
-def test_follow_with_tail_starts_at_the_last_complete_lines(tmp_path: Path) -> None:
+def test_cursor_with_tail_starts_at_the_last_complete_lines(tmp_path: Path) -> None:
     path = tmp_path / "node_0.log"
     path.write_bytes(b"".join(f"{i}\n".encode() for i in range(1000)) + b"half")
-    assert run(path, [b" done\n", "STOP"], tail=2) == ["998", "999", "half done"]
-    assert run(path, ["STOP"], tail=0) == []
+    cursor = LineCursor(path)
+    assert cursor.start_at_tail(2) == ["998", "999"]
+    append(path, b" done\n")
+    assert cursor.read(final=True) == ["half done"]
+    at_end = LineCursor(path)
+    assert at_end.start_at_tail(0) == [] and at_end.read(final=True) == []
 
 
-def test_follow_starts_over_when_the_file_is_truncated(tmp_path: Path) -> None:
+def test_cursor_starts_over_when_the_file_is_truncated(tmp_path: Path) -> None:
     path = tmp_path / "node_0.log"
     path.write_bytes(b"old line 1\nold line 2\n")
-
-    def truncate_then(step: bytes) -> Callable[[], None]:
-        def go() -> None:
-            path.write_bytes(step)
-        return go
-
-    script = Script(path, [])
-    actions = [truncate_then(b"new\n"), lambda: setattr(script, "stopped", True)]
-
-    def sleep(_s: float) -> None:
-        actions.pop(0)()
-
-    assert list(follow(path, script.stop, poll=0.01, sleep=sleep)) == ["old line 1", "old line 2", "new"]
+    cursor = LineCursor(path)
+    seen = cursor.read()
+    path.write_bytes(b"new\n")
+    seen += cursor.read(final=True)
+    assert seen == ["old line 1", "old line 2", "new"]
 
 
-def test_follow_closes_its_file_when_abandoned(tmp_path: Path) -> None:
+def test_cursor_holds_no_file_between_reads(tmp_path: Path) -> None:
+    """One poll loop reads every node's log: an abandoned cursor (Ctrl-C in `air logs --follow`) leaks
+    nothing."""
     path = tmp_path / "node_0.log"
     path.write_bytes(b"a\nb\n")
-    gen = follow(path, lambda: False, poll=0.01, sleep=lambda s: None)
-    assert next(gen) == "a"
-    assert str(path) in {f.path for f in psutil.Process().open_files()}
-    gen.close()  # e.g. Ctrl-C in `air logs --follow`
+    cursor = LineCursor(path)
+    assert cursor.read() == ["a", "b"]
     assert str(path) not in {f.path for f in psutil.Process().open_files()}

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from air.errors import UserInputError
+from air.files import atomic_write_bytes, atomic_write_text
 from air.runs.paths import (
     RunPaths,
-    atomic_write_bytes,
-    atomic_write_text,
     is_run_id,
     new_run_id,
     parse_run_id,
@@ -100,6 +99,8 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(tmp_path: P
     atomic_write_bytes(target, b"a: 2\n", mode=0o600)
     assert target.read_bytes() == b"a: 2\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    atomic_write_text(target, "#!/bin/sh\n", mode=0o755, durable=False)  # a scratch file: no fsync
+    assert target.read_text() == "#!/bin/sh\n" and stat.S_IMODE(target.stat().st_mode) == 0o755
     assert os.listdir(target.parent) == ["spec.yaml"]
 
 

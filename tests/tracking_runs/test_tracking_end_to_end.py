@@ -205,7 +205,7 @@ def test_recorders_of_one_air_home_take_turns(tmp_path: Path, air_home: Path) ->
     import subprocess
     import textwrap
 
-    from air.distributed.tracked import RECORDER_LOCK
+    from air.home import AirHome
 
     script = tmp_path / "quick.py"
     script.write_text(textwrap.dedent("""
@@ -213,7 +213,7 @@ def test_recorders_of_one_air_home_take_turns(tmp_path: Path, air_home: Path) ->
         assert distributed(num_accelerators=1, accelerator_type="CPU")(lambda: 1).distributed() == [1]
     """))
     air_home.mkdir(parents=True, exist_ok=True)
-    with open(air_home / RECORDER_LOCK, "a") as held:
+    with open(AirHome(air_home).mlflow_recorder_lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr

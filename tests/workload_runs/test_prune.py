@@ -51,9 +51,10 @@ def _prune(*args: str) -> dict:
 
 
 def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path, air_home: Path) -> None:
-    old = wait_terminal(submit(_snapshot_workload(tmp_path, "old", "python train.py")))
-    recent = wait_terminal(submit(_snapshot_workload(tmp_path, "recent", "python train.py")))
-    active_id = submit(_snapshot_workload(tmp_path, "active", "sleep 1000"))
+    # Submitted together (they run side by side on their own slots), then waited for.
+    old_id, recent_id, active_id = (submit(_snapshot_workload(tmp_path, name, command)) for name, command in (
+        ("old", "python train.py"), ("recent", "python train.py"), ("active", "sleep 1000")))
+    old, recent = wait_terminal(old_id), wait_terminal(recent_id)
     wait_status(active_id, "RUNNING")
     assert old.status.value == recent.status.value == "SUCCESS"
 

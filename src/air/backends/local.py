@@ -36,7 +36,8 @@ from air.backends.base import (
 from air.backends.ray_shim import local_workload_ray_env
 from air.constants import TERMINATE_GRACE_S
 from air.errors import AirError, GPUTypeError, GPUValidationError, LaunchError
-from air.home import air_home
+from air.files import atomic_write_bytes
+from air.home import AirHome
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
 from air.launcher.warm import python_can_fork
 from air.settings import AIR_LAUNCHER_PID, AIR_NODE_SLOTS, AIR_PROCESS_TAG, AIR_SUPERVISOR
@@ -143,7 +144,7 @@ class LocalBackend:
             if any(launch.ray_shim for launch in ordered):
                 first = ordered[0].processes[0].env
                 ray_envs = held.enter_context(local_workload_ray_env(
-                    len(ordered), shim_dir=air_home() / "bin", path=first.get("PATH", ""),
+                    len(ordered), shim_dir=AirHome().bin, path=first.get("PATH", ""),
                     mlflow_run_id=first.get("MLFLOW_RUN_ID"), train_callbacks=first.get("RAY_TRAIN_CALLBACKS")))
             specs: list[ProcessSpec] = []
             owners: list[tuple[int, int]] = []  # spec index → (node index, process index)
@@ -153,7 +154,7 @@ class LocalBackend:
                 work.mkdir(parents=True, exist_ok=True)
                 work_dirs.append(work)
                 for name, data in launch.files.items():
-                    (work / name).write_bytes(data)
+                    atomic_write_bytes(work / name, data, durable=False)
                 slots = allocation.slots_per_node[launch.node_rank]
                 for index, proc in enumerate(launch.processes):
                     env = {k: _expand(v, work) for k, v in {**_node_environment(launch), **proc.env}.items()}

@@ -33,6 +33,7 @@ from typing import Any
 
 from air.backends.base import NODE_DIR, NODE_PYTHON, NodeProcess, node_work_root
 from air.constants import TERMINATE_GRACE_S
+from air.files import atomic_write_bytes
 from air.launcher.node import ProcessExit
 from air.launcher.procs import reap_tag as reap_launch_tag
 from air.launcher.procs import tagged_processes
@@ -157,11 +158,7 @@ class NodeAgent:
         work = self.root / "work"
         work.mkdir(parents=True, exist_ok=True)
         for name, data in files.items():
-            path = work / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            atomic_write_bytes(work / name, data, durable=False)
         return str(work)
 
     def read_files(self, names: Sequence[str]) -> dict[str, bytes | None]:

@@ -238,9 +238,5 @@ class RayAttempt:
         """How each process of a node ended (None if the node never reported)."""
         return self._exits[node]
 
-    @property
-    def lost_nodes(self) -> dict[int, str]:
-        return dict(self._lost)
-
 
 __all__ = ["RayAttempt"]

@@ -195,10 +195,6 @@ class RayBackend(RayCapacity):
         with contextlib.suppress(Exception):
             remove_placement_group(pg)
 
-    def node_infos(self, allocation: Allocation) -> list[dict[str, Any]]:
-        """What each allocated node reported: ip, address, gpu_ids and its Python/cloudpickle/torch versions."""
-        return [dict(i) for i in self._get(allocation).infos]
-
     def version_mismatches(self, allocation: Allocation) -> list[str]:
         """One line per node whose Python, cloudpickle or torch differs from this process's.
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from air.backends.ray_cluster import RayAuth, stop_marked
 from air.backends.ray_train_report import train_report_env
+from air.files import atomic_write_text
 from air.settings import AIR_PROCESS_TAG, AIR_RAY_HEAD_PORT, AIR_RAY_NODE, AIR_RAY_SHIM_DIR
 
 _PORT_OPTIONS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
@@ -48,10 +49,7 @@ def install_shim(folder: Path, python: str | None = None) -> Path:
     script = folder / "ray"
     text = f'#!/bin/sh\nexec "{python or sys.executable}" -m air.backends.ray_shim "$@"\n'
     if not script.exists() or script.read_text() != text:
-        tmp = folder / f".ray.{os.getpid()}"
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        os.replace(tmp, script)
+        atomic_write_text(script, text, mode=0o755)
     return folder
 
 

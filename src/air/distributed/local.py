@@ -8,8 +8,6 @@ import os
 import shutil
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,11 +15,11 @@ from typing import Any
 import cloudpickle
 
 from air.constants import TERMINATE_GRACE_S, release_timeout_s
-from air.distributed.outcome import read_outcome, resolve
+from air.distributed.outcome import PAYLOAD_FILE, outcome_path, read_outcome, resolve
 from air.distributed.preload import preload_for
 from air.distributed.shape import LocalShape
 from air.errors import SerializationError
-from air.home import air_home
+from air.files import atomic_write_bytes
 from air.launcher import ProcessSpec, WarmStart, reserve_port, start_processes
 from air.launcher.warm import python_can_fork
 from air.settings import (
@@ -32,15 +30,6 @@ from air.settings import (
     AIR_SYS_PATH,
     AIR_WARM_START,
 )
-
-
-def new_call_dir(func_name: str) -> Path:
-    """One folder per call under $AIR_HOME/calls: payload, rank logs, outcomes."""
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in func_name)[:40] or "fn"
-    call_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{safe}-{uuid.uuid4().hex[:6]}"
-    path = air_home() / "calls" / call_id
-    path.mkdir(parents=True)
-    return path
 
 
 def serialize_call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
@@ -117,15 +106,15 @@ def _echo(prefix_of: Callable[[int], str]) -> Callable[[int, str, str], None]:
 
 def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], shape: LocalShape,
               timeout_s: float | None, *, extra_env: Mapping[str, str] | None = None,
-              echo: bool = True, call_dir: Path | None = None,
+              echo: bool = True, call_dir: Path,
               on_launched: Callable[[Path, list[Path]], None] | None = None,
               tag: str | None = None) -> tuple[list[Any], Path]:
-    """Run `func(*args, **kwargs)` once per rank here; return every rank's value and the call folder.
+    """Run `func(*args, **kwargs)` once per rank here, in `call_dir` (CallPaths' folder of the call's run);
+    return every rank's value and the call folder.
 
     `tag`: the ranks' AIR_PROCESS_TAG (a recorded call's run tag, so `air cancel` and reconcile find them)."""
     payload = serialize_call(func, args, kwargs)
-    call_dir = call_dir or new_call_dir(getattr(func, "__name__", "fn"))
-    (call_dir / "payload.pkl").write_bytes(payload)
+    atomic_write_bytes(call_dir / PAYLOAD_FILE, payload, durable=False)
     world = shape.world_size
     log_paths = [call_dir / f"rank_{r}.log" for r in range(world)]
     base_env = dict(os.environ)
@@ -205,9 +194,6 @@ def warm_start(preload: tuple[str, ...], world: int, port: int, timeout_s: float
 
 def _cleanup(call_dir: Path, world: int) -> None:
     """Keep the logs; drop the payload and outcomes (they can be large)."""
-    for name in ["payload.pkl", *[f"rank_{r}.outcome" for r in range(world)]]:
-        try:
-            (call_dir / name).unlink()
-        except FileNotFoundError:
-            pass
+    for path in [call_dir / PAYLOAD_FILE, *[outcome_path(call_dir, r) for r in range(world)]]:
+        path.unlink(missing_ok=True)
     shutil.rmtree(call_dir / "tmp", ignore_errors=True)

@@ -7,7 +7,6 @@ results or the one exception the caller sees.
 
 from __future__ import annotations
 
-import os
 import pickle
 import time
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ import cloudpickle
 
 from air.constants import ECHO_WINDOW_S
 from air.errors import AirError, LocalExecutionTimeoutError, RankFailedError, SerializationError
+from air.files import atomic_write_bytes
 from air.launcher.node import LaunchResult, read_tail
 
 
@@ -35,17 +35,19 @@ class RankOutcome:
     raised_at: float = 0.0
 
 
+#: What the ranks run, in the call's folder (or a remote node's work folder): the pickled function and
+#: arguments. Each rank answers in its `outcome_path`; the caller removes both when the call is over.
+PAYLOAD_FILE = "payload.pkl"
+
+
 def outcome_path(call_dir: Path, rank: int) -> Path:
     return call_dir / f"rank_{rank}.outcome"
 
 
 def write_outcome(call_dir: Path, outcome: RankOutcome) -> None:
-    """Atomic: a half-written outcome is never read (tmp + rename)."""
-    target = outcome_path(call_dir, outcome.rank)
-    tmp = target.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        pickle.dump(outcome, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, target)
+    """Atomic: a half-written outcome is never read."""
+    data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    atomic_write_bytes(outcome_path(call_dir, outcome.rank), data, durable=False)
 
 
 def read_outcome(call_dir: Path, rank: int) -> RankOutcome | None:

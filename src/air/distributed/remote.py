@@ -39,10 +39,11 @@ from air.backends.base import (
 )
 from air.constants import CANCEL_CHECK_S
 from air.distributed.local import rank_env, serialize_call, warm_enabled
-from air.distributed.outcome import read_outcome, resolve
+from air.distributed.outcome import PAYLOAD_FILE, outcome_path, read_outcome, resolve
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
+from air.files import atomic_write_bytes
 from air.launcher.node import LaunchResult, ProcessExit
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import CallPaths
@@ -230,7 +231,7 @@ class CallJob:
                 procs.append(NodeProcess(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", "air.distributed.worker", NODE_DIR],
                                          env=env, log_path=self.log_paths[rank], cwd=os.getcwd()))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],
-                                       files={"payload.pkl": self.payload},
+                                       files={PAYLOAD_FILE: self.payload},
                                        warm_preload=self.preload if self.warm else None))
         yield launches
 
@@ -239,10 +240,10 @@ class CallJob:
         """Every rank's outcome, fetched from its node: the values, or the rank's own exception."""
         exits: list[ProcessExit] = []
         for node in range(self.num_nodes):
-            names = [f"rank_{node * self.per_node + local}.outcome" for local in range(self.per_node)]
+            names = [outcome_path(self.call_dir, node * self.per_node + local).name for local in range(self.per_node)]
             for name, data in handle.fetch_files(node, names).items():
                 if data is not None:
-                    (self.call_dir / name).write_bytes(data)
+                    atomic_write_bytes(self.call_dir / name, data, durable=False)
             for proc in handle.process_exits(node) or []:
                 exits.append(ProcessExit(node * self.per_node + proc.index, proc.name, proc.returncode,
                                          proc.ended_at, proc.killed_by_launcher))
@@ -271,7 +272,7 @@ class CallJob:
             return AttemptVerdict(True, values=values)
         finally:
             for rank in range(self.world):
-                (self.call_dir / f"rank_{rank}.outcome").unlink(missing_ok=True)
+                outcome_path(self.call_dir, rank).unlink(missing_ok=True)
 
 
 __all__ = ["CallJob", "drive_call", "plan_shape", "run_remote"]

@@ -16,27 +16,28 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air.distributed.local import run_local
 from air.distributed.shape import LocalShape
+from air.files import atomic_write_text
 from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
 from air.tracking.store import tracking_enabled
+
+if TYPE_CHECKING:
+    from air.runs.paths import CallPaths
 
 
 def _warn(message: str) -> None:
     sys.stderr.write(f"[air] {message}\n")
 
 
-#: In AIR_HOME: the lock the detached recorders of local calls take turns on.
-RECORDER_LOCK = ".mlflow-recorder.lock"
-
-
 class CallTracking:
     """The MLflow run of one call, created off the critical path."""
 
-    def __init__(self, func_name: str, call_dir: Path, tags: Mapping[str, str]) -> None:
-        self.env_file = call_dir / "mlflow_env.json"
+    def __init__(self, func_name: str, paths: CallPaths, tags: Mapping[str, str]) -> None:
+        self.paths = paths
+        self.env_file = paths.mlflow_env
         self.handle: Any = None
         self._thread: threading.Thread | None = None
         self._func_name = func_name
@@ -52,7 +53,7 @@ class CallTracking:
             self._thread.start()
 
     def _on_request(self) -> None:
-        request = self.env_file.with_name("mlflow_request")
+        request = self.paths.mlflow_request
         while not self._done.is_set():
             if request.exists():
                 self._start()
@@ -60,9 +61,7 @@ class CallTracking:
             self._done.wait(0.05)
 
     def _write(self, values: Mapping[str, str]) -> None:
-        tmp = self.env_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dict(values)))
-        os.replace(tmp, self.env_file)
+        atomic_write_text(self.env_file, json.dumps(dict(values)))
 
     def _start(self) -> None:
         values: dict[str, str] = {}
@@ -102,9 +101,10 @@ class CallTracking:
         """Record a call no rank asked MLflow about, in a detached process that exits when done."""
         import subprocess
 
-        job = self.env_file.with_name("mlflow_record.json")
-        job.write_text(json.dumps({"func_name": self._func_name, "tags": self._tags, "status": status,
-                                   "logs": [str(p) for p in log_paths], "run_id": run_id}))
+        job = self.paths.mlflow_record_job
+        atomic_write_text(job, json.dumps({"func_name": self._func_name, "tags": self._tags, "status": status,
+                                           "logs": [str(p) for p in log_paths], "run_id": run_id,
+                                           "env_file": str(self.env_file)}))
         with open(job.with_suffix(".log"), "ab") as log:
             subprocess.Popen([sys.executable, "-m", "air.distributed.tracked", str(job)], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True,
@@ -118,9 +118,9 @@ def record_call(job_file: Path) -> int:
     quick calls would otherwise start that many at once."""
     import fcntl
 
-    from air.home import air_home
+    from air.home import AirHome
 
-    with open(air_home() / RECORDER_LOCK, "a") as lock:  # released when the process ends
+    with open(AirHome().mlflow_recorder_lock, "a") as lock:  # released when the process ends
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _record(job_file)
 
@@ -135,7 +135,7 @@ def _record(job_file: Path) -> int:
     for rank, path in enumerate(job["logs"]):
         handle.log_rank_log(Path(path), rank)
     handle.end(job["status"])
-    (job_file.with_name("mlflow_env.json")).write_text(json.dumps(dict(handle.env())))
+    atomic_write_text(job["env_file"], json.dumps(dict(handle.env())))
     if job.get("run_id"):  # link the call's run to its MLflow run (`air get run` shows it)
         try:
             from air.runs.store import RunStore
@@ -159,7 +159,7 @@ def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Map
     call_dir = paths.create()
     record = LocalCallRecord(run_id, name=name, accelerator_type=shape.accelerator.name,
                              world_size=shape.world_size)
-    tracking = CallTracking(name, call_dir, {
+    tracking = CallTracking(name, paths, {
         "air.call": call_dir.name, "air.run_id": run_id, "air.accelerator_type": shape.accelerator.name,
         "air.num_accelerators": str(shape.world_size), "air.num_nodes": "1"})
     status = "FAILED"

@@ -38,9 +38,9 @@ from air.environments.layout import (
     _META,
     _REQUIREMENTS,
     _SCHEMA,
-    _atomic_write,
 )
 from air.errors import EnvironmentBuildError
+from air.files import atomic_write_text
 
 #: At most this many install rounds while working out which base packages need another version.
 _MAX_INSTALL_ROUNDS = 5
@@ -77,8 +77,8 @@ def _build(deps: DependencySet, base: Path, key: str, path: Path, log: Log) -> N
             "satisfied_by_base": satisfied,
             "excluded_from_base": excluded,
         }
-        _atomic_write(path / _META, json.dumps(meta, indent=2))
-        _atomic_write(path / _COMPLETE, key)
+        atomic_write_text(path / _META, json.dumps(meta, indent=2))
+        atomic_write_text(path / _COMPLETE, key)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise

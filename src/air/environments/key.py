@@ -24,8 +24,9 @@ from air.environments.dependencies import (
     canonical_name,
     without_hashes,
 )
-from air.environments.layout import _SCHEMA, _atomic_write, envs_dir
+from air.environments.layout import _SCHEMA, envs_dir
 from air.errors import UserInputError
+from air.files import atomic_write_text
 
 #: Hex digits of sha256 kept in a key (128 bits). Short keys keep shebang lines and `air env list` short.
 _KEY_LENGTH = 32
@@ -230,4 +231,4 @@ class _Digests:
         if self._dirty and self._memo is not None and self._path is not None and self._path.parent.is_dir():
             if len(self._memo) > 5000:  # keep it small: drop the oldest half
                 self._memo = dict(list(self._memo.items())[-2500:])
-            _atomic_write(self._path, json.dumps(self._memo))
+            atomic_write_text(self._path, json.dumps(self._memo))

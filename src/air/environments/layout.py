@@ -1,11 +1,10 @@
-"""The cache's folder layout: `$AIR_HOME/envs/<key>/`, the files air keeps in it, and writing them."""
+"""The cache's folder layout: `$AIR_HOME/envs/<key>/` and the files air keeps in it."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from air.home import air_home
+from air.home import AirHome
 
 #: Bump when the folder layout or the key material changes: old entries then simply stop matching.
 _SCHEMA = 1
@@ -21,14 +20,8 @@ _LAYER_PTH = "_air_base_layer.pth"  # puts the base interpreter's site folders b
 
 def envs_dir(*, create: bool = True) -> Path:
     """`$AIR_HOME/envs`, where environments live (one folder per key); `create=False` for lookups only."""
-    if not create:
-        return air_home(create=False) / "envs"
-    path = air_home() / "envs"
-    path.mkdir(parents=True, exist_ok=True)
+    path = AirHome(create=create).envs
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -21,7 +21,8 @@ from typing import BinaryIO, TypeGuard
 from air.constants import LAUNCH_POLL_S, TERMINATE_GRACE_S
 from air.launcher.procs import Waitable, terminate_tree
 from air.launcher.pump import LineCallback, OutputPump
-from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_kept, start_zygote
+from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_zygote
+from air.launcher.warm_kept import start_kept
 from air.settings import AIR_PROCESS_TAG
 
 #: What the launcher holds for each started process: a Popen (cold start) or a ForkedProcess (warm).

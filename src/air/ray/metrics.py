@@ -16,7 +16,7 @@ import re
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -174,11 +174,6 @@ class RayMetricsMonitor:
                 self.last_error = f"{type(exc).__name__}: {exc}"
             if stopping:
                 return
-
-
-def values_by_family(values: Mapping[str, float], family: str) -> dict[str, float]:
-    """The logged keys of one family (for tests and `air get run`)."""
-    return {k: v for k, v in values.items() if f"/{family}" in k}
 
 
 __all__ = ["GLOBAL_FAMILIES", "NODE_FAMILIES", "RayMetricsMonitor", "parse_prometheus"]

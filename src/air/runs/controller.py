@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import Enum
@@ -389,10 +389,4 @@ class RunController:
             tracking.warn(f"tracking: {exc}")
 
 
-@contextlib.contextmanager
-def no_hold(launches: list[NodeLaunch]) -> Iterator[list[NodeLaunch]]:
-    """`RunJob.launches` for a job that holds nothing while its nodes run."""
-    yield launches
-
-
-__all__ = ["AttemptVerdict", "Phase", "RunController", "RunJob", "SetupFailure", "Transition", "no_hold"]
+__all__ = ["AttemptVerdict", "Phase", "RunController", "RunJob", "SetupFailure", "Transition"]

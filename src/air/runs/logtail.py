@@ -1,5 +1,6 @@
 """Read node logs the way `air logs` needs: the last N lines of a huge file at once, and lines as they
-are appended (`--follow`), including the last line of a run that ended without a newline.
+are appended (`--follow`, `--watch`: `LineCursor`), including the last line of a run that ended without
+a newline.
 
 Logs are bytes from programs we do not control: lines are split on b"\\n" and decoded as UTF-8 with
 replacement, so a stray byte never stops `air logs`. Lines are returned without their line ending.
@@ -8,15 +9,11 @@ replacement, so a stray byte never stops `air logs`. Lines are returned without 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import BinaryIO
 
 #: Bytes read per step backwards; the last 100 lines of a log are almost always in the first block.
 TAIL_BLOCK_BYTES = 1 << 16
-#: Bytes read per step forwards while following.
-FOLLOW_READ_BYTES = 1 << 20
 
 
 def tail_lines(path: Path | str, n: int, *, block_size: int = TAIL_BLOCK_BYTES) -> list[str]:
@@ -87,7 +84,9 @@ def complete_tail(path: Path | str, n: int) -> tuple[list[str], int]:
 
 class LineCursor:
     """Complete lines appended to a file since the last read (a partial last line waits); never blocks, so
-    one poll loop can read several files (every node's log, the supervisor's)."""
+    one poll loop can read several files (every node's log, the supervisor's). A file that does not exist
+    yet reads as empty; one that shrank (truncated under us) is read again from its start. No file is
+    held open between reads."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -103,6 +102,8 @@ class LineCursor:
         """New complete lines; with `final`, also the last one without its newline."""
         try:
             with open(self.path, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size < self.offset:  # truncated: start over
+                    self.offset, self.pending = 0, b""
                 fh.seek(self.offset)
                 data = fh.read()
         except FileNotFoundError:
@@ -115,58 +116,4 @@ class LineCursor:
         return [line.decode("utf-8", errors="replace") for line in lines]
 
 
-def follow(
-    path: Path | str,
-    stop: Callable[[], bool],
-    poll: float = 0.2,
-    *,
-    tail: int | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Generator[str, None, None]:
-    """Yield complete lines of `path` as they are appended, until `stop()` is true and the file is
-    drained; then the last line even without a newline, and the end.
-
-    `tail=None` starts at the beginning of the file; `tail=N` starts with its last N complete lines
-    (`air logs --tail N --follow`). A file that does not exist yet is waited for (a node that has not
-    printed anything); one that shrank (truncated) is read again from the start. `stop` is checked
-    before each read, so nothing written before it turned true is lost.
-    """
-    f: BinaryIO | None = None
-    pending = b""
-    try:
-        while f is None:
-            stopped = stop()
-            try:
-                f = open(path, "rb")  # closed in `finally`: a generator may be abandoned mid-way
-            except FileNotFoundError:
-                if stopped:
-                    return
-                sleep(poll)
-        if tail is not None:
-            start = _after_last_newline(f, f.seek(0, os.SEEK_END))
-            if tail > 0:
-                yield from _tail(f, start, tail, TAIL_BLOCK_BYTES)
-            f.seek(start)
-        while True:
-            stopped = stop()
-            chunk = f.read(FOLLOW_READ_BYTES)
-            if chunk:
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    yield _decode(line)
-                continue  # more may be there already: read again before sleeping
-            if os.fstat(f.fileno()).st_size < f.tell():  # truncated under us: start over
-                f.seek(0)
-                pending = b""
-                continue
-            if stopped:
-                if pending:
-                    yield _decode(pending)
-                return
-            sleep(poll)
-    finally:
-        if f is not None:
-            f.close()
-
-
-__all__ = ["complete_tail", "follow", "tail_lines"]
+__all__ = ["LineCursor", "complete_tail", "tail_lines"]

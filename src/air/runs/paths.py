@@ -1,8 +1,8 @@
 """Run ids and every file name under `$AIR_HOME/runs/<run_id>/`, in one class (as submitit's JobPaths).
 
 Nothing else in air spells a file name of a run: the supervisor, the launcher and `air logs` all ask
-`RunPaths`. Files that other processes read while they change (spec, pid) are written atomically
-(a temporary file in the same folder, then a rename), so a reader never sees half a file.
+`RunPaths` (whose root, `runs/`, is `AirHome`'s, air/home.py). Files that other processes read while
+they change (spec, pid) are written through air/files.py, so a reader never sees half a file.
 
 Run ids look like `run-260522-9f3a1c07`: a prefix, the UTC submit date (so ids sort roughly by day
 and say when they were made) and 32 random bits (so two `air run` processes never pick the same id).
@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 from air.errors import UserInputError
-from air.files import atomic_write_bytes, atomic_write_text
-from air.home import air_home
+from air.home import AirHome
 
 RUN_ID_PREFIX = "run-"
 RUN_ID_RE = re.compile(r"^run-[0-9]{6}-[0-9a-f]{8}$")
@@ -66,11 +65,11 @@ def parse_run_id_fragment(text: str) -> str:
 class _RunIdPaths:
     """Paths named by a run id under AIR_HOME; the id is checked before any path is built from it."""
 
-    def __init__(self, run_id: str, home: Path | str | None = None) -> None:
+    def __init__(self, run_id: str, home: AirHome | Path | str | None = None) -> None:
         if not RUN_ID_RE.match(run_id):  # never build a path from something that is not an id
             raise UserInputError(f"{run_id!r} is not a run id.")
         self.run_id = run_id
-        self.home = Path(home) if home is not None else air_home()
+        self.home = home if isinstance(home, AirHome) else AirHome(home)
 
 
 class RunPaths(_RunIdPaths):
@@ -79,7 +78,7 @@ class RunPaths(_RunIdPaths):
     @property
     def folder(self) -> Path:
         """`$AIR_HOME/runs/<run_id>/`."""
-        return self.home / "runs" / self.run_id
+        return self.home.runs / self.run_id
 
     @property
     def spec(self) -> Path:
@@ -163,7 +162,7 @@ class CallPaths(_RunIdPaths):
     @property
     def folder(self) -> Path:
         """`$AIR_HOME/calls/<run_id>/`."""
-        return self.home / "calls" / self.run_id
+        return self.home.calls / self.run_id
 
     def rank_log(self, rank: int) -> Path:
         """`rank_<r>.log`: everything rank r printed."""
@@ -183,6 +182,12 @@ class CallPaths(_RunIdPaths):
     def mlflow_env(self) -> Path:
         """The call's MLflow environment for its ranks (written once the MLflow run exists)."""
         return self.folder / "mlflow_env.json"
+
+    @property
+    def mlflow_request(self) -> Path:
+        """Made by the first rank that imports mlflow: the caller then creates the MLflow run
+        (air/distributed/mlflow_gate.py finds it beside `mlflow_env`)."""
+        return self.folder / "mlflow_request"
 
     @property
     def mlflow_record_job(self) -> Path:
@@ -236,8 +241,6 @@ __all__ = [
     "RUN_ID_RE",
     "CallPaths",
     "RunPaths",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "is_run_id",
     "new_run_id",
     "parse_run_id",

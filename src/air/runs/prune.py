@@ -22,7 +22,7 @@ from pathlib import Path
 
 from air.errors import UserInputError
 from air.files import folder_size
-from air.home import air_home
+from air.home import AirHome
 from air.runs.paths import RUN_ID_RE, RunPaths
 from air.runs.states import RunStatus
 from air.runs.store import RunStore
@@ -125,8 +125,8 @@ def prune(
     if older_than_days < 0:
         raise UserInputError(f"--older-than-days must be >= 0, got {older_than_days:g}.")
     report = PruneReport(dry_run=dry_run, older_than_days=older_than_days)
-    home = air_home(create=False)
-    if not home.is_dir():
+    home = AirHome(create=False)
+    if not home.root.is_dir():
         return report
     cutoff = (time.time() if now is None else now) - older_than_days * 86400
 
@@ -154,7 +154,7 @@ def prune(
     else:
         known = set()
     _sweep_trash(home, dry_run)
-    runs_dir = home / "runs"
+    runs_dir = home.runs
     if runs_dir.is_dir():  # folders whose row is gone (an interrupted prune): finish the job
         for folder in sorted(runs_dir.iterdir()):
             if (
@@ -169,7 +169,7 @@ def prune(
                 if not dry_run:
                     _remove_tree(folder)
 
-    calls_dir = home / "calls"
+    calls_dir = home.calls
     if calls_dir.is_dir():
         busy = _in_use_under(calls_dir)
         for folder in sorted(calls_dir.iterdir()):
@@ -199,11 +199,11 @@ def prune(
     return report
 
 
-def _sweep_trash(home: Path, dry_run: bool) -> None:
+def _sweep_trash(home: AirHome, dry_run: bool) -> None:
     """Folders an interrupted prune renamed aside but did not finish deleting."""
     if dry_run:
         return
-    for parent in (home / "runs", home / "calls"):
+    for parent in (home.runs, home.calls):
         if parent.is_dir():
             for trash in parent.glob(".trash-*"):
                 shutil.rmtree(trash, ignore_errors=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from air.errors import NotFoundError, UserInputError
-from air.home import air_home
+from air.home import AirHome
 from air.runs.ledger import SLOT_KINDS, SlotLedger
 from air.runs.liveness import process_create_time, supervisor_alive
 from air.runs.lookup import RunLookup
@@ -58,9 +58,6 @@ from air.runs.states import (
 #: here last milliseconds; this only matters when dozens of `air` processes start at the same moment.
 BUSY_TIMEOUT_S: float = 60.0
 
-#: The store's file name under AIR_HOME.
-STORE_FILE = "runs.db"
-
 #: Run status → the status its still-RUNNING attempt gets when the run ends (so no attempt is left
 #: RUNNING forever, e.g. after the supervisor died).
 _ATTEMPT_END: dict[RunStatus, AttemptStatus] = {
@@ -88,7 +85,7 @@ class RunStore(SlotLedger, RunLookup):
         busy_timeout_s: float = BUSY_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.path = Path(path) if path is not None else air_home() / STORE_FILE
+        self.path = Path(path) if path is not None else AirHome().runs_db
         self.busy_timeout_s = busy_timeout_s
         self._clock = clock
         self._local = threading.local()
@@ -101,7 +98,7 @@ class RunStore(SlotLedger, RunLookup):
     def if_exists(cls) -> RunStore | None:
         """The default store when `runs.db` exists, else None: readers (the reconcile every command does,
         shell completion) must not create AIR_HOME or the database just by looking."""
-        path = air_home(create=False) / STORE_FILE
+        path = AirHome(create=False).runs_db
         return cls(path) if path.is_file() else None
 
     def __enter__(self) -> RunStore:

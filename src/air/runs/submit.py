@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 
 from air.backends import Backend, backend_for
-from air.runs.paths import RunPaths, atomic_write_text
+from air.files import atomic_write_text
+from air.runs.paths import RunPaths
 from air.runs.states import FailureClass, RunStatus
 from air.runs.store import Run, RunStore
 from air.workload.loading import load_workload

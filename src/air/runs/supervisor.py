@@ -34,8 +34,6 @@ from air.settings import AIR_ATTEMPT, AIR_PROCESS_TAG, AIR_SUPERVISOR
 from air.tracking.attempt_tracking import AttemptTracking
 from air.workload.plan import RunPlan
 
-CANCEL_POLL_S = 0.25
-
 _log = logging.getLogger("air.supervisor")
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from air.home import air_home
+from air.home import AirHome
 from air.settings import AIR_TRACKING
 
 if TYPE_CHECKING:
@@ -35,10 +35,6 @@ if TYPE_CHECKING:
 Warn = Callable[[str], None]
 
 _logger = logging.getLogger("air.tracking")
-
-#: File name of the embedded store and its artifact folder under AIR_HOME.
-DB_NAME = "mlflow.db"
-ARTIFACTS_DIR = "mlartifacts"
 
 #: Experiment tag that tells the UI (and readers of the reference) that node logs are artifacts.
 SHOW_LOGS_TAG = "air-show-logs"
@@ -62,12 +58,12 @@ def default_warn(message: str) -> None:
 
 def embedded_uri() -> str:
     """The embedded store's URI: an absolute SQLite path under AIR_HOME."""
-    return f"sqlite:///{air_home() / DB_NAME}"
+    return f"sqlite:///{AirHome().mlflow_db}"
 
 
 def artifact_root() -> Path:
     """Folder holding the embedded store's artifacts (one sub-folder per experiment)."""
-    return air_home() / ARTIFACTS_DIR
+    return AirHome().mlartifacts
 
 
 def tracking_uri() -> str:
@@ -81,7 +77,7 @@ def is_embedded(uri: str) -> bool:
         return False
     path = uri.removeprefix("sqlite:///")
     try:
-        return Path(path).resolve() == (air_home() / DB_NAME).resolve()
+        return Path(path).resolve() == AirHome().mlflow_db.resolve()
     except OSError:
         return False
 
@@ -159,8 +155,9 @@ def prepare_store(uri: str) -> None:
 
         root = artifact_root()
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        db = air_home() / DB_NAME
-        with open(air_home() / (DB_NAME + ".lock"), "a") as lock:
+        home = AirHome()
+        db = home.mlflow_db
+        with open(home.mlflow_db_lock, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if not db.exists():

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from air.errors import UserInputError
 from air.files import atomic_write_text
-from air.home import air_home
+from air.home import AirHome
 from air.tracking.store import artifact_root, is_embedded, is_http, prepare_store, tracking_uri
 
 if TYPE_CHECKING:
@@ -35,8 +35,6 @@ DEFAULT_UI_BASE = f"http://{DEFAULT_UI_HOST}:{DEFAULT_UI_PORT}"
 DISTRIBUTION = "air-runtime"
 #: Extra that brings MLflow's UI server.
 UI_EXTRA = "ui"
-#: Under AIR_HOME: the running `air ui` processes and their addresses (written only by this module).
-UI_FILE = "ui.json"
 
 
 def ui_command(
@@ -185,12 +183,13 @@ class RunningUI:
 
 
 def ui_file() -> Path:
-    return air_home() / UI_FILE
+    """`ui.json` under AIR_HOME: the running `air ui` processes (written only by this module)."""
+    return AirHome().ui
 
 
 @contextlib.contextmanager
 def _locked() -> Iterator[None]:
-    with open(air_home() / (UI_FILE + ".lock"), "a") as lock:
+    with open(AirHome().ui_lock, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
@@ -208,9 +207,7 @@ def _write(uis: list[RunningUI]) -> None:
     if not uis:
         path.unlink(missing_ok=True)
         return
-    tmp = path.with_name(f".{UI_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"uis": [asdict(u) for u in uis]}, indent=1))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps({"uis": [asdict(u) for u in uis]}, indent=1))
 
 
 def record_ui(host: str, port: int, store: str) -> RunningUI:

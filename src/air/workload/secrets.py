@@ -20,9 +20,8 @@ from pathlib import Path
 
 from air.errors import AirError, NotFoundError, SecretMaskingError, UserInputError
 from air.files import atomic_write_text
-from air.home import air_home
+from air.home import AirHome
 
-SECRETS_FILE = "secrets.json"
 _FORMAT_VERSION = 1
 #: Scope and key names: the charset of the hosted product's secret scopes (no '/', which separates them).
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -32,7 +31,7 @@ Store = dict[str, dict[str, str]]
 
 def secrets_path(store: Path | None = None) -> Path:
     """The secret store file (`$AIR_HOME/secrets.json` unless a path is given, as tests do)."""
-    return Path(store) if store is not None else air_home(create=False) / SECRETS_FILE
+    return Path(store) if store is not None else AirHome(create=False).secrets
 
 
 def parse_secret_ref(ref: str, field: str = "secrets") -> tuple[str, str]:

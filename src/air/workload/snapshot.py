@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from air.errors import UserInputError
-from air.home import air_home
+from air.home import AirHome
 from air.workload.snapshot_git import (
     _find_repo,
     _git,
@@ -422,7 +422,7 @@ def _git_tree_entries(root: Path, tree: str, notes: list[str]) -> list[SnapshotE
 
 
 def _store(store_root: Path | None, *, create_home: bool = True) -> Path:
-    return Path(store_root) if store_root is not None else air_home(create=create_home) / "snapshots"
+    return Path(store_root) if store_root is not None else AirHome(create=create_home).snapshots
 
 
 __all__ = [
