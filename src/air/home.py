@@ -105,6 +105,12 @@ class AirHome:
         return self.root / "mlartifacts"
 
     @property
+    def server(self) -> Path:
+        """`server/`: what `air server` keeps beside the store (uploaded blobs, rebuilt snapshots, each
+        user's secrets; air/server/uploads.py `ServerPaths` names what is inside)."""
+        return self.root / "server"
+
+    @property
     def bin(self) -> Path:
         """`bin/`: the `ray` shim local workload nodes find first on their PATH."""
         return self.root / "bin"

@@ -15,7 +15,8 @@ from typing import Any
 import cloudpickle
 
 from air.errors import WorkloadFailureException
-from air.runs.paths import CallPaths, atomic_write_bytes, atomic_write_text
+from air.files import atomic_write_bytes, atomic_write_text
+from air.runs.paths import CallPaths
 from air.runs.states import FailureClass, RunStatus
 from air.runs.store import Run, RunStore
 

@@ -20,6 +20,7 @@ from air.constants import ECHO_WINDOW_S
 from air.errors import AirError, LocalExecutionTimeoutError, RankFailedError, SerializationError
 from air.files import atomic_write_bytes
 from air.launcher.node import LaunchResult, read_tail
+from air.runs.paths import CALL_PAYLOAD_FILE
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,9 @@ class RankOutcome:
     raised_at: float = 0.0
 
 
-#: What the ranks run, in the call's folder (or a remote node's work folder): the pickled function and
-#: arguments. Each rank answers in its `outcome_path`; the caller removes both when the call is over.
-PAYLOAD_FILE = "payload.pkl"
+#: What the ranks run (air.runs.paths owns the name). Each rank answers in its `outcome_path`; the caller
+#: removes both when the call is over.
+PAYLOAD_FILE = CALL_PAYLOAD_FILE
 
 
 def outcome_path(call_dir: Path, rank: int) -> Path:

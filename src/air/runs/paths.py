@@ -19,6 +19,9 @@ from air.errors import UserInputError
 from air.home import AirHome
 
 RUN_ID_PREFIX = "run-"
+#: What a call's ranks run, in its call folder (or a remote node's work folder): the pickled function
+#: and arguments (`CallPaths.payload`; the ranks open it by this name).
+CALL_PAYLOAD_FILE = "payload.pkl"
 RUN_ID_RE = re.compile(r"^run-[0-9]{6}-[0-9a-f]{8}$")
 #: What a user may type to name a run: a full id, a prefix of one, or the random part (or its prefix).
 _RUN_ID_FRAGMENT_RE = re.compile(r"^(run-[0-9]{0,6}(-[0-9a-f]{0,8})?|run|ru|r|[0-9a-f]{1,8})$")
@@ -202,7 +205,7 @@ class CallPaths(_RunIdPaths):
     @property
     def payload(self) -> Path:
         """A call `air server` drives: the pickled function and arguments its client sent."""
-        return self.folder / "payload.pkl"
+        return self.folder / CALL_PAYLOAD_FILE
 
     @property
     def driver_log(self) -> Path:

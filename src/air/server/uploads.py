@@ -27,7 +27,7 @@ from typing import Any
 
 from air.constants import SERVER_MAX_SNAPSHOT_FILES
 from air.errors import UserInputError
-from air.home import air_home
+from air.home import AirHome
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.@+-]{1,255}$")
@@ -42,7 +42,7 @@ class ServerPaths:
 
     @classmethod
     def here(cls) -> ServerPaths:
-        return cls(air_home() / "server")
+        return cls(AirHome().server)
 
     @property
     def blobs(self) -> Path:
@@ -56,7 +56,8 @@ class ServerPaths:
         return self.root / "uploads"
 
     def user_secrets(self, user: str) -> Path:
-        return self.root / "users" / user / "secrets.json"
+        """A user's secret store: their folder is laid out like a home of its own (`secrets.json`)."""
+        return AirHome(self.root / "users" / user).secrets
 
 
 def check_digest(digest: Any) -> str:
