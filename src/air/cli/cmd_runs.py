@@ -13,7 +13,17 @@ from air.errors import UserInputError
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run, RunStore
-from air.runs.views import call_rank_logs, mlflow_link, queue_dict, run_detail, run_dict, run_folder
+from air.runs.views import (
+    call_rank_logs,
+    checkpoint_view,
+    mlflow_link,
+    progress_view,
+    queue_dict,
+    quiet_summary,
+    run_detail,
+    run_dict,
+    run_folder,
+)
 
 
 @click.group()
@@ -45,6 +55,13 @@ def get_run(run_id: str) -> None:
     ]
     if run.termination_reason and not run.status.value == "SUCCESS":
         pairs.append(("Termination reason", run.termination_reason))
+    quiet = quiet_summary(progress_view(run)) if not run.status.is_terminal() else None
+    if quiet:
+        pairs.append(("Progress", quiet))
+    checkpoints = checkpoint_view(run)
+    if checkpoints["checkpoint_dir"]:
+        pairs.append(("Checkpoints", checkpoints["checkpoint_dir"]))
+        pairs.append(("Latest checkpoint", checkpoints["latest_checkpoint"] or "-"))
     if run.failure_class:
         pairs.append(("Failure class", run.failure_class.value))
     pairs.append(("MLflow run", run.mlflow_run_id or "-"))

@@ -74,7 +74,7 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
                            backend=backend.name, profile=profile.name, kind="call", run_name=name).run
     store.set_supervisor(run.id, os.getpid())  # this process drives the run: if it dies, reconcile ends it
     job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, echo,
-                  dict(extra_env or {}), preload_for(func, args, kwargs))
+                  dict(extra_env or {}), preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout)
     controller = RunController(run.id, job, backend, store, RetryPolicy(max_retries), cancel_check_s=CANCEL_CHECK_S)
     job.on_wait(f"run {run.id}: {job.world} rank(s) on {num_nodes} node(s) of {accelerator.name} "
             f"({getattr(backend, 'address', backend.name)})")
@@ -133,8 +133,9 @@ class CallJob:
 
     def __init__(self, run_id: str, backend: Backend, accelerator: AcceleratorType, num_nodes: int,
                  payload: bytes, name: str, timeout_s: float | None, echo: bool, extra_env: dict[str, str],
-                 preload: tuple[str, ...]) -> None:
+                 preload: tuple[str, ...], *, hang_timeout_s: float | None = None) -> None:
         self.run_id = run_id
+        self.hang_timeout_s = hang_timeout_s
         self.backend = backend
         self.accelerator = accelerator
         self.num_nodes = num_nodes
@@ -151,6 +152,9 @@ class CallJob:
         self.call_dir = paths.create()  # `air logs ID --rank N` reads its rank logs
         self.log_paths = paths.rank_log_list(self.world)
         self._echo_lock = threading.Lock()
+
+    def process_label(self, node: int, process: int) -> str:
+        return f"rank {node * self.per_node + process}"
 
     def say(self, text: str) -> None:
         """The controller's progress lines: in the debug log only (the caller sees results and errors)."""

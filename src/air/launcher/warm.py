@@ -33,7 +33,13 @@ from typing import IO, BinaryIO
 import psutil
 
 from air.constants import _float_env
-from air.settings import AIR_LAUNCHER_PID, AIR_PROCESS_TAG, AIR_WARM_IDLE_S
+from air.settings import (
+    AIR_HEARTBEAT_FILE,
+    AIR_LAUNCHER_PID,
+    AIR_PROCESS_TAG,
+    AIR_STACKS_FILE,
+    AIR_WARM_IDLE_S,
+)
 
 #: Environment keys a forked child sets for itself (never inherited from the zygote's environment).
 _PER_CHILD = (AIR_LAUNCHER_PID,)
@@ -460,7 +466,7 @@ def start_kept(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[d
     if len(f"{AIR_PROCESS_TAG}={tag}") > len(TAG_SLOT_ENV) + 1 + TAG_SLOT_LEN:
         return None
     modules = [warm.module_of(argv) for argv in argvs]
-    left_out = {*warm.call_env, AIR_PROCESS_TAG}
+    left_out = {*warm.call_env, AIR_PROCESS_TAG, AIR_HEARTBEAT_FILE, AIR_STACKS_FILE}
     base = {k: v for k, v in common_env(envs).items() if k not in left_out}
     names = sorted({module for module, _ in modules})
     key = (warm.python, warm.preload, warm.sys_path, tuple(names), warm.world_size, cwds[0],
