@@ -44,11 +44,21 @@ from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
 from air.launcher.node import LaunchResult, ProcessExit
+from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import CallPaths
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
-from air.settings import AIR_ACCELERATOR_TYPE, AIR_CALL_DIR, AIR_RANK_PRELOAD, AIR_RUN_ID, AIR_SYS_PATH
+from air.settings import (
+    AIR_ACCELERATOR_TYPE,
+    AIR_ATTEMPT,
+    AIR_CALL_DIR,
+    AIR_CHECKPOINT_DIR,
+    AIR_RANK_PRELOAD,
+    AIR_RESUMED,
+    AIR_RUN_ID,
+    AIR_SYS_PATH,
+)
 from air.tracking.attempt_tracking import AttemptTracking
 
 _log = logging.getLogger("air.call")
@@ -74,7 +84,8 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
                            backend=backend.name, profile=profile.name, kind="call", run_name=name).run
     store.set_supervisor(run.id, os.getpid())  # this process drives the run: if it dies, reconcile ends it
     job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, echo,
-                  dict(extra_env or {}), preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout)
+                  dict(extra_env or {}), preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
+                  checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
     controller = RunController(run.id, job, backend, store, RetryPolicy(max_retries), cancel_check_s=CANCEL_CHECK_S)
     job.on_wait(f"run {run.id}: {job.world} rank(s) on {num_nodes} node(s) of {accelerator.name} "
             f"({getattr(backend, 'address', backend.name)})")
@@ -133,9 +144,11 @@ class CallJob:
 
     def __init__(self, run_id: str, backend: Backend, accelerator: AcceleratorType, num_nodes: int,
                  payload: bytes, name: str, timeout_s: float | None, echo: bool, extra_env: dict[str, str],
-                 preload: tuple[str, ...], *, hang_timeout_s: float | None = None) -> None:
+                 preload: tuple[str, ...], *, hang_timeout_s: float | None = None,
+                 checkpoint_dir: str | None = None) -> None:
         self.run_id = run_id
         self.hang_timeout_s = hang_timeout_s
+        self.checkpoint_dir = checkpoint_dir
         self.backend = backend
         self.accelerator = accelerator
         self.num_nodes = num_nodes
@@ -201,7 +214,10 @@ class CallJob:
             AIR_SYS_PATH: json.dumps([p for p in sys.path if p]), AIR_CALL_DIR: NODE_DIR,
             "NUM_NODES": str(self.num_nodes), AIR_RUN_ID: self.run_id,
             AIR_ACCELERATOR_TYPE: self.accelerator.name, AIR_RANK_PRELOAD: ",".join(self.preload),
+            AIR_ATTEMPT: str(attempt), AIR_RESUMED: "1" if attempt > 0 else "0",
         }
+        if self.checkpoint_dir:
+            base[AIR_CHECKPOINT_DIR] = self.checkpoint_dir
         if tracking_env:
             base.update(tracking_env)
         else:

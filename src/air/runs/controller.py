@@ -257,6 +257,8 @@ class RunController:
         """Every `progress_check_s`: note each node process's progress (`air get run` shows it) and, with
         a hang timeout, ask `find_hang` (the one place that decides). A hang saves every process's
         stacks in the attempt's folder, then ends the attempt (True) as FailureClass.HANG."""
+        if attempt.hang is not None:
+            return True
         now = self._clock()
         if now < attempt.next_progress_check:
             return False
