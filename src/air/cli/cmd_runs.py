@@ -61,7 +61,7 @@ def get_run(run_id: str) -> None:
     checkpoints = checkpoint_view(run)
     if checkpoints["checkpoint_dir"]:
         pairs.append(("Checkpoints", checkpoints["checkpoint_dir"]))
-        pairs.append(("Latest checkpoint", checkpoints["latest_checkpoint"] or "-"))
+        pairs.append(("Last checkpoint", checkpoints["latest_checkpoint"] or "-"))
     if run.failure_class:
         pairs.append(("Failure class", run.failure_class.value))
     pairs.append(("MLflow run", run.mlflow_run_id or "-"))

@@ -14,8 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -90,11 +90,19 @@ def dump_tree_stacks(pid: int | None, stacks_file: str | None = None) -> str:
     if not procs:
         return f"(no Python process in the tree of pid {pid})"
     exe = py_spy()
-    with ThreadPoolExecutor(max_workers=min(8, len(procs))) as pool:
-        if exe is not None:
-            texts = list(pool.map(lambda p: _spy(exe, p), procs))
-        else:
-            texts = [_faulthandler(p, stacks_file) if p.pid == pid else "(py-spy is not installed)" for p in procs]
+    texts = ["(py-spy is not installed)"] * len(procs)
+    if exe is None:
+        texts = [_faulthandler(p, stacks_file) if p.pid == pid else text for p, text in zip(procs, texts, strict=True)]
+    else:  # one py-spy per process, at once (plain threads: a user's `concurrent.py` may shadow the stdlib's)
+
+        def spy(index: int) -> None:
+            texts[index] = _spy(exe, procs[index])
+
+        threads = [threading.Thread(target=spy, args=(i,), daemon=True) for i in range(len(procs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(PY_SPY_TIMEOUT_S + 5)
     return "\n\n".join(f"pid {p.pid}: {_describe(p)}\n{text}" for p, text in zip(procs, texts, strict=True))
 
 
