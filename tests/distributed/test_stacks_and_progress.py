@@ -69,3 +69,23 @@ def test_find_hang_prefers_a_stopped_process_then_the_longest_silent() -> None:
     hang = find_hang([Silence(0, 0, 30.0), Silence(1, 0, 12.0, stopped=True), Silence(1, 1, 5.0)], 10.0)
     assert hang == Silence(1, 0, 12.0, stopped=True)
     assert find_hang([Silence(0, 1, 20.0), Silence(1, 0, 30.0)], 10.0) == Silence(1, 0, 30.0)
+
+
+def test_an_mlflow_metric_is_a_heartbeat_in_a_rank(tmp_path: Path) -> None:
+    from air.launcher.progress import HeartbeatSlots
+
+    slots = HeartbeatSlots(1)
+    code = (
+        "from air.distributed import mlflow_progress\nmlflow_progress.install()\n"
+        "import mlflow\nfrom mlflow import MlflowClient\n"
+        "assert hasattr(mlflow.log_metric, '__wrapped__') and hasattr(MlflowClient.log_batch, '__wrapped__')\n"
+        f"client = MlflowClient('sqlite:///{tmp_path}/m.db')\n"
+        "run = client.create_run(client.create_experiment('e'))\n"
+        "client.log_metric(run.info.run_id, 'loss', 1.0)\nprint('logged')\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env={"AIR_HEARTBEAT_FILE": slots.paths[0], "PATH": "/usr/bin", "HOME": str(tmp_path)})
+        assert done.returncode == 0 and "logged" in done.stdout, done.stderr[-2000:]
+        assert slots.read(0) > 0.0  # the metric beat into the slot
+    finally:
+        slots.close()
