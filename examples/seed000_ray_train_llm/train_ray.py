@@ -44,6 +44,7 @@ DEFAULTS = {
     "batch_size": 4,
     "max_steps": 100,
     "checkpoint_every": 50,  # steps between checkpoints (0: none); a retried attempt resumes from the last
+    "crash_at_step": 0,  # to try resuming: the first attempt (AIR_ATTEMPT=0) fails at this step (0: never)
 }
 
 
@@ -148,6 +149,8 @@ def train_func(config: dict):
             optimizer.step()
             optimizer.zero_grad()
             step += 1
+            if step == config.get("crash_at_step") and config.get("attempt") == 0:
+                raise RuntimeError(f"crash_at_step: a simulated failure at step {step} (attempt 0 only)")
 
             metrics = {"loss": out.loss.item(), "step": step}
             every = int(config.get("checkpoint_every") or 0)
@@ -190,7 +193,9 @@ def main():
     # No GPU (a CPU node shape): one CPU worker per slot of the allocation, gloo instead of NCCL.
     num_workers = total_gpus or int(os.environ.get("WORLD_SIZE", "1"))
 
-    config = {key: SETTINGS[key] for key in ("lr", "batch_size", "max_steps", "dtype", "checkpoint_every")}
+    config = {key: SETTINGS[key] for key in ("lr", "batch_size", "max_steps", "dtype", "checkpoint_every",
+                                             "crash_at_step")}
+    config["attempt"] = int(os.environ.get("AIR_ATTEMPT", "0"))
     trainer = TorchTrainer(
         train_func,
         train_loop_config=config,
