@@ -20,7 +20,7 @@ from collections.abc import MutableMapping
 from air.settings import AIR_RAY_TRAIN_MLFLOW
 
 CALLBACK_PATH = "air.ray.train_callback.MlflowReportCallback"
-AIR_CALLBACK_PATH = "air.ray.train_callback.AirTrainCallback"
+TRAIN_CALLBACK_PATH = "air.ray.train_callback.AirTrainCallback"
 CALLBACKS_ENV = "RAY_TRAIN_CALLBACKS"
 
 
@@ -28,7 +28,7 @@ def train_report_env(current: str | None = None, *, mlflow: bool = True, checkpo
     """The RAY_TRAIN_CALLBACKS value with air's callbacks added (for a node's or a driver's environment):
     the MLflow one (`mlflow`), the checkpoint-and-progress one (`checkpoints`)."""
     names = [n.strip() for n in (current or "").split(",") if n.strip()]
-    for wanted, on in ((CALLBACK_PATH, mlflow), (AIR_CALLBACK_PATH, checkpoints)):
+    for wanted, on in ((CALLBACK_PATH, mlflow), (TRAIN_CALLBACK_PATH, checkpoints)):
         if on and wanted not in names:
             names.append(wanted)
     return {CALLBACKS_ENV: ",".join(names)}
@@ -43,4 +43,4 @@ def enable_train_report_logging(env: MutableMapping[str, str] | None = None) -> 
     return True
 
 
-__all__ = ["AIR_CALLBACK_PATH", "CALLBACK_PATH", "enable_train_report_logging", "train_report_env"]
+__all__ = ["TRAIN_CALLBACK_PATH", "CALLBACK_PATH", "enable_train_report_logging", "train_report_env"]
