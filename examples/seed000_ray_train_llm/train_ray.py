@@ -14,22 +14,25 @@ Changes for a self-hosted run (everything else is the document's script):
   (`make_tiny_assets.py` builds a tiny Qwen2 and ships a small instruction set);
 - without GPUs (a CPU node shape) it runs one CPU worker per slot (WORLD_SIZE), with gloo;
 - with several nodes it waits until they have all joined before sizing the trainer;
-- the Ray Train run folder is per run (RAY_STORAGE_PATH, AIR_RUN_ID), so runs on one machine never share it.
+- the Ray Train run folder is per run (RAY_STORAGE_PATH, AIR_RUN_ID), so runs on one machine never share it;
+- under air it is the run's checkpoint folder (AIR_CHECKPOINT_DIR), the same in every attempt: rank 0
+  checkpoints every `checkpoint_every` steps and a retried attempt resumes from the last checkpoint
+  (`ray.train.get_checkpoint()`) instead of step 0.
 """
 
 import os
+import tempfile
 import time
 
 import mlflow
+import ray
 import ray.train
 import torch
 from datasets import load_dataset
-from ray.train import RunConfig, ScalingConfig
+from ray.train import Checkpoint, CheckpointConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer, prepare_data_loader, prepare_model
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-import ray
 
 DEFAULTS = {
     "model_name": "Qwen/Qwen2.5-3B",
@@ -40,6 +43,8 @@ DEFAULTS = {
     "lr": 2e-5,
     "batch_size": 4,
     "max_steps": 100,
+    "checkpoint_every": 50,  # steps between checkpoints (0: none); a retried attempt resumes from the last
+    "crash_at_step": 0,  # to try resuming: the first attempt (AIR_ATTEMPT=0) fails at this step (0: never)
 }
 
 
@@ -97,6 +102,16 @@ def train_func(config: dict):
     # `dtype` is transformers' current spelling of the document's `torch_dtype`.
     model = AutoModelForCausalLM.from_pretrained(MODEL_NAME, dtype=getattr(torch, config["dtype"]))
     model.config.use_cache = False
+    # A retried attempt (air: AIR_RESUMED=1) finds the last checkpoint of the attempt before it.
+    step, resumed = 0, None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            resumed = torch.load(os.path.join(folder, "state.pt"), map_location="cpu", weights_only=True)
+        model.load_state_dict(resumed["model"])
+        step = int(resumed["step"])
+        if rank == 0:
+            print(f"resumed from the checkpoint of step {step}", flush=True)
     # prepare_model moves the model to this worker's GPU and wraps it in DDP.
     model = prepare_model(model)
 
@@ -106,6 +121,8 @@ def train_func(config: dict):
     loader = prepare_data_loader(loader)
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"])
+    if resumed is not None:
+        optimizer.load_state_dict(resumed["optimizer"])
 
     # air exports MLFLOW_RUN_ID and MLFLOW_TRACKING_URI to every node of the run (Ray's workers inherit
     # them from `ray start`), so logging needs no set-up. Gate on MLFLOW_RUN_ID so the script also runs
@@ -116,7 +133,7 @@ def train_func(config: dict):
         mlflow.log_params({"model": MODEL_NAME, "lr": config["lr"], "batch_size": config["batch_size"]})
 
     model.train()
-    step, epoch = 0, 0
+    epoch = 0
     while step < config["max_steps"]:  # the document stops within its first epoch; small data sets need more
         if ray.train.get_context().get_world_size() > 1:
             loader.sampler.set_epoch(epoch)
@@ -132,8 +149,19 @@ def train_func(config: dict):
             optimizer.step()
             optimizer.zero_grad()
             step += 1
+            if step == config.get("crash_at_step") and config.get("attempt") == 0:
+                raise RuntimeError(f"crash_at_step: a simulated failure at step {step} (attempt 0 only)")
 
-            ray.train.report({"loss": out.loss.item(), "step": step})
+            metrics = {"loss": out.loss.item(), "step": step}
+            every = int(config.get("checkpoint_every") or 0)
+            if every and step % every == 0 and rank == 0:
+                with tempfile.TemporaryDirectory() as folder:
+                    torch.save({"model": getattr(model, "module", model).state_dict(),
+                                "optimizer": optimizer.state_dict(), "step": step},
+                               os.path.join(folder, "state.pt"))
+                    ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+            else:
+                ray.train.report(metrics)
             if use_mlflow:
                 mlflow.log_metric("train_loss", out.loss.item(), step=step)
             if rank == 0:
@@ -165,14 +193,18 @@ def main():
     # No GPU (a CPU node shape): one CPU worker per slot of the allocation, gloo instead of NCCL.
     num_workers = total_gpus or int(os.environ.get("WORLD_SIZE", "1"))
 
-    config = {key: SETTINGS[key] for key in ("lr", "batch_size", "max_steps", "dtype")}
+    config = {key: SETTINGS[key] for key in ("lr", "batch_size", "max_steps", "dtype", "checkpoint_every",
+                                             "crash_at_step")}
+    config["attempt"] = int(os.environ.get("AIR_ATTEMPT", "0"))
     trainer = TorchTrainer(
         train_func,
         train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=total_gpus > 0),
         run_config=RunConfig(
-            storage_path=os.environ.get("RAY_STORAGE_PATH", "/tmp/ray_results"),
+            # air: the run's checkpoint folder, kept across attempts (a shared path or URI on a cluster).
+            storage_path=os.environ.get("AIR_CHECKPOINT_DIR") or os.environ.get("RAY_STORAGE_PATH", "/tmp/ray_results"),
             name="qwen-sft" + (f"-{os.environ['AIR_RUN_ID']}" if os.environ.get("AIR_RUN_ID") else ""),
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
         ),
     )
     result = trainer.fit()

@@ -119,5 +119,30 @@ def runtime_env(folder: str) -> dict[str, Any]:
 
 
 def storage_path() -> str | None:
-    """Where Ray Train keeps checkpoints: RAY_STORAGE_PATH, else Ray's default (~/ray_results)."""
-    return os.environ.get("RAY_STORAGE_PATH") or None
+    """Where Ray Train keeps checkpoints: RAY_STORAGE_PATH, else the air run's checkpoint folder (kept
+    across its attempts: AIR_CHECKPOINT_DIR), else Ray's default (~/ray_results)."""
+    return os.environ.get("RAY_STORAGE_PATH") or os.environ.get("AIR_CHECKPOINT_DIR") or None
+
+
+def run_name(prefix: str) -> str:
+    """The Ray Train run's name: the same in every attempt of an air run (so a retry resumes), else fresh."""
+    import uuid
+
+    return f"{prefix}-{os.environ.get('AIR_RUN_ID') or uuid.uuid4().hex}"
+
+
+def load_checkpoint(model):
+    """A retried attempt: load the last checkpoint (`ray.train.get_checkpoint()`) into `model` and return
+    the epoch to start from; 0 when there is none."""
+    import ray.train
+    import torch
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return 0
+    with checkpoint.as_directory() as folder:
+        model.load_state_dict(torch.load(os.path.join(folder, "model.pt"), map_location="cpu", weights_only=True))
+        epoch_file = os.path.join(folder, "epoch")
+        done = int(open(epoch_file).read()) if os.path.exists(epoch_file) else -1
+    print(f"resumed from the checkpoint of epoch {done}", flush=True)
+    return done + 1

@@ -10,17 +10,24 @@ Anyscale's), and this folder and those settings reach the workers through the jo
 
 import os
 import tempfile
-import uuid
 
+import ray
 import ray.train
 import torch
-from cifar import backend_note, env, get_dataloaders, make_vit, runtime_env, storage_path
+from cifar import (
+    backend_note,
+    env,
+    get_dataloaders,
+    load_checkpoint,
+    make_vit,
+    run_name,
+    runtime_env,
+    storage_path,
+)
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
 from tqdm import tqdm
-
-import ray
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,6 +51,8 @@ def train_func_per_worker(config: dict):
     valid_dataloader = ray.train.torch.prepare_data_loader(valid_dataloader)
 
     model = make_vit()  # VisionTransformer(image_size=32, patch_size=4, ..., num_classes=10)
+    # A retried attempt of an air run resumes from its last checkpoint (AIR_CHECKPOINT_DIR is kept).
+    first_epoch = load_checkpoint(model)
 
     # [2] Prepare and wrap your model with DistributedDataParallel.
     # The prepare_model method moves the model to the correct GPU/CPU device.
@@ -54,7 +63,7 @@ def train_func_per_worker(config: dict):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
 
     # Model training loop.
-    for epoch in range(epochs):
+    for epoch in range(first_epoch, epochs):
         if ray.train.get_context().get_world_size() > 1:
             # Required for the distributed sampler to shuffle properly across epochs.
             train_dataloader.sampler.set_epoch(epoch)
@@ -85,6 +94,8 @@ def train_func_per_worker(config: dict):
         # [3] (Optional) Report checkpoints and attached metrics to Ray Train.
         # ====================================================================
         with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+            with open(os.path.join(temp_checkpoint_dir, "epoch"), "w") as fh:
+                fh.write(str(epoch))
             torch.save(
                 # `model.module`: DDP's wrapped model (with one worker prepare_model does not wrap).
                 getattr(model, "module", model).state_dict(),
@@ -116,7 +127,7 @@ def train_cifar_10(num_workers, use_gpu):
         # /mnt/cluster_storage is an Anyscale-specific storage path.
         # OSS users should set up this path themselves: here RAY_STORAGE_PATH.
         storage_path=storage_path(),
-        name=f"train_run-{uuid.uuid4().hex}",
+        name=run_name("train_run"),
     )
     trainer = TorchTrainer(
         train_loop_per_worker=train_func_per_worker,

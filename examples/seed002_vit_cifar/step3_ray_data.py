@@ -10,9 +10,9 @@ step 2, NUM_WORKERS / USE_GPU / RAY_STORAGE_PATH come from the environment.
 
 import os
 import tempfile
-import uuid
 
 import numpy as np
+import ray
 import ray.data
 import ray.train
 import torch
@@ -22,7 +22,9 @@ from cifar import (
     ToTensor,
     backend_note,
     env,
+    load_checkpoint,
     make_vit,
+    run_name,
     runtime_env,
     storage_path,
     transforms,
@@ -31,8 +33,6 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from torch import nn
 from tqdm import tqdm
-
-import ray
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STORAGE_PATH = env("CIFAR10_PARQUET", DEFAULT_PARQUET)
@@ -61,6 +61,8 @@ def train_func_per_worker(config: dict):
     valid_dataloader = valid_data_shard.iter_torch_batches(batch_size=batch_size)
 
     model = make_vit()  # VisionTransformer(image_size=32, patch_size=4, ..., num_classes=10)
+    # A retried attempt of an air run resumes from its last checkpoint (AIR_CHECKPOINT_DIR is kept).
+    first_epoch = load_checkpoint(model)
 
     model = ray.train.torch.prepare_model(model)
 
@@ -68,7 +70,7 @@ def train_func_per_worker(config: dict):
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-2)
 
     # Model training loop.
-    for epoch in range(epochs):
+    for epoch in range(first_epoch, epochs):
         model.train()
         for batch in tqdm(train_dataloader, desc=f"Train Epoch {epoch}"):
             X, y = batch['image'], batch['label']
@@ -99,6 +101,8 @@ def train_func_per_worker(config: dict):
         accuracy = num_correct / num_total
 
         with tempfile.TemporaryDirectory() as temp_checkpoint_dir:
+            with open(os.path.join(temp_checkpoint_dir, "epoch"), "w") as fh:
+                fh.write(str(epoch))
             torch.save(
                 # `model.module`: DDP's wrapped model (with one worker prepare_model does not wrap).
                 getattr(model, "module", model).state_dict(),
@@ -125,7 +129,7 @@ def train_cifar_10(num_workers, use_gpu):
     scaling_config = ScalingConfig(num_workers=num_workers, use_gpu=use_gpu)
     run_config = RunConfig(
         storage_path=storage_path(),
-        name=f"train_data_run-{uuid.uuid4().hex}",
+        name=run_name("train_data_run"),
     )
 
     # Initialize a Ray TorchTrainer.

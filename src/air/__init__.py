@@ -14,6 +14,7 @@ from air.errors import (
     AirError,
     GPUTypeError,
     GPUValidationError,
+    HangError,
     LocalExecutionTimeoutError,
     RankFailedError,
     RuntimeConfigurationError,
@@ -41,7 +42,7 @@ def __getattr__(name: str) -> Any:  # ray_launch needs ray: import it only when 
 
 
 __all__ = [
-    "AirError", "DistributedFunction", "GPUTypeError", "GPUValidationError", "LocalExecutionTimeoutError",
+    "AirError", "DistributedFunction", "GPUTypeError", "GPUValidationError", "HangError", "LocalExecutionTimeoutError",
     "RankFailedError", "RayMetricsMonitor", "RuntimeConfigurationError", "SerializationError", "UserInputError",
     "WorkloadFailureException", "distributed", "get_global_rank", "get_local_rank", "get_local_world_size",
     "get_node_rank", "get_world_size", "ray_launch",

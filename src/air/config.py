@@ -43,6 +43,9 @@ class Profile(BaseModel):
     auth_token_path: str | None = None
     #: Ray: "auto" ships the code snapshot only to nodes that lack its path; "always" ships it everywhere.
     code_shipping: Literal["auto", "always"] | None = None
+    #: Where runs keep checkpoints across attempts (AIR_CHECKPOINT_DIR = <root>/<run id>): a folder every
+    #: node mounts, or a URI (`s3://...`, `gs://...`) for fsspec/pyarrow. Unset: `$AIR_HOME/runs/<id>/checkpoints`.
+    checkpoint_root: str | None = None
     #: Server: the `air server` address (`http://host:8765`); runs go there instead of this machine.
     url: str | None = None
     #: Server: a file holding this user's token (from `air server token create`).

@@ -47,6 +47,9 @@ CANCEL_NO_SUPERVISOR_S: float = 5.0
 #: How long `ray_launch`'s head waits for every node to join before running the driver anyway.
 RAY_JOIN_TIMEOUT_S: float = _float_env(AIR_RAY_JOIN_TIMEOUT_S, 120.0)
 
+#: How often the run controller notes each node process's progress (and checks for a hang), in seconds.
+PROGRESS_CHECK_S: float = 1.0
+
 #: How often a caller or recorder of a `@distributed` call looks for an `air cancel` of it (seconds).
 CANCEL_CHECK_S: float = 1.0
 

@@ -112,6 +112,23 @@ class LocalExecutionTimeoutError(AirError):
     code = "TIMEDOUT"
 
 
+class HangError(AirError):
+    """A rank (or node) made no progress for `hang_timeout`: no line, heartbeat or report. Every rank
+    was ended after their stacks were saved; `stacks` holds the silent rank's."""
+
+    code = "HANG"
+
+    def __init__(self, message: str, *, rank: int | None = None, node: int | None = None,
+                 silent_s: float | None = None, stacks: str | None = None, stacks_path: str | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.rank = rank
+        self.node = node
+        self.silent_s = silent_s
+        self.stacks = stacks
+        self.stacks_path = stacks_path
+
+
 class WorkloadFailureException(AirError):
     """A remote run ended without results (failed, canceled, timed out)."""
 
@@ -144,6 +161,7 @@ __all__ = [
     "EnvironmentBuildError",
     "GPUTypeError",
     "GPUValidationError",
+    "HangError",
     "LaunchError",
     "LocalExecutionTimeoutError",
     "NotFoundError",

@@ -9,10 +9,15 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from air.errors import RuntimeConfigurationError
-from air.settings import AIR_ACCELERATOR_KIND
+from air.settings import AIR_ACCELERATOR_KIND, AIR_CHECKPOINT_DIR, AIR_HEARTBEAT_FILE, AIR_RESUMED
+
+#: A heartbeat writes its slot at most this often; calls in between cost one clock read.
+HEARTBEAT_EVERY_S = 0.5
 
 
 def _dist() -> Any | None:
@@ -96,5 +101,100 @@ def default_backend() -> str:
     return "gloo" if os.environ.get(AIR_ACCELERATOR_KIND, "GPU") == "CPU" else "nccl"
 
 
-__all__ = ["default_backend", "get_global_rank", "get_local_rank", "get_local_world_size", "get_node_ip",
+_beat_next = 0.0
+_beat_slot: Any = None  # the mapped slot; False where there is none
+
+
+def heartbeat() -> None:
+    """Tell air this process is making progress (call it every step; it costs well under a microsecond).
+
+    A process that prints lines makes progress already; one that trains silently calls this, so that a
+    run's `hang_timeout_minutes` (or `hang_timeout=`) does not take it for hung."""
+    global _beat_next
+    now = time.monotonic()
+    if now < _beat_next:
+        return
+    _beat_next = now + HEARTBEAT_EVERY_S
+    _beat(time.time())
+
+
+def _beat(when: float) -> None:
+    global _beat_slot
+    if _beat_slot is None:
+        _beat_slot = _map_slot()
+    if _beat_slot is not False:
+        import struct
+
+        try:
+            struct.pack_into("d", _beat_slot, 0, when)
+        except (ValueError, TypeError):  # closed
+            _beat_slot = False
+
+
+def _map_slot() -> Any:
+    """The launcher's 8-byte slot for this process (AIR_HEARTBEAT_FILE), mapped once; False without one."""
+    path = os.environ.get(AIR_HEARTBEAT_FILE)
+    if not path:
+        return False
+    import mmap
+
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        return mmap.mmap(fd, 8)
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def checkpoint_dir() -> str | None:
+    """Where this run keeps checkpoints across attempts (AIR_CHECKPOINT_DIR): a folder, or a URI such as
+    `s3://...` on a cluster; None outside a run."""
+    return os.environ.get(AIR_CHECKPOINT_DIR) or None
+
+
+def is_resumed() -> bool:
+    """True in a retried attempt (AIR_RESUMED=1): load the latest checkpoint before training."""
+    return os.environ.get(AIR_RESUMED) == "1"
+
+
+def latest_checkpoint(root: str | os.PathLike[str] | None = None) -> Path | None:
+    """The newest checkpoint below the run's checkpoint folder (or `root`): the most recently modified
+    entry at any depth whose name starts with `checkpoint` (Ray Train's `checkpoint_<date>` folders,
+    `checkpoint_000042`, `checkpoint.pt`); else the newest entry directly in it. None when empty."""
+    base = root if root is not None else checkpoint_dir()
+    if not base or "://" in str(base):
+        return None
+    return newest_checkpoint(Path(base))
+
+
+def newest_checkpoint(base: Path) -> Path | None:
+    """See `latest_checkpoint` (also used by `air get run`)."""
+    if not base.is_dir():
+        return None
+    named: list[tuple[float, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in [*dirnames, *filenames]:
+            if name.startswith("checkpoint") and not name.endswith((".tmp", ".lock")):
+                path = Path(dirpath) / name
+                try:
+                    named.append((path.stat().st_mtime, path))
+                except OSError:
+                    pass
+        dirnames[:] = [d for d in dirnames if not d.startswith("checkpoint")]
+    if named:
+        return max(named)[1]
+    entries = []
+    for path in base.iterdir():
+        try:
+            entries.append((path.stat().st_mtime, path))
+        except OSError:
+            pass
+    return max(entries)[1] if entries else None
+
+
+__all__ = ["checkpoint_dir", "default_backend", "heartbeat", "is_resumed", "latest_checkpoint", "get_global_rank", "get_local_rank", "get_local_world_size", "get_node_ip",
            "get_node_rank", "get_world_size"]

@@ -146,7 +146,7 @@ AIR_RAY_TRAIN_MLFLOW = _setting(
 
 AIR_RUN_ID = _run("AIR_RUN_ID", "The run's id, in every node of a workload and every rank of a remote call.")
 AIR_ATTEMPT = _run(
-    "AIR_ATTEMPT", "The attempt's index (0-based; a retry is the next one), in every node of a workload."
+    "AIR_ATTEMPT", "The attempt's index (0-based; a retry is the next one), in every node and rank of a run."
 )
 AIR_ACCELERATOR_TYPE = _run(
     "AIR_ACCELERATOR_TYPE", "The run's accelerator type, e.g. `GPU_8xH100` or `CPU_2xCPU`."
@@ -154,6 +154,11 @@ AIR_ACCELERATOR_TYPE = _run(
 AIR_ACCELERATOR_KIND = _run(
     "AIR_ACCELERATOR_KIND", "`GPU` or `CPU`: picks the torch.distributed backend (nccl or gloo)."
 )
+AIR_CHECKPOINT_DIR = _run(
+    "AIR_CHECKPOINT_DIR",
+    "A folder (or URI) that outlives the run's attempts, for checkpoints; the same in every attempt, node and rank.",
+)
+AIR_RESUMED = _run("AIR_RESUMED", "`1` in a retried attempt (AIR_ATTEMPT > 0): resume from AIR_CHECKPOINT_DIR.")
 AIR_NODE_SLOTS = _run(
     "AIR_NODE_SLOTS",
     "The slots of this machine a local node holds (comma-separated), for a workload that starts Ray.",
@@ -200,6 +205,12 @@ AIR_RAY_SHIM_DIR = _internal(
 )
 AIR_RAY_METRICS_PORT = _internal(
     "AIR_RAY_METRICS_PORT", "This node's Ray metrics export port, for RayMetricsMonitor."
+)
+AIR_HEARTBEAT_FILE = _internal(
+    "AIR_HEARTBEAT_FILE", "A process's 8-byte progress slot, written by `air.runtime.heartbeat()`, read by its launcher."
+)
+AIR_STACKS_FILE = _internal(
+    "AIR_STACKS_FILE", "Where a rank writes its stacks on SIGUSR2 (the fallback when py-spy is missing)."
 )
 AIR_PATH_PREFIX = _internal(
     "AIR_PATH_PREFIX", "A folder the Ray node agent puts first on a node process's PATH."

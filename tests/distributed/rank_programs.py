@@ -119,3 +119,28 @@ def print_lines(n: int) -> int:
         print(f"out {os.environ['RANK']} {i}")
         print(f"err {os.environ['RANK']} {i}", file=sys.stderr)
     return n
+
+
+def allreduce_until_stopped(pid_dir: Path, stopped_rank: int, steps: int = 100000) -> int:
+    """An all-reduce loop that beats every step; `stopped_rank` SIGSTOPs itself after a few steps, so its
+    peer waits in the collective for ever: the hang a dead NIC or a stopped peer causes."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    import air.runtime
+
+    rank = int(os.environ["RANK"])
+    record_pid(pid_dir, f"rank{rank}")
+    dist.init_process_group("gloo")
+    tensor = torch.ones(4)
+    for step in range(steps):
+        dist.all_reduce(tensor)
+        air.runtime.heartbeat()
+        if step == 20:
+            print(f"rank {rank} at step {step}", flush=True)
+            if rank == stopped_rank:
+                (pid_dir.parent / "stopped_at").write_text(str(time.time()))
+                os.kill(os.getpid(), signal.SIGSTOP)
+    return steps

@@ -57,7 +57,8 @@ def test_workload_env_is_explicit_about_auth_and_temp_dir(tmp_path: Path) -> Non
     assert "air.ray.train_callback.MlflowReportCallback" in env["RAY_TRAIN_CALLBACKS"]
     mine = workload_ray_env(node_rank=0, head_port=41000, shim_dir=tmp_path / "bin", ray_tmpdir=tmp_path / "rt",
                             auth=RayAuth("token", "secret"), mlflow_run_id="abc", train_callbacks="my.Callback")
-    assert mine["RAY_TRAIN_CALLBACKS"].split(",") == ["my.Callback", "air.ray.train_callback.MlflowReportCallback"]
+    assert mine["RAY_TRAIN_CALLBACKS"].split(",") == ["my.Callback", "air.ray.train_callback.MlflowReportCallback",
+                                                      "air.ray.train_callback.AirTrainCallback"]
 
 
 def test_local_nodes_share_head_port_and_token_but_not_temp_dirs(tmp_path: Path) -> None:

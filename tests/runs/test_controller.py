@@ -13,7 +13,9 @@ from air.accelerators import AcceleratorType, cpu_type
 from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLaunch, NodeProcess
 from air.errors import LaunchError
 from air.launcher.node import ProcessExit
+from air.launcher.progress import Silence
 from air.runs.controller import AttemptVerdict, Phase, RunController, SetupFailure
+from air.runs.paths import RunPaths
 from air.runs.states import AttemptStatus, FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
 from air.tracking.attempt_tracking import AttemptTracking
@@ -40,6 +42,7 @@ class FakeHandle:
         self.on_wait = on_wait
         self.timeouts: list[float | None] = []
         self.terminated = False
+        self.silent: list[Silence] = []  # what silences() reports: the test sets it
 
     def wait(self, *, timeout_s: float | None, should_stop: Callable[[], bool]) -> AttemptOutcome:
         self.timeouts.append(timeout_s)
@@ -53,6 +56,12 @@ class FakeHandle:
 
     def terminate(self) -> None:
         self.terminated = True
+
+    def silences(self) -> list[Silence]:
+        return list(self.silent)
+
+    def stacks(self, node: int, process: int) -> str:
+        return f"stacks of node {node} process {process}"
 
     def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
         return dict.fromkeys(names)
@@ -107,8 +116,10 @@ class FakeJob:
     num_nodes = 1
     on_line = None
 
-    def __init__(self, timeout_s: float | None = None, setup_error: str | None = None) -> None:
+    def __init__(self, timeout_s: float | None = None, setup_error: str | None = None,
+                 hang_timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
+        self.hang_timeout_s = hang_timeout_s
         self.setup_error = setup_error
         self.lines: list[str] = []
         self.held_while_running: list[bool] = []
@@ -118,6 +129,9 @@ class FakeJob:
         self.lines.append(line)
 
     on_wait = say
+
+    def process_label(self, node: int, process: int) -> str:
+        return f"node {node}"
 
     def tracking(self, attempt: int, warn: Callable[[str], None]) -> AttemptTracking:
         return AttemptTracking.off(attempt)
@@ -304,3 +318,71 @@ def test_node_process_is_plain_data() -> None:
     launch = NodeLaunch(0, [NodeProcess("rank 0", ["python"], {"A": "1"}, Path("/tmp/x.log"))], Path("/tmp/n.log"),
                         files={"payload.pkl": b"x"}, warm_preload=("torch",))
     assert pickle.loads(pickle.dumps(launch)) == launch
+
+
+def _silent_once(clock: FakeClock, silences: list[Silence], seen: list[bool]) -> Callable[[Callable[[], bool]], None]:
+    """The first attempt's nodes go quiet: the handle reports `silences` and the controller is asked."""
+    calls = {"n": 0}
+
+    def on_wait(should_stop: Callable[[], bool]) -> None:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            return
+        backend_handle = on_wait.handle()  # type: ignore[attr-defined]
+        backend_handle.silent = [Silence(0, 0, 5.0)]
+        seen.append(should_stop())  # nobody quiet for long: no hang
+        backend_handle.silent = silences
+        seen.append(should_stop())  # within progress_check_s of the last look: not looked at again
+        clock.now += 1.5
+        seen.append(should_stop())  # looked at: node 1 is quiet past the hang timeout
+
+    return on_wait
+
+
+def test_a_silent_node_ends_the_attempt_as_hung_with_stacks_then_it_is_retried(store: RunStore) -> None:
+    run_id = new_run(store)
+    clock = FakeClock()
+    seen: list[bool] = []
+    on_wait = _silent_once(clock, [Silence(0, 0, 2.0), Silence(1, 0, 75.0)], seen)
+    backend = FakeBackend([OK, OK], on_wait=on_wait)
+    on_wait.handle = lambda: backend.handles[-1]  # type: ignore[attr-defined]
+    controller = RunController(run_id, FakeJob(hang_timeout_s=60.0), backend, store, RetryPolicy(1),
+                               clock=clock, progress_check_s=1.0)
+    assert controller.run() is RunStatus.SUCCESS
+    assert seen == [False, False, True]
+    first, second = store.list_attempts(run_id)
+    assert first.failure_class is FailureClass.HANG and first.status is AttemptStatus.FAILED
+    assert (first.termination_reason or "").startswith("Hang: node 1 made no progress for 1m"), first.termination_reason
+    assert second.status is AttemptStatus.SUCCESS
+    paths = RunPaths(run_id)
+    assert paths.stacks(0, "node 1").read_text() == "stacks of node 1 process 0\n"
+    assert paths.stacks(0, "node 0").exists()  # every process's stacks, not just the silent one's
+    assert '"silent_s": 75.0' in paths.progress(0).read_text()
+    assert backend.handles[0].terminated and backend.released == 2
+
+
+def test_a_hang_with_no_retries_left_fails_the_run_with_a_hang_error(store: RunStore) -> None:
+    run_id = new_run(store)
+    clock = FakeClock()
+    on_wait = _silent_once(clock, [Silence(0, 0, 61.0, stopped=False), Silence(0, 1, 61.0, stopped=True)], [])
+    backend = FakeBackend([OK], on_wait=on_wait)
+    on_wait.handle = lambda: backend.handles[-1]  # type: ignore[attr-defined]
+    controller = RunController(run_id, FakeJob(hang_timeout_s=60.0), backend, store, RetryPolicy(0), clock=clock)
+    assert controller.run() is RunStatus.FAILED
+    run = store.get_run(run_id)
+    assert run.failure_class is FailureClass.HANG and "(it is stopped)" in (run.termination_reason or "")
+    verdict = controller.last_verdict
+    assert verdict is not None and verdict.error is not None and type(verdict.error).__name__ == "HangError"
+    assert verdict.error.stacks == "stacks of node 0 process 1"  # the stopped one: its peer only waits on it
+
+
+def test_without_a_hang_timeout_progress_is_noted_but_never_ends_the_attempt(store: RunStore) -> None:
+    run_id = new_run(store)
+    clock = FakeClock()
+    seen: list[bool] = []
+    on_wait = _silent_once(clock, [Silence(0, 0, 10_000.0)], seen)
+    backend = FakeBackend([OK], on_wait=on_wait)
+    on_wait.handle = lambda: backend.handles[-1]  # type: ignore[attr-defined]
+    assert RunController(run_id, FakeJob(), backend, store, RetryPolicy(0), clock=clock).run() is RunStatus.SUCCESS
+    assert seen == [False, False, False]
+    assert '"silent_s": 10000.0' in RunPaths(run_id).progress(0).read_text()

@@ -157,3 +157,16 @@ def test_statuses_parses_user_input() -> None:
     }
     with pytest.raises(UserInputError, match="Unknown run status 'RUNING'"):
         statuses(["RUNING"])
+
+
+def test_a_hang_is_retried_within_max_retries_and_its_own_budget() -> None:
+    from air.runs.states import FailureClass, RetryDecision, RetryPolicy
+
+    assert RetryPolicy(2).decide(0, FailureClass.HANG).decision is RetryDecision.RETRY
+    assert RetryPolicy(2).decide(2, FailureClass.HANG).decision is RetryDecision.FAIL
+    one = RetryPolicy(3, max_hang_retries=1)
+    assert one.decide(0, FailureClass.HANG).decision is RetryDecision.RETRY
+    verdict = one.decide(1, FailureClass.HANG)
+    assert verdict.decision is RetryDecision.FAIL and verdict.message.startswith("Hung (no progress)")
+    assert one.decide(1, FailureClass.USER_CODE).decision is RetryDecision.RETRY  # other classes keep theirs
+    assert FailureClass.HANG.run_status.value == "FAILED"

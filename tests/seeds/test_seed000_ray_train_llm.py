@@ -89,3 +89,24 @@ def test_cpu_workload_trains_with_falling_loss_and_logs_to_mlflow(air_home: Path
     # node's `ray start --block` ended itself once the head was gone.
     assert not processes_with_env("AIR_RUN_ID", lambda v: v == run_id)
     assert not Path(f"/tmp/air-seed000-{run_id}").exists()
+
+
+@pytest.mark.timeout(900)  # two attempts of a Ray cluster on 2 busy cores
+def test_a_failed_attempt_resumes_from_its_last_checkpoint(air_home: Path, tmp_path: Path) -> None:
+    """The fine-tune checkpoints at step 6 (checkpoint_every: 6) into AIR_CHECKPOINT_DIR and attempt 0 fails
+    at step 8 (crash_at_step); attempt 1 resumes from step 6 through `ray.train.get_checkpoint()`."""
+    from air.runs.paths import RunPaths
+
+    result = air_cli("run", "-f", str(SEED000 / "train_cpu.yaml"), "--watch", "--json",
+                     "--override", "max_retries=1", "--override", "parameters.crash_at_step=8",
+                     env={"HF_HOME": str(tmp_path / "hf")}, timeout=900)
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert result.returncode == 0 and events[-1]["status"] == "SUCCESS", tail(result.stdout, 120)
+    run_id = events[0]["run_id"]
+    paths = RunPaths(run_id)
+    first, second = paths.node_log(0, 0).read_text(), paths.node_log(1, 0).read_text()
+    assert "simulated failure at step 8" in first and "step 8: loss" not in first, first[-3000:]
+    assert "resumed from the checkpoint of step 6" in second, second[-3000:]
+    resumed = losses(second.splitlines())
+    assert len(resumed) == 6, second[-3000:]  # steps 7..12 only
+    assert (paths.checkpoints() / f"qwen-sft-{run_id}").is_dir()

@@ -28,8 +28,8 @@ def test_overview_lists_every_top_level_field() -> None:
     assert text == config_help("config")
     for name in WorkloadSpec.model_fields:
         assert f"  {name} " in text
-    assert "experiment_name    string, required" in text
-    assert "max_retries        integer, default: 3" in text
+    assert "experiment_name       string, required" in text
+    assert "max_retries           integer, default: 3" in text
     assert "--override" in text and "relative paths resolve against the YAML file's folder" in text
 
 

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
 from air.launcher.node import ProcessExit
+from air.launcher.progress import Silence
 from air.settings import AIR_AGENT_DIR
 
 #: on_line(node_rank, process_index, stream, text): every line a node's process prints, as it arrives
@@ -174,6 +175,14 @@ class AttemptHandle(Protocol):
 
     def terminate(self) -> None:
         """End every node's process tree now (idempotent)."""
+        ...
+
+    def silences(self) -> list[Silence]:
+        """How long each running process of each node has made no progress (air/launcher/progress.py)."""
+        ...
+
+    def stacks(self, node: int, process: int) -> str:
+        """The Python stacks of one node process and every Python process below it (a hang report)."""
         ...
 
     def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:

@@ -39,6 +39,7 @@ from air.errors import AirError, GPUTypeError, GPUValidationError, LaunchError
 from air.files import atomic_write_bytes
 from air.home import AirHome
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
+from air.launcher.progress import Silence
 from air.launcher.warm import python_can_fork
 from air.settings import AIR_LAUNCHER_PID, AIR_NODE_SLOTS, AIR_PROCESS_TAG, AIR_SUPERVISOR
 
@@ -266,6 +267,23 @@ class LocalAttempt:
         if self.launch is not None:
             self.launch.terminate()
         self._close()
+
+    def silences(self) -> list[Silence]:
+        if self.launch is None:
+            return []
+        out = []
+        for index, silent_s, stopped in self.launch.silences():
+            node, proc = self._owners[index]
+            out.append(Silence(self._launches[node].node_rank, proc, silent_s, stopped))
+        return out
+
+    def stacks(self, node: int, process: int) -> str:
+        if self.launch is None:
+            return "(not started)"
+        for index, (owner, proc) in enumerate(self._owners):
+            if self._launches[owner].node_rank == node and proc == process:
+                return self.launch.stacks(index)
+        return f"(no process {process} on node {node})"
 
     def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
         out: dict[str, bytes | None] = {}

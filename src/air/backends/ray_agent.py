@@ -27,7 +27,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,8 @@ class NodePoll:
     dropped: int
     exits: list[ProcessExit] | None
     started: bool
+    #: (process index, seconds without progress, stopped?) of each running process, at reply time.
+    silences: list[tuple[int, float, bool]] = field(default_factory=list)
 
 
 class NodeAgent:
@@ -299,8 +301,15 @@ class NodeAgent:
                 self._first = cursor
             start = max(cursor - self._first, 0)
             lines = self._lines[start:]
+            launch = self._launch
+            silences = launch.silences() if launch is not None and self._result is None else []
             return NodePoll(list(lines), self._first + len(self._lines), self._dropped, self._result,
-                            self._launch is not None)
+                            launch is not None, silences)
+
+    def stacks(self, index: int) -> str:
+        """The Python stacks of process `index` and the Python processes below it (a hang report)."""
+        launch = self._launch
+        return launch.stacks(index) if launch is not None else "(not started)"
 
     def terminate(self) -> list[ProcessExit] | None:
         """End this node's processes now (idempotent); returns their exits."""

@@ -27,6 +27,7 @@ from air.backends.ray_agent import NodePoll
 from air.backends.ray_capacity import _ray
 from air.constants import TERMINATE_GRACE_S
 from air.launcher.node import ProcessExit
+from air.launcher.progress import Silence
 
 if TYPE_CHECKING:
     from air.backends.ray_backend import RayBackend, _Held
@@ -62,6 +63,8 @@ class RayAttempt:
         self._outcome: AttemptOutcome | None = None
         self._lock = threading.Lock()
         self._last_health = 0.0  # when `wait` last asked Ray about slow nodes (monotonic seconds)
+        #: node → (its agent's last (process, silent_s, stopped) list, when it arrived (monotonic)).
+        self._silences: dict[int, tuple[list[tuple[int, float, bool]], float]] = {}
 
     # -- lines --------------------------------------------------------------------------------------
 
@@ -88,6 +91,7 @@ class RayAttempt:
                 except Exception:  # a broken callback must not stop the attempt
                     _log.exception("on_line callback failed")
         self._cursors[node] = reply.cursor
+        self._silences[node] = (list(reply.silences), time.monotonic())
         if reply.exits is not None and self._exits[node] is None:
             self._exits[node] = list(reply.exits)
 
@@ -223,6 +227,26 @@ class RayAttempt:
             if exits is not None and self._exits[node] is None:
                 self._exits[node] = list(exits)
         self._close_files()
+
+    def silences(self) -> list[Silence]:
+        """Each running node process's silence as its agent last reported it, aged since that reply."""
+        now = time.monotonic()
+        out: list[Silence] = []
+        for node, (entries, at) in sorted(self._silences.items()):
+            if self._exits[node] is not None or node in self._lost:
+                continue
+            rank = self._launches[node].node_rank
+            out.extend(Silence(rank, index, silent + (now - at), stopped) for index, silent, stopped in entries)
+        return out
+
+    def stacks(self, node: int, process: int) -> str:
+        for index, launch in enumerate(self._launches):
+            if launch.node_rank == node and index not in self._lost:
+                try:
+                    return str(_ray().get(self._agents[index].stacks.remote(process), timeout=60))
+                except Exception as exc:  # noqa: BLE001 - the report goes on without these stacks
+                    return f"(no stacks: {exc})"
+        return f"(no node {node})"
 
     def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
         """Files the node's processes wrote in its work folder (e.g. rank outcomes)."""

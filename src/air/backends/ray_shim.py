@@ -68,8 +68,7 @@ def workload_ray_env(*, node_rank: int, head_port: int, shim_dir: Path, ray_tmpd
         AIR_RAY_SHIM_DIR: str(shim_dir), AIR_RAY_HEAD_PORT: str(head_port), "RAY_TMPDIR": str(ray_tmpdir),
         "RAY_USAGE_STATS_ENABLED": "0", **auth.env(),
     }
-    if mlflow_run_id:
-        env.update(train_report_env(train_callbacks))
+    env.update(train_report_env(train_callbacks, mlflow=bool(mlflow_run_id), checkpoints=True))
     return env
 
 

@@ -5,6 +5,11 @@ Ray Train (v2, Ray's default since 2.51) instantiates the callbacks named in RAY
 `MlflowReportCallback` there when MLFLOW_RUN_ID is set: it runs in the Train controller and logs what
 world rank 0 reported, at each report, to that MLflow run. Users change nothing in their script;
 AIR_RAY_TRAIN_MLFLOW=0 turns it off.
+
+Beside it, on every workload node, `AirTrainCallback`: it gives a trainer without its own
+`RunConfig.storage_path` the run's checkpoint folder (AIR_CHECKPOINT_DIR) and a name that is the same in
+every attempt, so `ray.train.get_checkpoint()` returns the last checkpoint in a retried attempt; and
+each worker's `ray.train.report` counts as progress for its node (air.runtime.heartbeat()).
 """
 
 from __future__ import annotations
@@ -15,14 +20,17 @@ from collections.abc import MutableMapping
 from air.settings import AIR_RAY_TRAIN_MLFLOW
 
 CALLBACK_PATH = "air.ray.train_callback.MlflowReportCallback"
+TRAIN_CALLBACK_PATH = "air.ray.train_callback.AirTrainCallback"
 CALLBACKS_ENV = "RAY_TRAIN_CALLBACKS"
 
 
-def train_report_env(current: str | None = None) -> dict[str, str]:
-    """The RAY_TRAIN_CALLBACKS value with air's callback added (for a node's or a driver's environment)."""
+def train_report_env(current: str | None = None, *, mlflow: bool = True, checkpoints: bool = False) -> dict[str, str]:
+    """The RAY_TRAIN_CALLBACKS value with air's callbacks added (for a node's or a driver's environment):
+    the MLflow one (`mlflow`), the checkpoint-and-progress one (`checkpoints`)."""
     names = [n.strip() for n in (current or "").split(",") if n.strip()]
-    if CALLBACK_PATH not in names:
-        names.append(CALLBACK_PATH)
+    for wanted, on in ((CALLBACK_PATH, mlflow), (TRAIN_CALLBACK_PATH, checkpoints)):
+        if on and wanted not in names:
+            names.append(wanted)
     return {CALLBACKS_ENV: ",".join(names)}
 
 
@@ -35,4 +43,4 @@ def enable_train_report_logging(env: MutableMapping[str, str] | None = None) -> 
     return True
 
 
-__all__ = ["CALLBACK_PATH", "enable_train_report_logging", "train_report_env"]
+__all__ = ["TRAIN_CALLBACK_PATH", "CALLBACK_PATH", "enable_train_report_logging", "train_report_env"]

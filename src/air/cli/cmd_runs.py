@@ -13,7 +13,7 @@ from air.errors import UserInputError
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import RunStore
-from air.runs.views import attempt_from_dict, queue_dict, run_detail, run_dict, run_from_dict
+from air.runs.views import attempt_from_dict, queue_dict, quiet_summary, run_detail, run_dict, run_from_dict
 
 
 @click.group()
@@ -57,6 +57,12 @@ def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
     ]
     if run.termination_reason and not run.status.value == "SUCCESS":
         pairs.append(("Termination reason", run.termination_reason))
+    quiet = quiet_summary(detail.get("progress") or []) if not run.status.is_terminal() else None
+    if quiet:
+        pairs.append(("Progress", quiet))
+    if detail.get("checkpoint_dir"):
+        pairs.append(("Checkpoints", detail["checkpoint_dir"]))
+        pairs.append(("Last checkpoint", detail.get("latest_checkpoint") or "-"))
     if run.failure_class:
         pairs.append(("Failure class", run.failure_class.value))
     pairs.append(("MLflow run", run.mlflow_run_id or "-"))

@@ -22,6 +22,9 @@ from air.runs.store import Run, RunStore
 
 #: How often the queue is looked at again while a run waits (seconds).
 QUEUE_EVERY_S = 1.0
+#: How often a running run's progress is looked at, and how long a node must be quiet to be named.
+PROGRESS_EVERY_S = 5.0
+QUIET_AFTER_S = 60.0
 #: The supervisor's line when an attempt's node commands start (supervisor.Supervisor.run says it).
 _NODES_STARTING = re.compile(r"^attempt (\d+): starting \d+ node")
 
@@ -38,6 +41,8 @@ class WatchExtras:
         self.next_queue_look = 0.0
         self._stack = contextlib.ExitStack()
         self._spinner: Spinner | None = None
+        self.next_progress_look = 0.0
+        self.quiet_shown: str | None = None
 
     # -- the supervisor's log -------------------------------------------------------------------------
     def read_supervisor_log(self) -> None:
@@ -105,6 +110,28 @@ class WatchExtras:
             self._spin(f"[{self.run_id}] preparing attempt {run.current_attempt}: {self.last_message or '…'}")
         else:
             self._spin(None)
+        if run.status is RunStatus.RUNNING:
+            self._progress(run)
+
+    def _progress(self, run: Run) -> None:
+        """"[run] node 1 quiet for 12m": once each time the quiet nodes (or their minutes) change."""
+        from air.runs.views import progress_view, quiet_summary
+
+        now = time.monotonic()
+        if now < self.next_progress_look:
+            return
+        self.next_progress_look = now + PROGRESS_EVERY_S
+        progress = progress_view(run)
+        quiet = quiet_summary(progress, QUIET_AFTER_S)
+        if quiet == self.quiet_shown:
+            return
+        self.quiet_shown = quiet
+        if quiet is None:
+            return
+        if self.json_mode:
+            event("PROGRESS", run_id=self.run_id, quiet=quiet, progress=progress)
+        else:
+            status(f"[{self.run_id}] {quiet}")
 
     def close(self) -> None:
         self.read_supervisor_log()

@@ -23,7 +23,7 @@ from air.runs.store import Run, RunStore
 
 def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_accelerators: int,
                accelerator_type: str, timeout: float | None, max_retries: int, preload: list[str],
-               experiment: str) -> Run:
+               experiment: str, hang_timeout: float | None = None) -> Run:
     """Check the shape against this machine's default profile, record the run (kind `call`, owned by
     `user`), write its request and payload, and start its driver. Bad input raises before anything exists."""
     from air.backends import backend_for
@@ -43,7 +43,8 @@ def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_acc
         paths.create()
         atomic_write_bytes(paths.payload, payload)
         atomic_write_text(paths.request, json.dumps({
-            "name": name, "timeout": timeout, "max_retries": max_retries, "preload": preload,
+            "name": name, "timeout": timeout, "hang_timeout": hang_timeout, "max_retries": max_retries,
+            "preload": preload,
             "accelerator": accelerator.name, "num_nodes": num_nodes}))
         with open(paths.driver_log, "ab") as log:
             subprocess.Popen([sys.executable, "-m", "air.distributed.call_driver", run.id], stdin=subprocess.DEVNULL,
@@ -70,6 +71,7 @@ def main(argv: list[str]) -> int:
     from air.backends import backend_for
     from air.config import resolve_profile
     from air.distributed.remote import CallJob, drive_call
+    from air.runs.checkpoints import checkpoint_location
 
     run_id = argv[0]
     store = RunStore()
@@ -78,10 +80,12 @@ def main(argv: list[str]) -> int:
     request = json.loads(paths.request.read_text())
     outcome: tuple[str, Any]
     try:
-        backend = backend_for(resolve_profile(run.profile), ledger=store)
+        profile = resolve_profile(run.profile)
+        backend = backend_for(profile, ledger=store)
         job = CallJob(run.id, backend, parse_accelerator_type(request["accelerator"]), request["num_nodes"],
                       paths.payload.read_bytes(), request["name"], request["timeout"], False, {},
-                      tuple(request["preload"]))
+                      tuple(request["preload"]), hang_timeout_s=request.get("hang_timeout"),
+                      checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
         outcome = ("ok", drive_call(store, job, int(request["max_retries"])))
     except BaseException as exc:  # noqa: BLE001 - the rank's own exception (or air's) goes to the client
         outcome = ("error", exc)

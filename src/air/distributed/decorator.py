@@ -48,6 +48,10 @@ class DistributedFunction(Generic[P, R]):
     def timeout(self) -> float | None:
         return self._settings.timeout
 
+    @property
+    def hang_timeout(self) -> float | None:
+        return self._settings.hang_timeout
+
     def __repr__(self) -> str:
         s = self._settings
         return (f"DistributedFunction(num_accelerators={s.num_accelerators!r}, accelerator_type="
@@ -64,15 +68,17 @@ class DistributedFunction(Generic[P, R]):
 
     def with_overrides(self, num_accelerators: int | None = None, accelerator_type: str | None = None,
                        remote: bool | None = None, timeout: float | None | object = _UNSET, *,
-                       gpus: int | None = None, gpu_type: str | None = None) -> DistributedFunction[P, R]:
-        """A copy with some settings changed (re-validated); `timeout=None` disables the timeout."""
+                       gpus: int | None = None, gpu_type: str | None = None,
+                       hang_timeout: float | None | object = _UNSET) -> DistributedFunction[P, R]:
+        """A copy with some settings changed (re-validated); `timeout=None` (`hang_timeout=None`) disables it."""
         s = self._settings
         if num_accelerators is None and gpus is None:
             num_accelerators = s.num_accelerators
         if accelerator_type is None and gpu_type is None:
             accelerator_type = s.accelerator_type
         settings = check_settings(num_accelerators, accelerator_type, s.remote if remote is None else remote,
-                                  s.timeout if timeout is _UNSET else timeout, gpus, gpu_type)
+                                  s.timeout if timeout is _UNSET else timeout, gpus, gpu_type,
+                                  hang_timeout=s.hang_timeout if hang_timeout is _UNSET else hang_timeout)
         return DistributedFunction(self.raw_func, settings)
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -96,7 +102,8 @@ class DistributedFunction(Generic[P, R]):
             shape = resolve_local(self._settings)
             from air.distributed.tracked import run_local_tracked
 
-            return run_local_tracked(self.raw_func, call_args, call_kwargs, shape, self._settings.timeout)
+            return run_local_tracked(self.raw_func, call_args, call_kwargs, shape, self._settings.timeout,
+                                     hang_timeout_s=self._settings.hang_timeout)
         except Exception as exc:
             if isinstance(exc, AirError) or hasattr(exc, "air_rank"):
                 # Lead with the root cause: the rank's traceback (its __cause__), not air's own frames.
@@ -111,21 +118,26 @@ def distributed(func: Callable[P, R], /) -> DistributedFunction[P, R]: ...
 @overload
 def distributed(num_accelerators: int | None = None, accelerator_type: str | None = None, remote: bool = False,
                 timeout: float | None = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: int | None = None,
-                gpu_type: str | None = None) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
+                gpu_type: str | None = None, hang_timeout: float | None = None,
+                ) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
 
 
 def distributed(num_accelerators: Any = None, accelerator_type: Any = None, remote: Any = False,
-                timeout: Any = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: Any = None, gpu_type: Any = None) -> Any:
+                timeout: Any = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: Any = None, gpu_type: Any = None,
+                hang_timeout: Any = None) -> Any:
     """Decorate a function to run once per accelerator: `@distributed(gpus=8, gpu_type="H100")`.
 
     `num_accelerators`/`gpus`: how many ranks (default: every GPU of this machine).
     `accelerator_type`/`gpu_type`: 'H100', 'A10', 'GPU_8xH100', … or 'CPU' (gloo, no GPU needed).
     `remote`: submit to the configured backend (profile) instead of this machine's accelerators.
     `timeout`: seconds before every rank is ended (local calls; None disables).
+    `hang_timeout`: seconds a rank may go without progress (no line printed, no `air.runtime.heartbeat()`)
+    before every rank's stacks are saved, every rank is ended and the call raises `HangError` (None: off).
     """
     if callable(num_accelerators) and not isinstance(num_accelerators, (int, bool)):
         return DistributedFunction(num_accelerators, check_settings(timeout=DEFAULT_DISTRIBUTED_TIMEOUT_S))
-    settings = check_settings(num_accelerators, accelerator_type, remote, timeout, gpus, gpu_type)
+    settings = check_settings(num_accelerators, accelerator_type, remote, timeout, gpus, gpu_type,
+                              hang_timeout=hang_timeout)
 
     def wrap(func: Callable[P, R]) -> DistributedFunction[P, R]:
         return DistributedFunction(func, settings)

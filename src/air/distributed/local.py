@@ -8,20 +8,23 @@ import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
-from air.constants import TERMINATE_GRACE_S, release_timeout_s
+from air.constants import PROGRESS_CHECK_S, TERMINATE_GRACE_S, release_timeout_s
 from air.distributed.outcome import PAYLOAD_FILE, outcome_path, read_outcome, resolve
 from air.distributed.preload import preload_for
 from air.distributed.shape import LocalShape
-from air.errors import SerializationError
-from air.files import atomic_write_bytes
-from air.launcher import ProcessSpec, WarmStart, reserve_port, start_processes
+from air.errors import HangError, SerializationError
+from air.files import atomic_write_bytes, atomic_write_text
+from air.launcher import Launch, ProcessSpec, WarmStart, reserve_port, start_processes
+from air.launcher.progress import Silence, find_hang, quiet_for
 from air.launcher.warm import python_can_fork
+from air.runs.paths import CallPaths
 from air.settings import (
     AIR_ACCELERATOR_KIND,
     AIR_CALL_DIR,
@@ -108,11 +111,12 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
               timeout_s: float | None, *, extra_env: Mapping[str, str] | None = None,
               echo: bool = True, call_dir: Path,
               on_launched: Callable[[Path, list[Path]], None] | None = None,
-              tag: str | None = None) -> tuple[list[Any], Path]:
+              tag: str | None = None, hang_timeout_s: float | None = None) -> tuple[list[Any], Path]:
     """Run `func(*args, **kwargs)` once per rank here, in `call_dir` (CallPaths' folder of the call's run);
     return every rank's value and the call folder.
 
-    `tag`: the ranks' AIR_PROCESS_TAG (a recorded call's run tag, so `air cancel` and reconcile find them)."""
+    `tag`: the ranks' AIR_PROCESS_TAG (a recorded call's run tag, so `air cancel` and reconcile find them).
+    `hang_timeout_s`: a rank without progress that long ends the call with a HangError (see RankHangCheck)."""
     payload = serialize_call(func, args, kwargs)
     atomic_write_bytes(call_dir / PAYLOAD_FILE, payload, durable=False)
     world = shape.world_size
@@ -147,7 +151,12 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
                                  if warm_enabled() else None)
         if on_launched is not None:
             on_launched(call_dir, log_paths)
-        result = launch.wait(timeout=timeout_s, fail_fast=True, is_failure=lambda e: not _reported_ok(call_dir, e.index))
+        hang_check = RankHangCheck(launch, hang_timeout_s, call_dir) if hang_timeout_s else None
+        result = launch.wait(timeout=timeout_s, fail_fast=True, should_stop=hang_check,
+                             is_failure=lambda e: not _reported_ok(call_dir, e.index))
+    if hang_check is not None and hang_check.error is not None:
+        _cleanup(call_dir, world)
+        raise hang_check.error
     outcomes = [read_outcome(call_dir, r) for r in range(world)]
     _warn_about_hung_releases(call_dir, world)
     try:
@@ -155,6 +164,45 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
     finally:
         _cleanup(call_dir, world)
     return values, call_dir
+
+
+class RankHangCheck:
+    """`should_stop` of a local call's wait: every PROGRESS_CHECK_S, asks `find_hang` (the one place that
+    decides) about the ranks' silences; on a hang, saves every running rank's stacks in the call folder and
+    stops the wait (which ends every rank), leaving the HangError for the caller."""
+
+    def __init__(self, launch: Launch, hang_timeout_s: float, call_dir: Path,
+                 check_s: float = PROGRESS_CHECK_S) -> None:
+        self.launch = launch
+        self.hang_timeout_s = hang_timeout_s
+        self.call_dir = call_dir
+        self.check_s = check_s
+        self.error: HangError | None = None
+        self._next = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + self.check_s
+        silences = [Silence(0, index, silent_s, stopped) for index, silent_s, stopped in self.launch.silences()]
+        hang = find_hang(silences, self.hang_timeout_s)
+        if hang is None:
+            return False
+        texts = {}
+        for silence in silences:
+            texts[silence.process] = self.launch.stacks(silence.process)
+            atomic_write_text(self.call_dir / CallPaths.stacks_name(silence.process), texts[silence.process] + "\n")
+        rank = hang.process
+        path = self.call_dir / CallPaths.stacks_name(rank)
+        self.error = HangError(
+            f"Hang: rank {rank} made no progress for {quiet_for(hang.silent_s)}"
+            f"{' (it is stopped)' if hang.stopped else ''}: no output or heartbeat within the hang timeout of "
+            f"{self.hang_timeout_s:g} s; every rank was ended.\nIts stacks ({path}):\n{texts[rank]}",
+            rank=rank, node=0, silent_s=hang.silent_s, stacks=texts[rank], stacks_path=str(path),
+            hint=f"Every rank's stacks: {self.call_dir}. Call air.runtime.heartbeat() in long silent steps, "
+            "or pass a larger hang_timeout= (None: off).")
+        return True
 
 
 def _reported_ok(call_dir: Path, rank: int) -> bool:

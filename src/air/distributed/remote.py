@@ -45,11 +45,21 @@ from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
 from air.files import atomic_write_bytes
 from air.launcher.node import LaunchResult, ProcessExit
+from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import CallPaths
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
-from air.settings import AIR_ACCELERATOR_TYPE, AIR_CALL_DIR, AIR_RANK_PRELOAD, AIR_RUN_ID, AIR_SYS_PATH
+from air.settings import (
+    AIR_ACCELERATOR_TYPE,
+    AIR_ATTEMPT,
+    AIR_CALL_DIR,
+    AIR_CHECKPOINT_DIR,
+    AIR_RANK_PRELOAD,
+    AIR_RESUMED,
+    AIR_RUN_ID,
+    AIR_SYS_PATH,
+)
 from air.tracking.attempt_tracking import AttemptTracking
 
 _log = logging.getLogger("air.call")
@@ -81,7 +91,8 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
                            num_accelerators=accelerator.per_node * num_nodes, num_nodes=num_nodes,
                            backend=backend.name, profile=profile.name, kind="call", run_name=name).run
     job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, echo,
-                  dict(extra_env or {}), preload_for(func, args, kwargs))
+                  dict(extra_env or {}), preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
+                  checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
     return drive_call(store, job, max_retries)
 
 
@@ -148,8 +159,11 @@ class CallJob:
 
     def __init__(self, run_id: str, backend: Backend, accelerator: AcceleratorType, num_nodes: int,
                  payload: bytes, name: str, timeout_s: float | None, echo: bool, extra_env: dict[str, str],
-                 preload: tuple[str, ...]) -> None:
+                 preload: tuple[str, ...], *, hang_timeout_s: float | None = None,
+                 checkpoint_dir: str | None = None) -> None:
         self.run_id = run_id
+        self.hang_timeout_s = hang_timeout_s
+        self.checkpoint_dir = checkpoint_dir
         self.backend = backend
         self.accelerator = accelerator
         self.num_nodes = num_nodes
@@ -166,6 +180,9 @@ class CallJob:
         self.call_dir = paths.create()  # `air logs ID --rank N` reads its rank logs
         self.log_paths = paths.rank_log_list(self.world)
         self._echo_lock = threading.Lock()
+
+    def process_label(self, node: int, process: int) -> str:
+        return f"rank {node * self.per_node + process}"
 
     def say(self, text: str) -> None:
         """The controller's progress lines: in the debug log only (the caller sees results and errors)."""
@@ -212,7 +229,10 @@ class CallJob:
             AIR_SYS_PATH: json.dumps([p for p in sys.path if p]), AIR_CALL_DIR: NODE_DIR,
             "NUM_NODES": str(self.num_nodes), AIR_RUN_ID: self.run_id,
             AIR_ACCELERATOR_TYPE: self.accelerator.name, AIR_RANK_PRELOAD: ",".join(self.preload),
+            AIR_ATTEMPT: str(attempt), AIR_RESUMED: "1" if attempt > 0 else "0",
         }
+        if self.checkpoint_dir:
+            base[AIR_CHECKPOINT_DIR] = self.checkpoint_dir
         if tracking_env:
             base.update(tracking_env)
         else:

@@ -34,7 +34,8 @@ def call_through_server(client: ServerClient, func: Callable[..., Any], args: Se
     answer = client.post("/calls", {
         "payload_b64": base64.b64encode(payload).decode(), "name": getattr(func, "__name__", "fn"),
         "num_accelerators": settings.num_accelerators, "accelerator_type": settings.accelerator_type,
-        "timeout": settings.timeout, "max_retries": max_retries, "preload": list(preload_for(func, args, kwargs)),
+        "timeout": settings.timeout, "hang_timeout": settings.hang_timeout, "max_retries": max_retries,
+        "preload": list(preload_for(func, args, kwargs)),
         "experiment": os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed"})
     run_id = answer["run_id"]
     if echo:

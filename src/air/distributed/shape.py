@@ -33,6 +33,8 @@ class CallSettings:
     accelerator_type: str | None
     remote: bool
     timeout: float | None
+    #: Seconds a rank may go without progress before the call is ended with a HangError (None: off).
+    hang_timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class LocalShape:
 
 def check_settings(num_accelerators: object = None, accelerator_type: object = None, remote: object = False,
                    timeout: object = _UNSET, gpus: object = None, gpu_type: object = None,
-                   default_timeout: float | None = None) -> CallSettings:
+                   default_timeout: float | None = None, *, hang_timeout: object = None) -> CallSettings:
     """Validate types and the two spellings; knows nothing about the machine yet."""
     if gpus is not None and num_accelerators is not None:
         raise RuntimeConfigurationError(
@@ -68,7 +70,12 @@ def check_settings(num_accelerators: object = None, accelerator_type: object = N
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not math.isfinite(timeout) or timeout <= 0):
         raise RuntimeConfigurationError(f"timeout must be a positive number of seconds or None, got {timeout!r}.")
-    return CallSettings(count, kind, remote, None if timeout is None else float(timeout))
+    if hang_timeout is not None and (isinstance(hang_timeout, bool) or not isinstance(hang_timeout, (int, float))
+                                     or not math.isfinite(hang_timeout) or hang_timeout <= 0):
+        raise RuntimeConfigurationError(
+            f"hang_timeout must be a positive number of seconds or None, got {hang_timeout!r}.")
+    return CallSettings(count, kind, remote, None if timeout is None else float(timeout),
+                        None if hang_timeout is None else float(hang_timeout))
 
 
 def parse_requested_type(value: str) -> AcceleratorType | str:

@@ -147,7 +147,7 @@ def _record(job_file: Path) -> int:
 
 
 def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], shape: LocalShape,
-                      timeout_s: float | None) -> list[Any]:
+                      timeout_s: float | None, *, hang_timeout_s: float | None = None) -> list[Any]:
     """A local call, recorded as a run of kind `call` (record.py) and as an MLflow run, both off its path."""
     from air.distributed.record import CallEnd, LocalCallRecord, end_of
     from air.errors import WorkloadFailureException
@@ -167,6 +167,7 @@ def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Map
     log_paths = paths.rank_log_list(shape.world_size)
     try:
         values, _ = run_local(func, args, kwargs, shape, timeout_s, call_dir=call_dir, tag=process_tag(run_id),
+                              hang_timeout_s=hang_timeout_s,
                               extra_env={AIR_MLFLOW_ENV_FILE: str(tracking.env_file)})
         status = "FINISHED"
         end = CallEnd("SUCCESS")

@@ -27,6 +27,7 @@ from air.settings import (
     AIR_LAUNCHER_PID,
     AIR_MLFLOW_ENV_FILE,
     AIR_RANK_PRELOAD,
+    AIR_STACKS_FILE,
     AIR_SYS_PATH,
 )
 
@@ -98,14 +99,30 @@ def release_guarded(call_dir: Path, rank: int, leftovers: list[Any]) -> None:
     hang_file.unlink(missing_ok=True)
 
 
+def _stacks_on_signal() -> None:
+    """Dump every thread's stack on SIGUSR2 into AIR_STACKS_FILE: how a hang report gets this rank's
+    stacks where py-spy is missing (air/launcher/stacks.py; the file exists once this is in place)."""
+    path = os.environ.get(AIR_STACKS_FILE)
+    if not path or not hasattr(signal, "SIGUSR2"):
+        return
+    try:
+        fh = open(path, "a")  # noqa: SIM115 - open for the life of the rank, as faulthandler needs
+        faulthandler.register(signal.SIGUSR2, file=fh, all_threads=True)
+    except (OSError, RuntimeError, ValueError):
+        pass
+
+
 def main(call_dir: Path) -> int:
     _die_with_launcher()
+    _stacks_on_signal()
     rank = int(os.environ.get("RANK", "0"))
     for entry in reversed(json.loads(os.environ.get(AIR_SYS_PATH, "[]"))):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    from air.distributed import mlflow_progress
     from air.distributed.mlflow_gate import install
 
+    mlflow_progress.install()  # an MLflow metric is progress (a hang check sees it)
     install(os.environ.get(AIR_MLFLOW_ENV_FILE))
     preload = [m for m in os.environ.get(AIR_RANK_PRELOAD, "").split(",") if m and m not in sys.modules]
     if preload:  # a cold start (a forked rank has them already), or one the zygote failed to import

@@ -20,10 +20,12 @@ from typing import BinaryIO, TypeGuard
 
 from air.constants import LAUNCH_POLL_S, TERMINATE_GRACE_S
 from air.launcher.procs import Waitable, terminate_tree
+from air.launcher.progress import HeartbeatSlots, is_stopped
 from air.launcher.pump import LineCallback, OutputPump
+from air.launcher.stacks import dump_tree_stacks
 from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_zygote
 from air.launcher.warm_kept import start_kept
-from air.settings import AIR_PROCESS_TAG
+from air.settings import AIR_HEARTBEAT_FILE, AIR_PROCESS_TAG, AIR_STACKS_FILE
 
 #: What the launcher holds for each started process: a Popen (cold start) or a ForkedProcess (warm).
 ProcessHandle = subprocess.Popen[bytes] | ForkedProcess
@@ -107,7 +109,44 @@ class Launch:
         self._ended_at: dict[int, float] = {}
         self._running_at_teardown: set[int] | None = None
         self._terminated = False
-        self._pump = OutputPump(on_line)
+        self.started_at = time.time()
+        #: Progress per process: the time of its last line (noted here) or heartbeat (its slot).
+        self._last_line = [0.0] * len(self.specs)
+        self._heartbeats = HeartbeatSlots(len(self.specs))
+        self._pump = OutputPump(self._noted(on_line))
+
+    def _noted(self, on_line: LineCallback | None) -> LineCallback:
+        last = self._last_line
+
+        def note(index: int, stream: str, text: str) -> None:
+            last[index] = time.time()
+            if on_line is not None:
+                on_line(index, stream, text)
+
+        return note
+
+    def _env(self, index: int) -> dict[str, str]:
+        """Spec `index`'s environment with what the launch adds: its tag and heartbeat slot."""
+        slot = self._heartbeats.paths[index]
+        return {**self.specs[index].env, AIR_PROCESS_TAG: self.tag, AIR_HEARTBEAT_FILE: slot,
+                AIR_STACKS_FILE: slot + ".stacks"}
+
+    def stacks(self, index: int) -> str:
+        """The Python stacks of process `index` and of every Python process it started (see stacks.py)."""
+        return dump_tree_stacks(self.popens[index].pid, self._heartbeats.paths[index] + ".stacks")
+
+    def last_progress(self, index: int) -> float:
+        """Wall-clock time of process `index`'s last line or heartbeat (its start if neither yet)."""
+        return max(self.started_at, self._last_line[index], self._heartbeats.read(index))
+
+    def silences(self, now: float | None = None) -> list[tuple[int, float, bool]]:
+        """(index, seconds without progress, stopped?) of every process still running."""
+        now = time.time() if now is None else now
+        out = []
+        for index, popen in enumerate(self.popens):
+            if popen.poll() is None:
+                out.append((index, max(now - self.last_progress(index), 0.0), is_stopped(popen.pid)))
+        return out
 
     def _open_logs(self) -> None:
         for spec in self.specs:
@@ -117,7 +156,7 @@ class Launch:
     def _start_warm(self, warm: WarmStart) -> None:
         """Every process forked by one zygote that imported `warm.preload` once (see warm.py)."""
         self._open_logs()
-        envs = [{**spec.env, AIR_PROCESS_TAG: self.tag} for spec in self.specs]
+        envs = [self._env(index) for index in range(len(self.specs))]
         argvs = [spec.argv for spec in self.specs]
         cwds = [str(spec.cwd) if spec.cwd else None for spec in self.specs]
         zygote = start_kept(warm, argvs, envs, cwds, self.tag) if warm.keep else None
@@ -134,7 +173,7 @@ class Launch:
         self._open_logs()
         for index, (spec, log) in enumerate(zip(self.specs, self._logs, strict=True)):
             popen = subprocess.Popen(
-                list(spec.argv), env={**spec.env, AIR_PROCESS_TAG: self.tag}, cwd=spec.cwd,
+                list(spec.argv), env=self._env(index), cwd=spec.cwd,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 close_fds=True,
             )
@@ -226,6 +265,7 @@ class Launch:
     def terminate(self) -> list[int]:
         """End every process of the launch and all their descendants; then flush the logs. Idempotent."""
         if not self.popens and not self._logs:
+            self._heartbeats.close()
             return []
         if self._running_at_teardown is None:
             self._running_at_teardown = {i for i, p in enumerate(self.popens) if p.poll() is None}
@@ -249,6 +289,7 @@ class Launch:
             self._terminated = True
             for log in self._logs:
                 log.close()
+            self._heartbeats.close()
         return killed
 
 

@@ -30,7 +30,7 @@ from air.launcher.warm import (
     store_plan,
     warm_idle_s,
 )
-from air.settings import AIR_PROCESS_TAG
+from air.settings import AIR_HEARTBEAT_FILE, AIR_PROCESS_TAG, AIR_STACKS_FILE
 
 _MAX_FDS = 250  # SCM_RIGHTS takes at most 253 descriptors per message
 _MAX_PLAN = 128 * 1024  # within a SOCK_SEQPACKET message's default limit
@@ -227,7 +227,7 @@ def start_kept(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[d
     if len(f"{AIR_PROCESS_TAG}={tag}") > len(TAG_SLOT_ENV) + 1 + TAG_SLOT_LEN:
         return None
     modules = [warm.module_of(argv) for argv in argvs]
-    left_out = {*warm.call_env, AIR_PROCESS_TAG}
+    left_out = {*warm.call_env, AIR_PROCESS_TAG, AIR_HEARTBEAT_FILE, AIR_STACKS_FILE}
     base = {k: v for k, v in common_env(envs).items() if k not in left_out}
     names = sorted({module for module, _ in modules})
     key = (warm.python, warm.preload, warm.sys_path, tuple(names), warm.world_size, cwds[0],

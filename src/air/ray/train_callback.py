@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 import numbers
 import os
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ray.train.v2._internal.execution.callback import ReportCallback
+from ray.train.v2._internal.execution.callback import ReportCallback, TrainContextCallback
 
 _log = logging.getLogger("air.ray.train")
 
@@ -56,3 +59,62 @@ class MlflowReportCallback(ReportCallback):
         except Exception as exc:  # noqa: BLE001 - tracking never fails training; warn once
             self._failed = True
             _log.warning("air: could not log ray.train.report metrics to MLflow run %s: %s", self.run_id, exc)
+
+
+class AirTrainCallback(TrainContextCallback):
+    """Checkpoints that outlive attempts, and reports as progress (see air.backends.ray_train_report).
+
+    Made in the driver when a trainer's `fit()` starts: a trainer whose `RunConfig` kept Ray's defaults
+    (`storage_path` ~/ray_results, a dated `name`) gets AIR_CHECKPOINT_DIR and a name the same in every
+    attempt of the run, before Ray Train opens its storage, so a retried attempt finds its checkpoints
+    and `ray.train.get_checkpoint()` returns the latest. Copied to every worker, where each
+    `ray.train.report` is a heartbeat for the worker's node."""
+
+    def __init__(self) -> None:
+        self.applied = _apply_checkpoint_defaults()
+
+    @contextmanager
+    def on_report(self) -> Iterator[None]:
+        try:
+            from air.runtime import heartbeat
+
+            heartbeat()
+        except Exception:  # noqa: BLE001 - progress notes never fail training
+            pass
+        yield
+
+
+def _apply_checkpoint_defaults() -> bool:
+    """Give the calling trainer's RunConfig the run's checkpoint folder and a stable name; True if done."""
+    from air.settings import AIR_CHECKPOINT_DIR, AIR_RUN_ID
+
+    location = os.environ.get(AIR_CHECKPOINT_DIR)
+    if not location:
+        return False
+    config = _calling_trainer_config()
+    if config is None or "storage_context" in vars(config):  # not found, or its storage is already open
+        return False
+    from ray.train.constants import DEFAULT_STORAGE_PATH
+
+    if config.storage_path not in (None, DEFAULT_STORAGE_PATH) or config.storage_filesystem is not None:
+        return False  # the user chose where checkpoints go
+    config.storage_path = location
+    if not config.name or str(config.name).startswith("ray_train_run-"):
+        config.name = f"air-{os.environ.get(AIR_RUN_ID) or 'run'}"
+    _log.info("air: Ray Train checkpoints go to %s/%s (AIR_CHECKPOINT_DIR)", config.storage_path, config.name)
+    return True
+
+
+def _calling_trainer_config() -> Any:
+    """The RunConfig of the trainer whose `fit()` is creating this callback (Ray Train makes the
+    callbacks named in RAY_TRAIN_CALLBACKS from inside it), found up the call stack."""
+    frame: Any = sys._getframe(2)
+    for _ in range(20):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        config = getattr(owner, "run_config", None)
+        if config is not None and hasattr(config, "storage_path") and hasattr(owner, "fit"):
+            return config
+        frame = frame.f_back
+    return None

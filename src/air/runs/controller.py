@@ -30,6 +30,10 @@ from typing import Any, Protocol
 
 from air.accelerators import AcceleratorType
 from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, Backend, NodeLaunch, ProcLineCallback
+from air.constants import PROGRESS_CHECK_S
+from air.errors import HangError
+from air.files import atomic_write_text
+from air.launcher.progress import find_hang, quiet_for
 from air.runs.paths import RunPaths, process_tag
 from air.runs.states import (
     AttemptStatus,
@@ -78,6 +82,11 @@ class RunJob(Protocol):
     accelerator: AcceleratorType
     num_nodes: int
     timeout_s: float | None
+    #: Seconds any node process may go without progress before the attempt is ended as hung (None: off).
+    hang_timeout_s: float | None
+
+    def process_label(self, node: int, process: int) -> str:
+        """How reasons and files name one node process: "node 1" (a workload), "rank 3" (a call)."""
 
     @property
     def on_line(self) -> ProcLineCallback | None:
@@ -137,13 +146,16 @@ class _Attempt:
     handle: AttemptHandle | None = None
     outcome: AttemptOutcome | None = None
     verdict: AttemptVerdict | None = None
+    hang: AttemptVerdict | None = None  # set by the hang check; wins over how the nodes then ended
+    next_progress_check: float = 0.0
 
 
 class RunController:
     """Drives one run through `step()` until DONE (see the module docstring)."""
 
     def __init__(self, run_id: str, job: RunJob, backend: Backend, store: RunStore, policy: RetryPolicy, *,
-                 cancel_check_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 cancel_check_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
+                 progress_check_s: float = PROGRESS_CHECK_S) -> None:
         self.run_id = run_id
         self.job = job
         self.backend = backend
@@ -155,6 +167,7 @@ class RunController:
         self.status: RunStatus | None = None
         self.last_verdict: AttemptVerdict | None = None
         self._cancel_check_s = cancel_check_s
+        self._progress_check_s = progress_check_s
         self._clock = clock
         self._next_cancel_check = 0.0
         self._cancel_seen = False
@@ -231,15 +244,63 @@ class RunController:
     def _wait(self) -> Phase:
         attempt = self._attempt
         assert attempt is not None and attempt.handle is not None
-        attempt.outcome = attempt.handle.wait(timeout_s=self.job.timeout_s, should_stop=self.cancel_requested)
+        handle = attempt.handle
+
+        def should_stop() -> bool:
+            return self.cancel_requested() or self._hung(attempt, handle)
+
+        attempt.outcome = handle.wait(timeout_s=self.job.timeout_s, should_stop=should_stop)
         attempt.held.close()  # the environment is free once the nodes ended
         return Phase.FINISH
+
+    def _hung(self, attempt: _Attempt, handle: AttemptHandle) -> bool:
+        """Every `progress_check_s`: note each node process's progress (`air get run` shows it) and, with
+        a hang timeout, ask `find_hang` (the one place that decides). A hang saves every process's
+        stacks in the attempt's folder, then ends the attempt (True) as FailureClass.HANG."""
+        if attempt.hang is not None:
+            return True
+        now = self._clock()
+        if now < attempt.next_progress_check:
+            return False
+        attempt.next_progress_check = now + self._progress_check_s
+        try:
+            silences = handle.silences()
+        except Exception as exc:  # noqa: BLE001 - a failed look never ends a run
+            self.job.say(f"progress: could not read it: {exc}")
+            return False
+        label = self.job.process_label
+        write_progress(self.paths.progress(attempt.index),
+                       [{"name": label(s.node, s.process), "node": s.node, "process": s.process,
+                         "silent_s": round(s.silent_s, 1), "stopped": s.stopped} for s in silences])
+        hang = find_hang(silences, self.job.hang_timeout_s)
+        if hang is None:
+            return False
+        stacks_of = {}
+        for silence in silences:
+            name = label(silence.node, silence.process)
+            text = handle.stacks(silence.node, silence.process)
+            path = self.paths.stacks(attempt.index, name)
+            atomic_write_text(path, text + "\n")
+            stacks_of[name] = (text, path)
+        name = label(hang.node, hang.process)
+        text, path = stacks_of[name]
+        limit = self.job.hang_timeout_s or 0.0
+        reason = (f"Hang: {name} made no progress for {quiet_for(hang.silent_s)}"
+                  f"{' (it is stopped)' if hang.stopped else ''}: no output, heartbeat or report within the hang "
+                  f"timeout of {limit:g} s. Stacks of every process: {path.parent}")
+        self.job.say(reason)
+        rank = int(name.split()[1]) if name.startswith("rank ") else None
+        error = HangError(reason, rank=rank, node=hang.node,
+                          silent_s=hang.silent_s, stacks=text, stacks_path=str(path),
+                          hint="Call air.runtime.heartbeat() in long silent steps, or raise the hang timeout.")
+        attempt.hang = AttemptVerdict.failed(reason, FailureClass.HANG, error)
+        return True
 
     def _finish(self) -> Phase:
         attempt = self._attempt
         assert attempt is not None
         try:
-            verdict = attempt.verdict
+            verdict = attempt.verdict or attempt.hang
             if verdict is None:
                 assert attempt.outcome is not None and attempt.handle is not None
                 verdict = self.job.judge(attempt.index, attempt.handle, attempt.outcome, attempt.node_logs)
@@ -267,7 +328,8 @@ class RunController:
             return RunStatus.SUCCESS
         assert verdict.reason is not None and verdict.failure_class is not None
         reason, failure_class = verdict.reason, verdict.failure_class
-        canceled = failure_class is FailureClass.CANCEL or (attempt.outcome is not None and attempt.outcome.stopped)
+        canceled = failure_class is FailureClass.CANCEL or (
+            attempt.outcome is not None and attempt.outcome.stopped and attempt.hang is None)
         self.job.say(f"attempt {index} ended: {reason} [{failure_class}]")
         self.store.finish_attempt(self.run_id, index, failure_class.attempt_status, reason=reason,
                                   failure_class=failure_class, exit_code=verdict.exit_code, signal=verdict.signal)
@@ -387,6 +449,16 @@ class RunController:
             write_tracking_ref(self.paths.tracking(index), handle)
         except Exception as exc:  # noqa: BLE001 - tracking never fails a run
             tracking.warn(f"tracking: {exc}")
+
+
+def write_progress(path: Path, processes: list[dict[str, Any]]) -> None:
+    """`attempt_<a>/progress.json`: when it was looked at and how long each node process was quiet."""
+    import json
+
+    try:
+        atomic_write_text(path, json.dumps({"at": time.time(), "processes": processes}))
+    except OSError:
+        pass  # the run folder is gone (pruned): nothing to show it to
 
 
 __all__ = ["AttemptVerdict", "Phase", "RunController", "RunJob", "SetupFailure", "Transition"]

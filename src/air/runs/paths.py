@@ -134,6 +134,24 @@ class RunPaths(_RunIdPaths):
         """`attempt_<a>/tracking.json`: the attempt's MLflow run (id, experiment, store), for `air get` links."""
         return self.attempt_dir(attempt) / "tracking.json"
 
+    def progress(self, attempt: int) -> Path:
+        """`attempt_<a>/progress.json`: how long each node process has been quiet (the run controller)."""
+        return self.attempt_dir(attempt) / "progress.json"
+
+    def stacks(self, attempt: int, process: str) -> Path:
+        """`attempt_<a>/stacks/<process>.txt` ("node 1" → node_1.txt): Python stacks saved at a hang."""
+        return self.attempt_dir(attempt) / "stacks" / f"{process.replace(' ', '_')}.txt"
+
+    @property
+    def checkpoint_ref(self) -> Path:
+        """`checkpoint_dir`: the run's AIR_CHECKPOINT_DIR (a folder or URI), noted by whoever drives it."""
+        return self.folder / "checkpoint_dir"
+
+    def checkpoints(self) -> Path:
+        """`checkpoints/`: the run's checkpoint folder on the local backend (AIR_CHECKPOINT_DIR), kept
+        across its attempts."""
+        return self.folder / "checkpoints"
+
     def attempts(self) -> list[int]:
         """Attempt indices that have a folder on disk, in order."""
         return sorted(_indices(self.folder, "attempt_", ""))
@@ -216,6 +234,11 @@ class CallPaths(_RunIdPaths):
     def result(self) -> Path:
         """A call `air server` drives: every rank's value, or the error (pickled), for its client."""
         return self.folder / "result.pkl"
+
+    @staticmethod
+    def stacks_name(rank: int) -> str:
+        """`rank_<r>.stacks.txt`: a rank's Python stacks, saved when the call hung (in the call folder)."""
+        return f"rank_{rank}.stacks.txt"
 
     def create(self) -> Path:
         """Create the call folder (owner-only) and return it."""

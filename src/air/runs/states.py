@@ -138,6 +138,8 @@ class FailureClass(str, Enum):
     INFRASTRUCTURE = "INFRASTRUCTURE"
     #: The attempt ran past `timeout_minutes`.
     TIMEOUT = "TIMEOUT"
+    #: A node or rank made no progress (no line, heartbeat or report) for `hang_timeout_minutes`.
+    HANG = "HANG"
     #: The user canceled the run.
     CANCEL = "CANCEL"
 
@@ -300,10 +302,15 @@ class RetryPolicy:
     """
 
     max_retries: int = DEFAULT_MAX_RETRIES
+    #: Retries after a hang (FailureClass.HANG), within max_retries; None: the same as max_retries. A
+    #: hang that comes back every attempt may be a deadlock in the code rather than a flaky peer.
+    max_hang_retries: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}.")
+        if self.max_hang_retries is not None and self.max_hang_retries < 0:
+            raise ValueError(f"max_hang_retries must be >= 0, got {self.max_hang_retries}.")
 
     @property
     def max_attempts(self) -> int:
@@ -315,7 +322,10 @@ class RetryPolicy:
         tried = f"attempt {attempt + 1} of {self.max_attempts}"
         if failure_class is FailureClass.CANCEL:
             return RetryVerdict(RetryDecision.FAIL, "Canceled by the user; not retried.", final)
-        if attempt >= self.max_retries:
+        budget_of_class = self.max_retries
+        if failure_class is FailureClass.HANG and self.max_hang_retries is not None:
+            budget_of_class = min(self.max_retries, self.max_hang_retries)
+        if attempt >= budget_of_class:
             budget = "retries are off (max_retries: 0)" if self.max_retries == 0 else "no retries left"
             return RetryVerdict(
                 RetryDecision.FAIL, f"{_FAILED_WHAT[failure_class]} on {tried}; {budget}.", final
@@ -334,6 +344,7 @@ _FAILED_WHAT: dict[FailureClass, str] = {
     FailureClass.USER_CODE: "The command failed",
     FailureClass.INFRASTRUCTURE: "An infrastructure error ended the attempt",
     FailureClass.TIMEOUT: "Timed out",
+    FailureClass.HANG: "Hung (no progress)",
     FailureClass.CANCEL: "Canceled",
 }
 

@@ -25,12 +25,13 @@ from air.accelerators import parse_accelerator_type
 from air.backends import Backend, backend_for
 from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, NodeLaunch
 from air.errors import EnvironmentBuildError
+from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import RunPaths, process_tag
 from air.runs.reasons import termination_reason
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
-from air.settings import AIR_ATTEMPT, AIR_PROCESS_TAG, AIR_SUPERVISOR
+from air.settings import AIR_ATTEMPT, AIR_CHECKPOINT_DIR, AIR_PROCESS_TAG, AIR_RESUMED, AIR_SUPERVISOR
 from air.tracking.attempt_tracking import AttemptTracking
 from air.workload.plan import RunPlan
 
@@ -41,6 +42,12 @@ def make_backend(plan: RunPlan, store: RunStore) -> Backend:
     from air.config import resolve_profile
 
     return backend_for(resolve_profile(plan.profile), ledger=store)
+
+
+def profile_checkpoint_root(plan: RunPlan) -> str | None:
+    from air.config import resolve_profile
+
+    return resolve_profile(plan.profile).checkpoint_root
 
 
 class NodeLogs:
@@ -69,9 +76,14 @@ class WorkloadJob:
         self.accelerator = parse_accelerator_type(plan.accelerator)
         self.num_nodes = plan.num_nodes
         self.timeout_s = plan.timeout_minutes * 60 if plan.timeout_minutes else None
+        self.hang_timeout_s = plan.hang_timeout_minutes * 60 if plan.hang_timeout_minutes else None
+        self.checkpoint_dir: str | None = None  # set by the supervisor from the profile
         self.secrets: dict[str, str] = {}
         self.say = say
         self.store: RunStore | None = None
+
+    def process_label(self, node: int, process: int) -> str:
+        return f"node {node}"
 
     def on_wait(self, line: str) -> None:
         """The backend's "waiting for capacity" note, and (local ledger) where the run is in line."""
@@ -157,6 +169,9 @@ class WorkloadJob:
             env.update(tracking_env)
             env.update(self.plan.node_env(node, secrets=self.secrets))
             env[AIR_ATTEMPT] = str(attempt)
+            env[AIR_RESUMED] = "1" if attempt > 0 else "0"
+            if self.checkpoint_dir and AIR_CHECKPOINT_DIR not in self.plan.env_variables:
+                env[AIR_CHECKPOINT_DIR] = self.checkpoint_dir
             launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
                                                logs[node], cwd))
         _log.debug("attempt %d: node commands %s, cwd %s", attempt,
@@ -205,6 +220,7 @@ class Supervisor:
         self.log_handler = configure_file(self.paths.supervisor_log)
         self.job = WorkloadJob(run_id, self.plan, self.say)
         self.job.store = self.store
+        self.job.checkpoint_dir = checkpoint_location(run_id, profile_checkpoint_root(self.plan))
         self.controller = RunController(run_id, self.job, self.backend, self.store, RetryPolicy(self.plan.max_retries))
 
     def say(self, line: str) -> None:

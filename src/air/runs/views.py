@@ -76,6 +76,47 @@ def call_rank_logs(run: Run) -> list[dict[str, Any]]:
             for r in range(run.num_accelerators)]
 
 
+def progress_view(run: Run) -> list[dict[str, Any]]:
+    """Each node process of the current attempt with how long it has been quiet (no line, heartbeat or
+    report), as the run controller last noted it (`attempt_<a>/progress.json`), aged to now while the
+    run is active; `quiet` reads "node 1 quiet for 12m". Empty before any note."""
+    import json
+    import time
+
+    from air.launcher.progress import quiet_for
+
+    if run.current_attempt is None:
+        return []
+    try:
+        noted = json.loads(RunPaths(run.id).progress(run.current_attempt).read_text())
+    except (OSError, ValueError):
+        return []
+    age = max(time.time() - float(noted.get("at", 0.0)), 0.0) if not run.status.is_terminal() else 0.0
+    out = []
+    for proc in noted.get("processes", []):
+        silent = float(proc.get("silent_s", 0.0)) + age
+        out.append({**proc, "silent_s": round(silent, 1), "quiet": f"{proc.get('name')} quiet for {quiet_for(silent)}"})
+    return out
+
+
+def quiet_summary(progress: list[dict[str, Any]], at_least_s: float = 60.0) -> str | None:
+    """"node 1 quiet for 12m; node 3 quiet for 2m" for the processes quiet for `at_least_s` or more."""
+    quiet = [p["quiet"] for p in sorted(progress, key=lambda p: -p["silent_s"]) if p["silent_s"] >= at_least_s]
+    return "; ".join(quiet) or None
+
+
+def checkpoint_view(run: Run) -> dict[str, Any]:
+    """The run's checkpoint location (AIR_CHECKPOINT_DIR, kept across attempts) and its latest checkpoint."""
+    from air.runs.checkpoints import latest_checkpoint_of
+
+    try:
+        location = RunPaths(run.id).checkpoint_ref.read_text().strip() or None
+    except OSError:
+        location = None
+    latest = latest_checkpoint_of(run.id, location) if location else None
+    return {"checkpoint_dir": location, "latest_checkpoint": latest}
+
+
 def run_detail(store: RunStore, run: Run) -> dict[str, Any]:
     """`air get run --json`: the run, its attempts, MLflow link, folder, queue place and (calls) rank logs."""
     data = run_dict(run)
@@ -85,6 +126,8 @@ def run_detail(store: RunStore, run: Run) -> dict[str, Any]:
         for a in store.list_attempts(run.id)]
     data["folder"] = str(run_folder(run))
     data["queue"] = queue_dict(store, run)
+    data["progress"] = progress_view(run)
+    data.update(checkpoint_view(run))
     if run.kind == "call":
         data["rank_logs"] = call_rank_logs(run)
     return data

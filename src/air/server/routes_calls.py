@@ -35,17 +35,19 @@ async def submit_call(request: Request, who: Caller) -> dict[str, Any]:
         payload = base64.b64decode(str(body.get("payload_b64", "")), validate=True)
         name, count, kind = str(body.get("name") or "fn")[:200], int(body["num_accelerators"]), str(body["accelerator_type"])
         timeout = None if body.get("timeout") is None else float(body["timeout"])
+        hang_timeout = None if body.get("hang_timeout") is None else float(body["hang_timeout"])
         retries = int(body.get("max_retries") or 0)
         preload = [str(m) for m in body.get("preload") or []]
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise UserInputError(f"Malformed call: {type(exc).__name__}: {exc}",
                              hint="Send payload_b64, name, num_accelerators, accelerator_type[, timeout, "
-                             "max_retries, preload].") from None
-    if not payload or count <= 0 or not 0 <= retries <= 100:
-        raise UserInputError("A call needs a payload, num_accelerators > 0 and max_retries 0 to 100.")
+                             "hang_timeout, max_retries, preload].") from None
+    if not payload or count <= 0 or not 0 <= retries <= 100 or (hang_timeout is not None and hang_timeout <= 0):
+        raise UserInputError("A call needs a payload, num_accelerators > 0, max_retries 0 to 100 and a "
+                             "hang_timeout above 0 when given.")
     run = await run_in_threadpool(
         start_call, store_of(request), user=who.user, payload=payload, name=name, num_accelerators=count,
-        accelerator_type=kind, timeout=timeout, max_retries=retries, preload=preload,
+        accelerator_type=kind, timeout=timeout, hang_timeout=hang_timeout, max_retries=retries, preload=preload,
         experiment=str(body.get("experiment") or "air-distributed")[:200])
     return {"run_id": run.id, "num_nodes": run.num_nodes, "world": run.num_accelerators, "status": run.status.value}
 

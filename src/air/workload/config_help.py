@@ -40,6 +40,7 @@ command: |
            --nproc_per_node=$LOCAL_WORLD_SIZE train.py
 max_retries: 1
 timeout_minutes: 60
+hang_timeout_minutes: 15       # no output, heartbeat or report for 15 min: stacks saved, attempt retried
 env_variables:
   TOKENIZERS_PARALLELISM: "false"
 parameters:

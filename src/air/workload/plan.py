@@ -38,6 +38,7 @@ class RunPlan:
     timeout_minutes: float | None
     profile: str
     backend: str
+    hang_timeout_minutes: float | None = None
     backend_address: str | None = None
     code_root: str | None = None
     code_files: int = 0
@@ -99,6 +100,7 @@ class RunPlan:
             "compute": {"accelerator_type": self.accelerator, "num_accelerators": self.num_accelerators,
                         "num_nodes": self.num_nodes, "accelerators_per_node": self.per_node},
             "command": self.command, "max_retries": self.max_retries, "timeout_minutes": self.timeout_minutes,
+            "hang_timeout_minutes": self.hang_timeout_minutes,
             "code_snapshot": None if not self.code_root else {
                 "root_path": self.code_root, "files": self.code_files, "bytes": self.code_bytes,
                 "content_key": self.code_key, "git": self.git, "notes": self.code_notes},
@@ -133,7 +135,7 @@ def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address
         num_accelerators=spec.compute.num_accelerators, num_nodes=spec.num_nodes, per_node=spec.per_node,
         command=spec.command, env_variables=dict(spec.env_variables), secret_refs=dict(spec.secrets),
         parameters=spec.parameters, max_retries=spec.max_retries, timeout_minutes=spec.timeout_minutes,
-        profile=profile, backend=backend, backend_address=backend_address,
+        hang_timeout_minutes=spec.hang_timeout_minutes, profile=profile, backend=backend, backend_address=backend_address,
         dependencies=deps, dependencies_base_dir=str(spec.source_dir or Path.cwd()),
         environment_version=version, base_python=base_python, environment_state=state,
     )

@@ -320,6 +320,14 @@ class WorkloadSpec(_Section):
         "retried while retries remain, so 90 minutes with max_retries: 2 can take up to 270. Unset: no limit.",
         examples=[90],
     )
+    hang_timeout_minutes: int | float | None = Field(
+        None,
+        description="Minutes any node may go without progress (a line of output, air.runtime.heartbeat(), a "
+        "ray.train.report) before the attempt counts as hung: air saves every process's Python stacks in the "
+        "attempt's folder, ends it (failure class HANG, reason 'Hang: node N made no progress for ...') and "
+        "retries it while retries remain. Unset: off.",
+        examples=[15],
+    )
     env_variables: dict[EnvName, EnvValue] = Field(
         default_factory=dict,
         description="Environment variables of the command on every node, NAME: value. Numbers and booleans "
@@ -386,7 +394,7 @@ class WorkloadSpec(_Section):
         """`environment:` with nothing under it means the defaults, not an error."""
         return {} if value is None else value
 
-    @field_validator("timeout_minutes", mode="before")
+    @field_validator("timeout_minutes", "hang_timeout_minutes", mode="before")
     @classmethod
     def _timeout(cls, value: Any) -> Any:
         if value is None:
