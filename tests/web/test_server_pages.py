@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import textwrap
 import urllib.error
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import AirServer, running_server  # noqa: E402
+from server_helpers import AIR, AirServer, running_server  # noqa: E402
 from web_helpers import headless_chromium  # noqa: E402
 
 from proc_helpers import alive, wait_for  # noqa: E402
@@ -38,10 +39,12 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirServer]:
         with running_server(tmp_path_factory.mktemp("pages")) as server:
             try:
                 yield server
-            finally:  # a test that failed half-way leaves no run of its own running
-                if server.proc is not None:
-                    for run in server.air_json("root", "list", "runs", "--all-users")["runs"]:
-                        server.air("root", "cancel", run["id"])
+            finally:  # a test that failed half-way leaves no run running (with or without the server)
+                from air.runs.store import RunStore
+
+                for run in RunStore(server.home / "runs.db").list_runs(limit=None):
+                    subprocess.run([*AIR, "cancel", run.id], env=server.server_env(), capture_output=True,
+                                   timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -211,16 +214,48 @@ def test_failed_reason_and_who_may_cancel(srv: AirServer, chrome: Any, tmp_path:
     wait_for(lambda: not alive([sleeper]), "the canceled run's sleep to end", timeout=60)
 
 
-def test_a_session_outlives_a_server_restart(srv: AirServer, chrome: Any) -> None:
+def test_a_session_and_a_live_page_outlive_a_server_restart(srv: AirServer, chrome: Any, tmp_path: Path) -> None:
+    started = srv.log.read_text()  # `air server start` says where the pages are, beside the API
+    assert f"API:   {srv.url}/api/v1" in started and f"Pages: {srv.url}/ui/runs" in started
     secret = srv.home / "server" / "session-secret"
     assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
     before = secret.read_bytes()
-    log_in(chrome, srv, "alice", f"{srv.url}/ui/runs")
-    assert chrome.find_elements("css selector", "#runs-table")
+    marker, stop = tmp_path / "marker", tmp_path / "stop"
+    run_id = submit(srv, "alice", tmp_path, "through", f"""
+        experiment_name: restart
+        compute: {{num_accelerators: 2, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: |
+          echo "node $NODE_RANK first line"
+          while [ ! -f {marker} ]; do sleep 0.2; done
+          echo "node $NODE_RANK after the restart"
+          while [ ! -f {stop} ]; do sleep 0.2; done
+    """)
+    srv.wait_status(run_id, "RUNNING", timeout=180)
+    log_in(chrome, srv, "alice", f"{srv.url}/ui/runs/{run_id}?log=1")
+    wait_for(lambda: "node 1 first line" in text_of(chrome, "#log"), "node 1's first line", timeout=60)
+
+    # The server stops while the page streams (it ends the stream: no wait on the browser) and starts again.
     assert srv.stop() == 0
+    assert "graceful shutdown exceeded" not in srv.log.read_text()  # uvicorn did not have to cut it off
     srv.start()
     assert secret.read_bytes() == before
-    chrome.get(f"{srv.url}/ui/runs")  # the same cookie, signed before the restart, still logs her in
+    marker.touch()  # the open page reconnects with the same cookie and goes on where it was
+    wait_for(lambda: "node 1 after the restart" in text_of(chrome, "#log"), "the page's stream to resume",
+             timeout=PAGE_TIMEOUT_S, interval=0.3)
+    assert text_of(chrome, "#log").count("node 1 first line") == 1  # resumed, not repeated
+    chrome.get(f"{srv.url}/ui/runs")  # a new page: the cookie signed before the restart still logs her in
     assert "/ui/login" not in chrome.current_url and chrome.find_elements("css selector", "#runs-table")
+    stop.touch()
+    assert srv.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=120) == "SUCCESS"
+
+    # A revoked token ends its sessions at once.
+    log_in(chrome, srv, "bob", f"{srv.url}/ui/runs")
+    assert chrome.find_elements("css selector", "#runs-table")
+    revoked = subprocess.run([*AIR, "server", "token", "revoke", "bob"], env=srv.server_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert revoked.returncode == 0, revoked.stderr
+    chrome.get(f"{srv.url}/ui/runs")
+    assert "/ui/login" in chrome.current_url
     status, body, _ = http_get(f"{srv.url}/api/v1/whoami", srv.tokens["alice"])
     assert status == 200 and json.loads(body)["user"] == "alice"

@@ -9,6 +9,7 @@ outside `/ui` stays a JSON 404 of the API rather than a page.
 
 from __future__ import annotations
 
+import threading
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
@@ -81,8 +82,10 @@ Caller = Annotated[Principal, Depends(principal)]
 
 
 def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = None,
-               mlflow_uri: str | None = None) -> FastAPI:
-    """The server's app over a run store (default: this AIR_HOME's)."""
+               mlflow_uri: str | None = None, stopping: threading.Event | None = None) -> FastAPI:
+    """The server's app over a run store (default: this AIR_HOME's). `stopping` is set when the server
+    stops: open streams (the API's follows, the pages' live logs) end then, so shutdown never waits on
+    them (a browser's page reconnects to the next server by itself)."""
     from air.server.routes_calls import router as calls_router
     from air.server.routes_runs import router as runs_router
     from air.server.routes_secrets import router as secrets_router
@@ -91,6 +94,7 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
     app.state.store = store or RunStore()
     app.state.paths = paths or ServerPaths.here()
     app.state.mlflow_uri = mlflow_uri
+    app.state.stopping = stopping
 
     @app.exception_handler(AirError)
     async def air_error(request: Request, exc: AirError) -> JSONResponse:
@@ -148,6 +152,7 @@ def _mount_pages(app: FastAPI) -> None:
     def home() -> RedirectResponse:
         return RedirectResponse(PAGES + "/runs", status_code=303)
 
+    pages.state.stopping = app.state.stopping
     app.mount(PAGES, pages)
 
 
