@@ -203,6 +203,8 @@ def test_failed_reason_and_who_may_cancel(srv: AirServer, chrome: Any, tmp_path:
         "return fetch(arguments[0], {method: 'POST'}).then(r => r.status)", f"{srv.url}/ui/runs/{long}/cancel")
     assert answer == 403
     assert srv.run_status(long) == "RUNNING" and alive([sleeper])
+    status, body, _ = http_get(f"{srv.url}/ui/runs/{long}", srv.tokens["root"])  # an admin's token may
+    assert status == 200 and 'id="cancel-button"' in body
 
     # alice cancels her run from the page: it ends, and so does its process.
     log_in(chrome, srv, "alice", f"{srv.url}/ui/runs/{long}")
