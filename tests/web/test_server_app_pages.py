@@ -56,6 +56,9 @@ def get(url: str, token: str | None = None) -> tuple[int, str, str]:
 def test_pages_beside_the_api(served: tuple[str, str]) -> None:
     url, token = served
     assert get(url + "/")[0:3:2] == (303, "/ui/runs")
+    status, _, location = get(url + "/ui")
+    assert status in (301, 302, 303, 307) and location.endswith("/ui/"), (status, location)
+    assert get(url + "/ui/")[0:3:2] == (303, "/ui/runs")
     status, body, location = get(url + "/ui/capacity")
     assert status == 303 and location.startswith("/ui/login?next=/ui/capacity"), (status, location)
     status, body, _ = get(url + "/ui/runs", token)
