@@ -131,7 +131,13 @@ def test_sigterm_ends_the_ui_tree_busy_port_is_an_error_and_links_use_the_real_p
     assert shown.returncode == 0, shown.stderr
     link = json.dumps(json.loads(shown.stdout)["data"])
     assert f"http://127.0.0.1:{port}/#/experiments/" in link and ":5000/" not in link
-    assert f"127.0.0.1:{port}/#/experiments/" in air("get", "run", run_id).stdout
+    text = air("get", "run", run_id).stdout
+    assert f"127.0.0.1:{port}/#/experiments/" in text
+    # ... and to the run's page on air's pages (--web-port: port + 1), which names the CLI's way back.
+    page = f"http://127.0.0.1:{port + 1}/runs/{run_id}"
+    assert json.loads(shown.stdout)["data"]["page_url"] == page and page in text
+    with urllib.request.urlopen(page, timeout=60) as response:
+        assert response.status == 200 and f"air get run {run_id}" in response.read().decode()
 
     os.kill(ui.proc.pid, signal.SIGTERM)
     assert ui.proc.wait(timeout=60) == 0
@@ -140,7 +146,9 @@ def test_sigterm_ends_the_ui_tree_busy_port_is_an_error_and_links_use_the_real_p
     assert port_is_free(port)
     assert not (air_home / "ui.json").exists()
     # No UI runs any more: the link falls back to `air ui`'s default address.
-    assert "http://127.0.0.1:5000/#/experiments/" in air("get", "run", run_id).stdout
+    text = air("get", "run", run_id).stdout
+    assert "http://127.0.0.1:5000/#/experiments/" in text and page not in text  # no page served now
+    assert json.loads(air("get", "run", run_id, "--json").stdout)["data"]["page_url"] is None
 
 
 def test_sigkilled_air_ui_takes_mlflow_server_with_it(

@@ -4,10 +4,8 @@ the pages served by uvicorn on loopback over a real run store with real runs."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 
-from web_helpers import CHROMEDRIVER, CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
+from web_helpers import CHROMEDRIVER, CHROMIUM, free_port, headless_chromium  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,22 +31,8 @@ def chromium_installed() -> None:
 @pytest.fixture
 def browser(chromium_installed: None) -> Iterator[object]:
     """A fresh headless chromium (its own profile folder) per test."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="air-chromium-")
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for arg in (*CHROMIUM_ARGS, f"--user-data-dir={profile}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    with headless_chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture

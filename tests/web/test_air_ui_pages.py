@@ -85,9 +85,14 @@ def test_with_a_tracking_server_air_ui_serves_only_its_pages(
 
         wait_for(answers, "air's pages on --port + 1", timeout=120, interval=0.3)
         assert port_is_free(port)  # no MLflow UI of its own
+        from air.tracking.ui import pages_base_url, running_ui
+
+        # Noted for `air get run`'s page link; never taken for an MLflow UI of the server's store.
+        assert pages_base_url(store=server) == f"http://127.0.0.1:{port + 1}" and running_ui(server) is None
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert port_is_free(port + 1)
+        assert pages_base_url(store=server) is None and not (air_home / "ui.json").exists()
     finally:
         if proc.poll() is None:
             proc.kill()

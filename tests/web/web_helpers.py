@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,27 @@ CHROMIUM_ARGS = (
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
     "--window-size=1400,1000",
 )
+
+
+@contextmanager
+def headless_chromium() -> Iterator[Any]:
+    """A headless chromium (its own profile folder) driven by Selenium; quit and removed afterwards."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="air-chromium-")
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for arg in (*CHROMIUM_ARGS, f"--user-data-dir={profile}"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
 
 
 def free_port() -> int:

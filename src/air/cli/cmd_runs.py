@@ -68,6 +68,8 @@ def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
     pairs.append(("MLflow run", run.mlflow_run_id or "-"))
     if link:
         pairs.append(("MLflow UI", f"{link}   (start the UI with: air ui)" if ui_hint else link))
+    if detail.get("page_url"):
+        pairs.append(("Page", str(detail["page_url"])))
     if run.kind == "call":
         pairs.insert(1, ("Kind", f"call of {run.run_name or 'a function'} (@distributed)"))
     pairs.append(("Folder", str(detail.get("folder"))))

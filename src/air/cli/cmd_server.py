@@ -53,8 +53,12 @@ def start(host: str, port: int, mlflow_port: int, tls_cert: Path | None, tls_key
         _check_port(host, mlflow_port)
 
     def ready(url: str, mlflow_uri: str) -> None:
+        from air.server.app import API, PAGES
+
         stderr(f"air server on {url}  (AIR_HOME {air_home()}, runs go to profile {profile!r}, MLflow at "
                f"{mlflow_uri}); Ctrl-C stops it")
+        stderr(f"  API:   {url}{API}")
+        stderr(f"  Pages: {url}{PAGES}/runs  (log in with a token: air server token create NAME)")
 
     serve(host, port, mlflow_port=mlflow_port, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready)
     stderr("air server stopped (runs keep running; start it again to serve them).")

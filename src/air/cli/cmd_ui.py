@@ -93,13 +93,18 @@ def _require_pages() -> None:
 def _serve_pages_only(host: str, pages_port: int, mlflow_base: str) -> int:
     """With a tracking server (MLFLOW_TRACKING_URI=http…): air's pages alone, linking to its UI."""
     from air.launcher.guard import STOP_SIGNALS, Stopped, raise_stopped
+    from air.tracking import tracking_uri
+    from air.tracking.ui import forget_ui, record_ui
     from air.web import create_web_app
     from air.web.serve import PageServer
 
     previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
     pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base), host, pages_port)
+    recorded = False
     try:
         pages.start()
+        record_ui(host, 0, tracking_uri(), web_port=pages_port)  # no MLflow UI of its own (port 0)
+        recorded = True
         stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
         stderr(f"MLflow UI: {mlflow_base} (MLFLOW_TRACKING_URI's server)  (Ctrl-C to stop)")
         while pages.thread.is_alive():
@@ -113,6 +118,8 @@ def _serve_pages_only(host: str, pages_port: int, mlflow_base: str) -> int:
         try:
             pages.stop()
         finally:
+            if recorded:
+                forget_ui()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -179,7 +186,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
     recorded = False
     try:
         proc = subprocess.Popen(guard_argv(argv), env=env, start_new_session=True)
-        record_ui(host, port, uri)
+        record_ui(host, port, uri, web_port=pages_port)
         recorded = True
         mlflow_base = f"http://{host}:{port}"
         pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base), host, pages_port)

@@ -19,6 +19,11 @@ from air.runs.store import RunStore, supervisor_alive
 CANCEL_REASON = "Canceled by the user"
 
 
+def may_cancel(run_user: str | None, user: str, *, admin: bool) -> bool:
+    """Who may cancel a run on a shared server (its API and its pages alike): its owner or an admin."""
+    return admin or (run_user is not None and run_user == user)
+
+
 def cancel_run(store: RunStore, run_id: str) -> RunStatus:
     """End one run and every process it started; returns its final (or current terminal) status."""
     from air.launcher import reap_tag

@@ -64,6 +64,16 @@ def mlflow_link(run: Run) -> str | None:
     return tracking_ref_url(RunPaths(run.id).tracking(run.current_attempt))
 
 
+def run_page_url(run_id: str, pages_base: str | None = None) -> str | None:
+    """The link to a run's web page: under `pages_base` (a server passes where its pages are, as its
+    caller reached it), else on the `air ui` running for this AIR_HOME's store; None when no page is
+    served (nothing to link to)."""
+    from air.tracking.ui import pages_base_url
+
+    base = pages_base if pages_base is not None else pages_base_url()
+    return f"{base.rstrip('/')}/runs/{run_id}" if base else None
+
+
 def run_folder(run: Run) -> Path:
     """Where a run's files are: a local call's call folder, any other run's run folder."""
     return CallPaths(run.id).folder if run.kind == "call" and run.backend == "local" else RunPaths(run.id).folder
@@ -117,10 +127,12 @@ def checkpoint_view(run: Run) -> dict[str, Any]:
     return {"checkpoint_dir": location, "latest_checkpoint": latest}
 
 
-def run_detail(store: RunStore, run: Run) -> dict[str, Any]:
-    """`air get run --json`: the run, its attempts, MLflow link, folder, queue place and (calls) rank logs."""
+def run_detail(store: RunStore, run: Run, *, pages_base: str | None = None) -> dict[str, Any]:
+    """`air get run --json`: the run, its attempts, MLflow link, web page (`run_page_url`), folder, queue
+    place and (calls) rank logs."""
     data = run_dict(run)
     data["mlflow_url"] = mlflow_link(run)
+    data["page_url"] = run_page_url(run.id, pages_base)
     data["attempt_list"] = [
         {**asdict(a), "status": a.status.value, "failure_class": a.failure_class.value if a.failure_class else None}
         for a in store.list_attempts(run.id)]

@@ -1,12 +1,15 @@
-"""The FastAPI app of `air server`: authentication, errors as JSON, and the routers.
+"""The FastAPI app of `air server`: authentication, errors as JSON, the API's routers and the pages.
 
-`create_app()` builds it over this process's AIR_HOME; `app.mount(path, sub_app)` adds web pages (their
-login calls `air.server.tokens.verify_token`). Every route but `GET /api/v1/health` needs
-`Authorization: Bearer <token>`: 401 without a valid one.
+`create_app()` builds it over this process's AIR_HOME. The API lives under `/api/v1`: every route but
+`GET /api/v1/health` needs `Authorization: Bearer <token>` (401 without a valid one). air's web pages
+(`air.web`) are mounted under `/ui` on the same port (`/` sends a browser there): their login and bearer
+tokens go through the same `verify_token`, so a page and the API see the same user, and an unknown path
+outside `/ui` stays a JSON 404 of the API rather than a page.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
@@ -21,6 +24,8 @@ from air.server.tokens import Principal, verify_token
 from air.server.uploads import ServerPaths
 
 API = "/api/v1"
+#: Where the web pages are mounted.
+PAGES = "/ui"
 
 
 class AuthError(AirError):
@@ -67,13 +72,20 @@ def principal(request: Request) -> Principal:
     return found
 
 
+def pages_base(request: Request) -> str:
+    """The pages' address as this request reached the server (what a link for its caller should use)."""
+    return str(request.base_url).rstrip("/") + PAGES
+
+
 #: A route's caller: `who: Caller` (401 before the route runs when the token is not valid).
 Caller = Annotated[Principal, Depends(principal)]
 
 
 def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = None,
-               mlflow_uri: str | None = None) -> FastAPI:
-    """The server's app over a run store (default: this AIR_HOME's)."""
+               mlflow_uri: str | None = None, stopping: threading.Event | None = None) -> FastAPI:
+    """The server's app over a run store (default: this AIR_HOME's). `stopping` is set when the server
+    stops: open streams (the API's follows, the pages' live logs) end then, so shutdown never waits on
+    them (a browser's page reconnects to the next server by itself)."""
     from air.server.routes_calls import router as calls_router
     from air.server.routes_runs import router as runs_router
     from air.server.routes_secrets import router as secrets_router
@@ -82,6 +94,7 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
     app.state.store = store or RunStore()
     app.state.paths = paths or ServerPaths.here()
     app.state.mlflow_uri = mlflow_uri
+    app.state.stopping = stopping
 
     @app.exception_handler(AirError)
     async def air_error(request: Request, exc: AirError) -> JSONResponse:
@@ -109,7 +122,38 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
     app.include_router(runs_router, prefix=API, dependencies=[Depends(principal)])
     app.include_router(secrets_router, prefix=API, dependencies=[Depends(principal)])
     app.include_router(calls_router, prefix=API, dependencies=[Depends(principal)])
+    _mount_pages(app)
     return app
 
 
-__all__ = ["API", "AuthError", "Caller", "create_app", "error_body", "principal", "store_of"]
+def _mount_pages(app: FastAPI) -> None:
+    """air's pages under PAGES: the token's user is the page's user (the name runs record as owner), the
+    session secret is the server's (kept across restarts), MLflow's link is the server's MLflow UI."""
+    from fastapi.responses import RedirectResponse
+
+    from air.server.uploads import session_secret
+    from air.tracking.store import is_http
+    from air.web import WebUser, create_web_app
+
+    store: RunStore = app.state.store
+
+    def authenticate(token: str) -> WebUser | None:
+        found = verify_token(store, token)
+        return WebUser(found.user, admin=found.admin) if found else None
+
+    def mlflow_ui() -> str | None:
+        uri = app.state.mlflow_uri
+        return uri.rstrip("/") if uri and is_http(uri) else None
+
+    pages = create_web_app(store, authenticator=authenticate, session_secret=session_secret(app.state.paths),
+                           mlflow_url=mlflow_ui)
+
+    @app.get("/", include_in_schema=False)
+    def home() -> RedirectResponse:
+        return RedirectResponse(PAGES + "/runs", status_code=303)
+
+    pages.state.stopping = app.state.stopping
+    app.mount(PAGES, pages)
+
+
+__all__ = ["API", "PAGES", "AuthError", "Caller", "create_app", "error_body", "pages_base", "principal", "store_of"]

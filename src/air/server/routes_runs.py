@@ -22,7 +22,7 @@ from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run
 from air.runs.views import queue_dict, run_detail, run_dict
-from air.server.app import AuthError, Caller, error_body, store_of
+from air.server.app import AuthError, Caller, error_body, pages_base, store_of
 from air.server.uploads import ServerPaths, check_digest, missing_blobs, store_blob
 
 router = APIRouter()
@@ -82,7 +82,7 @@ def list_runs(request: Request, who: Caller, all_users: bool = False,
 @router.get("/runs/{run_id}")
 def get_run(request: Request, run_id: str) -> dict[str, Any]:
     store = store_of(request)
-    return run_detail(store, store.get_run(run_id))
+    return run_detail(store, store.get_run(run_id), pages_base=pages_base(request))
 
 
 @router.post("/runs")
@@ -96,10 +96,11 @@ async def submit_run(request: Request, who: Caller) -> dict[str, Any]:
 @router.post("/runs/{run_id}/cancel")
 def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, Any]:
     from air.runs.cancel import cancel_run as cancel
+    from air.runs.cancel import may_cancel
 
     store = store_of(request)
     run = store.get_run(run_id)
-    if run.user != who.user and not who.admin:
+    if not may_cancel(run.user, who.user, admin=who.admin):
         raise AuthError(f"Run {run.id} belongs to {run.user}; only its owner or an admin may cancel it.", status=403)
     return {"run_id": run.id, "status": cancel(store, run.id).value}
 

@@ -110,9 +110,8 @@ def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | Non
     store = RunStore()
     store.schema_version()  # migrate (the tokens table) before the first request
     reconcile(store)  # runs whose supervisor died while no server ran end now, with a reason
-    app = create_app(store=store, mlflow_uri=mlflow_uri or tracking_uri())
     stopping = threading.Event()
-    app.state.stopping = stopping
+    app = create_app(store=store, mlflow_uri=mlflow_uri or tracking_uri(), stopping=stopping)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, ssl_certfile=str(tls_cert) if tls_cert else None,
                             ssl_keyfile=str(tls_key) if tls_key else None)

@@ -10,6 +10,7 @@ Under AIR_HOME (this module owns these names)::
     server/blobs/<sha256>              one file's content
     server/uploads/<key>/<name>/...    a rebuilt snapshot (key: sha256 of its manifest)
     server/users/<user>/secrets.json   that user's secrets
+    server/session-secret              signs the web pages' session cookies (0600; kept across restarts)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from air.constants import SERVER_MAX_SNAPSHOT_FILES
 from air.errors import UserInputError
+from air.files import atomic_write_bytes
 from air.home import AirHome
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -58,6 +60,32 @@ class ServerPaths:
     def user_secrets(self, user: str) -> Path:
         """A user's secret store: their folder is laid out like a home of its own (`secrets.json`)."""
         return AirHome(self.root / "users" / user).secrets
+
+    @property
+    def session_secret(self) -> Path:
+        return self.root / "session-secret"
+
+
+def session_secret(paths: ServerPaths) -> bytes:
+    """The key that signs the pages' session cookies: made once (32 random bytes, 0600) and read by every
+    later start, so restarting the server does not log browsers out. Two servers starting at once on one
+    home agree on it: the first to link its file in place wins, the other reads that one."""
+    path = paths.session_secret
+    try:
+        secret = path.read_bytes()
+        if len(secret) >= 32:
+            return secret
+    except FileNotFoundError:
+        pass
+    staged = atomic_write_bytes(path.with_name(f".{path.name}.{os.getpid()}"), os.urandom(32), mode=0o600)
+    try:
+        os.link(staged, path)  # never replaces one another server wrote meanwhile
+    except FileExistsError:
+        if len(path.read_bytes()) < 32:  # a broken one (cut short): replaced, atomically
+            os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
+    return path.read_bytes()
 
 
 def check_digest(digest: Any) -> str:
@@ -183,4 +211,4 @@ def build_snapshot(paths: ServerPaths, manifest: Any) -> Path:
     return final / name
 
 
-__all__ = ["ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "store_blob"]
+__all__ = ["ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "session_secret", "store_blob"]

@@ -2,8 +2,9 @@
 
 air does not ship a UI: the embedded store is a normal MLflow SQLite store, so `mlflow ui` shows it. The
 UI server comes with the full `mlflow` distribution (the `ui` extra); air itself needs only
-`mlflow-skinny`. A running `air ui` notes its address in `$AIR_HOME/ui.json` (this module owns that
-file), so links printed by `air get run` and by calls point at the port it really listens on. An
+`mlflow-skinny`. A running `air ui` notes its addresses (MLflow's UI and air's pages) in
+`$AIR_HOME/ui.json` (this module owns that file), so links printed by `air get run` and by calls point
+at the ports it really listens on. An
 attempt's `tracking.json` (named by `RunPaths.tracking`) is written and read into a link here too.
 """
 
@@ -166,11 +167,22 @@ class RunningUI:
     host: str
     port: int
     store: str
+    #: Port of air's pages (None: an entry written before `air ui` served them).
+    web_port: int | None = None
+
+    def _url(self, port: int) -> str:
+        host = DEFAULT_UI_HOST if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     @property
     def base_url(self) -> str:
-        host = DEFAULT_UI_HOST if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+        """MLflow's UI."""
+        return self._url(self.port)
+
+    @property
+    def pages_url(self) -> str | None:
+        """air's pages."""
+        return self._url(self.web_port) if self.web_port else None
 
     def alive(self) -> bool:
         """The same process (PID and start time) is still running: a recycled PID is not it."""
@@ -210,11 +222,12 @@ def _write(uis: list[RunningUI]) -> None:
     atomic_write_text(path, json.dumps({"uis": [asdict(u) for u in uis]}, indent=1))
 
 
-def record_ui(host: str, port: int, store: str) -> RunningUI:
-    """Note this process as a running UI (dead entries are dropped on the way)."""
+def record_ui(host: str, port: int, store: str, *, web_port: int | None = None) -> RunningUI:
+    """Note this process as a running UI (MLflow's on `port`, 0: none; air's pages on `web_port`); dead
+    entries are dropped on the way."""
     import psutil
 
-    me = RunningUI(os.getpid(), psutil.Process().create_time(), host, port, store)
+    me = RunningUI(os.getpid(), psutil.Process().create_time(), host, port, store, web_port)
     with _locked():
         _write([u for u in _read() if u.alive() and u.pid != me.pid] + [me])
     return me
@@ -243,5 +256,12 @@ def _same_store(a: str, b: str) -> bool:
 def running_ui(store: str | None = None) -> RunningUI | None:
     """The newest live `air ui` of this AIR_HOME serving `store` (default: the current tracking URI)."""
     store = tracking_uri() if store is None else store
-    live = [u for u in _read() if _same_store(u.store, store) and u.alive()]
+    live = [u for u in _read() if _same_store(u.store, store) and u.port and u.alive()]
     return live[-1] if live else None
+
+
+def pages_base_url(store: str | None = None) -> str | None:
+    """Where a running `air ui` of this AIR_HOME serves air's pages for `store`; None when none does."""
+    store = tracking_uri() if store is None else store
+    live = [u for u in _read() if _same_store(u.store, store) and u.web_port and u.alive()]
+    return live[-1].pages_url if live else None

@@ -1,8 +1,7 @@
 """The web pages over the run store: runs, one run (attempts, logs, spec, charts, cancel), capacity, login.
 
 `create_web_app()` builds a self-contained Starlette app: `air ui` serves it on loopback without login;
-`air server` mounts it (`server_app.mount("/ui", create_web_app(store, authenticator=check))`) so the
-pages share its port and tokens. Every page is server-rendered HTML that reads completely with
+`air server` mounts it under `/ui` (air.server.app) so the pages share its port and tokens. Every page is server-rendered HTML that reads completely with
 JavaScript off; `static/air.js` only adds live refresh and the live log stream (SSE). The data comes
 from `air.runs.views` (the CLI's `--json` reads the same functions).
 """
@@ -142,7 +141,8 @@ def create_web_app(
         store = open_store()
         run = store.get_run(request.path_params["run_id"])
         q = request.query_params
-        detail = views.run_detail(store, run)
+        here = f"{request.url.scheme}://{request.url.netloc}{base(request)}"
+        detail = views.run_detail(store, run, pages_base=here)
         attempts = views.attempt_views(store, run)
         attempt = _int(q.get("attempt"), run.current_attempt if run.current_attempt is not None else 0)
         chosen = next((a for a in attempts if a["index"] == attempt), None)

@@ -88,8 +88,10 @@ def request_user(
 
 
 def may_cancel(user: WebUser, run_user: str, *, auth_on: bool) -> bool:
-    """The run's owner or an admin; on `air ui` (no login) the store is the user's own."""
-    return not auth_on or user.admin or user.name == run_user
+    """The run's owner or an admin (the server's API rule); on `air ui` (no login) the store is the user's own."""
+    from air.runs.cancel import may_cancel as owner_or_admin
+
+    return not auth_on or owner_or_admin(run_user, user.name, admin=user.admin)
 
 
 __all__ = ["SESSION_COOKIE", "Authenticator", "Forbidden", "LoginRequired", "SessionSigner", "WebUser",

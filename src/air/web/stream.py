@@ -47,9 +47,10 @@ async def follow_log(
             yield _event("lines", [marked_line(None, mask(t)) for t in first], cursor.offset)
     else:
         cursor.offset = max(0, offset)
+    stopping = getattr(request.app.state, "stopping", None)  # set by `air server` as it stops
     while True:
-        if await request.is_disconnected():
-            return
+        if await request.is_disconnected() or (stopping is not None and stopping.is_set()):
+            return  # a browser reconnects (Last-Event-ID) and goes on where this ended
         run = store.get_run(run_id)
         over = run.is_terminal or (attempt is not None and run.current_attempt not in (None, attempt))
         lines = cursor.read(final=over)

@@ -1,0 +1,81 @@
+"""The server's app with its pages mounted, served in this process by uvicorn over a real store and real
+tokens: `/` leads to the pages, an unknown path outside them stays the API's JSON 404, the header links
+to the server's MLflow, and the session secret is one 0600 file every start of the app reuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from web_helpers import free_port
+
+from air.runs.store import RunStore
+from air.server.app import create_app
+from air.server.tokens import create_token
+from air.server.uploads import ServerPaths, session_secret
+from air.web.serve import PageServer
+
+MLFLOW = "http://mlflow.example.org:5001"
+
+
+@pytest.fixture
+def served(air_home: Path) -> Iterator[tuple[str, str]]:
+    """The server's app on a loopback port: (its URL, alice's token)."""
+    store = RunStore()
+    store.schema_version()
+    _, token = create_token(store, "alice")
+    port = free_port()
+    pages = PageServer(create_app(store=store, mlflow_uri=MLFLOW), "127.0.0.1", port)
+    pages.start()
+    try:
+        yield f"http://127.0.0.1:{port}", token
+    finally:
+        pages.stop()
+
+
+def get(url: str, token: str | None = None) -> tuple[int, str, str]:
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=60) as response:
+            return response.status, response.read().decode(), response.headers.get("Location", "")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(), err.headers.get("Location", "")
+
+
+def test_pages_beside_the_api(served: tuple[str, str]) -> None:
+    url, token = served
+    assert get(url + "/")[0:3:2] == (303, "/ui/runs")
+    status, _, location = get(url + "/ui")
+    assert status in (301, 302, 303, 307) and location.endswith("/ui/"), (status, location)
+    assert get(url + "/ui/")[0:3:2] == (303, "/ui/runs")
+    status, body, location = get(url + "/ui/capacity")
+    assert status == 303 and location.startswith("/ui/login?next=/ui/capacity"), (status, location)
+    status, body, _ = get(url + "/ui/runs", token)
+    assert status == 200 and f'href="{MLFLOW}"' in body and 'id="runs-table"' in body
+    status, body, _ = get(url + "/ui/static/air.js")
+    assert status == 200 and body
+    status, body, _ = get(url + "/nothing/here", token)
+    assert status == 404 and json.loads(body)["error"]["code"] == "NOT_FOUND"
+    assert get(url + "/api/v1/runs")[0] == 401
+
+
+def test_session_secret_is_kept_and_private(air_home: Path) -> None:
+    paths = ServerPaths.here()
+    first = session_secret(paths)
+    assert len(first) == 32 and session_secret(ServerPaths.here()) == first
+    assert stat.S_IMODE(os.stat(paths.session_secret).st_mode) == 0o600
+    assert [p.name for p in paths.root.iterdir()] == ["session-secret"]  # nothing staged is left behind
+    paths.session_secret.write_bytes(b"cut")  # a broken one is replaced, not trusted
+    renewed = session_secret(paths)
+    assert len(renewed) == 32 and renewed != first and paths.session_secret.read_bytes() == renewed
