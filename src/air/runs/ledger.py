@@ -7,6 +7,7 @@ write transaction, so two runs can never take the same slot, and "why does it wa
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 from air.errors import GPUValidationError, NotFoundError
 from air.runs.schema import StoreDatabase
@@ -18,12 +19,15 @@ SLOT_KINDS = ("GPU", "CPU")
 class SlotLedger(StoreDatabase):
     """The slot-ledger half of `RunStore` (claims, releases, queue order)."""
 
-    def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int) -> list[int] | None:
-        """Claim `count` of this machine's `capacity` slots of `kind` ('GPU' or 'CPU') for a QUEUED run.
+    def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int, *,
+                        slots: Sequence[int] | None = None, user_limit: int | None = None) -> list[int] | None:
+        """Claim `count` of this machine's `capacity` slots of `kind` ('GPU' or 'CPU') for a QUEUED run;
+        only among `slots` (the run's pool) when given.
 
-        Strictly first in first out: a run gets slots only when no run that entered the queue before
-        it (same kind, same backend) is still waiting without slots, even if enough slots are free for
-        this one. Returns the slot indices (lowest free first), or None: not its turn or not enough
+        Strictly first in first out per pool: a run gets slots only when no run that entered the queue
+        before it (same kind, backend and pool) is still waiting without slots, even if enough slots are
+        free for this one. With `user_limit`, a run whose user already holds that many runs' slots
+        waits, and does not hold up other users' runs behind it. Returns the slot indices (lowest free first), or None: not its turn or not enough
         free yet; try again later. A run that already holds slots gets them back (and one that gave
         them back while still QUEUED waits again, at its old place). A run no longer
         QUEUED (canceled meanwhile) raises StatusConflictError; a `count` above `capacity` can never be
@@ -34,17 +38,21 @@ class SlotLedger(StoreDatabase):
             raise ValueError(f"slot kind must be one of {SLOT_KINDS}, got {kind!r}")
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
-        if count > capacity:
+        allowed = list(range(capacity)) if slots is None else list(slots)
+        if count > len(allowed):
+            where = "this machine has" if slots is None else "its pool has"
             raise GPUValidationError(
-                f"Run {run_id} needs {count} {kind} slots; this machine has {capacity}.",
+                f"Run {run_id} needs {count} {kind} slots; {where} {len(allowed)}.",
                 hint="Ask for fewer accelerators, or use a backend with more (a Ray cluster profile).",
             )
         now = self._clock()
         with self._write() as conn:
-            row = conn.execute("SELECT status, backend, queue_seq FROM runs WHERE id = ?", (run_id,)).fetchone()
+            row = conn.execute(
+                "SELECT status, backend, queue_seq, pool, user FROM runs WHERE id = ?", (run_id,)
+            ).fetchone()
             if row is None:
                 raise NotFoundError(f"Run {run_id} not found.")
-            status, backend, queue_seq = RunStatus(row[0]), row[1], row[2]
+            status, backend, queue_seq, pool, user = RunStatus(row[0]), row[1], row[2], row[3], row[4]
             held = [r[0] for r in conn.execute(
                 "SELECT slot_index FROM slot_claims WHERE run_id = ? ORDER BY slot_index", (run_id,)
             )]
@@ -55,10 +63,12 @@ class SlotLedger(StoreDatabase):
                     f"Run {run_id} is {status}, not QUEUED; it cannot claim slots.",
                     run_id=run_id, current=status.value,
                 )
-            if self._waiting_ahead(conn, kind, backend, queue_seq, stop_at_one=True):
+            if user_limit is not None and self._running_of(conn, user) >= user_limit:
+                return None
+            if self._waiting_ahead(conn, kind, backend, queue_seq, pool, user_limit, stop_at_one=True):
                 return None
             used = {r[0] for r in conn.execute("SELECT slot_index FROM slot_claims WHERE slot_kind = ?", (kind,))}
-            free = [i for i in range(capacity) if i not in used]
+            free = [i for i in allowed if i not in used]
             if len(free) < count:
                 return None
             chosen = free[:count]
@@ -69,53 +79,77 @@ class SlotLedger(StoreDatabase):
             return chosen
 
     @staticmethod
-    def _waiting_ahead(
-        conn: sqlite3.Connection, kind: str, backend: str, queue_seq: int | None, *, stop_at_one: bool
-    ) -> int:
-        """QUEUED runs of this kind and backend that entered the queue earlier and hold no slots."""
-        if queue_seq is None:
-            return 0
-        sql = (
-            "SELECT COUNT(*) FROM (SELECT 1 FROM runs r WHERE r.status = ? AND r.queue_seq < ? "
-            "AND r.backend = ? AND r.accelerator_type LIKE ? ESCAPE '\\' "
-            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id)"
-            + (" LIMIT 1)" if stop_at_one else ")")
-        )
-        row = conn.execute(sql, (RunStatus.QUEUED.value, queue_seq, backend, kind + "\\_%")).fetchone()
+    def _running_of(conn: sqlite3.Connection, user: str) -> int:
+        """Runs of `user` that hold slots (starting or running): what the per-user limit counts."""
+        row = conn.execute(
+            "SELECT COUNT(DISTINCT c.run_id) FROM slot_claims c JOIN runs r ON r.id = c.run_id WHERE r.user = ?",
+            (user,),
+        ).fetchone()
         return int(row[0])
 
-    def queue_position(self, run_id: str) -> int | None:
+    def running_runs_of(self, user: str) -> int:
+        """How many of `user`'s runs hold slots now (the per-user limit's count)."""
+        return self._running_of(self._conn(), user)
+
+    @staticmethod
+    def _ahead_sql(select: str, user_limit: int | None) -> str:
+        """QUEUED runs of one kind, backend and pool that entered the queue earlier and hold no slots
+        (and, with a per-user limit, whose user is under it: a user at the limit holds up no one)."""
+        sql = (
+            f"SELECT {select} FROM runs r WHERE r.status = ? AND r.queue_seq < ? "
+            "AND r.backend = ? AND r.accelerator_type LIKE ? ESCAPE '\\' AND r.pool IS ? "
+            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id)"
+        )
+        if user_limit is not None:
+            sql += (" AND (SELECT COUNT(DISTINCT c2.run_id) FROM slot_claims c2 JOIN runs r2 ON r2.id = c2.run_id "
+                    "WHERE r2.user = r.user) < ?")
+        return sql
+
+    @classmethod
+    def _waiting_ahead(
+        cls, conn: sqlite3.Connection, kind: str, backend: str, queue_seq: int | None, pool: str | None,
+        user_limit: int | None, *, stop_at_one: bool,
+    ) -> int:
+        """How many runs wait ahead (`_ahead_sql`)."""
+        if queue_seq is None:
+            return 0
+        sql = "SELECT COUNT(*) FROM (" + cls._ahead_sql("1", user_limit) + (" LIMIT 1)" if stop_at_one else ")")
+        params: list[object] = [RunStatus.QUEUED.value, queue_seq, backend, kind + "\\_%", pool]
+        if user_limit is not None:
+            params.append(user_limit)
+        return int(conn.execute(sql, params).fetchone()[0])
+
+    def queue_position(self, run_id: str, *, user_limit: int | None = None) -> int | None:
         """How many runs wait ahead of this QUEUED run (0: next). None if it is not waiting."""
         conn = self._conn()
         row = conn.execute(
-            "SELECT status, backend, queue_seq, accelerator_type FROM runs WHERE id = ?", (run_id,)
+            "SELECT status, backend, queue_seq, accelerator_type, pool FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
         if row is None:
             raise NotFoundError(f"Run {run_id} not found.")
         if row[0] != RunStatus.QUEUED.value or self.claimed_slots(run_id):
             return None
         kind = str(row[3]).split("_", 1)[0].upper()
-        return self._waiting_ahead(conn, kind, row[1], row[2], stop_at_one=False)
+        return self._waiting_ahead(conn, kind, row[1], row[2], row[4], user_limit, stop_at_one=False)
 
-    def queued_ahead(self, run_id: str) -> list[str]:
-        """Ids of the runs this QUEUED run waits behind (same slot kind and backend, entered the queue
-        earlier, no slots yet), first in line first. Empty when it is next, holds slots or is not QUEUED.
-        The same rule as `try_claim_slots`'s FIFO check, so "why does it wait" never disagrees with it."""
+    def queued_ahead(self, run_id: str, *, user_limit: int | None = None) -> list[str]:
+        """Ids of the runs this QUEUED run waits behind (same slot kind, backend and pool, entered the
+        queue earlier, no slots yet, their user under `user_limit`), first in line first. Empty when it
+        is next, holds slots or is not QUEUED. The same rule as `try_claim_slots`'s FIFO check, so "why
+        does it wait" never disagrees with it."""
         conn = self._conn()
         row = conn.execute(
-            "SELECT status, backend, queue_seq, accelerator_type FROM runs WHERE id = ?", (run_id,)
+            "SELECT status, backend, queue_seq, accelerator_type, pool FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
         if row is None:
             raise NotFoundError(f"Run {run_id} not found.")
         if row[0] != RunStatus.QUEUED.value or row[2] is None or self.claimed_slots(run_id):
             return []
         kind = str(row[3]).split("_", 1)[0].upper()
-        return [r[0] for r in conn.execute(
-            "SELECT r.id FROM runs r WHERE r.status = ? AND r.queue_seq < ? AND r.backend = ? "
-            "AND r.accelerator_type LIKE ? ESCAPE '\\' "
-            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id) ORDER BY r.queue_seq",
-            (RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%"),
-        )]
+        params: list[object] = [RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%", row[4]]
+        if user_limit is not None:
+            params.append(user_limit)
+        return [r[0] for r in conn.execute(self._ahead_sql("r.id", user_limit) + " ORDER BY r.queue_seq", params)]
 
     def release_slots(self, run_id: str) -> list[int]:
         """Give back every slot the run holds (idempotent); returns the indices released."""

@@ -127,6 +127,7 @@ class RunStore(SlotLedger, RunLookup):
         user: str | None = None,
         idempotency_key: str | None = None,
         run_id: str | None = None,
+        pool: str | None = None,
     ) -> CreateRunResult:
         """Record a new PENDING run. With an `idempotency_key` already used, return that run instead
         (`existing=True`) and create nothing: a client retrying a submit never makes a duplicate."""
@@ -150,6 +151,7 @@ class RunStore(SlotLedger, RunLookup):
                 spec_yaml=spec_yaml,
                 user=user if user is not None else _current_user(),
                 idempotency_key=idempotency_key,
+                pool=pool,
             )
             with self._write() as conn:
                 if idempotency_key is not None:
