@@ -68,7 +68,7 @@ def test_runs_and_calls_land_in_the_pool_they_ask_for(tmp_path: Path, air_home: 
         "default_pool: on-demand\n")
     first = submit(gated(tmp_path, "first", pool="reserved"))
     wait_status(first, "RUNNING")
-    second = submit(gated(tmp_path, "second"), )  # DATABRICKS_USE_RESERVED_GPU_POOL unset: the default pool
+    second = submit(gated(tmp_path, "second"))  # DATABRICKS_USE_RESERVED_GPU_POOL unset: the default pool
     wait_status(second, "RUNNING")
     queued = air("run", "-f", str(gated(tmp_path, "third")), "--json", env={"DATABRICKS_USE_RESERVED_GPU_POOL": "1"})
     assert queued.returncode == 0, queued.stderr
