@@ -263,7 +263,7 @@ class AirConfig(BaseModel):
             if beyond:
                 raise UserInputError(
                     f"Pool {pool.name!r} names {pool.accelerator} slot(s) {','.join(map(str, beyond))}, but this "
-                    f"machine has {have} {pool.accelerator} slot(s) (0-{have - 1}).",
+                    f"machine has {have} {pool.accelerator} slot(s)" + (f" (0-{have - 1})." if have else "."),
                     hint=f"Fix pools.{pool.name}.slots in {self.path or config_path()}"
                     + (" or raise AIR_CPU_SLOTS." if pool.accelerator == "CPU" else "."))
 

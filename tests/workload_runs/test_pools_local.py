@@ -66,6 +66,8 @@ def test_runs_and_calls_land_in_the_pool_they_ask_for(tmp_path: Path, air_home: 
     (air_home / "config.yaml").write_text(
         "pools:\n  reserved: {accelerator: CPU, slots: 0}\n  on-demand: {accelerator: CPU, slots: 1-2}\n"
         "default_pool: on-demand\n")
+    dry = air("run", "-f", str(gated(tmp_path, "dry")), "--dry-run", "--json", env={"DATABRICKS_USE_RESERVED_GPU_POOL": "1"})
+    assert dry.returncode == 0 and json.loads(dry.stdout)["data"]["plan"]["compute"]["pool"] == "reserved", dry.stderr
     first = submit(gated(tmp_path, "first", pool="reserved"))
     wait_status(first, "RUNNING")
     second = submit(gated(tmp_path, "second"))  # DATABRICKS_USE_RESERVED_GPU_POOL unset: the default pool

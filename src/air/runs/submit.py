@@ -85,6 +85,7 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
         resolve_secrets(spec.secrets, store=secret_store)  # every scope/key must exist now, not on a node
     if secret_store is not None:
         plan.secret_store = str(secret_store)
+    plan.pool = pool
     return Prepared(spec, plan, backend, snapshot, pool)
 
 
