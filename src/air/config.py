@@ -122,9 +122,6 @@ class Pool(BaseModel):
             raise ValueError(f"slots must be distinct indices >= 0, got {self.slots}")
         return self
 
-    def describe(self) -> str:
-        return f"{self.accelerator} slots {','.join(map(str, self.slots))}"
-
 
 class AirConfig(BaseModel):
     """The whole `config.yaml`. `path` is where it was read from (None: no file, all defaults)."""
@@ -201,16 +198,21 @@ class AirConfig(BaseModel):
     def pool_names(self) -> list[str]:
         return list(self.pools) or [DEFAULT_POOL]
 
-    def resolve_pool(self, asked: str | None, *, use_reserved: bool | None = None) -> str | None:
-        """The pool a run goes to: `compute.pool`, else DATABRICKS_USE_RESERVED_GPU_POOL (true: `reserved`;
-        false: `on-demand` where configured), else `default_pool` (the only pool). None: no pools configured.
-        An unknown pool is a UserInputError listing the pools."""
+    def resolve_pool(self, asked: str | None, kind: str, *, use_reserved: bool | None = None) -> str | None:
+        """The pool a run of `kind` ('GPU'/'CPU') goes to: `compute.pool`, else DATABRICKS_USE_RESERVED_GPU_POOL
+        (true: `reserved`; false: `on-demand` where configured), else `default_pool` (or the only pool), or
+        the first pool of its kind when that one is of the other kind. None: no pool of its kind (it
+        claims among all of this machine's slots of its kind, as without pools). An unknown pool is a
+        UserInputError listing the pools."""
         source = "compute.pool"
         if asked is None and use_reserved is not None:
             source = f"{USE_RESERVED_POOL}={'1' if use_reserved else '0'}"
             asked = RESERVED_POOL if use_reserved else (ON_DEMAND_POOL if ON_DEMAND_POOL in self.pools else None)
         if asked is None:
-            return self.default_pool or next(iter(self.pools), None)
+            default = self.default_pool or next(iter(self.pools), None)
+            if default is not None and self.pools[default].accelerator != kind.upper():
+                default = next(iter(self.pools_of(kind.upper())), None)
+            return default
         if asked in self.pools or (not self.pools and asked == DEFAULT_POOL):
             return asked if self.pools else None
         raise UserInputError(
@@ -225,7 +227,7 @@ class AirConfig(BaseModel):
         default pool), checked as a workload's is; None off the local backend or without pools."""
         if backend != "local":
             return None
-        pool = self.resolve_pool(None, use_reserved=use_reserved)
+        pool = self.resolve_pool(None, accelerator_kind, use_reserved=use_reserved)
         self.check_pool_fits(pool, accelerator_kind, wanted)
         return pool
 

@@ -118,5 +118,7 @@ def test_an_unknown_pool_is_exit_2_and_makes_nothing(tmp_path: Path, air_home: P
     assert bad.returncode == 2 and "neither true nor false" in bad.stderr, bad.stderr
     assert RunStore().list_runs(statuses="all", limit=None) == []
     (air_home / "config.yaml").write_text("pools:\n  reserved: {accelerator: GPU, slots: 0}\n")
-    wrong_kind = air("run", "-f", str(gated(tmp_path, "z")))
+    wrong_kind = air("run", "-f", str(gated(tmp_path, "z", pool="reserved")))
     assert wrong_kind.returncode == 2 and "Pool 'reserved' has GPU slots; this run needs CPU" in wrong_kind.stderr
+    unpooled = air("run", "-f", str(gated(tmp_path, "z")), "--dry-run", "--json")  # no pool of its kind: all CPU slots
+    assert unpooled.returncode == 0 and "pool" not in json.loads(unpooled.stdout)["data"]["plan"]["compute"]

@@ -62,9 +62,9 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
     backend.check_shape(spec.accelerator, spec.num_nodes)
     pool = None
     if backend_name == "local":
-        pool = config.resolve_pool(spec.compute.pool, use_reserved=use_reserved)
-        config.check_pool_fits(pool, "CPU" if spec.accelerator.is_cpu else "GPU",
-                               spec.accelerator.per_node * spec.num_nodes)
+        kind = "CPU" if spec.accelerator.is_cpu else "GPU"
+        pool = config.resolve_pool(spec.compute.pool, kind, use_reserved=use_reserved)
+        config.check_pool_fits(pool, kind, spec.accelerator.per_node * spec.num_nodes)
     elif spec.compute.pool is not None or use_reserved:
         raise UserInputError(
             f"compute.pool: profile {profile_name!r} is a Ray cluster; pools are of local slots for now "
