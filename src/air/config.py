@@ -80,8 +80,9 @@ class BaseEnvironment(BaseModel):
 
 
 class Pool(BaseModel):
-    """A named share of this machine's accelerator slots that runs ask for (`compute.pool`). Runs wait in
-    one first-in-first-out queue per pool and claim only its slots."""
+    """A named share of capacity that runs ask for (`compute.pool`): this machine's slots (`slots`; runs
+    wait in one first-in-first-out queue per pool and claim only its slots), or the Ray nodes whose labels
+    include `ray_labels` (a Ray profile; Ray places the run's nodes only there)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -89,7 +90,13 @@ class Pool(BaseModel):
     #: Which slots: GPU (this machine's GPUs, by index) or CPU (AIR_CPU_SLOTS processes).
     accelerator: Literal["GPU", "CPU"]
     #: Slot indices: a range "0-3", a list [0, 2], or "0,2,5".
-    slots: list[int]
+    slots: list[int] | None = None
+    #: Ray: the node labels (`ray start --labels pool=reserved`) that select the pool's nodes.
+    ray_labels: dict[str, str] | None = None
+
+    @property
+    def on_ray(self) -> bool:
+        return self.ray_labels is not None
 
     @field_validator("accelerator", mode="before")
     @classmethod
@@ -116,6 +123,12 @@ class Pool(BaseModel):
 
     @model_validator(mode="after")
     def _distinct_slots(self) -> Pool:
+        if (self.slots is None) == (self.ray_labels is None):
+            raise ValueError("a pool has either slots (this machine's) or ray_labels (Ray nodes), not both")
+        if self.ray_labels is not None:
+            if not self.ray_labels:
+                raise ValueError("ray_labels needs at least one label (key: value)")
+            return self
         if not self.slots:
             raise ValueError("a pool needs at least one slot")
         if any(i < 0 for i in self.slots) or len(set(self.slots)) != len(self.slots):
@@ -186,8 +199,10 @@ class AirConfig(BaseModel):
             raise ValueError(f"default_pool is required with several pools: name the one for runs that ask for "
                              f"none ({', '.join(self.pools)})")
         taken: dict[tuple[str, int], str] = {}
+        if len({pool.on_ray for pool in self.pools.values()}) > 1:
+            raise ValueError("pools are all of slots or all of ray_labels (one backend serves them)")
         for pool in self.pools.values():
-            for index in pool.slots:
+            for index in pool.slots or ():
                 other = taken.setdefault((pool.accelerator, index), pool.name)
                 if other != pool.name:
                     raise ValueError(f"pools {other!r} and {pool.name!r} both hold {pool.accelerator} slot {index}; "
@@ -224,16 +239,26 @@ class AirConfig(BaseModel):
 
     def call_pool(self, backend: str, accelerator_kind: str, wanted: int, use_reserved: bool | None) -> str | None:
         """The pool of a `@distributed(remote=True)` call (DATABRICKS_USE_RESERVED_GPU_POOL, else the
-        default pool), checked as a workload's is; None off the local backend or without pools."""
-        if backend != "local":
+        default pool), checked as a workload's is; None without pools for its backend."""
+        if (backend == "local") == self.ray_pools:
             return None
         pool = self.resolve_pool(None, accelerator_kind, use_reserved=use_reserved)
         self.check_pool_fits(pool, accelerator_kind, wanted)
         return pool
 
+    @property
+    def ray_pools(self) -> bool:
+        return any(pool.on_ray for pool in self.pools.values())
+
     def check_pool_fits(self, pool: str | None, kind: str, wanted: int) -> None:
         """The run's kind is the pool's and the pool has room for it at all (else it would wait forever)."""
         if pool is None:
+            return
+        chosen = self.pools[pool]
+        if chosen.on_ray:
+            if chosen.accelerator != kind.upper():
+                raise UserInputError(f"Pool {pool!r} has {chosen.accelerator} nodes; this run needs {kind.upper()}.",
+                                     hint=f"Pick a pool of {kind.upper()} ({', '.join(self.pools_of(kind.upper())) or 'none'}).")
             return
         slots = self.pool_slots(pool, kind, 0)
         if wanted > len(slots):
@@ -252,6 +277,8 @@ class AirConfig(BaseModel):
             raise UserInputError(
                 f"Pool {pool!r} has {chosen.accelerator} slots; this run needs {kind.upper()} slots.",
                 hint=f"Pick a pool of {kind.upper()} slots ({', '.join(self.pools_of(kind.upper())) or 'none'}).")
+        if chosen.slots is None:
+            raise UserInputError(f"Pool {pool!r} is of Ray nodes (ray_labels), not of this machine's slots.")
         return list(chosen.slots)
 
     def pools_of(self, kind: str) -> list[str]:
@@ -261,7 +288,7 @@ class AirConfig(BaseModel):
         """Every pool's slots exist on this machine (`air server start` checks before serving)."""
         for pool in self.pools.values():
             have = capacities.get(pool.accelerator, 0)
-            beyond = [i for i in pool.slots if i >= have]
+            beyond = [i for i in pool.slots or () if i >= have]
             if beyond:
                 raise UserInputError(
                     f"Pool {pool.name!r} names {pool.accelerator} slot(s) {','.join(map(str, beyond))}, but this "
@@ -311,7 +338,7 @@ def load_config(path: Path | None = None) -> AirConfig:
         raise UserInputError(
             f"Invalid air configuration {path}:\n{_describe(exc)}",
             hint=f"Settings: default_profile, profiles.NAME.{{{', '.join(_SECTION_KEYS['profiles'])}}}, "
-            "environments.NAME.python, pools.NAME.{accelerator, slots}, default_pool, max_running_runs_per_user.",
+            "environments.NAME.python, pools.NAME.{accelerator, slots | ray_labels}, default_pool, max_running_runs_per_user.",
         ) from None
     config._path = path
     return config

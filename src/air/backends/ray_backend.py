@@ -36,6 +36,7 @@ from air.backends.base import (
     NodeLaunch,
     NodeProcess,
     ProcLineCallback,
+    SlotLedger,
 )
 from air.backends.ray_agent import (
     NodeAgent,
@@ -94,6 +95,8 @@ class RayBackend(RayCapacity):
         self.wait_report_s = wait_report_s
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
+        #: The run store, where a run's pool is read (None: any node; set by `backend_for`).
+        self.ledger: SlotLedger | None = None
 
     @classmethod
     def from_profile(cls, profile: Any) -> RayBackend:
@@ -107,6 +110,18 @@ class RayBackend(RayCapacity):
             refresh_auth()
         return cls(getattr(profile, "address", None), code_shipping=getattr(profile, "code_shipping", None) or "auto")
 
+    def _pool_labels(self, run_id: str) -> dict[str, str] | None:
+        """The node labels of the run's pool (config.yaml `pools.NAME.ray_labels`), or None: any node."""
+        if self.ledger is None:
+            return None
+        pool = self.ledger.get_run(run_id).pool
+        if pool is None:
+            return None
+        from air.config import load_config
+
+        chosen = load_config().pools.get(pool)
+        return dict(chosen.ray_labels) if chosen is not None and chosen.ray_labels else None
+
     def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
                 should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
         """Reserve the placement group (gang: all bundles or none), then start one agent per bundle."""
@@ -115,8 +130,10 @@ class RayBackend(RayCapacity):
 
         nodes = self._alive_nodes()
         bundle = self.bundle_for(accelerator, nodes)
+        labels = self._pool_labels(run_id)
         pg = placement_group([dict(bundle) for _ in range(num_nodes)], strategy="STRICT_SPREAD",
-                             name=f"air:{run_id}")
+                             name=f"air:{run_id}",
+                             bundle_label_selector=[dict(labels) for _ in range(num_nodes)] if labels else None)
         next_report = time.monotonic()
         try:
             while not pg.wait(timeout_seconds=0.5):

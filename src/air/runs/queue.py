@@ -100,7 +100,8 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
     unit = f"{kind} slot" + ("" if slots == 1 else "s")
     if run.backend != "local":
         reason = (
-            f"waiting for {slots} {unit} on the Ray cluster of profile {run.profile or '-'} "
+            f"waiting for {slots} {unit}" + (f" in pool {run.pool}" if run.pool else "")
+            + f" on the Ray cluster of profile {run.profile or '-'} "
             "(Ray places the run when its nodes have room)"
         )
         return QueueInfo(run.id, kind, slots, None, (), (), None, None, (), reason, run.pool)

@@ -61,15 +61,20 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
     backend = backend_for(chosen)
     backend.check_shape(spec.accelerator, spec.num_nodes)
     pool = None
-    if backend_name == "local":
-        kind = "CPU" if spec.accelerator.is_cpu else "GPU"
+    kind = "CPU" if spec.accelerator.is_cpu else "GPU"
+    if backend_name == "local" and config.ray_pools:
+        if spec.compute.pool is not None or use_reserved:
+            raise UserInputError(f"compute.pool: the pools of {config.path} are of Ray nodes (ray_labels); profile "
+                                 f"{profile_name!r} runs on this machine.", hint="Pick a ray profile with -p.")
+    elif backend_name == "local" or config.ray_pools:
         pool = config.resolve_pool(spec.compute.pool, kind, use_reserved=use_reserved)
         config.check_pool_fits(pool, kind, spec.accelerator.per_node * spec.num_nodes)
     elif spec.compute.pool is not None or use_reserved:
         raise UserInputError(
-            f"compute.pool: profile {profile_name!r} is a Ray cluster; pools are of local slots for now "
-            "(pools of Ray nodes by label are not built yet).",
-            hint="Leave compute.pool (and DATABRICKS_USE_RESERVED_GPU_POOL) unset for a Ray profile.")
+            f"compute.pool: profile {profile_name!r} is a Ray cluster and {config.path or 'config.yaml'} has no pools "
+            "of Ray nodes.",
+            hint="Add pools with ray_labels (nodes started with `ray start --labels KEY=VALUE`), or leave "
+            "compute.pool and DATABRICKS_USE_RESERVED_GPU_POOL unset.")
     snapshot = None
     if spec.code_source is not None:
         from air.workload.snapshot import plan_snapshot

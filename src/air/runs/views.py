@@ -214,8 +214,10 @@ def pools_view(store: RunStore) -> dict[str, Any]:
         if run.backend == "local" and not store.claimed_slots(run.id):
             queued[(run.pool, run.slot_kind)] = queued.get((run.pool, run.slot_kind), 0) + 1
     entries: list[tuple[str, str, list[int], str | None]]
+    if config.ray_pools:
+        return {"pools": _ray_pools(config, gpu_model), "max_running_runs_per_user": config.max_running_runs_per_user}
     if config.pools:
-        entries = [(name, pool.accelerator, list(pool.slots), name) for name, pool in config.pools.items()]
+        entries = [(name, pool.accelerator, list(pool.slots or ()), name) for name, pool in config.pools.items()]
     else:
         entries = [(DEFAULT_POOL, kind, list(range(capacity or 0)), None) for kind, capacity in capacities.items()
                    if capacity or kind == "CPU"]
@@ -230,6 +232,27 @@ def pools_view(store: RunStore) -> dict[str, Any]:
             "default": name == (config.default_pool or entries[0][0]),
         })
     return {"pools": rows, "max_running_runs_per_user": config.max_running_runs_per_user}
+
+
+def _ray_pools(config: Any, gpu_model: str) -> list[dict[str, Any]]:
+    """Pools of Ray nodes: accelerators of the alive nodes whose labels include the pool's, and how many of
+    them Ray has handed out (read from the cluster of the default profile)."""
+    from air.backends import backend_for
+    from air.config import resolve_profile
+
+    backend = backend_for(resolve_profile(None, config))
+    usage = getattr(backend, "labelled_usage", None)
+    rows = []
+    for name, pool in config.pools.items():
+        kind = pool.accelerator
+        total, used, models = usage(pool.ray_labels, kind) if usage else (0, 0, [])
+        rows.append({
+            "name": name, "accelerator_type": "CPU" if kind == "CPU" else ("/".join(models) or gpu_model),
+            "kind": kind, "ray_labels": pool.ray_labels, "slots": [], "total": total, "used": used,
+            "idle": total - used, "runs": [], "queued": 0,
+            "default": name == (config.default_pool or next(iter(config.pools))),
+        })
+    return rows
 
 
 def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:

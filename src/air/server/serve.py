@@ -87,10 +87,11 @@ def check_server_home() -> str:
     if config.pools:
         from air.runs.queue import local_capacity
 
-        if profile.backend != "local":
-            raise UserInputError(f"pools: the default profile {profile.name!r} is a Ray cluster; pools are of this "
-                                 "machine's slots for now (pools of Ray nodes by label are not built yet).",
-                                 hint=f"Remove `pools:` from {config.path}, or use a local default profile.")
+        if config.ray_pools != (profile.backend == "ray"):
+            raise UserInputError(
+                f"pools: the default profile {profile.name!r} is {profile.backend}, but the pools are of "
+                + ("Ray nodes (ray_labels)." if config.ray_pools else "this machine's slots (slots)."),
+                hint=f"Pools of a local profile name slots, of a ray profile ray_labels: fix {config.path}.")
         config.check_pools({kind: local_capacity(kind) or 0 for kind in ("GPU", "CPU")})
     return profile.name
 
