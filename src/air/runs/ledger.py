@@ -14,6 +14,8 @@ from air.runs.schema import StoreDatabase
 from air.runs.states import RunStatus, StatusConflictError
 
 SLOT_KINDS = ("GPU", "CPU")
+#: The claim kind of a run admitted to ask Ray for its nodes (`try_admit`); one per run, keyed by queue_seq.
+ADMITTED = "RUN"
 
 
 class SlotLedger(StoreDatabase):
@@ -78,6 +80,33 @@ class SlotLedger(StoreDatabase):
             )
             return chosen
 
+    def try_admit(self, run_id: str, *, user_limit: int | None = None) -> bool:
+        """Let a QUEUED run of a backend that places runs itself (Ray) go ask for its nodes: strictly first
+        in first out per pool (no earlier run of its kind, backend and pool still QUEUED, admitted or not,
+        unless its user is at the limit) and within `user_limit`. An admitted run holds one claim of kind
+        RUN (counted by the per-user limit) until it ends or `release_slots`."""
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT status, backend, queue_seq, pool, user, accelerator_type FROM runs WHERE id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"Run {run_id} not found.")
+            status, backend, queue_seq, pool, user = RunStatus(row[0]), row[1], row[2], row[3], row[4]
+            if conn.execute("SELECT 1 FROM slot_claims WHERE run_id = ?", (run_id,)).fetchone():
+                return True
+            if status is not RunStatus.QUEUED:
+                raise StatusConflictError(f"Run {run_id} is {status}, not QUEUED; it cannot be admitted.",
+                                          run_id=run_id, current=status.value)
+            if user_limit is not None and self._running_of(conn, user) >= user_limit:
+                return False
+            kind = str(row[5]).split("_", 1)[0].upper()
+            if self._waiting_ahead(conn, kind, backend, queue_seq, pool, user_limit, stop_at_one=True,
+                                   admitted_wait=True):
+                return False
+            conn.execute("INSERT INTO slot_claims (slot_kind, slot_index, run_id, claimed_at) VALUES (?, ?, ?, ?)",
+                         (ADMITTED, queue_seq or 0, run_id, self._clock()))
+            return True
+
     @staticmethod
     def _running_of(conn: sqlite3.Connection, user: str) -> int:
         """Runs of `user` that hold slots (starting or running): what the per-user limit counts."""
@@ -92,28 +121,30 @@ class SlotLedger(StoreDatabase):
         return self._running_of(self._conn(), user)
 
     @staticmethod
-    def _ahead_sql(select: str, user_limit: int | None) -> str:
+    def _ahead_sql(select: str, user_limit: int | None, admitted_wait: bool = False) -> str:
         """QUEUED runs of one kind, backend and pool that entered the queue earlier and hold no slots
-        (and, with a per-user limit, whose user is under it: a user at the limit holds up no one)."""
+        (`admitted_wait`: Ray's, admitted or not: until placed, they still wait) and, with a per-user
+        limit, whose user is under it: a user at the limit holds up no one."""
         sql = (
             f"SELECT {select} FROM runs r WHERE r.status = ? AND r.queue_seq < ? "
             "AND r.backend = ? AND r.accelerator_type LIKE ? ESCAPE '\\' AND r.pool IS ? "
-            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id)"
+            + ("AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id)" if not admitted_wait else "")
         )
-        if user_limit is not None:
-            sql += (" AND (SELECT COUNT(DISTINCT c2.run_id) FROM slot_claims c2 JOIN runs r2 ON r2.id = c2.run_id "
-                    "WHERE r2.user = r.user) < ?")
+        if user_limit is not None:  # (an admitted run of that user counts; it is not the one at the limit)
+            sql += (" AND ((SELECT COUNT(DISTINCT c2.run_id) FROM slot_claims c2 JOIN runs r2 ON r2.id = c2.run_id "
+                    "WHERE r2.user = r.user) < ? OR EXISTS (SELECT 1 FROM slot_claims c3 WHERE c3.run_id = r.id))")
         return sql
 
     @classmethod
     def _waiting_ahead(
         cls, conn: sqlite3.Connection, kind: str, backend: str, queue_seq: int | None, pool: str | None,
-        user_limit: int | None, *, stop_at_one: bool,
+        user_limit: int | None, *, stop_at_one: bool, admitted_wait: bool = False,
     ) -> int:
         """How many runs wait ahead (`_ahead_sql`)."""
         if queue_seq is None:
             return 0
-        sql = "SELECT COUNT(*) FROM (" + cls._ahead_sql("1", user_limit) + (" LIMIT 1)" if stop_at_one else ")")
+        sql = ("SELECT COUNT(*) FROM (" + cls._ahead_sql("1", user_limit, admitted_wait)
+               + (" LIMIT 1)" if stop_at_one else ")"))
         params: list[object] = [RunStatus.QUEUED.value, queue_seq, backend, kind + "\\_%", pool]
         if user_limit is not None:
             params.append(user_limit)
@@ -132,7 +163,7 @@ class SlotLedger(StoreDatabase):
         kind = str(row[3]).split("_", 1)[0].upper()
         return self._waiting_ahead(conn, kind, row[1], row[2], row[4], user_limit, stop_at_one=False)
 
-    def queued_ahead(self, run_id: str, *, user_limit: int | None = None) -> list[str]:
+    def queued_ahead(self, run_id: str, *, user_limit: int | None = None, admitted_wait: bool = False) -> list[str]:
         """Ids of the runs this QUEUED run waits behind (same slot kind, backend and pool, entered the
         queue earlier, no slots yet, their user under `user_limit`), first in line first. Empty when it
         is next, holds slots or is not QUEUED. The same rule as `try_claim_slots`'s FIFO check, so "why
@@ -149,7 +180,8 @@ class SlotLedger(StoreDatabase):
         params: list[object] = [RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%", row[4]]
         if user_limit is not None:
             params.append(user_limit)
-        return [r[0] for r in conn.execute(self._ahead_sql("r.id", user_limit) + " ORDER BY r.queue_seq", params)]
+        sql = self._ahead_sql("r.id", user_limit, admitted_wait) + " ORDER BY r.queue_seq"
+        return [r[0] for r in conn.execute(sql, params)]
 
     def release_slots(self, run_id: str) -> list[int]:
         """Give back every slot the run holds (idempotent); returns the indices released."""
@@ -174,4 +206,4 @@ class SlotLedger(StoreDatabase):
         )}
 
 
-__all__ = ["SLOT_KINDS", "SlotLedger"]
+__all__ = ["ADMITTED", "SLOT_KINDS", "SlotLedger"]

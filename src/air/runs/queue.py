@@ -98,17 +98,25 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
         return None
     kind, slots = run.slot_kind, slots_wanted(run)
     unit = f"{kind} slot" + ("" if slots == 1 else "s")
-    if run.backend != "local":
-        reason = (
-            f"waiting for {slots} {unit}" + (f" in pool {run.pool}" if run.pool else "")
-            + f" on the Ray cluster of profile {run.profile or '-'} "
-            "(Ray places the run when its nodes have room)"
-        )
-        return QueueInfo(run.id, kind, slots, None, (), (), None, None, (), reason, run.pool)
     from air.config import load_config
 
     config = load_config()
     limit = config.max_running_runs_per_user
+    if run.backend != "local":
+        in_pool = f" in pool {run.pool}" if run.pool else ""
+        if store.claimed_slots(run.id):  # admitted: Ray places it when nodes have room
+            reason = (f"waiting for {slots} {unit}{in_pool} on the Ray cluster of profile {run.profile or '-'} "
+                      "(Ray places the run when its nodes have room)")
+            return QueueInfo(run.id, kind, slots, None, (), (), None, None, (), reason, run.pool)
+        ahead = tuple(store.queued_ahead(run.id, user_limit=limit, admitted_wait=True))
+        parts = []
+        running = store.running_runs_of(run.user) if limit is not None else 0
+        if limit is not None and running >= limit:
+            parts.append(f"{run.user} has {running} of {limit} running runs (max_running_runs_per_user); "
+                         "other users' runs go first meanwhile")
+        parts.append(f"waiting for {slots} {unit}{in_pool} on the Ray cluster of profile {run.profile or '-'}")
+        parts.append(f"{ordinal(len(ahead) + 1)} in line" + (f" behind {_ids(ahead)}" if ahead else ""))
+        return QueueInfo(run.id, kind, slots, len(ahead) + 1, ahead, (), None, None, (), "; ".join(parts), run.pool)
     claimed = tuple(store.claimed_slots(run.id))
     if capacity is None:
         capacity = local_capacity(kind)
