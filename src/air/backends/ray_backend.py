@@ -131,7 +131,10 @@ class RayBackend(RayCapacity):
             return True
         from air.config import load_config
 
-        limit = load_config().max_running_runs_per_user
+        config = load_config()
+        limit = config.max_running_runs_per_user
+        if limit is None and not config.ray_pools:
+            return True  # no pools, no limit: Ray alone orders the runs, as before pools
         next_report = 0.0
         while True:
             if should_stop():

@@ -104,7 +104,7 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
     limit = config.max_running_runs_per_user
     if run.backend != "local":
         in_pool = f" in pool {run.pool}" if run.pool else ""
-        if store.claimed_slots(run.id):  # admitted: Ray places it when nodes have room
+        if store.claimed_slots(run.id) or (limit is None and not config.ray_pools):  # Ray places it now
             reason = (f"waiting for {slots} {unit}{in_pool} on the Ray cluster of profile {run.profile or '-'} "
                       "(Ray places the run when its nodes have room)")
             return QueueInfo(run.id, kind, slots, None, (), (), None, None, (), reason, run.pool)
