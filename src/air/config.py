@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from air.errors import UserInputError
 from air.home import AirHome
@@ -28,6 +36,11 @@ from air.settings import AIR_PROFILE
 
 #: The profile that always exists, even with no configuration file.
 LOCAL_PROFILE = "local"
+#: The one pool when none is configured: every slot of this machine.
+DEFAULT_POOL = "default"
+#: The pools DATABRICKS_USE_RESERVED_GPU_POOL picks (seed 001: true → reserved, false → on-demand).
+RESERVED_POOL, ON_DEMAND_POOL = "reserved", "on-demand"
+USE_RESERVED_POOL = "DATABRICKS_USE_RESERVED_GPU_POOL"
 
 
 class Profile(BaseModel):
@@ -67,6 +80,63 @@ class BaseEnvironment(BaseModel):
     python: str
 
 
+class Pool(BaseModel):
+    """A named share of capacity that runs ask for (`compute.pool`): this machine's slots (`slots`; runs
+    wait in one first-in-first-out queue per pool and claim only its slots), or the Ray nodes whose labels
+    include `ray_labels` (a Ray profile; Ray places the run's nodes only there)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(default=DEFAULT_POOL, exclude=True)
+    #: Which slots: GPU (this machine's GPUs, by index) or CPU (AIR_CPU_SLOTS processes).
+    accelerator: Literal["GPU", "CPU"]
+    #: Slot indices: a range "0-3", a list [0, 2], or "0,2,5".
+    slots: list[int] | None = None
+    #: Ray: the node labels (`ray start --labels pool=reserved`) that select the pool's nodes.
+    ray_labels: dict[str, str] | None = None
+
+    @property
+    def on_ray(self) -> bool:
+        return self.ray_labels is not None
+
+    @field_validator("accelerator", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("slots", mode="before")
+    @classmethod
+    def _parse_slots(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if isinstance(value, str):
+            out: list[int] = []
+            for part in (p.strip() for p in value.split(",")):
+                first, dash, last = part.partition("-")
+                if not (first.strip().isdigit() and (not dash or last.strip().isdigit())):
+                    raise ValueError(f"{value!r} is not a slot range: write \"0-3\", \"0,2\" or a list [0, 2]")
+                lo, hi = int(first), int(last) if dash else int(first)
+                if hi < lo:
+                    raise ValueError(f"{part!r}: a range goes low-high, like 0-3")
+                out.extend(range(lo, hi + 1))
+            value = out
+        return value
+
+    @model_validator(mode="after")
+    def _distinct_slots(self) -> Pool:
+        if (self.slots is None) == (self.ray_labels is None):
+            raise ValueError("a pool has either slots (this machine's) or ray_labels (Ray nodes), not both")
+        if self.ray_labels is not None:
+            if not self.ray_labels:
+                raise ValueError("ray_labels needs at least one label (key: value)")
+            return self
+        if not self.slots:
+            raise ValueError("a pool needs at least one slot")
+        if any(i < 0 for i in self.slots) or len(set(self.slots)) != len(self.slots):
+            raise ValueError(f"slots must be distinct indices >= 0, got {self.slots}")
+        return self
+
+
 class AirConfig(BaseModel):
     """The whole `config.yaml`. `path` is where it was read from (None: no file, all defaults)."""
 
@@ -75,6 +145,12 @@ class AirConfig(BaseModel):
     default_profile: str = LOCAL_PROFILE
     profiles: dict[str, Profile] = Field(default_factory=dict)
     environments: dict[str, BaseEnvironment] = Field(default_factory=dict)
+    #: Named pools of this machine's slots (none: one implicit pool, the whole machine).
+    pools: dict[str, Pool] = Field(default_factory=dict)
+    #: The pool of a run that names none (required with two or more pools).
+    default_pool: str | None = None
+    #: Most runs one user may hold running at once, over all pools; the rest wait (others' runs go by).
+    max_running_runs_per_user: int | None = Field(default=None, gt=0)
     _path: Path | None = PrivateAttr(default=None)
 
     @property
@@ -90,6 +166,12 @@ class AirConfig(BaseModel):
         profiles = data.get("profiles")
         if profiles is None:
             profiles = {}
+        pools = data.get("pools")
+        if isinstance(pools, dict):
+            data = {**data, "pools": {
+                key: {**value, "name": str(key)} if isinstance(value, dict) and "name" not in value else value
+                for key, value in pools.items()
+            }}
         if isinstance(profiles, dict):
             named: dict[Any, Any] = {}
             for key, value in profiles.items():
@@ -111,7 +193,122 @@ class AirConfig(BaseModel):
                 f"default_profile {self.default_profile!r} is not one of the profiles "
                 f"({', '.join(sorted(self.profiles))})"
             )
+        if self.default_pool is not None and self.default_pool not in self.pools:
+            raise ValueError(f"default_pool {self.default_pool!r} is not one of the pools "
+                             f"({', '.join(self.pools) or 'none configured'})")
+        if len(self.pools) > 1 and self.default_pool is None:
+            raise ValueError(f"default_pool is required with several pools: name the one for runs that ask for "
+                             f"none ({', '.join(self.pools)})")
+        taken: dict[tuple[str, int], str] = {}
+        if len({pool.on_ray for pool in self.pools.values()}) > 1:
+            raise ValueError("pools are all of slots or all of ray_labels (one backend serves them)")
+        for pool in self.pools.values():
+            for index in pool.slots or ():
+                other = taken.setdefault((pool.accelerator, index), pool.name)
+                if other != pool.name:
+                    raise ValueError(f"pools {other!r} and {pool.name!r} both hold {pool.accelerator} slot {index}; "
+                                     "a slot belongs to one pool")
         return self
+
+    @property
+    def pool_names(self) -> list[str]:
+        return list(self.pools) or [DEFAULT_POOL]
+
+    def resolve_pool(self, asked: str | None, kind: str, *, use_reserved: bool | None = None) -> str | None:
+        """The pool a run of `kind` ('GPU'/'CPU') goes to: `compute.pool`, else DATABRICKS_USE_RESERVED_GPU_POOL
+        (true: `reserved`; false: `on-demand` where configured), else `default_pool` (or the only pool), or
+        the first pool of its kind when that one is of the other kind. None: no pool of its kind (it
+        claims among all of this machine's slots of its kind, as without pools). An unknown pool is a
+        UserInputError listing the pools."""
+        source = "compute.pool"
+        if asked is None and use_reserved is not None:
+            source = f"{USE_RESERVED_POOL}={'1' if use_reserved else '0'}"
+            asked = RESERVED_POOL if use_reserved else (ON_DEMAND_POOL if ON_DEMAND_POOL in self.pools else None)
+        if asked is None:
+            default = self.default_pool or next(iter(self.pools), None)
+            if default is not None and self.pools[default].accelerator != kind.upper():
+                default = next(iter(self.pools_of(kind.upper())), None)
+            return default
+        if asked in self.pools or (not self.pools and asked == DEFAULT_POOL):
+            return asked if self.pools else None
+        raise UserInputError(
+            f"Unknown pool {asked!r} (from {source}). Pools: {', '.join(self.pool_names)}."
+            + _did_you_mean(asked, self.pool_names),
+            hint="Name one of these in compute.pool, or add the pool under `pools:` in the config.yaml of "
+            "the AIR_HOME runs go to (the server's, through `air server`).",
+        )
+
+    def call_pool(self, backend: str, accelerator_kind: str, wanted: int, use_reserved: bool | None) -> str | None:
+        """The pool of a `@distributed(remote=True)` call (DATABRICKS_USE_RESERVED_GPU_POOL, else the
+        default pool), checked as a workload's is; None without pools for its backend."""
+        if (backend == "local") == self.ray_pools:
+            return None
+        pool = self.resolve_pool(None, accelerator_kind, use_reserved=use_reserved)
+        self.check_pool_fits(pool, accelerator_kind, wanted)
+        return pool
+
+    @property
+    def ray_pools(self) -> bool:
+        return any(pool.on_ray for pool in self.pools.values())
+
+    def check_pool_fits(self, pool: str | None, kind: str, wanted: int) -> None:
+        """The run's kind is the pool's and the pool has room for it at all (else it would wait forever)."""
+        if pool is None:
+            return
+        chosen = self.pools[pool]
+        if chosen.on_ray:
+            if chosen.accelerator != kind.upper():
+                raise UserInputError(f"Pool {pool!r} has {chosen.accelerator} nodes; this run needs {kind.upper()}.",
+                                     hint=f"Pick a pool of {kind.upper()} ({', '.join(self.pools_of(kind.upper())) or 'none'}).")
+            return
+        slots = self.pool_slots(pool, kind, 0)
+        if wanted > len(slots):
+            raise UserInputError(
+                f"The run needs {wanted} {kind.upper()} slots but pool {pool!r} has {len(slots)}; it could never "
+                "start there.", hint="Ask for fewer accelerators, or another pool (`air get pools`).")
+
+    def pool_slots(self, pool: str | None, kind: str, capacity: int) -> list[int]:
+        """The slot indices of `kind` a run of `pool` may claim (None or no pools: all `capacity`)."""
+        if pool is None or not self.pools:
+            return list(range(capacity))
+        chosen = self.pools.get(pool)
+        if chosen is None:
+            raise UserInputError(f"The run's pool {pool!r} is no longer configured ({', '.join(self.pool_names)}).")
+        if chosen.accelerator != kind.upper():
+            raise UserInputError(
+                f"Pool {pool!r} has {chosen.accelerator} slots; this run needs {kind.upper()} slots.",
+                hint=f"Pick a pool of {kind.upper()} slots ({', '.join(self.pools_of(kind.upper())) or 'none'}).")
+        if chosen.slots is None:
+            raise UserInputError(f"Pool {pool!r} is of Ray nodes (ray_labels), not of this machine's slots.")
+        return list(chosen.slots)
+
+    def pools_of(self, kind: str) -> list[str]:
+        return [name for name, pool in self.pools.items() if pool.accelerator == kind]
+
+    def check_pools(self, capacities: dict[str, int]) -> None:
+        """Every pool's slots exist on this machine (`air server start` checks before serving)."""
+        for pool in self.pools.values():
+            have = capacities.get(pool.accelerator, 0)
+            beyond = [i for i in pool.slots or () if i >= have]
+            if beyond:
+                raise UserInputError(
+                    f"Pool {pool.name!r} names {pool.accelerator} slot(s) {','.join(map(str, beyond))}, but this "
+                    f"machine has {have} {pool.accelerator} slot(s)" + (f" (0-{have - 1})." if have else "."),
+                    hint=f"Fix pools.{pool.name}.slots in {self.path or config_path()}"
+                    + (" or raise AIR_CPU_SLOTS." if pool.accelerator == "CPU" else "."))
+
+
+def use_reserved_pool() -> bool | None:
+    """DATABRICKS_USE_RESERVED_GPU_POOL as the seed's notebooks set it ('1'/'True' or '0'/'False'); None: unset."""
+    raw = os.environ.get(USE_RESERVED_POOL, "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise UserInputError(f"{USE_RESERVED_POOL}={os.environ[USE_RESERVED_POOL]!r} is neither true nor false.",
+                         hint="Set it to 1/True (the reserved pool) or 0/False (on-demand), or unset it.")
 
 
 def config_path() -> Path:
@@ -142,7 +339,7 @@ def load_config(path: Path | None = None) -> AirConfig:
         raise UserInputError(
             f"Invalid air configuration {path}:\n{_describe(exc)}",
             hint=f"Settings: default_profile, profiles.NAME.{{{', '.join(_SECTION_KEYS['profiles'])}}}, "
-            "environments.NAME.python.",
+            "environments.NAME.python, pools.NAME.{accelerator, slots | ray_labels}, default_pool, max_running_runs_per_user.",
         ) from None
     config._path = path
     return config
@@ -198,8 +395,9 @@ def _did_you_mean(word: str, choices: Any) -> str:
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
-_TOP_KEYS = ("default_profile", "profiles", "environments")
+_TOP_KEYS = ("default_profile", "profiles", "environments", "pools", "default_pool", "max_running_runs_per_user")
 _SECTION_KEYS = {
+    "pools": tuple(f for f in Pool.model_fields if f != "name"),
     "profiles": tuple(f for f in Profile.model_fields if f != "name"),
     "environments": tuple(BaseEnvironment.model_fields),
 }
@@ -225,6 +423,7 @@ __all__ = [
     "LOCAL_PROFILE",
     "AirConfig",
     "BaseEnvironment",
+    "Pool",
     "Profile",
     "config_path",
     "load_config",

@@ -425,3 +425,34 @@ def test_queued_ahead_names_the_runs_in_front_in_queue_order(store: RunStore, ma
     assert len(store.queued_ahead(c)) == store.queue_position(c)  # the same rule as the FIFO check
     store.transition(b, RunStatus.CANCELED)
     assert store.queued_ahead(c) == []
+
+
+def test_pools_queue_apart_and_a_user_at_the_limit_holds_up_no_one(store: RunStore, make_run: MakeRun) -> None:
+    a1 = queued(store, make_run, user="alice", pool="p", accelerator_type="CPU_1xCPU", num_accelerators=1)
+    a2 = queued(store, make_run, user="alice", pool="p", accelerator_type="CPU_1xCPU", num_accelerators=1)
+    other = queued(store, make_run, user="alice", pool="q", accelerator_type="CPU_1xCPU", num_accelerators=1)
+    b1 = queued(store, make_run, user="bob", pool="p", accelerator_type="CPU_1xCPU", num_accelerators=1)
+    assert store.try_claim_slots(a1, "CPU", 1, 8, slots=[0, 1, 2], user_limit=1) == [0]
+    assert store.queued_ahead(b1) == [a2]  # without the limit, a2 is ahead of b1
+    assert store.queued_ahead(b1, user_limit=1) == []  # alice is at 1 of 1: a2 holds up no one
+    assert store.try_claim_slots(a2, "CPU", 1, 8, slots=[0, 1, 2], user_limit=1) is None
+    assert store.try_claim_slots(b1, "CPU", 1, 8, slots=[0, 1, 2], user_limit=1) == [1]
+    assert store.try_claim_slots(other, "CPU", 1, 8, slots=[3], user_limit=2) == [3]  # its own pool's slot
+    assert store.running_runs_of("alice") == 2 and store.running_runs_of("bob") == 1
+    with pytest.raises(GPUValidationError, match="its pool has 3"):
+        store.try_claim_slots(a2, "CPU", 4, 8, slots=[0, 1, 2])
+
+
+def test_ray_runs_are_admitted_first_in_first_out_per_pool_within_the_limit(store: RunStore,
+                                                                             make_run: MakeRun) -> None:
+    a1, a2 = (queued(store, make_run, user="alice", backend="ray", pool="edge") for _ in range(2))
+    b1 = queued(store, make_run, user="bob", backend="ray", pool="edge")
+    assert store.try_admit(b1) is False  # a1 and a2 came first
+    assert store.try_admit(a1, user_limit=1) is True
+    assert store.try_admit(b1, user_limit=1) is False  # a1 is admitted but not placed: it still waits ahead
+    store.transition(a1, RunStatus.RUNNING)
+    assert store.try_admit(a2, user_limit=1) is False  # alice has 1 of 1
+    assert store.queued_ahead(b1, user_limit=1, admitted_wait=True) == []
+    assert store.try_admit(b1, user_limit=1) is True
+    store.transition(a1, RunStatus.SUCCESS)  # ending gives the admission back
+    assert store.try_admit(a2, user_limit=1) is True

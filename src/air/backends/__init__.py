@@ -20,7 +20,9 @@ def backend_for(profile: Any, *, ledger: SlotLedger | None = None) -> Backend:
     if profile.backend == "ray":
         from air.backends.ray_backend import RayBackend
 
-        return RayBackend.from_profile(profile)
+        backend = RayBackend.from_profile(profile)
+        backend.ledger = ledger
+        return backend
     from air.backends.local import LocalBackend
 
     return LocalBackend(ledger=ledger)

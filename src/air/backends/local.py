@@ -103,15 +103,22 @@ class LocalBackend:
                 should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
         if self.ledger is None:
             raise LaunchError("The local backend was built without a slot ledger, so it cannot hold slots.")
+        from air.config import load_config
+
         kind = "CPU" if accelerator.is_cpu else "GPU"
         wanted = accelerator.per_node * num_nodes
         capacity = self.capacity(accelerator)
+        config = load_config()  # the pools and the per-user limit of the AIR_HOME this run lives in
+        pool = self.ledger.get_run(run_id).pool
+        allowed = config.pool_slots(pool, kind, capacity)
+        where = f"pool {pool} ({len(allowed)} slots)" if pool else f"{capacity} on this machine"
         last_note = 0.0
         while True:
             if should_stop():
                 return None
             try:
-                slots = self.ledger.try_claim_slots(run_id, kind, wanted, capacity)
+                slots = self.ledger.try_claim_slots(run_id, kind, wanted, capacity, slots=allowed,
+                                                    user_limit=config.max_running_runs_per_user)
             except AirError:  # the ledger's StatusConflictError: the run is no longer QUEUED
                 if should_stop():  # canceled while it waited: no longer QUEUED, so it may not claim
                     return None
@@ -121,8 +128,7 @@ class LocalBackend:
                           ",".join(str(s) for s in sorted(slots)))
                 break
             if time.monotonic() - last_note > 30 or last_note == 0.0:
-                on_wait(f"waiting for capacity: {wanted} {kind} slot(s) needed, {capacity} on this machine, "
-                        "held by earlier runs")
+                on_wait(f"waiting for capacity: {wanted} {kind} slot(s) needed, {where}, held by earlier runs")
                 last_note = time.monotonic()
             time.sleep(QUEUE_POLL_S)
         ids = [str(s) if accelerator.is_cpu else self.machine.gpus[s].physical_id for s in sorted(slots)]

@@ -36,6 +36,7 @@ from air.backends.base import (
     NodeLaunch,
     NodeProcess,
     ProcLineCallback,
+    SlotLedger,
 )
 from air.backends.ray_agent import (
     NodeAgent,
@@ -48,11 +49,13 @@ from air.backends.ray_capacity import RayCapacity, _ray
 from air.backends.ray_cluster import RayAuth, refresh_auth
 from air.backends.ray_shim import workload_ray_env
 from air.constants import TERMINATE_GRACE_S
-from air.errors import LaunchError
+from air.errors import AirError, LaunchError
 from air.settings import AIR_PATH_PREFIX
 
 #: How long an agent's long-poll blocks waiting for output (one call per node per this, when quiet).
 POLL_WAIT_S = 0.5
+#: How often a run waiting for its turn in its pool (or its user's limit) asks again.
+ADMIT_POLL_S = 0.5
 #: How often `acquire` reports that it is still waiting.
 WAIT_REPORT_S = 10.0
 
@@ -94,6 +97,8 @@ class RayBackend(RayCapacity):
         self.wait_report_s = wait_report_s
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
+        #: The run store, where a run's pool is read (None: any node; set by `backend_for`).
+        self.ledger: SlotLedger | None = None
 
     @classmethod
     def from_profile(cls, profile: Any) -> RayBackend:
@@ -107,21 +112,69 @@ class RayBackend(RayCapacity):
             refresh_auth()
         return cls(getattr(profile, "address", None), code_shipping=getattr(profile, "code_shipping", None) or "auto")
 
+    def _pool_labels(self, run_id: str) -> dict[str, str] | None:
+        """The node labels of the run's pool (config.yaml `pools.NAME.ray_labels`), or None: any node."""
+        if self.ledger is None:
+            return None
+        pool = self.ledger.get_run(run_id).pool
+        if pool is None:
+            return None
+        from air.config import load_config
+
+        chosen = load_config().pools.get(pool)
+        return dict(chosen.ray_labels) if chosen is not None and chosen.ray_labels else None
+
+    def _admitted(self, run_id: str, should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> bool:
+        """Wait for the run's turn in its pool's first-in-first-out line and its user's limit on running
+        runs (config.yaml `max_running_runs_per_user`) before asking Ray for nodes; False: stopped."""
+        if self.ledger is None:
+            return True
+        from air.config import load_config
+
+        config = load_config()
+        limit = config.max_running_runs_per_user
+        if limit is None and not config.ray_pools:
+            return True  # no pools, no limit: Ray alone orders the runs, as before pools
+        next_report = 0.0
+        while True:
+            if should_stop():
+                return False
+            try:
+                if self.ledger.try_admit(run_id, user_limit=limit):
+                    return True
+            except AirError:  # no longer QUEUED: canceled while it waited
+                if should_stop():
+                    return False
+                raise
+            if time.monotonic() >= next_report:
+                on_wait("waiting for its turn: earlier runs of its pool, or its user's running-run limit")
+                next_report = time.monotonic() + self.wait_report_s
+            time.sleep(ADMIT_POLL_S)
+
+    def _unadmit(self, run_id: str) -> None:
+        if self.ledger is not None:
+            self.ledger.release_slots(run_id)
+
     def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
                 should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
         """Reserve the placement group (gang: all bundles or none), then start one agent per bundle."""
         ray = _ray()
         from ray.util.placement_group import placement_group, remove_placement_group
 
+        if not self._admitted(run_id, should_stop, on_wait):
+            return None
         nodes = self._alive_nodes()
         bundle = self.bundle_for(accelerator, nodes)
+        labels = self._pool_labels(run_id)
         pg = placement_group([dict(bundle) for _ in range(num_nodes)], strategy="STRICT_SPREAD",
-                             name=f"air:{run_id}")
+                             name=f"air:{run_id}",
+                             bundle_label_selector=[dict(labels) for _ in range(num_nodes)] if labels else None)
         next_report = time.monotonic()
         try:
             while not pg.wait(timeout_seconds=0.5):
                 if should_stop():
                     remove_placement_group(pg)
+                    self._unadmit(run_id)
                     return None
                 if time.monotonic() >= next_report:
                     on_wait(self._waiting_line(bundle, num_nodes))
@@ -130,6 +183,7 @@ class RayBackend(RayCapacity):
             infos = self._agent_infos(agents, should_stop)
             if infos is None:
                 self._drop(agents, pg)
+                self._unadmit(run_id)
                 return None
         except BaseException:
             with contextlib.suppress(Exception):
@@ -359,6 +413,8 @@ class RayBackend(RayCapacity):
 
     def release(self, allocation: Allocation) -> None:
         ray = _ray()
+        if self.ledger is not None:
+            self.ledger.release_slots(allocation.run_id)  # its admission (the per-user limit counts it)
         with self._lock:
             held = self._held.pop(allocation.run_id, None)
         if held is None:

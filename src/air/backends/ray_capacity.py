@@ -182,6 +182,23 @@ class RayCapacity:
             hint="Ask for fewer, or give a node shape such as GPU_8xH100 / CPU_2xCPU explicitly.",
         )
 
+    def labelled_usage(self, labels: Mapping[str, str], kind: str) -> tuple[int, int, list[str]]:
+        """(total, in use, GPU models) of `kind` ('GPU'/'CPU') on the alive nodes whose labels include
+        `labels`: what `air get pools` shows for a pool of Ray nodes."""
+        from ray._private.state import available_resources_per_node
+
+        nodes = [n for n in self._alive_nodes()
+                 if all((n.get("Labels") or {}).get(k) == v for k, v in labels.items())]
+        free = available_resources_per_node()
+        total = used = 0.0
+        models: set[str] = set()
+        for node in nodes:
+            have = float(node.get("Resources", {}).get(kind, 0))
+            total += have
+            used += have - float(free.get(node.get("NodeID", ""), {}).get(kind, 0))
+            models |= {k.split(":", 1)[1] for k in node.get("Resources", {}) if k.startswith("accelerator_type:")}
+        return int(total), int(round(used)), sorted(models) if kind == "GPU" else []
+
     def _waiting_line(self, bundle: Mapping[str, float], num_nodes: int) -> str:
         try:
             from ray._private.state import available_resources_per_node

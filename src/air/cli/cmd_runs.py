@@ -40,6 +40,37 @@ def get_run(run_id: str) -> None:
     print_run_detail(detail, ui_hint=client is None)
 
 
+@get.command("pools")
+@common
+def get_pools() -> None:
+    """Pools: each one's accelerator type and total/used/idle accelerators (config.yaml `pools:`)."""
+    from air.cli.remote import remote
+    from air.runs.views import pools_view
+
+    client = remote()
+    data = client.get("/pools") if client is not None else pools_view(RunStore())
+    if settings().json:
+        envelope(data)
+        return
+    print_table(["POOL", "ACCELERATOR", "TOTAL", "USED", "IDLE", "QUEUED", "SLOTS"], [
+        [p["name"] + (" (default)" if p["default"] and len(data["pools"]) > 1 else ""), p["accelerator_type"],
+         str(p["total"]), str(p["used"]), str(p["idle"]), str(p["queued"]), _slot_ranges(p["slots"])]
+        for p in data["pools"]])
+    if data.get("max_running_runs_per_user"):
+        click.echo(f"At most {data['max_running_runs_per_user']} running runs per user; the rest wait.")
+
+
+def _slot_ranges(slots: list[int]) -> str:
+    """[0, 1, 2, 5] → "0-2,5"."""
+    spans: list[list[int]] = []
+    for index in sorted(slots):
+        if spans and spans[-1][1] == index - 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    return ",".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in spans) or "-"
+
+
 def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
     """`air get run` from `run_detail`'s dict (this machine's store or a server's answer alike)."""
     run = run_from_dict(detail)
@@ -50,7 +81,8 @@ def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
         ("Run", run.id), ("Status", run.status.value), *([("Waiting", queue["reason"])] if queue else []),
         ("Experiment", run.experiment), ("MLflow run name", run.run_name or run.experiment),
         ("Accelerators", f"{run.num_accelerators} × {run.accelerator_type} ({run.num_nodes} node(s))"),
-        ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), ("User", run.user or "-"),
+        ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), *([("Pool", run.pool)] if run.pool else []),
+        ("User", run.user or "-"),
         ("Submitted", fmt_time(run.submitted_at)), ("Started", fmt_time(run.started_at)),
         ("Ended", fmt_time(run.ended_at)), ("Duration", fmt_duration(run.duration_seconds())),
         ("Attempts", f"{run.attempt_count} (retries: {max(run.attempt_count - 1, 0)})"),

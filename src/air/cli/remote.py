@@ -76,7 +76,10 @@ def submit_remote(client: ServerClient, path: str, overrides: list[str], *, idem
         snapshot = plan_snapshot(Path(snap.root_path), snap.include_paths,
                                  git_branch=git.branch if git else None, git_commit=git.commit if git else None)
         manifest = upload_snapshot(client, snapshot)
-    body = {"spec": data, "snapshot": manifest, "idempotency_key": idempotency_key, "dry_run": dry_run}
+    from air.config import use_reserved_pool
+
+    body = {"spec": data, "snapshot": manifest, "idempotency_key": idempotency_key, "dry_run": dry_run,
+            "use_reserved_pool": use_reserved_pool()}
     return client.post("/runs", body)
 
 

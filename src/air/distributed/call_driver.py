@@ -23,11 +23,11 @@ from air.runs.store import Run, RunStore
 
 def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_accelerators: int,
                accelerator_type: str, timeout: float | None, max_retries: int, preload: list[str],
-               experiment: str, hang_timeout: float | None = None) -> Run:
+               experiment: str, hang_timeout: float | None = None, use_reserved: bool | None = None) -> Run:
     """Check the shape against this machine's default profile, record the run (kind `call`, owned by
     `user`), write its request and payload, and start its driver. Bad input raises before anything exists."""
     from air.backends import backend_for
-    from air.config import resolve_profile
+    from air.config import load_config, resolve_profile
     from air.distributed.remote import plan_shape
     from air.distributed.shape import CallSettings
 
@@ -35,17 +35,19 @@ def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_acc
     backend = backend_for(profile, ledger=store)
     accelerator, num_nodes = plan_shape(backend, CallSettings(num_accelerators, accelerator_type, True, timeout))
     backend.check_shape(accelerator, num_nodes)
+    pool = load_config().call_pool(backend.name, "CPU" if accelerator.is_cpu else "GPU",
+                                   accelerator.per_node * num_nodes, use_reserved)
     run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
                            num_accelerators=accelerator.per_node * num_nodes, num_nodes=num_nodes,
-                           backend=backend.name, profile=profile.name, kind="call", run_name=name, user=user).run
+                           backend=backend.name, profile=profile.name, kind="call", run_name=name, user=user,
+                           pool=pool).run
     paths = CallPaths(run.id)
     try:
         paths.create()
         atomic_write_bytes(paths.payload, payload)
         atomic_write_text(paths.request, json.dumps({
             "name": name, "timeout": timeout, "hang_timeout": hang_timeout, "max_retries": max_retries,
-            "preload": preload,
-            "accelerator": accelerator.name, "num_nodes": num_nodes}))
+            "preload": preload, "accelerator": accelerator.name, "num_nodes": num_nodes}))
         with open(paths.driver_log, "ab") as log:
             subprocess.Popen([sys.executable, "-m", "air.distributed.call_driver", run.id], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True, cwd=str(paths.folder))

@@ -72,7 +72,7 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     """Run `func(*args, **kwargs)` once per rank on the profile's backend; block; return every rank's value.
     With an air server configured (AIR_SERVER_URL + AIR_TOKEN, or a `server` profile), the server drives it."""
     from air.client import server_client
-    from air.config import resolve_profile
+    from air.config import load_config, resolve_profile, use_reserved_pool
 
     client = server_client(profile_name)
     if client is not None:
@@ -84,12 +84,14 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     backend = backend_for(profile, ledger=store)
     accelerator, num_nodes = plan_shape(backend, settings)
     backend.check_shape(accelerator, num_nodes)
+    pool = load_config().call_pool(backend.name, "CPU" if accelerator.is_cpu else "GPU",
+                                   accelerator.per_node * num_nodes, use_reserved_pool())
     payload = serialize_call(func, args, kwargs)
     name = getattr(func, "__name__", "fn")
     experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed"
     run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
                            num_accelerators=accelerator.per_node * num_nodes, num_nodes=num_nodes,
-                           backend=backend.name, profile=profile.name, kind="call", run_name=name).run
+                           backend=backend.name, profile=profile.name, kind="call", run_name=name, pool=pool).run
     job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, echo,
                   dict(extra_env or {}), preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
                   checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))

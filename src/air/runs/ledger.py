@@ -7,23 +7,29 @@ write transaction, so two runs can never take the same slot, and "why does it wa
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
 from air.errors import GPUValidationError, NotFoundError
 from air.runs.schema import StoreDatabase
 from air.runs.states import RunStatus, StatusConflictError
 
 SLOT_KINDS = ("GPU", "CPU")
+#: The claim kind of a run admitted to ask Ray for its nodes (`try_admit`); one per run, keyed by queue_seq.
+ADMITTED = "RUN"
 
 
 class SlotLedger(StoreDatabase):
     """The slot-ledger half of `RunStore` (claims, releases, queue order)."""
 
-    def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int) -> list[int] | None:
-        """Claim `count` of this machine's `capacity` slots of `kind` ('GPU' or 'CPU') for a QUEUED run.
+    def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int, *,
+                        slots: Sequence[int] | None = None, user_limit: int | None = None) -> list[int] | None:
+        """Claim `count` of this machine's `capacity` slots of `kind` ('GPU' or 'CPU') for a QUEUED run;
+        only among `slots` (the run's pool) when given.
 
-        Strictly first in first out: a run gets slots only when no run that entered the queue before
-        it (same kind, same backend) is still waiting without slots, even if enough slots are free for
-        this one. Returns the slot indices (lowest free first), or None: not its turn or not enough
+        Strictly first in first out per pool: a run gets slots only when no run that entered the queue
+        before it (same kind, backend and pool) is still waiting without slots, even if enough slots are
+        free for this one. With `user_limit`, a run whose user already holds that many runs' slots
+        waits, and does not hold up other users' runs behind it. Returns the slot indices (lowest free first), or None: not its turn or not enough
         free yet; try again later. A run that already holds slots gets them back (and one that gave
         them back while still QUEUED waits again, at its old place). A run no longer
         QUEUED (canceled meanwhile) raises StatusConflictError; a `count` above `capacity` can never be
@@ -34,17 +40,21 @@ class SlotLedger(StoreDatabase):
             raise ValueError(f"slot kind must be one of {SLOT_KINDS}, got {kind!r}")
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
-        if count > capacity:
+        allowed = list(range(capacity)) if slots is None else list(slots)
+        if count > len(allowed):
+            where = "this machine has" if slots is None else "its pool has"
             raise GPUValidationError(
-                f"Run {run_id} needs {count} {kind} slots; this machine has {capacity}.",
+                f"Run {run_id} needs {count} {kind} slots; {where} {len(allowed)}.",
                 hint="Ask for fewer accelerators, or use a backend with more (a Ray cluster profile).",
             )
         now = self._clock()
         with self._write() as conn:
-            row = conn.execute("SELECT status, backend, queue_seq FROM runs WHERE id = ?", (run_id,)).fetchone()
+            row = conn.execute(
+                "SELECT status, backend, queue_seq, pool, user FROM runs WHERE id = ?", (run_id,)
+            ).fetchone()
             if row is None:
                 raise NotFoundError(f"Run {run_id} not found.")
-            status, backend, queue_seq = RunStatus(row[0]), row[1], row[2]
+            status, backend, queue_seq, pool, user = RunStatus(row[0]), row[1], row[2], row[3], row[4]
             held = [r[0] for r in conn.execute(
                 "SELECT slot_index FROM slot_claims WHERE run_id = ? ORDER BY slot_index", (run_id,)
             )]
@@ -55,10 +65,12 @@ class SlotLedger(StoreDatabase):
                     f"Run {run_id} is {status}, not QUEUED; it cannot claim slots.",
                     run_id=run_id, current=status.value,
                 )
-            if self._waiting_ahead(conn, kind, backend, queue_seq, stop_at_one=True):
+            if user_limit is not None and self._running_of(conn, user) >= user_limit:
+                return None
+            if self._waiting_ahead(conn, kind, backend, queue_seq, pool, user_limit, stop_at_one=True):
                 return None
             used = {r[0] for r in conn.execute("SELECT slot_index FROM slot_claims WHERE slot_kind = ?", (kind,))}
-            free = [i for i in range(capacity) if i not in used]
+            free = [i for i in allowed if i not in used]
             if len(free) < count:
                 return None
             chosen = free[:count]
@@ -68,54 +80,108 @@ class SlotLedger(StoreDatabase):
             )
             return chosen
 
+    def try_admit(self, run_id: str, *, user_limit: int | None = None) -> bool:
+        """Let a QUEUED run of a backend that places runs itself (Ray) go ask for its nodes: strictly first
+        in first out per pool (no earlier run of its kind, backend and pool still QUEUED, admitted or not,
+        unless its user is at the limit) and within `user_limit`. An admitted run holds one claim of kind
+        RUN (counted by the per-user limit) until it ends or `release_slots`."""
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT status, backend, queue_seq, pool, user, accelerator_type FROM runs WHERE id = ?", (run_id,)
+            ).fetchone()
+            if row is None:
+                raise NotFoundError(f"Run {run_id} not found.")
+            status, backend, queue_seq, pool, user = RunStatus(row[0]), row[1], row[2], row[3], row[4]
+            if conn.execute("SELECT 1 FROM slot_claims WHERE run_id = ?", (run_id,)).fetchone():
+                return True
+            if status is not RunStatus.QUEUED:
+                raise StatusConflictError(f"Run {run_id} is {status}, not QUEUED; it cannot be admitted.",
+                                          run_id=run_id, current=status.value)
+            if user_limit is not None and self._running_of(conn, user) >= user_limit:
+                return False
+            kind = str(row[5]).split("_", 1)[0].upper()
+            if self._waiting_ahead(conn, kind, backend, queue_seq, pool, user_limit, stop_at_one=True,
+                                   admitted_wait=True):
+                return False
+            conn.execute("INSERT INTO slot_claims (slot_kind, slot_index, run_id, claimed_at) VALUES (?, ?, ?, ?)",
+                         (ADMITTED, queue_seq or 0, run_id, self._clock()))
+            return True
+
     @staticmethod
-    def _waiting_ahead(
-        conn: sqlite3.Connection, kind: str, backend: str, queue_seq: int | None, *, stop_at_one: bool
-    ) -> int:
-        """QUEUED runs of this kind and backend that entered the queue earlier and hold no slots."""
-        if queue_seq is None:
-            return 0
-        sql = (
-            "SELECT COUNT(*) FROM (SELECT 1 FROM runs r WHERE r.status = ? AND r.queue_seq < ? "
-            "AND r.backend = ? AND r.accelerator_type LIKE ? ESCAPE '\\' "
-            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id)"
-            + (" LIMIT 1)" if stop_at_one else ")")
-        )
-        row = conn.execute(sql, (RunStatus.QUEUED.value, queue_seq, backend, kind + "\\_%")).fetchone()
+    def _running_of(conn: sqlite3.Connection, user: str) -> int:
+        """Runs of `user` that hold slots (starting or running): what the per-user limit counts."""
+        row = conn.execute(
+            "SELECT COUNT(DISTINCT c.run_id) FROM slot_claims c JOIN runs r ON r.id = c.run_id WHERE r.user = ?",
+            (user,),
+        ).fetchone()
         return int(row[0])
 
-    def queue_position(self, run_id: str) -> int | None:
+    def running_runs_of(self, user: str) -> int:
+        """How many of `user`'s runs hold slots now (the per-user limit's count)."""
+        return self._running_of(self._conn(), user)
+
+    @staticmethod
+    def _ahead_sql(select: str, user_limit: int | None, admitted_wait: bool = False) -> str:
+        """QUEUED runs of one kind, backend and pool that entered the queue earlier and hold no slots
+        (`admitted_wait`: Ray's, admitted or not: until placed, they still wait) and, with a per-user
+        limit, whose user is under it: a user at the limit holds up no one."""
+        sql = (
+            f"SELECT {select} FROM runs r WHERE r.status = ? AND r.queue_seq < ? "
+            "AND r.backend = ? AND r.accelerator_type LIKE ? ESCAPE '\\' AND r.pool IS ? "
+            + ("AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id)" if not admitted_wait else "")
+        )
+        if user_limit is not None:  # (an admitted run of that user counts; it is not the one at the limit)
+            sql += (" AND ((SELECT COUNT(DISTINCT c2.run_id) FROM slot_claims c2 JOIN runs r2 ON r2.id = c2.run_id "
+                    "WHERE r2.user = r.user) < ? OR EXISTS (SELECT 1 FROM slot_claims c3 WHERE c3.run_id = r.id))")
+        return sql
+
+    @classmethod
+    def _waiting_ahead(
+        cls, conn: sqlite3.Connection, kind: str, backend: str, queue_seq: int | None, pool: str | None,
+        user_limit: int | None, *, stop_at_one: bool, admitted_wait: bool = False,
+    ) -> int:
+        """How many runs wait ahead (`_ahead_sql`)."""
+        if queue_seq is None:
+            return 0
+        sql = ("SELECT COUNT(*) FROM (" + cls._ahead_sql("1", user_limit, admitted_wait)
+               + (" LIMIT 1)" if stop_at_one else ")"))
+        params: list[object] = [RunStatus.QUEUED.value, queue_seq, backend, kind + "\\_%", pool]
+        if user_limit is not None:
+            params.append(user_limit)
+        return int(conn.execute(sql, params).fetchone()[0])
+
+    def queue_position(self, run_id: str, *, user_limit: int | None = None) -> int | None:
         """How many runs wait ahead of this QUEUED run (0: next). None if it is not waiting."""
         conn = self._conn()
         row = conn.execute(
-            "SELECT status, backend, queue_seq, accelerator_type FROM runs WHERE id = ?", (run_id,)
+            "SELECT status, backend, queue_seq, accelerator_type, pool FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
         if row is None:
             raise NotFoundError(f"Run {run_id} not found.")
         if row[0] != RunStatus.QUEUED.value or self.claimed_slots(run_id):
             return None
         kind = str(row[3]).split("_", 1)[0].upper()
-        return self._waiting_ahead(conn, kind, row[1], row[2], stop_at_one=False)
+        return self._waiting_ahead(conn, kind, row[1], row[2], row[4], user_limit, stop_at_one=False)
 
-    def queued_ahead(self, run_id: str) -> list[str]:
-        """Ids of the runs this QUEUED run waits behind (same slot kind and backend, entered the queue
-        earlier, no slots yet), first in line first. Empty when it is next, holds slots or is not QUEUED.
-        The same rule as `try_claim_slots`'s FIFO check, so "why does it wait" never disagrees with it."""
+    def queued_ahead(self, run_id: str, *, user_limit: int | None = None, admitted_wait: bool = False) -> list[str]:
+        """Ids of the runs this QUEUED run waits behind (same slot kind, backend and pool, entered the
+        queue earlier, no slots yet, their user under `user_limit`), first in line first. Empty when it
+        is next, holds slots or is not QUEUED. The same rule as `try_claim_slots`'s FIFO check, so "why
+        does it wait" never disagrees with it."""
         conn = self._conn()
         row = conn.execute(
-            "SELECT status, backend, queue_seq, accelerator_type FROM runs WHERE id = ?", (run_id,)
+            "SELECT status, backend, queue_seq, accelerator_type, pool FROM runs WHERE id = ?", (run_id,)
         ).fetchone()
         if row is None:
             raise NotFoundError(f"Run {run_id} not found.")
         if row[0] != RunStatus.QUEUED.value or row[2] is None or self.claimed_slots(run_id):
             return []
         kind = str(row[3]).split("_", 1)[0].upper()
-        return [r[0] for r in conn.execute(
-            "SELECT r.id FROM runs r WHERE r.status = ? AND r.queue_seq < ? AND r.backend = ? "
-            "AND r.accelerator_type LIKE ? ESCAPE '\\' "
-            "AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id) ORDER BY r.queue_seq",
-            (RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%"),
-        )]
+        params: list[object] = [RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%", row[4]]
+        if user_limit is not None:
+            params.append(user_limit)
+        sql = self._ahead_sql("r.id", user_limit, admitted_wait) + " ORDER BY r.queue_seq"
+        return [r[0] for r in conn.execute(sql, params)]
 
     def release_slots(self, run_id: str) -> list[int]:
         """Give back every slot the run holds (idempotent); returns the indices released."""
@@ -140,4 +206,4 @@ class SlotLedger(StoreDatabase):
         )}
 
 
-__all__ = ["SLOT_KINDS", "SlotLedger"]
+__all__ = ["ADMITTED", "SLOT_KINDS", "SlotLedger"]

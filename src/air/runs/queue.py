@@ -2,7 +2,9 @@
 
 Read from the store's slot ledger (`queued_ahead`, `slot_holders`), the same rules the local backend
 claims by, so `air get run`, `air list runs` and `air run --watch` say what the scheduler will do:
-"waiting for 2 CPU slots (0 of 2 free); 3rd in line; 1 running run holds them: run-…".
+"waiting for 2 CPU slots (0 of 2 free); 3rd in line; 1 running run holds them: run-…". With pools
+(config.yaml `pools:`) the line, the slots and the holders are the run's pool's; with a per-user limit a
+user at it waits first ("alice has 2 of 2 running runs") and holds up no other user's run.
 A run on a Ray cluster has no local ledger: Ray's placement group decides, and the reason says so.
 """
 
@@ -41,6 +43,8 @@ class QueueInfo:
     free: int | None
     claimed: tuple[int, ...]
     reason: str
+    #: The pool it waits in (None: no pools configured); `capacity`/`free` count that pool's slots.
+    pool: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The `queue` object of `--json` output."""
@@ -94,24 +98,43 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
         return None
     kind, slots = run.slot_kind, slots_wanted(run)
     unit = f"{kind} slot" + ("" if slots == 1 else "s")
+    from air.config import load_config
+
+    config = load_config()
+    limit = config.max_running_runs_per_user
     if run.backend != "local":
-        reason = (
-            f"waiting for {slots} {unit} on the Ray cluster of profile {run.profile or '-'} "
-            "(Ray places the run when its nodes have room)"
-        )
-        return QueueInfo(run.id, kind, slots, None, (), (), None, None, (), reason)
+        in_pool = f" in pool {run.pool}" if run.pool else ""
+        if store.claimed_slots(run.id) or (limit is None and not config.ray_pools):  # Ray places it now
+            reason = (f"waiting for {slots} {unit}{in_pool} on the Ray cluster of profile {run.profile or '-'} "
+                      "(Ray places the run when its nodes have room)")
+            return QueueInfo(run.id, kind, slots, None, (), (), None, None, (), reason, run.pool)
+        ahead = tuple(store.queued_ahead(run.id, user_limit=limit, admitted_wait=True))
+        parts = []
+        running = store.running_runs_of(run.user) if limit is not None else 0
+        if limit is not None and running >= limit:
+            parts.append(f"{run.user} has {running} of {limit} running runs (max_running_runs_per_user); "
+                         "other users' runs go first meanwhile")
+        parts.append(f"waiting for {slots} {unit}{in_pool} on the Ray cluster of profile {run.profile or '-'}")
+        parts.append(f"{ordinal(len(ahead) + 1)} in line" + (f" behind {_ids(ahead)}" if ahead else ""))
+        return QueueInfo(run.id, kind, slots, len(ahead) + 1, ahead, (), None, None, (), "; ".join(parts), run.pool)
     claimed = tuple(store.claimed_slots(run.id))
-    holders_by_slot = store.slot_holders(kind)
+    if capacity is None:
+        capacity = local_capacity(kind)
+    try:
+        pool_slots = None if capacity is None else set(config.pool_slots(run.pool, kind, capacity))
+    except Exception:  # noqa: BLE001 - its pool was removed from the config: say what we can
+        pool_slots = None
+    holders_by_slot = {i: h for i, h in store.slot_holders(kind).items() if pool_slots is None or i in pool_slots}
     counts: dict[str, int] = {}
     for holder in holders_by_slot.values():
         counts[holder] = counts.get(holder, 0) + 1
-    if capacity is None:
-        capacity = local_capacity(kind)
-    free = None if capacity is None else max(capacity - len(holders_by_slot), 0)
+    size = None if pool_slots is None else len(pool_slots)
+    free = None if size is None else max(size - len(holders_by_slot), 0)
+    in_pool = f" in pool {run.pool}" if run.pool else ""
     if claimed:
-        reason = f"holds {len(claimed)} {kind} slot(s) ({', '.join(map(str, claimed))}); starting"
-        return QueueInfo(run.id, kind, slots, 0, (), (), capacity, free, claimed, reason)
-    ahead = tuple(store.queued_ahead(run.id))
+        reason = f"holds {len(claimed)} {kind} slot(s) ({', '.join(map(str, claimed))}){in_pool}; starting"
+        return QueueInfo(run.id, kind, slots, 0, (), (), size, free, claimed, reason, run.pool)
+    ahead = tuple(store.queued_ahead(run.id, user_limit=limit))
     holders = []
     for holder_id, count in counts.items():
         try:
@@ -121,19 +144,22 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
         holders.append(Holder(holder_id, status, count))
     holders.sort(key=lambda h: h.run_id)
     position = len(ahead) + 1
-    parts = [
-        f"waiting for {slots} {unit}" + (f" ({free} of {capacity} free)" if capacity is not None else "")
-    ]
+    parts = []
+    running = store.running_runs_of(run.user) if limit is not None else 0
+    if limit is not None and running >= limit:
+        parts.append(f"{run.user} has {running} of {limit} running runs (max_running_runs_per_user); "
+                     "other users' runs go first meanwhile")
+    parts.append(f"waiting for {slots} {unit}{in_pool}" + (f" ({free} of {size} free)" if size is not None else ""))
     parts.append(f"{ordinal(position)} in line" + (f" behind {_ids(ahead)}" if ahead else ""))
     if holders:
-        running = all(h.status == RunStatus.RUNNING.value for h in holders)
-        noun = ("running run" if running else "run") + ("" if len(holders) == 1 else "s")
+        all_running = all(h.status == RunStatus.RUNNING.value for h in holders)
+        noun = ("running run" if all_running else "run") + ("" if len(holders) == 1 else "s")
         verb = "holds" if len(holders) == 1 else "hold"
         parts.append(f"{len(holders)} {noun} {verb} them: {_ids([h.run_id for h in holders])}")
-    elif position == 1:
+    elif position == 1 and len(parts) == 2:
         parts.append("the slots are free: starting")
     return QueueInfo(
-        run.id, kind, slots, position, ahead, tuple(holders), capacity, free, (), "; ".join(parts)
+        run.id, kind, slots, position, ahead, tuple(holders), size, free, (), "; ".join(parts), run.pool
     )
 
 

@@ -90,6 +90,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             revoked_at   REAL
         )""",
     ),
+    (
+        # The pool a run waits in and runs on (config.yaml `pools:`); NULL: the whole machine (no pools).
+        "ALTER TABLE runs ADD COLUMN pool TEXT",
+    ),
 )
 
 SCHEMA_VERSION: int = len(_MIGRATIONS)

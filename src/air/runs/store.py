@@ -123,7 +123,7 @@ class RunStore(SlotLedger, RunLookup):
         kind: Literal["workload", "call"] = "workload",
         user: str | None = None,
         idempotency_key: str | None = None,
-        run_id: str | None = None,
+        run_id: str | None = None, pool: str | None = None,
     ) -> CreateRunResult:
         """Record a new PENDING run. With an `idempotency_key` already used, return that run instead
         (`existing=True`) and create nothing: a client retrying a submit never makes a duplicate."""
@@ -146,7 +146,7 @@ class RunStore(SlotLedger, RunLookup):
                 profile=profile,
                 spec_yaml=spec_yaml,
                 user=user if user is not None else _current_user(),
-                idempotency_key=idempotency_key,
+                idempotency_key=idempotency_key, pool=pool,
             )
             with self._write() as conn:
                 if idempotency_key is not None:

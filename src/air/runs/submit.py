@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from air.backends import Backend, backend_for
+from air.errors import UserInputError
 from air.files import atomic_write_text
 from air.runs.paths import RunPaths
 from air.runs.states import FailureClass, RunStatus
@@ -37,22 +38,44 @@ class Prepared:
     plan: RunPlan
     backend: Backend
     snapshot: Any | None
+    #: The pool it waits in (None: no pools configured, or a Ray profile).
+    pool: str | None = None
 
 
 def prepare(path: str | Path, overrides: list[str] | tuple[str, ...] = (), profile: str | None = None) -> Prepared:
     """Everything `--dry-run` shows and `air run` needs; raises UserInputError on bad input."""
-    return prepare_spec(load_workload(path, overrides), profile)
+    from air.config import use_reserved_pool
+
+    return prepare_spec(load_workload(path, overrides), profile, use_reserved=use_reserved_pool())
 
 
-def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store: Path | None = None) -> Prepared:
+def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store: Path | None = None,
+                 use_reserved: bool | None = None) -> Prepared:
     """`prepare` for a spec already validated (`air server` gets it over HTTP); `secret_store` is where
-    its secrets are (a server user's store; default $AIR_HOME/secrets.json)."""
-    from air.config import resolve_profile
+    its secrets are (a server user's store; default $AIR_HOME/secrets.json); `use_reserved` is the
+    submitter's DATABRICKS_USE_RESERVED_GPU_POOL."""
+    from air.config import load_config, resolve_profile
 
-    chosen = resolve_profile(profile)
+    config = load_config()
+    chosen = resolve_profile(profile, config)
     profile_name, backend_name, address = chosen.name, chosen.backend, getattr(chosen, "address", None)
     backend = backend_for(chosen)
     backend.check_shape(spec.accelerator, spec.num_nodes)
+    pool = None
+    kind = "CPU" if spec.accelerator.is_cpu else "GPU"
+    if backend_name == "local" and config.ray_pools:
+        if spec.compute.pool is not None or use_reserved:
+            raise UserInputError(f"compute.pool: the pools of {config.path} are of Ray nodes (ray_labels); profile "
+                                 f"{profile_name!r} runs on this machine.", hint="Pick a ray profile with -p.")
+    elif backend_name == "local" or config.ray_pools:
+        pool = config.resolve_pool(spec.compute.pool, kind, use_reserved=use_reserved)
+        config.check_pool_fits(pool, kind, spec.accelerator.per_node * spec.num_nodes)
+    elif spec.compute.pool is not None or use_reserved:
+        raise UserInputError(
+            f"compute.pool: profile {profile_name!r} is a Ray cluster and {config.path or 'config.yaml'} has no pools "
+            "of Ray nodes.",
+            hint="Add pools with ray_labels (nodes started with `ray start --labels KEY=VALUE`), or leave "
+            "compute.pool and DATABRICKS_USE_RESERVED_GPU_POOL unset.")
     snapshot = None
     if spec.code_source is not None:
         from air.workload.snapshot import plan_snapshot
@@ -68,7 +91,8 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
         resolve_secrets(spec.secrets, store=secret_store)  # every scope/key must exist now, not on a node
     if secret_store is not None:
         plan.secret_store = str(secret_store)
-    return Prepared(spec, plan, backend, snapshot)
+    plan.pool = pool
+    return Prepared(spec, plan, backend, snapshot, pool)
 
 
 def _link_tree(source: Path, dest: Path) -> None:
@@ -93,7 +117,7 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
         experiment=spec.experiment_name, accelerator_type=plan.accelerator, num_accelerators=plan.num_accelerators,
         num_nodes=plan.num_nodes, spec_yaml=yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False),
         run_name=plan.run_name, backend=plan.backend, profile=plan.profile, kind="workload", idempotency_key=key,
-        user=user)
+        user=user, pool=prepared.pool)
     run = created.run
     if created.existing:
         return run, True

@@ -250,6 +250,66 @@ def capacity_view(store: RunStore) -> dict[str, Any]:
     return {"node": socket.gethostname(), "backend": "local", "pools": pools, "remote": remote}
 
 
+def pools_view(store: RunStore) -> dict[str, Any]:
+    """`air get pools` (locally and `GET /api/v1/pools`): each pool's accelerator type and total, used
+    and idle accelerators, from config.yaml `pools:` and the slot ledger. With no pools configured, the
+    one `default` pool is the whole machine (a row per kind of slot it has)."""
+    from air.accelerators import discover
+    from air.config import DEFAULT_POOL, load_config
+    from air.runs.states import RunStatus
+
+    config = load_config()
+    capacities = _capacities()
+    try:
+        gpu_model = discover().gpu_model or "GPU"
+    except Exception:  # noqa: BLE001 - no way to tell the model: say GPU
+        gpu_model = "GPU"
+    queued: dict[tuple[str | None, str], int] = {}
+    for run in store.list_runs(statuses=[RunStatus.QUEUED], limit=None):
+        if run.backend == "local" and not store.claimed_slots(run.id):
+            queued[(run.pool, run.slot_kind)] = queued.get((run.pool, run.slot_kind), 0) + 1
+    entries: list[tuple[str, str, list[int], str | None]]
+    if config.ray_pools:
+        return {"pools": _ray_pools(config, gpu_model), "max_running_runs_per_user": config.max_running_runs_per_user}
+    if config.pools:
+        entries = [(name, pool.accelerator, list(pool.slots or ()), name) for name, pool in config.pools.items()]
+    else:
+        entries = [(DEFAULT_POOL, kind, list(range(capacity or 0)), None) for kind, capacity in capacities.items()
+                   if capacity or kind == "CPU"]
+    rows = []
+    for name, kind, slots, stored_as in entries:
+        holders = store.slot_holders(kind)
+        held = [i for i in slots if i in holders]
+        rows.append({
+            "name": name, "accelerator_type": "CPU" if kind == "CPU" else gpu_model, "kind": kind,
+            "slots": slots, "total": len(slots), "used": len(held), "idle": len(slots) - len(held),
+            "runs": sorted({holders[i] for i in held}), "queued": queued.get((stored_as, kind), 0),
+            "default": name == (config.default_pool or entries[0][0]),
+        })
+    return {"pools": rows, "max_running_runs_per_user": config.max_running_runs_per_user}
+
+
+def _ray_pools(config: Any, gpu_model: str) -> list[dict[str, Any]]:
+    """Pools of Ray nodes: accelerators of the alive nodes whose labels include the pool's, and how many of
+    them Ray has handed out (read from the cluster of the default profile)."""
+    from air.backends import backend_for
+    from air.config import resolve_profile
+
+    backend = backend_for(resolve_profile(None, config))
+    usage = getattr(backend, "labelled_usage", None)
+    rows = []
+    for name, pool in config.pools.items():
+        kind = pool.accelerator
+        total, used, models = usage(pool.ray_labels, kind) if usage else (0, 0, [])
+        rows.append({
+            "name": name, "accelerator_type": "CPU" if kind == "CPU" else ("/".join(models) or gpu_model),
+            "kind": kind, "ray_labels": pool.ray_labels, "slots": [], "total": total, "used": used,
+            "idle": total - used, "runs": [], "queued": 0,
+            "default": name == (config.default_pool or next(iter(config.pools))),
+        })
+    return rows
+
+
 def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:
     """The logs of one attempt a page shows: a local call's per rank, any other run's per node
     (`air.runs.follow.log_sources`, what `air logs` reads)."""

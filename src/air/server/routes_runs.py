@@ -79,6 +79,13 @@ def list_runs(request: Request, who: Caller, all_users: bool = False,
                      for r in runs]}
 
 
+@router.get("/pools")
+def list_pools(request: Request, who: Caller) -> dict[str, Any]:
+    from air.runs.views import pools_view
+
+    return pools_view(store_of(request))
+
+
 @router.get("/runs/{run_id}")
 def get_run(request: Request, run_id: str) -> dict[str, Any]:
     store = store_of(request)

@@ -75,13 +75,24 @@ def _housekeeping(store: Any, stopping: threading.Event) -> None:
 
 
 def check_server_home() -> str:
-    """The profile runs go to (this AIR_HOME's default); a `server` profile would send them in a circle."""
-    from air.config import resolve_profile
+    """The profile runs go to (this AIR_HOME's default); a `server` profile would send them in a circle.
+    Its pools must exist on this machine (checked before serving, not at the first run)."""
+    from air.config import load_config, resolve_profile
 
-    profile = resolve_profile(None)
+    config = load_config()
+    profile = resolve_profile(None, config)
     if profile.backend == "server":
         raise UserInputError(f"The server's own default profile {profile.name!r} points at a server ({profile.url}).",
                              hint="Give the server an AIR_HOME whose default profile is local or ray.")
+    if config.pools:
+        from air.runs.queue import local_capacity
+
+        if config.ray_pools != (profile.backend == "ray"):
+            raise UserInputError(
+                f"pools: the default profile {profile.name!r} is {profile.backend}, but the pools are of "
+                + ("Ray nodes (ray_labels)." if config.ray_pools else "this machine's slots (slots)."),
+                hint=f"Pools of a local profile name slots, of a ray profile ray_labels: fix {config.path}.")
+        config.check_pools({kind: local_capacity(kind) or 0 for kind in ("GPU", "CPU")})
     return profile.name
 
 

@@ -46,7 +46,11 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: An
         _check_manifest(manifest)
         spec_data = _spec_with_root(spec_data, str(build_snapshot(paths, manifest)))
     spec = parse_workload(spec_data, source=source, base_dir=paths.root)
-    prepared = prepare_spec(spec, None, secret_store=paths.user_secrets(who.user))
+    use_reserved = body.get("use_reserved_pool")
+    if use_reserved is not None and not isinstance(use_reserved, bool):
+        raise UserInputError("use_reserved_pool must be true, false or null (the submitter's "
+                             "DATABRICKS_USE_RESERVED_GPU_POOL).")
+    prepared = prepare_spec(spec, None, secret_store=paths.user_secrets(who.user), use_reserved=use_reserved)
     token = key or spec.idempotency_token
     if body.get("dry_run"):
         return {"status": "DRY_RUN_OK", "plan": prepared.plan.describe()}

@@ -51,6 +51,8 @@ class RunPlan:
     environment_version: str | int | None = None
     base_python: str = sys.executable
     environment_state: str | None = None
+    #: The pool it would wait in (config.yaml `pools:`); None: no pools configured (the whole machine).
+    pool: str | None = None
     # Filled at submit, when the run exists:
     run_id: str | None = None
     code_path: str | None = None
@@ -98,7 +100,8 @@ class RunPlan:
             "experiment_name": self.experiment, "mlflow_run_name": self.run_name,
             "profile": self.profile, "backend": self.backend,
             "compute": {"accelerator_type": self.accelerator, "num_accelerators": self.num_accelerators,
-                        "num_nodes": self.num_nodes, "accelerators_per_node": self.per_node},
+                        "num_nodes": self.num_nodes, "accelerators_per_node": self.per_node,
+                        **({"pool": self.pool} if self.pool else {})},
             "command": self.command, "max_retries": self.max_retries, "timeout_minutes": self.timeout_minutes,
             "hang_timeout_minutes": self.hang_timeout_minutes,
             "code_snapshot": None if not self.code_root else {

@@ -70,6 +70,13 @@ class ComputeSpec(_Section):
         "laptop or CI.",
         examples=["GPU_8xH100", "CPU_2xCPU"],
     )
+    pool: str | None = Field(
+        default=None,
+        description="The pool to wait in and run on (`air get pools` lists them; pools are set in the config.yaml "
+        "of the AIR_HOME runs go to: the server's, through `air server`). Unset: DATABRICKS_USE_RESERVED_GPU_POOL "
+        "(1/True: `reserved`; 0/False: `on-demand` where configured), else the default pool.",
+        examples=["reserved"],
+    )
 
     @field_validator("accelerator_type", mode="before")
     @classmethod
