@@ -54,7 +54,7 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
     """`prepare` for a spec already validated (`air server` gets it over HTTP); `secret_store` is where
     its secrets are (a server user's store; default $AIR_HOME/secrets.json); `use_reserved` is the
     submitter's DATABRICKS_USE_RESERVED_GPU_POOL."""
-    from air.config import load_config, resolve_profile
+    from air.config import config_path, load_config, resolve_profile
 
     config = load_config()
     chosen = resolve_profile(profile, config)
@@ -72,7 +72,7 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
         config.check_pool_fits(pool, kind, spec.accelerator.per_node * spec.num_nodes)
     elif spec.compute.pool is not None or use_reserved:
         raise UserInputError(
-            f"compute.pool: profile {profile_name!r} is a Ray cluster and {config.path or 'config.yaml'} has no pools "
+            f"compute.pool: profile {profile_name!r} is a Ray cluster and {config.path or config_path()} has no pools "
             "of Ray nodes.",
             hint="Add pools with ray_labels (nodes started with `ray start --labels KEY=VALUE`), or leave "
             "compute.pool and DATABRICKS_USE_RESERVED_GPU_POOL unset.")
