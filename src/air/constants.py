@@ -26,6 +26,10 @@ TERMINATE_GRACE_S: float = _float_env(AIR_TERMINATE_GRACE_S, 1.0)
 #: How often the launcher looks at its processes.
 LAUNCH_POLL_S: float = 0.02
 
+#: After a kept zygote's leader closed its status pipe (it is exiting), how long a launch waits for it to
+#: stop running before calling it ended anyway (seconds).
+LEADER_EXIT_WAIT_S: float = 2.0
+
 #: Default wall-clock cap of a local `@distributed` call (3 h, as in the reference).
 DEFAULT_DISTRIBUTED_TIMEOUT_S: float = 10800.0
 

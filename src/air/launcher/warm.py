@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING, BinaryIO
 
 import psutil
 
-from air.constants import _float_env
+from air.constants import LEADER_EXIT_WAIT_S, _float_env
 from air.settings import AIR_LAUNCHER_PID, AIR_WARM_IDLE_S
 
 if TYPE_CHECKING:
@@ -122,6 +122,11 @@ class LeaderHandle(ForkedProcess):
                 code = self.kept.exit_code(timeout=5)
                 self.ended(code if code is not None else -signal.SIGKILL, time.time())
             else:
+                # The pipe closes as the leader's exit closes its files, a moment before it stops running
+                # (tearing down a large address space first): a launch is over when its leader is gone.
+                deadline = time.monotonic() + LEADER_EXIT_WAIT_S
+                while _alive(self.pid) and time.monotonic() < deadline:
+                    time.sleep(0.005)
                 self.ended(self.done_code if self.done_code is not None else -signal.SIGKILL, time.time())
             self.kept.finished()
 
