@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runs_helpers import submit, wait_status, wait_terminal, write_workload
-from web_helpers import save_screenshot
+from web_helpers import http_get, save_screenshot, text_of
 
 from air.runs.store import RunStore
 from proc_helpers import alive, wait_for
@@ -21,28 +21,8 @@ from proc_helpers import alive, wait_for
 PAGE_TIMEOUT_S = 90
 
 
-def http_get(url: str, token: str | None = None) -> tuple[int, str, str]:
-    """GET as curl would (no JavaScript, no redirects followed): status, body, Location."""
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-            return None
-
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.build_opener(NoRedirect).open(request, timeout=60) as response:
-            return response.status, response.read().decode(), response.headers.get("Location", "")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode(), err.headers.get("Location", "")
 
 
-def text_of(driver: Any, css: str) -> str:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-
-    try:
-        return str(driver.find_element("css selector", css).text)
-    except (NoSuchElementException, StaleElementReferenceException):
-        return ""
 
 
 def test_runs_page_and_a_live_run_page(

@@ -7,14 +7,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from web_helpers import free_port
+from web_helpers import free_port, http_get
 
 from air.runs.store import RunStore
 from air.server.app import create_app
@@ -40,34 +37,23 @@ def served(air_home: Path) -> Iterator[tuple[str, str]]:
         pages.stop()
 
 
-def get(url: str, token: str | None = None) -> tuple[int, str, str]:
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-            return None
-
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.build_opener(NoRedirect).open(request, timeout=60) as response:
-            return response.status, response.read().decode(), response.headers.get("Location", "")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode(), err.headers.get("Location", "")
 
 
 def test_pages_beside_the_api(served: tuple[str, str]) -> None:
     url, token = served
-    assert get(url + "/")[0:3:2] == (303, "/ui/runs")
-    status, _, location = get(url + "/ui")
+    assert http_get(url + "/")[0:3:2] == (303, "/ui/runs")
+    status, _, location = http_get(url + "/ui")
     assert status in (301, 302, 303, 307) and location.endswith("/ui/"), (status, location)
-    assert get(url + "/ui/")[0:3:2] == (303, "/ui/runs")
-    status, body, location = get(url + "/ui/capacity")
+    assert http_get(url + "/ui/")[0:3:2] == (303, "/ui/runs")
+    status, body, location = http_get(url + "/ui/capacity")
     assert status == 303 and location.startswith("/ui/login?next=/ui/capacity"), (status, location)
-    status, body, _ = get(url + "/ui/runs", token)
+    status, body, _ = http_get(url + "/ui/runs", token)
     assert status == 200 and f'href="{MLFLOW}"' in body and 'id="runs-table"' in body
-    status, body, _ = get(url + "/ui/static/air.js")
+    status, body, _ = http_get(url + "/ui/static/air.js")
     assert status == 200 and body
-    status, body, _ = get(url + "/nothing/here", token)
+    status, body, _ = http_get(url + "/nothing/here", token)
     assert status == 404 and json.loads(body)["error"]["code"] == "NOT_FOUND"
-    assert get(url + "/api/v1/runs")[0] == 401
+    assert http_get(url + "/api/v1/runs")[0] == 401
 
 
 def test_session_secret_is_kept_and_private(air_home: Path) -> None:

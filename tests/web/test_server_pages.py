@@ -12,8 +12,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_helpers import AIR, AirServer, running_server  # noqa: E402
-from web_helpers import headless_chromium  # noqa: E402
+from web_helpers import headless_chromium, http_get, text_of  # noqa: E402
 
 from proc_helpers import alive, wait_for  # noqa: E402
 
@@ -60,28 +58,8 @@ def submit(srv: AirServer, user: str, folder: Path, name: str, body: str) -> str
     return str(srv.air_json(user, "run", "-f", str(spec))["run_id"])
 
 
-def http_get(url: str, token: str | None = None) -> tuple[int, str, str]:
-    """GET as curl would (no JavaScript, no redirects followed): status, body, Location."""
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-            return None
-
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.build_opener(NoRedirect).open(request, timeout=60) as response:
-            return response.status, response.read().decode(), response.headers.get("Location", "")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode(), err.headers.get("Location", "")
 
 
-def text_of(driver: Any, css: str) -> str:
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-
-    try:
-        return str(driver.find_element("css selector", css).text)
-    except (NoSuchElementException, StaleElementReferenceException):
-        return ""
 
 
 def log_in(driver: Any, srv: AirServer, user: str, target: str) -> None:

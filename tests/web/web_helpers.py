@@ -6,6 +6,8 @@ import os
 import shutil
 import socket
 import tempfile
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,3 +62,28 @@ def save_screenshot(browser: Any, name: str) -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     assert browser.save_screenshot(str(target)), f"could not save {target}"
     return target
+
+
+def http_get(url: str, token: str | None = None) -> tuple[int, str, str]:
+    """GET as curl would (no JavaScript, no redirects followed): status, body, Location."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.build_opener(NoRedirect).open(request, timeout=60) as response:
+            return response.status, response.read().decode(), response.headers.get("Location", "")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(), err.headers.get("Location", "")
+
+
+def text_of(driver: Any, css: str) -> str:
+    """The text of the first element matching `css`, or "" (not there yet, or replaced while read)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return str(driver.find_element("css selector", css).text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
