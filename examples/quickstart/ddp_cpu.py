@@ -112,7 +112,8 @@ def where_things_went(func_name: str, wait_s: float = 30.0) -> str:
         "See them:",
         f"  {prefix}{air} list runs      # runs and calls, newest first",
         *([f"  {prefix}{air} logs {run_id} --rank 0   # rank 0's lines"] if run_id else []),
-        f"  {prefix}{air} ui             # MLflow's UI" + (f", then open {link}" if link else ""),
+        f"  {prefix}{air} ui             # air's pages (http://127.0.0.1:5001/runs) and MLflow's UI"
+        + (f": {link}" if link else ""),
     ]
     if air_bin.exists():
         lines.append(
