@@ -16,6 +16,7 @@ from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
 from air.runs.paths import RunPaths
 from air.runs.store import RunStore
+from proc_helpers import wait_for
 
 TEN_DAYS_AGO = time.time() - 10 * 86400
 
@@ -24,6 +25,16 @@ def _age(path: Path) -> None:
     """Make a folder and everything in it look untouched for ten days."""
     for item in [path, *path.rglob("*")]:
         os.utime(item, (TEN_DAYS_AGO, TEN_DAYS_AGO), follow_symlinks=False)
+
+
+def _listing(air_home: Path) -> list[str]:
+    """Every path under AIR_HOME but MLflow's store and the progress notes an active run's controller
+    rewrites every second (`attempt_<a>/progress.json` and its atomic-write temp file)."""
+    return sorted(
+        str(p) for p in air_home.rglob("*")
+        if "mlflow" not in p.name and "mlartifacts" not in str(p)
+        and p.name != "progress.json" and not p.name.startswith(".progress.json.")
+    )
 
 
 def _snapshot_workload(tmp_path: Path, name: str, command: str) -> Path:
@@ -53,9 +64,11 @@ def _prune(*args: str) -> dict:
 def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path, air_home: Path) -> None:
     # Submitted together (they run side by side on their own slots), then waited for.
     old_id, recent_id, active_id = (submit(_snapshot_workload(tmp_path, name, command)) for name, command in (
-        ("old", "python train.py"), ("recent", "python train.py"), ("active", "sleep 1000")))
+        ("old", "python train.py"), ("recent", "python train.py"), ("active", "echo started && sleep 1000")))
     old, recent = wait_terminal(old_id), wait_terminal(recent_id)
     wait_status(active_id, "RUNNING")
+    # Its command runs: every file of its attempt is written (but the progress notes, see _listing).
+    wait_for(lambda: "started" in RunPaths(active_id).node_log(0, 0).read_text(), "the active run's command", 60)
     assert old.status.value == recent.status.value == "SUCCESS"
 
     call = subprocess.run(
@@ -85,17 +98,13 @@ def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path,
         db.execute("UPDATE runs SET ended_at = ? WHERE id = ?", (TEN_DAYS_AGO, old.id))
     for path in (snapshots / old_key, snapshots / active_key, RunPaths(old.id).folder, call_dir):
         _age(path)
-    before = sorted(
-        str(p) for p in air_home.rglob("*") if "mlflow" not in p.name and "mlartifacts" not in str(p)
-    )
+    before = _listing(air_home)
 
     dry = _prune("--dry-run")
     assert dry["dry_run"] is True
     assert (dry["runs"], dry["calls"], dry["snapshots"]) == ([old.id], [call_dir.name], [old_key])
     assert active_key in dry["kept_for_active_runs"] and dry["bytes"] > 0
-    after = sorted(
-        str(p) for p in air_home.rglob("*") if "mlflow" not in p.name and "mlartifacts" not in str(p)
-    )
+    after = _listing(air_home)
     assert after == before  # a dry run deletes nothing
     text = air("gc", "--older-than-days", "7", "--dry-run")
     assert (
