@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 	  echo "setup: no NVIDIA GPU, but the CPU index ('$(TORCH_INDEX_URL)') is unset or did not answer: $(TORCH_SPEC) from pip's configured index"; \
 	fi
-	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,ray,examples,ui]"
+	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,ray,examples,ui,server]"
 	touch $(STAMP)
 
 setup: $(STAMP)
