@@ -71,7 +71,7 @@ class UI:
             return answers(self.port)
 
         wait_for(ready, f"the UI on port {self.port}", timeout=READY_TIMEOUT_S, interval=0.5)
-        return psutil.Process(self.proc.pid).children(recursive=True)
+        return [p for p in psutil.Process(self.proc.pid).children(recursive=True) if _running(p)]
 
     def kill_all(self) -> None:
         """Cleanup for a failed test only: whatever is left of the tree."""
@@ -85,6 +85,14 @@ class UI:
             except psutil.Error:
                 pass
         self.proc.wait(timeout=30)
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Not ended (a zombie, such as a helper a server started and has not reaped yet, runs nothing)."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 @pytest.fixture
