@@ -66,6 +66,10 @@ def release_timeout_s() -> float:
 #: How often a run page's live log stream (SSE) looks for new lines and for the run's end (seconds).
 WEB_STREAM_POLL_S: float = 0.5
 
+#: How often an open log stream (the API's follow, a page's SSE) checks its token again: a revoked
+#: token ends the streams it opened within this many seconds (or before its next line).
+STREAM_AUTH_RECHECK_S: float = 2.0
+
 #: How often the runs and run pages refresh themselves (JavaScript) while runs are active (milliseconds).
 WEB_REFRESH_MS: int = 3000
 

@@ -83,7 +83,7 @@ def test_bad_requests_are_4xx_and_change_nothing(server: AirServer) -> None:
     assert _state(server) == before
 
 
-def test_tokens_users_and_secrets(server: AirServer) -> None:
+def test_tokens_users_and_secrets(server: AirServer, tmp_path: Path) -> None:
     listed = subprocess.run([*AIR, "server", "token", "list", "--json"], env=server.server_env(),
                             capture_output=True, text=True, timeout=60)
     tokens = {t["user"]: t for t in __import__("json").loads(listed.stdout)["data"]["tokens"]}
@@ -100,11 +100,23 @@ def test_tokens_users_and_secrets(server: AirServer) -> None:
     status, body = server.api("GET", "/api/v1/secrets", token=server.tokens["alice"])
     assert status == 200 and "s3cr3t-value" not in str(body)
 
+    # Revoking bob's token refuses his next request and ends the log stream he has open.
+    spec = tmp_path / "wl.yaml"
+    spec.write_text("experiment_name: revoke\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}\n"
+                    "command: echo started; sleep 600\n")
+    run_id = server.air_json("alice", "run", "-f", str(spec))["run_id"]
+    server.wait_status(run_id, "RUNNING")
+    follower = subprocess.Popen([*AIR, "logs", run_id, "--follow"], env=server.env("bob"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert follower.stdout is not None and follower.stdout.readline() == "started\n"
     revoked = subprocess.run([*AIR, "server", "token", "revoke", "bob"], env=server.server_env(),
                              capture_output=True, text=True, timeout=60)
     assert revoked.returncode == 0, revoked.stderr
+    _, err = follower.communicate(timeout=30)
+    assert follower.returncode == 2 and "no longer valid" in err, err
     denied = server.air("bob", "list", "runs")
     assert denied.returncode == 2 and "valid air token" in denied.stderr, denied.stderr
+    assert server.air("alice", "cancel", run_id).returncode == 0
 
 
 def test_the_server_stops_cleanly_with_a_follower_attached(server: AirServer, tmp_path: Path) -> None:

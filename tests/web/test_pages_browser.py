@@ -166,7 +166,9 @@ def test_pages_need_a_login_or_a_bearer_token(
     assert "/login" in browser.current_url and not browser.find_elements("css selector", "#run-status")
     browser.find_element("id", "token").send_keys("not-a-token")
     browser.find_element("id", "login-button").click()
-    assert "not valid" in text_of(browser, "#login-error")
+    # The click returns before the answer page has loaded: wait for the refusal, not read it at once.
+    wait_for(lambda: "not valid" in text_of(browser, "#login-error"), "the wrong token to be refused",
+             timeout=60)
     browser.find_element("id", "token").send_keys("alice-token")
     browser.find_element("id", "login-button").click()
     wait_for(lambda: text_of(browser, "#run-status") == "RUNNING", "the run page after login", timeout=60)

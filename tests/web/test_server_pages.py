@@ -58,10 +58,6 @@ def submit(srv: AirServer, user: str, folder: Path, name: str, body: str) -> str
     return str(srv.air_json(user, "run", "-f", str(spec))["run_id"])
 
 
-
-
-
-
 def log_in(driver: Any, srv: AirServer, user: str, target: str) -> None:
     """Open `target` without a session: the login page comes; log in with `user`'s real token."""
     driver.delete_all_cookies()
@@ -103,7 +99,9 @@ def test_login_runs_page_and_a_live_run_page(srv: AirServer, chrome: Any, tmp_pa
     assert "/ui/login" in chrome.current_url and not chrome.find_elements("css selector", "#run-status")
     chrome.find_element("id", "token").send_keys("air_not-a-token")
     chrome.find_element("id", "login-button").click()
-    assert "not valid" in text_of(chrome, "#login-error")
+    # The click returns before the answer page has loaded: wait for the refusal, not read it at once.
+    wait_for(lambda: "not valid" in text_of(chrome, "#login-error"), "the wrong token to be refused",
+             timeout=60)
     chrome.find_element("id", "token").send_keys(srv.tokens["alice"])
     chrome.find_element("id", "login-button").click()
     wait_for(lambda: text_of(chrome, "#run-status") == "RUNNING", "the run page after login", timeout=60)
@@ -226,16 +224,17 @@ def test_a_session_and_a_live_page_outlive_a_server_restart(srv: AirServer, chro
     assert text_of(chrome, "#log").count("node 1 first line") == 1  # resumed, not repeated
     chrome.get(f"{srv.url}/ui/runs")  # a new page: the cookie signed before the restart still logs her in
     assert "/ui/login" not in chrome.current_url and chrome.find_elements("css selector", "#runs-table")
-    stop.touch()
-    assert srv.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=120) == "SUCCESS"
 
-    # A revoked token ends its sessions at once.
-    log_in(chrome, srv, "bob", f"{srv.url}/ui/runs")
-    assert chrome.find_elements("css selector", "#runs-table")
+    # A revoked token ends its sessions at once, and a page already streaming a log goes to the login page.
+    log_in(chrome, srv, "bob", f"{srv.url}/ui/runs/{run_id}?log=1")
+    wait_for(lambda: "node 1 after the restart" in text_of(chrome, "#log"), "bob's live page", timeout=60)
     revoked = subprocess.run([*AIR, "server", "token", "revoke", "bob"], env=srv.server_env(),
                              capture_output=True, text=True, timeout=60)
     assert revoked.returncode == 0, revoked.stderr
+    wait_for(lambda: "/ui/login" in chrome.current_url, "the open page to leave for the login page", timeout=30)
     chrome.get(f"{srv.url}/ui/runs")
     assert "/ui/login" in chrome.current_url
+    stop.touch()
+    assert srv.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=120) == "SUCCESS"
     status, body, _ = http_get(f"{srv.url}/api/v1/whoami", srv.tokens["alice"])
     assert status == 200 and json.loads(body)["user"] == "alice"

@@ -8,12 +8,20 @@ import click
 
 from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
-from air.cli.output import envelope, fmt_duration, fmt_time, print_fields, print_table
+from air.cli.output import envelope, fmt_time, print_fields, print_table
 from air.errors import UserInputError
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import RunStore
-from air.runs.views import attempt_from_dict, queue_dict, quiet_summary, run_detail, run_dict, run_from_dict
+from air.runs.views import (
+    attempt_from_dict,
+    duration_text,
+    queue_dict,
+    quiet_summary,
+    run_detail,
+    run_dict,
+    run_from_dict,
+)
 
 
 @click.group()
@@ -84,7 +92,7 @@ def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
         ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), *([("Pool", run.pool)] if run.pool else []),
         ("User", run.user or "-"),
         ("Submitted", fmt_time(run.submitted_at)), ("Started", fmt_time(run.started_at)),
-        ("Ended", fmt_time(run.ended_at)), ("Duration", fmt_duration(run.duration_seconds())),
+        ("Ended", fmt_time(run.ended_at)), ("Duration", duration_text(run.duration_seconds())),
         ("Attempts", f"{run.attempt_count} (retries: {max(run.attempt_count - 1, 0)})"),
     ]
     if run.termination_reason and not run.status.value == "SUCCESS":
@@ -116,7 +124,7 @@ def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
     if attempts:
         print()
         print_table(["ATTEMPT", "STATUS", "STARTED", "DURATION", "REASON", "MLFLOW RUN"], [
-            [str(a.index), a.status.value, fmt_time(a.started_at), fmt_duration(a.duration_seconds()),
+            [str(a.index), a.status.value, fmt_time(a.started_at), duration_text(a.duration_seconds()),
              a.termination_reason or "", a.mlflow_run_id or ""] for a in attempts])
         print(f"\nLogs: air logs {run.id} [--node N] [--retry A]")
 
@@ -188,7 +196,7 @@ def print_runs(runs: list[dict[str, Any]], *, all_status: bool, with_user: bool 
     records = [run_from_dict(r) for r in runs]
     header = ["RUN", "KIND", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"]
     rows = [[r.id, r.kind, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}",
-             fmt_time(r.submitted_at), fmt_duration(r.duration_seconds()), str(r.attempt_count)] for r in records]
+             fmt_time(r.submitted_at), duration_text(r.duration_seconds()), str(r.attempt_count)] for r in records]
     if with_user:
         header.insert(1, "USER")
         for row, r in zip(rows, records, strict=True):

@@ -88,15 +88,6 @@ def fmt_time(ts: float | _dt.datetime | None) -> str:
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
-
-
 def print_table(columns: list[str], rows: list[list[str]], title: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table

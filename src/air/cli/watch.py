@@ -12,11 +12,12 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from air.cli.output import event, fmt_duration, stderr
+from air.cli.output import event, stderr
 from air.cli.output import status as say_status
 from air.runs.follow import FollowEvent, Lines, LogSource, NewAttempt, follow
 from air.runs.states import RunStatus
 from air.runs.store import Run, RunStore
+from air.runs.views import duration_text
 
 if TYPE_CHECKING:
     from air.cli.waiting import WatchExtras
@@ -184,7 +185,7 @@ def watch_events(
     else:
         # A failure is an error (shown even with -q); a success is a status line.
         (say_status if run.status is RunStatus.SUCCESS else stderr)(
-            f"[{run_id}] ended {run.status.value} after {fmt_duration(duration)}"
+            f"[{run_id}] ended {run.status.value} after {duration_text(duration)}"
             + (f" ({run.attempt_count} attempts)" if run.attempt_count > 1 else "")
             + (f": {run.termination_reason}" if run.termination_reason and run.status.is_failure() else "")
         )

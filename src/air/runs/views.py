@@ -27,6 +27,15 @@ def rfc3339(ts: float | None) -> str | None:
         "+00:00", "Z")
 
 
+def duration_text(seconds: float | None) -> str:
+    """A duration as the CLI and the pages both print it: `7s`, `3m05s`, `2h03m05s`, `-` when unknown."""
+    if seconds is None:
+        return "-"
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
+
+
 def run_dict(run: Run) -> dict[str, Any]:
     """A run for `--json`: the hosted CLI's field names and forms (reference §1.4: `run_id`, `run_name`,
     `started_at` as RFC 3339, `attempt_number`, `experiment_name`) beside air's own (`id`, `experiment`,

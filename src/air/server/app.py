@@ -72,6 +72,12 @@ def principal(request: Request) -> Principal:
     return found
 
 
+def token_still_valid(request: Request) -> bool:
+    """Whether the request's bearer token is still valid (a long stream asks again as it goes)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and verify_token(store_of(request), token.strip()) is not None
+
+
 def pages_base(request: Request) -> str:
     """The pages' address as this request reached the server (what a link for its caller should use)."""
     return str(request.base_url).rstrip("/") + PAGES
@@ -156,4 +162,5 @@ def _mount_pages(app: FastAPI) -> None:
     app.mount(PAGES, pages)
 
 
-__all__ = ["API", "PAGES", "AuthError", "Caller", "create_app", "error_body", "pages_base", "principal", "store_of"]
+__all__ = ["API", "PAGES", "AuthError", "Caller", "create_app", "error_body", "pages_base", "principal", "store_of",
+           "token_still_valid"]

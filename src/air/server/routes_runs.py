@@ -8,6 +8,7 @@ admin (403 otherwise).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
@@ -15,14 +16,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from air.constants import SERVER_MAX_UPLOAD_BYTES
+from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, UserInputError
 from air.runs.follow import FollowEvent, Lines, NewAttempt, follow, log_sources, snapshot_lines
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run
 from air.runs.views import queue_dict, run_detail, run_dict
-from air.server.app import AuthError, Caller, error_body, pages_base, store_of
+from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
 from air.server.uploads import ServerPaths, check_digest, missing_blobs, store_blob
 
 router = APIRouter()
@@ -148,10 +149,19 @@ def follow_run(request: Request, run_id: str, node: int | None = None, rank: int
     stopping = getattr(request.app.state, "stopping", None)
 
     def body() -> Iterator[bytes]:
+        checked = time.monotonic()
         try:
             for item in events:
                 if stopping is not None and stopping.is_set():
                     return  # the server is stopping: the client reattaches to the next one
+                if time.monotonic() - checked >= STREAM_AUTH_RECHECK_S:
+                    if not token_still_valid(request):  # revoked while following: no more lines
+                        revoked = AuthError("The token this stream was opened with is no longer valid "
+                                            "(revoked).", status=401,
+                                            hint="Ask an admin for a new one: air server token create NAME")
+                        yield json.dumps(error_body(revoked)).encode() + b"\n"
+                        return
+                    checked = time.monotonic()
                 yield _encode(item)
         except AirError as exc:  # after the answer began: the last line says what went wrong
             yield json.dumps(error_body(exc)).encode() + b"\n"

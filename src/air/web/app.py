@@ -51,22 +51,13 @@ STATUS_CLASSES = {
 }
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
-
-
 def _when(stamp: str | None) -> str:
     return stamp.replace("T", " ")[:19] if stamp else "-"
 
 
 def _templates() -> Jinja2Templates:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True)
-    env.filters.update(duration=_duration, when=_when, chart=line_chart,
+    env.filters.update(duration=views.duration_text, when=_when, chart=line_chart,
                        status_class=lambda s: STATUS_CLASSES.get(str(s), "off"))
     return Jinja2Templates(env=env)
 
@@ -181,8 +172,15 @@ def create_web_app(
 
         resume = request.headers.get("last-event-id") or q.get("offset")
         offset = _int(resume, 0) if resume else None
+        def signed_in() -> bool:
+            try:
+                user_of(request)
+            except LoginRequired:
+                return False
+            return True
+
         stream = follow_log(request, store, run.id, files[index]["path"], offset, mask,
-                            attempt=attempt)
+                            attempt=attempt, signed_in=signed_in)
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 

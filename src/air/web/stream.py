@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from air.constants import WEB_STREAM_POLL_S
+from air.constants import STREAM_AUTH_RECHECK_S, WEB_STREAM_POLL_S
 from air.runs.logtail import LineCursor
 from air.runs.store import RunStore
 from air.runs.views import LOG_TAIL_LINES, marked_line
@@ -35,10 +37,13 @@ async def follow_log(
     mask: Callable[[str], str],
     *,
     attempt: int | None,
+    signed_in: Callable[[], bool] | None = None,
 ) -> AsyncIterator[str]:
     """Events `lines` (a JSON list of marked lines) as the log grows, and `end` (the run's status) once
     the run is over (or moved on to another attempt) and the log is drained. From `offset` (where the
-    page's lines ended), or without one from the last LOG_TAIL_LINES lines: never the whole file."""
+    page's lines ended), or without one from the last LOG_TAIL_LINES lines: never the whole file.
+    `signed_in` is asked again every STREAM_AUTH_RECHECK_S: a revoked token's stream ends there with
+    `signed_out` (the page reloads into the login page)."""
     cursor = LineCursor(path)
     yield ": following\n\n"  # flushes the headers: the browser's EventSource opens now
     if offset is None:
@@ -48,9 +53,15 @@ async def follow_log(
     else:
         cursor.offset = max(0, offset)
     stopping = getattr(request.app.state, "stopping", None)  # set by `air server` as it stops
+    checked = time.monotonic()
     while True:
         if await request.is_disconnected() or (stopping is not None and stopping.is_set()):
             return  # a browser reconnects (Last-Event-ID) and goes on where this ended
+        if signed_in is not None and time.monotonic() - checked >= STREAM_AUTH_RECHECK_S:
+            if not await run_in_threadpool(signed_in):
+                yield _event("signed_out", {})  # the page reloads: the login page now
+                return
+            checked = time.monotonic()
         run = store.get_run(run_id)
         over = run.is_terminal or (attempt is not None and run.current_attempt not in (None, attempt))
         lines = cursor.read(final=over)

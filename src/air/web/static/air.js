@@ -61,6 +61,11 @@
       });
       if (atBottom) { log.scrollTop = log.scrollHeight; }
     });
+    // The session's token was revoked while the log streamed: the page goes to the login page.
+    source.addEventListener("signed_out", function () {
+      source.close();
+      window.location.reload();
+    });
     source.addEventListener("end", function (event) {
       source.close();
       var status = JSON.parse(event.data).status;
