@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from air.errors import UserInputError
@@ -195,6 +195,14 @@ class StoreDatabase:
                 pass
             raise
         conn.execute("COMMIT")
+
+    def reader(self) -> sqlite3.Connection:
+        """This thread's connection, for reads of tables other modules own (the server's `api_tokens`)."""
+        return self._conn()
+
+    def writer(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE), for writes of tables other modules own."""
+        return self._write()
 
     def close(self) -> None:
         """Close this thread's connection (others close when their thread or the process ends)."""

@@ -50,7 +50,7 @@ def create_token(store: RunStore, user: str, *, admin: bool = False) -> tuple[To
         raise UserInputError(f"User name {user!r} is not valid: 1 to 64 letters, digits, '_', '.', '@' or '-'.")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     info = TokenInfo("tok_" + secrets.token_hex(4), user, admin, time.time(), None)
-    with store._write() as conn:
+    with store.writer() as conn:
         conn.execute(
             "INSERT INTO api_tokens (token_sha256, token_id, user, admin, created_at) VALUES (?, ?, ?, ?, ?)",
             (_digest(token), info.token_id, user, int(admin), info.created_at))
@@ -61,14 +61,14 @@ def list_tokens(store: RunStore, *, include_revoked: bool = False) -> list[Token
     sql = "SELECT token_id, user, admin, created_at, revoked_at FROM api_tokens"
     if not include_revoked:
         sql += " WHERE revoked_at IS NULL"
-    rows = store._conn().execute(sql + " ORDER BY created_at").fetchall()
+    rows = store.reader().execute(sql + " ORDER BY created_at").fetchall()
     return [TokenInfo(r[0], r[1], bool(r[2]), r[3], r[4]) for r in rows]
 
 
 def revoke_tokens(store: RunStore, id_or_user: str) -> list[str]:
     """Revoke one token (by its id) or every token of a user (by name); the ids revoked. NotFoundError
     when nothing matches."""
-    with store._write() as conn:
+    with store.writer() as conn:
         rows = conn.execute("SELECT token_id FROM api_tokens WHERE revoked_at IS NULL AND (token_id = ? OR user = ?)",
                             (id_or_user, id_or_user)).fetchall()
         ids = [r[0] for r in rows]
@@ -82,7 +82,7 @@ def verify_token(store: RunStore, token: str | None) -> Principal | None:
     """The caller a bearer token stands for, or None (missing, unknown or revoked token)."""
     if not token or not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None
-    row = store._conn().execute(
+    row = store.reader().execute(
         "SELECT user, admin, token_id FROM api_tokens WHERE token_sha256 = ? AND revoked_at IS NULL",
         (_digest(token),)).fetchone()
     return Principal(row[0], bool(row[1]), row[2]) if row else None
