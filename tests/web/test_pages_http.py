@@ -54,6 +54,39 @@ def test_queue_and_capacity(tmp_path: Path, air_home: Path, monkeypatch: pytest.
     assert "CPU: 0 used, 1 free of 1" in page(f"{base}/capacity")
 
 
+def cells(row: str) -> list[str]:
+    """A pools row's accelerator, total, used, idle and queued cells."""
+    return [cell.split("</td>")[0] for cell in row.split("<td>")[2:7]]
+
+
+def test_capacity_page_shows_the_configured_pools(tmp_path: Path, air_home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  serve: Callable[..., str]) -> None:
+    monkeypatch.setenv("AIR_TRACKING", "off")
+    air_home.mkdir(parents=True, exist_ok=True)
+    (air_home / "config.yaml").write_text(
+        "pools:\n  reserved: {accelerator: CPU, slots: 0}\n  on-demand: {accelerator: CPU, slots: 1-2}\n"
+        "default_pool: on-demand\nmax_running_runs_per_user: 3\n")
+    stop = tmp_path / "stop"
+    holder = submit(write_workload(tmp_path, "holder", f"""
+        experiment_name: pooled
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU, pool: reserved}}
+        max_retries: 0
+        command: while [ ! -f {stop} ]; do sleep 0.2; done
+    """))
+    try:
+        wait_status(holder, "RUNNING", timeout=180)
+        capacity = page(f"{serve()}/capacity")
+        pools = capacity.split('<section id="pools">')[1].split("</section>")[0]
+        reserved = pools.split('data-pool="reserved">')[1].split("</tr>")[0]
+        on_demand = pools.split('data-pool="on-demand">')[1].split("</tr>")[0]
+        assert cells(reserved) == ["CPU", "1", "1", "0", "0"] and f'href="/runs/{holder}"' in reserved, reserved
+        assert cells(on_demand) == ["CPU", "2", "0", "2", "0"] and "(default)" in on_demand, on_demand
+        assert "At most 3 running runs per user." in pools
+    finally:
+        stop.touch()
+    assert wait_terminal(holder, timeout=180).status.value == "SUCCESS"
+
+
 def test_run_page_masks_secrets_and_shows_every_attempt(
     tmp_path: Path, air_home: Path, cpu_slots: None, serve: Callable[..., str]
 ) -> None:

@@ -256,7 +256,19 @@ def capacity_view(store: RunStore) -> dict[str, Any]:
         })
     remote = [run_dict(r) for r in store.list_runs(limit=None) if r.backend != "local"
               and r.status in (RunStatus.RUNNING, RunStatus.TERMINATING, RunStatus.QUEUED)]
-    return {"node": socket.gethostname(), "backend": "local", "pools": pools, "remote": remote}
+    return {"node": socket.gethostname(), "backend": "local", "pools": pools, "remote": remote,
+            "named_pools": _named_pools(store)}
+
+
+def _named_pools(store: RunStore) -> dict[str, Any] | None:
+    """The pools config.yaml names (`air get pools`), or None when it names none (the slots above are the
+    one default pool) or they cannot be read now (the page still shows the slots)."""
+    from air.config import load_config
+
+    try:
+        return pools_view(store) if load_config().pools else None
+    except Exception as exc:  # noqa: BLE001 - a bad config or an unreachable Ray cluster: say so, keep the page
+        return {"pools": [], "error": str(exc), "max_running_runs_per_user": None}
 
 
 def pools_view(store: RunStore) -> dict[str, Any]:
