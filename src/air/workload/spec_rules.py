@@ -44,6 +44,9 @@ RENAMED_KEYS: dict[str, str] = {
     "bash_script": "renamed to 'command'",
     "run_name": "renamed to 'mlflow_run_name'",
     "compute.gpus": "renamed to 'compute.num_accelerators'",
+    # The hosted product's ways to name capacity; here pools are named under `pools:` in config.yaml.
+    **{f"compute.{hosted}": "renamed to 'compute.pool' (a pool under `pools:` in config.yaml; `air get pools` "
+       "lists them)" for hosted in ("pool_id", "node_pool_id", "pool_name")},
     "compute.gpu_type": "renamed to 'compute.accelerator_type' (e.g. GPU_8xH100)",
     "compute.num_gpus": "use 'compute.num_accelerators'",
     "compute.gpu": "use 'compute.num_accelerators' (how many) and 'compute.accelerator_type' (which)",
@@ -73,9 +76,6 @@ HOSTED_ONLY_KEYS: dict[str, str] = {
     "_bases_": f"{_UNSUPPORTED}; YAML composition is not supported, use --override",
     "compute.provisioned_capacity_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
     "compute.priority_class": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
-    "compute.pool_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
-    "compute.node_pool_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
-    "compute.pool_name": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
     "environment.docker_image": f"{_UNSUPPORTED}; air builds a uv environment from 'dependencies'",
     "environment.custom_image_tag": _UNSUPPORTED,
     "environment.unity_catalog_image": _UNSUPPORTED,
