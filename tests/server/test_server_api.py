@@ -23,6 +23,20 @@ def _state(server: AirServer) -> tuple[list[str], list[str], list[str]]:
     return runs, folders, uploads
 
 
+def follow_a_sleeping_run(server: AirServer, folder: Path, follower_user: str) -> tuple[str, subprocess.Popen[str]]:
+    """alice's run that prints `started` and sleeps, and `air logs --follow` of it as `follower_user`,
+    once its first line has come through."""
+    spec = folder / "wl.yaml"
+    spec.write_text("experiment_name: follow\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}\n"
+                    "command: echo started; sleep 600\n")
+    run_id = server.air_json("alice", "run", "-f", str(spec))["run_id"]
+    server.wait_status(run_id, "RUNNING")
+    follower = subprocess.Popen([*AIR, "logs", run_id, "--follow"], env=server.env(follower_user),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert follower.stdout is not None and follower.stdout.readline() == "started\n"
+    return run_id, follower
+
+
 def test_bad_requests_are_4xx_and_change_nothing(server: AirServer) -> None:
     alice = server.tokens["alice"]
     before = _state(server)
@@ -101,14 +115,7 @@ def test_tokens_users_and_secrets(server: AirServer, tmp_path: Path) -> None:
     assert status == 200 and "s3cr3t-value" not in str(body)
 
     # Revoking bob's token refuses his next request and ends the log stream he has open.
-    spec = tmp_path / "wl.yaml"
-    spec.write_text("experiment_name: revoke\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}\n"
-                    "command: echo started; sleep 600\n")
-    run_id = server.air_json("alice", "run", "-f", str(spec))["run_id"]
-    server.wait_status(run_id, "RUNNING")
-    follower = subprocess.Popen([*AIR, "logs", run_id, "--follow"], env=server.env("bob"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert follower.stdout is not None and follower.stdout.readline() == "started\n"
+    run_id, follower = follow_a_sleeping_run(server, tmp_path, "bob")
     revoked = subprocess.run([*AIR, "server", "token", "revoke", "bob"], env=server.server_env(),
                              capture_output=True, text=True, timeout=60)
     assert revoked.returncode == 0, revoked.stderr
@@ -120,14 +127,7 @@ def test_tokens_users_and_secrets(server: AirServer, tmp_path: Path) -> None:
 
 
 def test_the_server_stops_cleanly_with_a_follower_attached(server: AirServer, tmp_path: Path) -> None:
-    spec = tmp_path / "wl.yaml"
-    spec.write_text("experiment_name: stop\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}\n"
-                    "command: echo started; sleep 600\n")
-    run_id = server.air_json("alice", "run", "-f", str(spec))["run_id"]
-    server.wait_status(run_id, "RUNNING")
-    follower = subprocess.Popen([*AIR, "logs", run_id, "--follow"], env=server.env("alice"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert follower.stdout is not None and follower.stdout.readline() == "started\n"
+    run_id, follower = follow_a_sleeping_run(server, tmp_path, "alice")
     server_pid = server.proc.pid if server.proc else 0
     assert server.stop(signal.SIGTERM) == 0  # not held up by the open stream
     assert not alive([server_pid])
