@@ -123,3 +123,30 @@ def test_logs_follow_through_the_server_until_the_run_ends(server: AirServer, tm
     assert out.splitlines() == expected_lines(0)
     cancel = server.air("root", "cancel", run_id)  # an admin may cancel anyone's run (it already ended)
     assert cancel.returncode == 0, cancel.stderr
+
+
+def test_logs_download_through_the_server_with_secrets_masked(server: AirServer, tmp_path: Path) -> None:
+    put = subprocess.run([*AIR, "secrets", "put", "hf", "token"], env=server.env("alice"), input="s3cr3t-value",
+                         capture_output=True, text=True, timeout=60)
+    assert put.returncode == 0, put.stderr
+    spec = tmp_path / "wl.yaml"
+    spec.write_text(textwrap.dedent("""
+        experiment_name: download
+        compute: {accelerator_type: CPU_1xCPU, num_accelerators: 2}
+        secrets: {API_TOKEN: hf/token}
+        command: |
+          echo "node $NODE_RANK token is $API_TOKEN"
+          echo "node $NODE_RANK done"
+    """))
+    run_id = server.air_json("alice", "run", "-f", str(spec))["run_id"]
+    assert server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR") == "SUCCESS"
+    target = tmp_path / "download"
+    copied = server.air("bob", "logs", run_id, "--download-to", str(target))  # anyone signed in may read a run
+    assert copied.returncode == 0 and "Copied 2 log(s) of attempt 0" in copied.stderr, copied.stderr
+    assert {p.name: p.read_text() for p in (target / "logs").iterdir()} == {
+        f"node_{n}.log": f"node {n} token is ***\nnode {n} done\n" for n in (0, 1)}
+    missing = server.air("bob", "logs", "run-260101-0badf00d", "--download-to", str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and "not found" in missing.stderr.lower(), missing.stderr
+    assert not (tmp_path / "nothing").exists()
+    status, _ = server.api("GET", f"/api/v1/runs/{run_id}/logs/node/2", token=server.tokens["bob"])
+    assert status == 404

@@ -102,6 +102,11 @@ def test_local_call_is_a_run_with_rank_logs(tmp_path: Path) -> None:
     text = air("get", "run", run.id).stdout
     assert shown["rank_logs"][1]["path"] in text and f"air logs {run.id} [--rank N]" in text
 
+    copied = air("logs", run.id, "--download-to", str(tmp_path / "copy"))
+    assert copied.returncode == 0 and "Copied 2 log(s) of attempt 0" in copied.stderr, copied.stderr
+    assert {p.name: p.read_text().splitlines() for p in (tmp_path / "copy" / "logs").iterdir()} == {
+        "rank_0.log": ["line of rank 0"], "rank_1.log": ["line of rank 1"]}
+
     wrong = air("logs", run.id, "--rank", "2")
     assert wrong.returncode == 2 and "there is no rank 2" in wrong.stderr
     by_node = air("logs", run.id, "--node", "0")
@@ -175,6 +180,10 @@ def test_watch_streams_every_node_prefixed(tmp_path: Path) -> None:
         "[node 0] hello from node 0",
         "[node 1] hello from node 1",
     }
+    copied = air("logs", run.id, "--download-to", str(tmp_path / "copy"))
+    assert copied.returncode == 0 and "Copied 2 log(s) of attempt 0" in copied.stderr, copied.stderr
+    assert {p.name: p.read_text().splitlines() for p in (tmp_path / "copy" / "logs").iterdir()} == {
+        "node_0.log": ["hello from node 0"], "node_1.log": ["hello from node 1"]}
     no_rank = air("logs", run.id, "--rank", "0")
     assert no_rank.returncode == 2 and "--node N" in no_rank.stderr
     narrowed = air("run", "-f", str(path), "--watch", "--node", "1")

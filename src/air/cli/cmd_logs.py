@@ -52,7 +52,8 @@ from air.runs.views import log_masker
     "download_to",
     default=None,
     type=click.Path(file_okay=False),
-    help="Copy every node's (a call: every rank's) log of the attempt to DIR/logs/.",
+    help="Copy every node's (a call: every rank's) log of the attempt to DIR/logs/ (through an air "
+    "server: downloaded, secret values masked).",
 )
 @common
 def logs(
@@ -71,12 +72,20 @@ def logs(
     json_mode = settings().json
     client = remote()
     if client is not None:
-        from air.cli.remote import follow_remote, not_through_server
+        from air.cli.remote import follow_remote
         from air.runs.views import run_from_dict
 
-        if download_to:
-            raise not_through_server("air logs --download-to")
         run = run_from_dict(client.get(f"/runs/{run_id}"))
+        if download_to:
+            listed = client.get(f"/runs/{run.id}/logs", attempt=attempt)
+            target = Path(download_to) / "logs"
+            target.mkdir(parents=True, exist_ok=True)
+            for log in listed["logs"]:
+                client.download(f"/runs/{run.id}/logs/{log['label']}/{log['index']}",
+                                target / f"{log['label']}_{log['index']}.log", attempt=listed["attempt"])
+            stderr(f"Copied {len(listed['logs'])} log(s) of attempt {listed['attempt']} to {target} "
+                   "(secret values masked by the server)")
+            return
         live = _follows(run, follow, attempt)
         events = follow_remote(client, run.id, node=node, rank=rank, attempt=attempt, tail=tail, live=live)
         print_follow(events, json_mode=json_mode, prefixed=several_logs(run, node, rank))

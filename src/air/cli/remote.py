@@ -109,8 +109,3 @@ def follow_remote(client: ServerClient, run_id: str, **params: Any) -> Iterator[
         raise RemoteError(f"The air server at {client.url} stopped streaming run {run_id} before it ended.",
                           code="UNAVAILABLE", kind="TRANSIENT",
                           hint=f"The run goes on there; reattach with: air logs {run_id} --follow")
-
-
-def not_through_server(what: str) -> UserInputError:
-    return UserInputError(f"{what} is not available through an air server yet.",
-                          hint="Run it on the server host, or unset AIR_SERVER_URL / pick a local profile with -p.")

@@ -17,12 +17,12 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
-from air.errors import AirError, UserInputError
+from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.follow import FollowEvent, Lines, NewAttempt, follow, log_sources, snapshot_lines
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run
-from air.runs.views import queue_dict, run_detail, run_dict
+from air.runs.views import log_files, queue_dict, run_detail, run_dict
 from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
 from air.server.uploads import ServerPaths, check_digest, missing_blobs, store_blob
 
@@ -167,6 +167,46 @@ def follow_run(request: Request, run_id: str, node: int | None = None, rank: int
             yield json.dumps(error_body(exc)).encode() + b"\n"
 
     return StreamingResponse(body(), media_type="application/x-ndjson")
+
+
+def _attempt_index(request: Request, run: Run, attempt: int | None) -> int:
+    if attempt is not None and attempt < 0:
+        raise UserInputError(f"attempt must be 0 or more, got {attempt}.")
+    return store_of(request).get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
+
+
+@router.get("/runs/{run_id}/logs")
+def list_logs(request: Request, run_id: str, attempt: int | None = None) -> dict[str, Any]:
+    """The logs of one attempt (`air logs --download-to`): each one's label, index and size in bytes."""
+    run = store_of(request).get_run(run_id)
+    index = _attempt_index(request, run, attempt)
+    logs = [{"label": f["label"], "index": f["index"], "bytes": f["path"].stat().st_size}
+            for f in log_files(run, index) if f["exists"]]
+    return {"run_id": run.id, "attempt": index, "logs": logs}
+
+
+@router.get("/runs/{run_id}/logs/{label}/{index}")
+def download_log(request: Request, run_id: str, label: str, index: int,
+                 attempt: int | None = None) -> StreamingResponse:
+    """One whole log as text, the run's secrets masked line by line (failing closed before any byte)."""
+    from air.runs.views import log_masker
+
+    run = store_of(request).get_run(run_id)
+    number = _attempt_index(request, run, attempt)
+    found = next((f for f in log_files(run, number) if (f["label"], f["index"]) == (label, index) and f["exists"]),
+                 None)
+    if found is None:
+        raise NotFoundError(f"Run {run.id} has no log of {label} {index} in attempt {number}.")
+    mask = log_masker(run)
+    mask("")  # a secret that cannot be resolved refuses here, as a 4xx, not mid-file
+
+    def body() -> Iterator[bytes]:
+        with open(found["path"], encoding="utf-8", errors="replace", newline="") as log:
+            for line in log:
+                text, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+                yield (mask(text) + end).encode()
+
+    return StreamingResponse(body(), media_type="text/plain; charset=utf-8")
 
 
 # ---- blobs ----------------------------------------------------------------------------------------
