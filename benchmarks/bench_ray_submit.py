@@ -28,18 +28,7 @@ import time
 import uuid
 from pathlib import Path
 
-
-def _wait_file(path: Path, timeout: float = 120.0) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            text = path.read_text().strip()
-            if text:
-                return float(text)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.005)
-    raise TimeoutError(f"{path} never appeared")
+from timing import wait_file
 
 
 def bench_air(address: str, nodes: int, reps: int, work: Path) -> list[float]:
@@ -60,7 +49,7 @@ def bench_air(address: str, nodes: int, reps: int, work: Path) -> list[float]:
         allocation = backend.acquire(run_id, cpu_type(1), nodes, should_stop=lambda: False, on_wait=lambda _: None)
         assert allocation is not None
         handle = backend.start_attempt(allocation, tasks, tag=f"air-{run_id}")
-        started = max(_wait_file(marks / f"node_{n}") for n in range(nodes))
+        started = max(wait_file(marks / f"node_{n}") for n in range(nodes))
         outcome = handle.wait(timeout_s=60, should_stop=lambda: False)
         backend.release(allocation)
         assert outcome.ok, outcome
@@ -78,7 +67,7 @@ def bench_job_sdk(dashboard: str, reps: int, work: Path) -> list[float]:
         mark = work / f"job-{rep}"
         submitted = time.time()
         job = client.submit_job(entrypoint=f"bash -c 'date +%s.%N > {mark}'")
-        started = _wait_file(mark)
+        started = wait_file(mark)
         deadline = time.monotonic() + 60
         while client.get_job_status(job) not in (JobStatus.SUCCEEDED, JobStatus.FAILED) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -95,7 +84,7 @@ def bench_job_cli(dashboard: str, reps: int, work: Path) -> list[float]:
         submitted = time.time()
         subprocess.run([ray_cli, "job", "submit", "--address", dashboard, "--no-wait", "--",
                         "bash", "-c", f"date +%s.%N > {mark}"], check=True, capture_output=True)
-        started = _wait_file(mark)
+        started = wait_file(mark)
         if rep:
             times.append(started - submitted)
     return times

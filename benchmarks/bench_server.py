@@ -39,6 +39,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from timing import wait_file
 
 AIR = [sys.executable, "-m", "air.cli.main"]
 
@@ -47,19 +48,6 @@ def _port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _wait_file(path: Path, timeout: float = 120.0) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            text = path.read_text().strip()
-            if text:
-                return float(text)
-        except FileNotFoundError:
-            pass
-        time.sleep(0.005)
-    raise TimeoutError(f"{path} never appeared")
 
 
 class Server:
@@ -114,7 +102,7 @@ def bench_submit(envs: dict[str, dict[str, str]], work: Path, reps: int) -> dict
             spec = _workload(work, mark)
             started = time.time()
             subprocess.run([*AIR, "run", "-f", str(spec), "--json"], env=env, check=True, capture_output=True)
-            ran = _wait_file(mark)
+            ran = wait_file(mark)
             if rep:
                 times[label].append(ran - started)
     return times

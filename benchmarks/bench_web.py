@@ -97,7 +97,7 @@ def main() -> None:
             ("GET /runs?page=100 (rows 4,951-5,000)", "/runs?page=100"),
             ("GET /capacity", "/capacity"),
             (f"GET /runs/<id> (tail of a {args.log_mb} MB log)", f"/runs/{ids[1]}"),
-            (f"GET /runs/<id>?q=step 99 (search its last 20k lines)", f"/runs/{ids[1]}?q=step+99"),
+            ("GET /runs/<id>?q=step 99 (search its last 20k lines)", f"/runs/{ids[1]}?q=step+99"),
         ]
         print(f"{'page':48} {'median ms':>10}")
         first = None
