@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from air.errors import GPUValidationError, NotFoundError
 from air.runs.schema import StoreDatabase
@@ -16,6 +17,27 @@ from air.runs.states import RunStatus, StatusConflictError
 SLOT_KINDS = ("GPU", "CPU")
 #: The claim kind of a run admitted to ask Ray for its nodes (`try_admit`); one per run, keyed by queue_seq.
 ADMITTED = "RUN"
+
+
+class _QueueRow(NamedTuple):
+    """What the queue's rules read of one run."""
+
+    status: RunStatus
+    backend: str
+    queue_seq: int | None
+    pool: str | None
+    user: str
+    #: The slot kind its accelerator type takes ('GPU' or 'CPU').
+    kind: str
+
+
+def _queue_row(conn: sqlite3.Connection, run_id: str) -> _QueueRow:
+    row = conn.execute(
+        "SELECT status, backend, queue_seq, pool, user, accelerator_type FROM runs WHERE id = ?", (run_id,)
+    ).fetchone()
+    if row is None:
+        raise NotFoundError(f"Run {run_id} not found.")
+    return _QueueRow(RunStatus(row[0]), row[1], row[2], row[3], row[4], str(row[5]).split("_", 1)[0].upper())
 
 
 class SlotLedger(StoreDatabase):
@@ -49,12 +71,7 @@ class SlotLedger(StoreDatabase):
             )
         now = self._clock()
         with self._write() as conn:
-            row = conn.execute(
-                "SELECT status, backend, queue_seq, pool, user FROM runs WHERE id = ?", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise NotFoundError(f"Run {run_id} not found.")
-            status, backend, queue_seq, pool, user = RunStatus(row[0]), row[1], row[2], row[3], row[4]
+            status, backend, queue_seq, pool, user, _ = _queue_row(conn, run_id)
             held = [r[0] for r in conn.execute(
                 "SELECT slot_index FROM slot_claims WHERE run_id = ? ORDER BY slot_index", (run_id,)
             )]
@@ -86,12 +103,7 @@ class SlotLedger(StoreDatabase):
         unless its user is at the limit) and within `user_limit`. An admitted run holds one claim of kind
         RUN (counted by the per-user limit) until it ends or `release_slots`."""
         with self._write() as conn:
-            row = conn.execute(
-                "SELECT status, backend, queue_seq, pool, user, accelerator_type FROM runs WHERE id = ?", (run_id,)
-            ).fetchone()
-            if row is None:
-                raise NotFoundError(f"Run {run_id} not found.")
-            status, backend, queue_seq, pool, user = RunStatus(row[0]), row[1], row[2], row[3], row[4]
+            status, backend, queue_seq, pool, user, kind = _queue_row(conn, run_id)
             if conn.execute("SELECT 1 FROM slot_claims WHERE run_id = ?", (run_id,)).fetchone():
                 return True
             if status is not RunStatus.QUEUED:
@@ -99,7 +111,6 @@ class SlotLedger(StoreDatabase):
                                           run_id=run_id, current=status.value)
             if user_limit is not None and self._running_of(conn, user) >= user_limit:
                 return False
-            kind = str(row[5]).split("_", 1)[0].upper()
             if self._waiting_ahead(conn, kind, backend, queue_seq, pool, user_limit, stop_at_one=True,
                                    admitted_wait=True):
                 return False
@@ -153,15 +164,11 @@ class SlotLedger(StoreDatabase):
     def queue_position(self, run_id: str, *, user_limit: int | None = None) -> int | None:
         """How many runs wait ahead of this QUEUED run (0: next). None if it is not waiting."""
         conn = self._conn()
-        row = conn.execute(
-            "SELECT status, backend, queue_seq, accelerator_type, pool FROM runs WHERE id = ?", (run_id,)
-        ).fetchone()
-        if row is None:
-            raise NotFoundError(f"Run {run_id} not found.")
-        if row[0] != RunStatus.QUEUED.value or self.claimed_slots(run_id):
+        row = _queue_row(conn, run_id)
+        if row.status is not RunStatus.QUEUED or self.claimed_slots(run_id):
             return None
-        kind = str(row[3]).split("_", 1)[0].upper()
-        return self._waiting_ahead(conn, kind, row[1], row[2], row[4], user_limit, stop_at_one=False)
+        return self._waiting_ahead(conn, row.kind, row.backend, row.queue_seq, row.pool, user_limit,
+                                   stop_at_one=False)
 
     def queued_ahead(self, run_id: str, *, user_limit: int | None = None, admitted_wait: bool = False) -> list[str]:
         """Ids of the runs this QUEUED run waits behind (same slot kind, backend and pool, entered the
@@ -169,15 +176,10 @@ class SlotLedger(StoreDatabase):
         is next, holds slots or is not QUEUED. The same rule as `try_claim_slots`'s FIFO check, so "why
         does it wait" never disagrees with it."""
         conn = self._conn()
-        row = conn.execute(
-            "SELECT status, backend, queue_seq, accelerator_type, pool FROM runs WHERE id = ?", (run_id,)
-        ).fetchone()
-        if row is None:
-            raise NotFoundError(f"Run {run_id} not found.")
-        if row[0] != RunStatus.QUEUED.value or row[2] is None or self.claimed_slots(run_id):
+        row = _queue_row(conn, run_id)
+        if row.status is not RunStatus.QUEUED or row.queue_seq is None or self.claimed_slots(run_id):
             return []
-        kind = str(row[3]).split("_", 1)[0].upper()
-        params: list[object] = [RunStatus.QUEUED.value, row[2], row[1], kind + "\\_%", row[4]]
+        params: list[object] = [RunStatus.QUEUED.value, row.queue_seq, row.backend, row.kind + "\\_%", row.pool]
         if user_limit is not None:
             params.append(user_limit)
         sql = self._ahead_sql("r.id", user_limit, admitted_wait) + " ORDER BY r.queue_seq"
