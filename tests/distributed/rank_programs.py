@@ -121,6 +121,26 @@ def print_lines(n: int) -> int:
     return n
 
 
+def silent_optimizer_steps(seconds: float) -> int:
+    """Steps an optimizer for `seconds`; only rank 0 prints, once, as DDP scripts do: rank 1 says nothing."""
+    import time
+
+    import torch
+
+    if os.environ["RANK"] == "0":
+        print("rank 0 starts stepping", flush=True)
+    weight = torch.nn.Parameter(torch.ones(4))
+    optimizer = torch.optim.SGD([weight], lr=0.01)
+    steps, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        weight.sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+        time.sleep(0.05)
+    return steps
+
+
 def allreduce_until_stopped(pid_dir: Path, stopped_rank: int, steps: int = 100000) -> int:
     """An all-reduce loop that beats every step; `stopped_rank` SIGSTOPs itself after a few steps, so its
     peer waits in the collective for ever: the hang a dead NIC or a stopped peer causes."""

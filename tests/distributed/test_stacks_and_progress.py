@@ -76,7 +76,7 @@ def test_an_mlflow_metric_is_a_heartbeat_in_a_rank(tmp_path: Path) -> None:
 
     slots = HeartbeatSlots(1)
     code = (
-        "from air.distributed import mlflow_progress\nmlflow_progress.install()\n"
+        "from air.distributed import progress_hooks\nprogress_hooks.install()\n"
         "import mlflow\nfrom mlflow import MlflowClient\n"
         "assert hasattr(mlflow.log_metric, '__wrapped__') and hasattr(MlflowClient.log_batch, '__wrapped__')\n"
         f"client = MlflowClient('sqlite:///{tmp_path}/m.db')\n"
@@ -87,5 +87,28 @@ def test_an_mlflow_metric_is_a_heartbeat_in_a_rank(tmp_path: Path) -> None:
                               env={"AIR_HEARTBEAT_FILE": slots.paths[0], "PATH": "/usr/bin", "HOME": str(tmp_path)})
         assert done.returncode == 0 and "logged" in done.stdout, done.stderr[-2000:]
         assert slots.read(0) > 0.0  # the metric beat into the slot
+    finally:
+        slots.close()
+
+
+@pytest.mark.parametrize("torch_first", [False, True], ids=["torch-imported-after", "torch-preloaded"])
+def test_an_optimizer_step_is_a_heartbeat_in_a_rank(tmp_path: Path, torch_first: bool) -> None:
+    """Cold ranks import torch after the hook is in place; forked ranks got it from their zygote before."""
+    from air.launcher.progress import HeartbeatSlots
+
+    slots = HeartbeatSlots(1)
+    install = "from air.distributed import progress_hooks\nprogress_hooks.install()\n"
+    code = (("import torch\n" + install) if torch_first else (install + "import torch\n")) + (
+        "weight = torch.nn.Parameter(torch.ones(2))\n"
+        "optimizer = torch.optim.AdamW([weight])\n"
+        "import os, struct\n"
+        "slot = open(os.environ['AIR_HEARTBEAT_FILE'], 'rb').read(8)\n"
+        "assert struct.unpack('d', slot)[0] == 0.0  # nothing beat before the step\n"
+        "weight.sum().backward()\noptimizer.step()\nprint('stepped')\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env={"AIR_HEARTBEAT_FILE": slots.paths[0], "PATH": "/usr/bin", "HOME": str(tmp_path)})
+        assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-2000:]
+        assert slots.read(0) > 0.0  # the step beat into the slot
     finally:
         slots.close()

@@ -119,10 +119,10 @@ def main(call_dir: Path) -> int:
     for entry in reversed(json.loads(os.environ.get(AIR_SYS_PATH, "[]"))):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    from air.distributed import mlflow_progress
+    from air.distributed import progress_hooks
     from air.distributed.mlflow_gate import install
 
-    mlflow_progress.install()  # an MLflow metric is progress (a hang check sees it)
+    progress_hooks.install()  # an MLflow metric or an optimizer step is progress (a hang check sees it)
     install(os.environ.get(AIR_MLFLOW_ENV_FILE))
     preload = [m for m in os.environ.get(AIR_RANK_PRELOAD, "").split(",") if m and m not in sys.modules]
     if preload:  # a cold start (a forked rank has them already), or one the zygote failed to import
