@@ -52,7 +52,8 @@ def test_a_pool_of_labelled_ray_nodes(ray_cluster, tmp_path: Path) -> None:  # t
             waiting = server.air_json("alice", "get", "run", second)["queue"]
             assert "alice has 1 of 1 running runs" in waiting["reason"] and waiting["pool"] == "edge", waiting
             assert server.run_status(second) == "QUEUED"
-            assert server.air_json("bob", "get", "pools")["pools"][0]["used"] == 2
+            figures = server.air_json("bob", "get", "pools")["pools"][0]
+            assert (figures["used"], figures["runs"], figures["queued"]) == (2, sorted([one, bobs]), 1), figures
 
             two = submit(server, tmp_path, "two", 2, gate, user="root")  # 2 nodes labelled edge? there is one
             wait_for(lambda: "Ray places" in (server.air_json("root", "get", "run", two).get("queue") or {}).get(

@@ -291,7 +291,8 @@ def pools_view(store: RunStore) -> dict[str, Any]:
             queued[(run.pool, run.slot_kind)] = queued.get((run.pool, run.slot_kind), 0) + 1
     entries: list[tuple[str, str, list[int], str | None]]
     if config.ray_pools:
-        return {"pools": _ray_pools(config, gpu_model), "max_running_runs_per_user": config.max_running_runs_per_user}
+        return {"pools": _ray_pools(store, config, gpu_model),
+                "max_running_runs_per_user": config.max_running_runs_per_user}
     if config.pools:
         entries = [(name, pool.accelerator, list(pool.slots or ()), name) for name, pool in config.pools.items()]
     else:
@@ -310,22 +311,29 @@ def pools_view(store: RunStore) -> dict[str, Any]:
     return {"pools": rows, "max_running_runs_per_user": config.max_running_runs_per_user}
 
 
-def _ray_pools(config: Any, gpu_model: str) -> list[dict[str, Any]]:
+def _ray_pools(store: RunStore, config: Any, gpu_model: str) -> list[dict[str, Any]]:
     """Pools of Ray nodes: accelerators of the alive nodes whose labels include the pool's, and how many of
-    them Ray has handed out (read from the cluster of the default profile)."""
+    them Ray has handed out (read from the cluster of the default profile); the runs admitted to each
+    (they hold its admission until they end) and how many wait behind them."""
     from air.backends import backend_for
     from air.config import resolve_profile
+    from air.runs.states import RunStatus
 
     backend = backend_for(resolve_profile(None, config))
     usage = getattr(backend, "labelled_usage", None)
+    active = [r for r in store.list_runs(statuses=[RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.TERMINATING],
+                                         limit=None) if r.backend != "local" and r.pool]
+    admitted = {r.id for r in active if store.claimed_slots(r.id)}
     rows = []
     for name, pool in config.pools.items():
         kind = pool.accelerator
         total, used, models = usage(pool.ray_labels, kind) if usage else (0, 0, [])
+        mine = [r for r in active if r.pool == name]
         rows.append({
             "name": name, "accelerator_type": "CPU" if kind == "CPU" else ("/".join(models) or gpu_model),
             "kind": kind, "ray_labels": pool.ray_labels, "slots": [], "total": total, "used": used,
-            "idle": total - used, "runs": [], "queued": 0,
+            "idle": total - used, "runs": sorted(r.id for r in mine if r.id in admitted),
+            "queued": sum(r.status is RunStatus.QUEUED and r.id not in admitted for r in mine),
             "default": name == (config.default_pool or next(iter(config.pools))),
         })
     return rows
