@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runs_helpers import submit, wait_status, wait_terminal, write_workload
-from web_helpers import http_get, save_screenshot, text_of
+from web_helpers import http_get, runs_rows, save_screenshot, text_of
 
 from air.runs.store import RunStore
 from proc_helpers import alive, wait_for
@@ -54,11 +54,11 @@ def test_runs_page_and_a_live_run_page(
 
     # The runs page: both runs, newest first, with their status.
     browser.get(f"{base}/runs")
-    rows = browser.find_elements("css selector", "#runs-table tbody tr")
-    by_id = {row.get_attribute("data-run"): row.get_attribute("data-status") for row in rows}
+    rows = runs_rows(browser)
+    by_id = {row["run"]: row["status"] for row in rows}
     assert by_id == {running: "RUNNING", finished: "SUCCESS"}, by_id
-    assert rows[0].get_attribute("data-run") == running  # newest first
-    assert "pretrain" in rows[0].text and "2 × CPU_1xCPU" in rows[0].text
+    assert rows[0]["run"] == running  # newest first
+    assert "pretrain" in rows[0]["text"] and "2 × CPU_1xCPU" in rows[0]["text"]
     save_screenshot(browser, "runs.png")
 
     # A run page on node 1: lines written after the page loaded appear (SSE), then SUCCESS.
@@ -76,7 +76,7 @@ def test_runs_page_and_a_live_run_page(
     browser.switch_to.new_window("tab")
     browser.get(f"{base}/runs")
     row = f'#runs-table tr[data-run="{running}"]'
-    assert browser.find_element("css selector", row).get_attribute("data-status") == "RUNNING"
+    assert {r["run"]: r["status"] for r in runs_rows(browser)}[running] == "RUNNING"
     stop.touch()
     wait_for(lambda: "SUCCESS" in text_of(browser, row), "the runs page to show SUCCESS by itself",
              timeout=PAGE_TIMEOUT_S, interval=0.3)

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_helpers import AIR, AirServer, running_server  # noqa: E402
-from web_helpers import headless_chromium, http_get, text_of  # noqa: E402
+from web_helpers import headless_chromium, http_get, runs_rows, text_of  # noqa: E402
 
 from proc_helpers import alive, wait_for  # noqa: E402
 
@@ -111,10 +111,10 @@ def test_login_runs_page_and_a_live_run_page(srv: AirServer, chrome: Any, tmp_pa
     # The runs page (the server's / leads there): both runs, newest first, alice's.
     chrome.get(srv.url + "/")
     wait_for(lambda: chrome.current_url.endswith("/ui/runs"), "/ to lead to the runs page", timeout=30)
-    rows = chrome.find_elements("css selector", "#runs-table tbody tr")
-    by_id = {row.get_attribute("data-run"): row.get_attribute("data-status") for row in rows}
+    rows = runs_rows(chrome)
+    by_id = {row["run"]: row["status"] for row in rows}
     assert by_id == {running: "RUNNING", finished: "SUCCESS"}, by_id
-    assert rows[0].get_attribute("data-run") == running and "alice" in rows[0].text
+    assert rows[0]["run"] == running and "alice" in rows[0]["text"]
 
     # The run page on node 1: lines written after it loaded appear, then SUCCESS.
     chrome.get(page)

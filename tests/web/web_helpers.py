@@ -80,10 +80,25 @@ def http_get(url: str, token: str | None = None) -> tuple[int, str, str]:
 
 
 def text_of(driver: Any, css: str) -> str:
-    """The text of the first element matching `css`, or "" (not there yet, or replaced while read)."""
+    """The text of the first element matching `css`, or "" when there is none (yet). A page that refreshes
+    itself swaps its live part every few seconds: an element replaced while read is found again."""
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
-    try:
-        return str(driver.find_element("css selector", css).text)
-    except (NoSuchElementException, StaleElementReferenceException):
-        return ""
+    for _ in range(5):
+        try:
+            return str(driver.find_element("css selector", css).text)
+        except NoSuchElementException:
+            return ""
+        except StaleElementReferenceException:
+            continue
+    return ""
+
+
+#: Each row of the runs table as one read in the page (no row can be swapped out between two reads).
+_ROWS_SCRIPT = """return Array.from(document.querySelectorAll('#runs-table tbody tr')).map(
+    row => ({run: row.dataset.run, status: row.dataset.status, text: row.innerText}));"""
+
+
+def runs_rows(driver: Any) -> list[dict[str, str]]:
+    """The runs page's rows, first to last: each one's `run` id, `status` and `text`."""
+    return list(driver.execute_script(_ROWS_SCRIPT))
