@@ -41,6 +41,8 @@ DEFAULT_POOL = "default"
 #: The pools DATABRICKS_USE_RESERVED_GPU_POOL picks (seed 001: true → reserved, false → on-demand).
 RESERVED_POOL, ON_DEMAND_POOL = "reserved", "on-demand"
 USE_RESERVED_POOL = "DATABRICKS_USE_RESERVED_GPU_POOL"
+#: The hosted product's explicit pool of a `remote=True` call: here the name of a pool under `pools:`.
+REMOTE_POOL_ID = "DATABRICKS_REMOTE_GPU_POOL_ID"
 
 
 class Profile(BaseModel):
@@ -214,13 +216,14 @@ class AirConfig(BaseModel):
     def pool_names(self) -> list[str]:
         return list(self.pools) or [DEFAULT_POOL]
 
-    def resolve_pool(self, asked: str | None, kind: str, *, use_reserved: bool | None = None) -> str | None:
+    def resolve_pool(self, asked: str | None, kind: str, *, use_reserved: bool | None = None,
+                     asked_by: str = "compute.pool") -> str | None:
         """The pool a run of `kind` ('GPU'/'CPU') goes to: `compute.pool`, else DATABRICKS_USE_RESERVED_GPU_POOL
         (true: `reserved`; false: `on-demand` where configured), else `default_pool` (or the only pool), or
         the first pool of its kind when that one is of the other kind. None: no pool of its kind (it
         claims among all of this machine's slots of its kind, as without pools). An unknown pool is a
         UserInputError listing the pools."""
-        source = "compute.pool"
+        source = asked_by
         if asked is None and use_reserved is not None:
             source = f"{USE_RESERVED_POOL}={'1' if use_reserved else '0'}"
             asked = RESERVED_POOL if use_reserved else (ON_DEMAND_POOL if ON_DEMAND_POOL in self.pools else None)
@@ -238,12 +241,14 @@ class AirConfig(BaseModel):
             "the AIR_HOME runs go to (the server's, through `air server`).",
         )
 
-    def call_pool(self, backend: str, accelerator_kind: str, wanted: int, use_reserved: bool | None) -> str | None:
-        """The pool of a `@distributed(remote=True)` call (DATABRICKS_USE_RESERVED_GPU_POOL, else the
-        default pool), checked as a workload's is; None without pools for its backend."""
+    def call_pool(self, backend: str, accelerator_kind: str, wanted: int, use_reserved: bool | None,
+                  asked: str | None = None) -> str | None:
+        """The pool of a `@distributed(remote=True)` call (DATABRICKS_REMOTE_GPU_POOL_ID, else
+        DATABRICKS_USE_RESERVED_GPU_POOL, else the default pool), checked as a workload's is; None without
+        pools for its backend."""
         if (backend == "local") == self.ray_pools:
             return None
-        pool = self.resolve_pool(None, accelerator_kind, use_reserved=use_reserved)
+        pool = self.resolve_pool(asked, accelerator_kind, use_reserved=use_reserved, asked_by=REMOTE_POOL_ID)
         self.check_pool_fits(pool, accelerator_kind, wanted)
         return pool
 
@@ -309,6 +314,11 @@ def use_reserved_pool() -> bool | None:
         return False
     raise UserInputError(f"{USE_RESERVED_POOL}={os.environ[USE_RESERVED_POOL]!r} is neither true nor false.",
                          hint="Set it to 1/True (the reserved pool) or 0/False (on-demand), or unset it.")
+
+
+def remote_pool_id() -> str | None:
+    """DATABRICKS_REMOTE_GPU_POOL_ID as the caller set it; None: unset."""
+    return os.environ.get(REMOTE_POOL_ID, "").strip() or None
 
 
 def config_path() -> Path:

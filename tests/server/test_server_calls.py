@@ -47,3 +47,10 @@ def test_a_remote_call_through_the_server_returns_every_ranks_value(server: AirS
     failed = subprocess.run([sys.executable, str(script), "-1"], env=server.env("alice"), cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
     assert "RAISED ValueError: negative scale on rank" in failed.stdout, failed.stdout + failed.stderr
+
+    # The hosted product's explicit pool travels with the call: a pool the server lacks is refused there.
+    nowhere = subprocess.run([sys.executable, str(script), "4"], env={**server.env("alice"),
+                             "DATABRICKS_REMOTE_GPU_POOL_ID": "nowhere"}, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
+    assert nowhere.returncode != 0 and "RESULT" not in nowhere.stdout
+    assert "Unknown pool 'nowhere' (from DATABRICKS_REMOTE_GPU_POOL_ID)" in nowhere.stderr, nowhere.stderr

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
+from air.errors import UserInputError
 from air.runs.store import RunStore
 from proc_helpers import wait_for
 
@@ -103,6 +104,17 @@ def test_runs_and_calls_land_in_the_pool_they_ask_for(tmp_path: Path, air_home: 
     assert where.distributed() == ["0"]
     call = store.list_runs(statuses="all", limit=1)[0]
     assert (call.kind, call.pool, call.status.value) == ("call", "reserved", "SUCCESS")
+    # the hosted product's explicit pool of a call wins over the reserved switch
+    monkeypatch.setenv("DATABRICKS_REMOTE_GPU_POOL_ID", "on-demand")
+    assert where.distributed() == ["0"]
+    call = store.list_runs(statuses="all", limit=1)[0]
+    assert (call.kind, call.pool, call.status.value) == ("call", "on-demand", "SUCCESS")
+    monkeypatch.setenv("DATABRICKS_REMOTE_GPU_POOL_ID", "spot")
+    runs_before = len(store.list_runs(statuses="all", limit=None))
+    with pytest.raises(UserInputError, match=r"Unknown pool 'spot' \(from DATABRICKS_REMOTE_GPU_POOL_ID\)"):
+        where.distributed()
+    assert len(store.list_runs(statuses="all", limit=None)) == runs_before  # nothing recorded
+    monkeypatch.delenv("DATABRICKS_REMOTE_GPU_POOL_ID")
     (tmp_path / "second.go").touch()
     for run_id in (first, second, third):
         assert wait_terminal(run_id).status.value == "SUCCESS"

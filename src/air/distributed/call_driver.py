@@ -23,7 +23,8 @@ from air.runs.store import Run, RunStore
 
 def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_accelerators: int,
                accelerator_type: str, timeout: float | None, max_retries: int, preload: list[str],
-               experiment: str, hang_timeout: float | None = None, use_reserved: bool | None = None) -> Run:
+               experiment: str, hang_timeout: float | None = None, use_reserved: bool | None = None,
+               pool_asked: str | None = None) -> Run:
     """Check the shape against this machine's default profile, record the run (kind `call`, owned by
     `user`), write its request and payload, and start its driver. Bad input raises before anything exists."""
     from air.backends import backend_for
@@ -36,7 +37,7 @@ def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_acc
     accelerator, num_nodes = plan_shape(backend, CallSettings(num_accelerators, accelerator_type, True, timeout))
     backend.check_shape(accelerator, num_nodes)
     pool = load_config().call_pool(backend.name, "CPU" if accelerator.is_cpu else "GPU",
-                                   accelerator.per_node * num_nodes, use_reserved)
+                                   accelerator.per_node * num_nodes, use_reserved, pool_asked)
     run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
                            num_accelerators=accelerator.per_node * num_nodes, num_nodes=num_nodes,
                            backend=backend.name, profile=profile.name, kind="call", run_name=name, user=user,

@@ -72,7 +72,7 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     """Run `func(*args, **kwargs)` once per rank on the profile's backend; block; return every rank's value.
     With an air server configured (AIR_SERVER_URL + AIR_TOKEN, or a `server` profile), the server drives it."""
     from air.client import server_client
-    from air.config import load_config, resolve_profile, use_reserved_pool
+    from air.config import load_config, remote_pool_id, resolve_profile, use_reserved_pool
 
     client = server_client(profile_name)
     if client is not None:
@@ -85,7 +85,7 @@ def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     accelerator, num_nodes = plan_shape(backend, settings)
     backend.check_shape(accelerator, num_nodes)
     pool = load_config().call_pool(backend.name, "CPU" if accelerator.is_cpu else "GPU",
-                                   accelerator.per_node * num_nodes, use_reserved_pool())
+                                   accelerator.per_node * num_nodes, use_reserved_pool(), remote_pool_id())
     payload = serialize_call(func, args, kwargs)
     name = getattr(func, "__name__", "fn")
     experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed"

@@ -30,7 +30,7 @@ def call_through_server(client: ServerClient, func: Callable[..., Any], args: Se
         raise RuntimeConfigurationError("remote=True needs num_accelerators and accelerator_type.",
                                         hint="For example @distributed(num_accelerators=2, accelerator_type='CPU', "
                                         "remote=True).")
-    from air.config import use_reserved_pool
+    from air.config import remote_pool_id, use_reserved_pool
 
     payload = serialize_call(func, args, kwargs)
     answer = client.post("/calls", {
@@ -39,7 +39,7 @@ def call_through_server(client: ServerClient, func: Callable[..., Any], args: Se
         "timeout": settings.timeout, "hang_timeout": settings.hang_timeout, "max_retries": max_retries,
         "preload": list(preload_for(func, args, kwargs)),
         "experiment": os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed",
-        "use_reserved_pool": use_reserved_pool()})
+        "use_reserved_pool": use_reserved_pool(), "pool": remote_pool_id()})
     run_id = answer["run_id"]
     if echo:
         sys.stderr.write(f"[air] run {run_id}: {answer['world']} rank(s) on {answer['num_nodes']} node(s), "

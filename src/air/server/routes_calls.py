@@ -41,17 +41,21 @@ async def submit_call(request: Request, who: Caller) -> dict[str, Any]:
         use_reserved = body.get("use_reserved_pool")
         if use_reserved is not None and not isinstance(use_reserved, bool):
             raise TypeError("use_reserved_pool must be true, false or null")
+        pool = body.get("pool")
+        if pool is not None and not isinstance(pool, str):
+            raise TypeError("pool must be a pool's name or null")
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise UserInputError(f"Malformed call: {type(exc).__name__}: {exc}",
                              hint="Send payload_b64, name, num_accelerators, accelerator_type[, timeout, "
-                             "hang_timeout, max_retries, preload, use_reserved_pool].") from None
+                             "hang_timeout, max_retries, preload, use_reserved_pool, pool].") from None
     if not payload or count <= 0 or not 0 <= retries <= 100 or (hang_timeout is not None and hang_timeout <= 0):
         raise UserInputError("A call needs a payload, num_accelerators > 0, max_retries 0 to 100 and a "
                              "hang_timeout above 0 when given.")
     run = await run_in_threadpool(
         start_call, store_of(request), user=who.user, payload=payload, name=name, num_accelerators=count,
         accelerator_type=kind, timeout=timeout, hang_timeout=hang_timeout, max_retries=retries, preload=preload,
-        experiment=str(body.get("experiment") or "air-distributed")[:200], use_reserved=use_reserved)
+        experiment=str(body.get("experiment") or "air-distributed")[:200], use_reserved=use_reserved,
+        pool_asked=pool)
     return {"run_id": run.id, "num_nodes": run.num_nodes, "world": run.num_accelerators, "status": run.status.value}
 
 
