@@ -37,6 +37,17 @@ def test_a_joining_node_follows_the_moved_head_port_and_keeps_given_ports() -> N
     assert "--address=elsewhere:6379" in other  # another cluster the user names explicitly is left alone
 
 
+def test_a_joining_node_keeps_its_own_temp_dir() -> None:
+    """Not the head's: two nodes of one host would share a session folder and send every log line twice."""
+    env = {"AIR_RAY_HEAD_PORT": "41000", "MASTER_ADDR": "10.0.0.5", "RAY_TMPDIR": "/tmp/air-rt-node1"}
+    join, _ = rewrite_start(["--address=10.0.0.5:6379", "--block"], env)
+    assert "--temp-dir=/tmp/air-rt-node1/ray" in join
+    head, _ = rewrite_start(["--head", "--port=6379"], env)
+    assert not any(a.startswith("--temp-dir") for a in head)  # the head's comes from RAY_TMPDIR already
+    given, _ = rewrite_start(["--address=10.0.0.5:6379", "--temp-dir", "/data/ray"], env)
+    assert "/data/ray" in given and not any(a.startswith("--temp-dir=") for a in given)
+
+
 def test_a_gcs_on_master_port_stays_there() -> None:
     """MASTER_PORT is free on node 0 already (air reserved it): a command that uses it keeps it."""
     env = {"AIR_RAY_HEAD_PORT": "41000", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29555"}

@@ -12,6 +12,8 @@ another Ray (the Ray backend's own raylet holds Ray's default ports there).
   put on $MASTER_PORT, which air reserved free on node 0 too, stays there); marks
   every process of the node, so `ray stop` can find them. `ray start --block` on a joining node returns
   0 once the head has gone away (the driver finished and stopped it) instead of retrying for minutes.
+  A joining node keeps its own temp dir (`$RAY_TMPDIR/ray`) instead of taking the head's, so nodes on one
+  host do not share a session folder (whose logs both nodes' log monitors would send, every line twice).
 * `ray stop`: stops this node's Ray only, never every Ray process of the machine.
 * anything else: the real `ray`, unchanged.
 
@@ -185,6 +187,11 @@ def rewrite_start(args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str
     if "min-worker-port" not in given and "worker-port-list" not in given:
         out = _set_option(out, "min-worker-port", "0")
         out = _set_option(out, "max-worker-port", "0")
+    tmpdir = env.get("RAY_TMPDIR")
+    if not head and "address" in given and "temp-dir" not in given and tmpdir:
+        # A joining node otherwise takes the head's temp dir: two nodes on one host would share one
+        # session folder, and both nodes' log monitors would send every worker line twice.
+        out = _set_option(out, "temp-dir", str(Path(tmpdir) / "ray"))
     if "disable-usage-stats" not in given:
         out.append("--disable-usage-stats")
     return out, notes
