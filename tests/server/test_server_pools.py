@@ -5,8 +5,10 @@ the errors of an unknown pool or a bad pool configuration."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ class Runs:
                 time.sleep(0.1)
         """))
 
-    def submit(self, user: str, name: str, pool: str | None = None, env: dict[str, str] | None = None) -> str:
+    def spec(self, name: str, pool: str | None) -> Path:
         spec = self.folder / f"{name}.yaml"
         compute = "{accelerator_type: CPU_1xCPU, num_accelerators: 1" + (f", pool: {pool}" if pool else "") + "}"
         spec.write_text(textwrap.dedent(f"""
@@ -48,6 +50,15 @@ class Runs:
             code_source: {{snapshot: {{root_path: code}}}}
             command: python $CODE_SOURCE_PATH/work.py {name}
         """))
+        return spec
+
+    def watch(self, user: str, name: str, pool: str | None = None) -> subprocess.Popen[str]:
+        """`air run -f NAME.yaml --watch --json` as `user`, through the server (its events on stdout)."""
+        return subprocess.Popen([*AIR, "run", "-f", str(self.spec(name, pool)), "--watch", "--json"],
+                                env=self.server.env(user), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def submit(self, user: str, name: str, pool: str | None = None, env: dict[str, str] | None = None) -> str:
+        spec = self.spec(name, pool)
         result = subprocess.run([*AIR, "run", "-f", str(spec), "--json"], env={**self.server.env(user), **(env or {})},
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -139,13 +150,27 @@ def test_a_user_at_the_limit_waits_without_holding_up_others(tmp_path: Path) -> 
         assert "alice has 2 of 2 running runs" in shown.stdout, shown.stdout + shown.stderr
         assert server.run_status(a3) == "QUEUED"  # a free slot in its pool, and still it waits
 
+        # `--watch` through the server says why a run waits, as it does locally (a QUEUE event under --json).
+        watcher = runs.watch("alice", "a4", pool="reserved")
+        events: list[dict[str, Any]] = []
+        reader = threading.Thread(target=lambda: events.extend(
+            json.loads(line) for line in watcher.stdout or () if line.startswith("{")), daemon=True)
+        reader.start()
+        wait_for(lambda: any(e.get("type") == "QUEUE" for e in events), "a QUEUE event in alice's --watch", 60)
+        watcher.kill()  # the run goes on without its watcher
+        watcher.wait(timeout=30)
+        a4 = str(next(e["run_id"] for e in events if e.get("type") == "SUBMITTED"))
+        waiting = next(e for e in events if e.get("type") == "QUEUE")
+        assert waiting["run_id"] == a4 and "alice has 2 of 2 running runs" in waiting["queue"]["reason"], waiting
+        assert waiting["queue"]["pool"] == "reserved", waiting
+
         runs.release("a1")  # alice is under her limit again: a3 runs
         assert runs.slot("a3") in range(4)
         assert server.wait_status(a3, "RUNNING") == "RUNNING"
         assert server.air_json("alice", "get", "pools")["max_running_runs_per_user"] == 2
-        for name in ("a2", "a3", "b1"):
+        for name in ("a2", "a3", "b1", "a4"):
             runs.release(name)
-        for run_id in (a1, a2, a3, b1):
+        for run_id in (a1, a2, a3, b1, a4):
             assert server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", "CANCELED") == "SUCCESS"
 
 

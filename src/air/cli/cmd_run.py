@@ -91,11 +91,17 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
         return 0
     if client is not None:
         from air.cli.remote import follow_remote
+        from air.cli.waiting import RemoteWatchExtras
         from air.cli.watch import watch_events
         from air.runs.views import run_from_dict
 
         run_ = run_from_dict(client.get(f"/runs/{run_id}"))
-        return watch_events(run_, follow_remote(client, run_id, node=watch_node), json_mode=s.json, node=watch_node)
+        extras = RemoteWatchExtras(run_id, json_mode=s.json, verbose=s.verbose, client=client)
+        try:
+            return watch_events(run_, follow_remote(client, run_id, node=watch_node), json_mode=s.json,
+                                node=watch_node, extras=extras)
+        finally:
+            extras.close()
     from air.cli.watch import watch as watch_run
     from air.runs.views import log_masker
 

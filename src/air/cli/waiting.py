@@ -11,14 +11,17 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from typing import TYPE_CHECKING, Any
 
 from air.cli.output import event, status, stderr
 from air.progress import Spinner, spinner
 from air.runs.logtail import LineCursor
 from air.runs.paths import RunPaths
-from air.runs.queue import QueueInfo, queue_info
 from air.runs.states import RunStatus
 from air.runs.store import Run, RunStore
+
+if TYPE_CHECKING:
+    from air.client import ServerClient
 
 #: How often the queue is looked at again while a run waits (seconds).
 QUEUE_EVERY_S = 1.0
@@ -32,9 +35,10 @@ _NODES_STARTING = re.compile(r"^attempt (\d+): starting \d+ node")
 class WatchExtras:
     """Called once per watch poll with the run as it is now; `close()` when the watch ends."""
 
-    def __init__(self, run_id: str, *, json_mode: bool, verbose: int, store: RunStore) -> None:
+    def __init__(self, run_id: str, *, json_mode: bool, verbose: int, store: RunStore | None) -> None:
         self.run_id, self.json_mode, self.verbose, self.store = run_id, json_mode, verbose, store
-        self.log = LineCursor(RunPaths(run_id).supervisor_log)
+        #: The supervisor's log (None through a server: it is there, not here).
+        self.log: LineCursor | None = LineCursor(RunPaths(run_id).supervisor_log) if store is not None else None
         self.last_message = ""
         self.started_attempts: set[int] = set()
         self.queue_key: object = None
@@ -48,6 +52,8 @@ class WatchExtras:
     def read_supervisor_log(self) -> None:
         from air.log import parse_file_line, prefixed
 
+        if self.log is None:
+            return
         for line in self.log.read():
             parsed = parse_file_line(line)
             if parsed is not None:
@@ -80,20 +86,36 @@ class WatchExtras:
         if now < self.next_queue_look:
             return
         self.next_queue_look = now + QUEUE_EVERY_S
-        info: QueueInfo | None = queue_info(self.store, run)
+        info = self.queue_now(run)
         if info is None:
             return
-        text = f"[{self.run_id}] {info.reason}"
+        text = f"[{self.run_id}] {info['reason']}"
+        # What changes when the wait changes (a new line only then).
+        key = (info.get("position"), tuple(h["run_id"] for h in info.get("holders") or ()), info.get("free"),
+               tuple(info.get("claimed") or ()))
         if self.json_mode:
-            if info.key != self.queue_key:
-                event("QUEUE", run_id=self.run_id, queue=info.to_dict())
+            if key != self.queue_key:
+                event("QUEUE", run_id=self.run_id, queue=info)
         else:
             self._spin(text)
-            if info.key != self.queue_key and (self._spinner is None or not self._spinner.shown):
+            if key != self.queue_key and (self._spinner is None or not self._spinner.shown):
                 status(text)  # no spinner (piped, -q): a line each time the wait changes
             elif self.queue_key is None:
                 status(text)  # the spinner updates in place; the first reason also stays in the scroll-back
-        self.queue_key = info.key
+        self.queue_key = key
+
+    def queue_now(self, run: Run) -> dict[str, Any] | None:
+        """The run's `queue` view (`air get run --json`), None when it does not wait in a queue."""
+        from air.runs.views import queue_dict
+
+        assert self.store is not None
+        return queue_dict(self.store, run)
+
+    def progress_now(self, run: Run) -> list[dict[str, Any]]:
+        """The run's `progress` view: how long each node has been quiet."""
+        from air.runs.views import progress_view
+
+        return progress_view(run)
 
     def poll(self, run: Run) -> None:
         """After the status line: the queue reason, or the spinner of the phase the run is in."""
@@ -102,7 +124,8 @@ class WatchExtras:
             return
         self.queue_key = None
         preparing = (
-            run.status is RunStatus.RUNNING
+            self.log is not None  # (through a server there is no supervisor log to say when nodes start)
+            and run.status is RunStatus.RUNNING
             and run.current_attempt is not None
             and run.current_attempt not in self.started_attempts
         )
@@ -115,13 +138,13 @@ class WatchExtras:
 
     def _progress(self, run: Run) -> None:
         """"[run] node 1 quiet for 12m": once each time the quiet nodes (or their minutes) change."""
-        from air.runs.views import progress_view, quiet_summary
+        from air.runs.views import quiet_summary
 
         now = time.monotonic()
         if now < self.next_progress_look:
             return
         self.next_progress_look = now + PROGRESS_EVERY_S
-        progress = progress_view(run)
+        progress = self.progress_now(run)
         quiet = quiet_summary(progress, QUIET_AFTER_S)
         if quiet == self.quiet_shown:
             return
@@ -136,3 +159,18 @@ class WatchExtras:
     def close(self) -> None:
         self.read_supervisor_log()
         self._spin(None)
+
+
+class RemoteWatchExtras(WatchExtras):
+    """The same for a run an air server drives: its queue and progress from `GET /runs/{id}`."""
+
+    def __init__(self, run_id: str, *, json_mode: bool, verbose: int, client: ServerClient) -> None:
+        super().__init__(run_id, json_mode=json_mode, verbose=verbose, store=None)
+        self.client = client
+
+    def queue_now(self, run: Run) -> dict[str, Any] | None:
+        queue = self.client.get(f"/runs/{run.id}").get("queue")
+        return dict(queue) if queue else None
+
+    def progress_now(self, run: Run) -> list[dict[str, Any]]:
+        return list(self.client.get(f"/runs/{run.id}").get("progress") or [])
