@@ -63,6 +63,13 @@ def release_timeout_s() -> float:
     (read at each call: a test sets it after import)."""
     return _float_env(AIR_RELEASE_TIMEOUT_S, 10.0)
 
+#: The Ray backend: how long an agent's long-poll blocks waiting for output (one call per node per this,
+#: when quiet); how often a run waiting for its turn in its pool (or its user's limit) asks again; how often
+#: `acquire` reports that it is still waiting.
+POLL_WAIT_S: float = 0.5
+ADMIT_POLL_S: float = 0.5
+WAIT_REPORT_S: float = 10.0
+
 #: How often a run page's live log stream (SSE) looks for new lines and for the run's end (seconds).
 WEB_STREAM_POLL_S: float = 0.5
 

@@ -48,16 +48,9 @@ from air.backends.ray_attempt import RayAttempt
 from air.backends.ray_capacity import RayCapacity, _ray
 from air.backends.ray_cluster import RayAuth, refresh_auth
 from air.backends.ray_shim import workload_ray_env
-from air.constants import TERMINATE_GRACE_S
+from air.constants import ADMIT_POLL_S, POLL_WAIT_S, TERMINATE_GRACE_S, WAIT_REPORT_S
 from air.errors import AirError, LaunchError
 from air.settings import AIR_PATH_PREFIX
-
-#: How long an agent's long-poll blocks waiting for output (one call per node per this, when quiet).
-POLL_WAIT_S = 0.5
-#: How often a run waiting for its turn in its pool (or its user's limit) asks again.
-ADMIT_POLL_S = 0.5
-#: How often `acquire` reports that it is still waiting.
-WAIT_REPORT_S = 10.0
 
 
 @dataclass
