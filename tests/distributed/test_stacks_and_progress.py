@@ -71,44 +71,41 @@ def test_find_hang_prefers_a_stopped_process_then_the_longest_silent() -> None:
     assert find_hang([Silence(0, 1, 20.0), Silence(1, 0, 30.0)], 10.0) == Silence(1, 0, 30.0)
 
 
-def test_an_mlflow_metric_is_a_heartbeat_in_a_rank(tmp_path: Path) -> None:
+INSTALL_HOOKS = "from air.distributed import progress_hooks\nprogress_hooks.install()\n"
+
+
+def beat_of(code: str, tmp_path: Path, done_word: str) -> float:
+    """Run `code` as a rank would (with its heartbeat slot); what its slot holds afterwards (0.0: no beat)."""
     from air.launcher.progress import HeartbeatSlots
 
     slots = HeartbeatSlots(1)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env={"AIR_HEARTBEAT_FILE": slots.paths[0], "PATH": "/usr/bin", "HOME": str(tmp_path)})
+        assert done.returncode == 0 and done_word in done.stdout, done.stderr[-2000:]
+        return slots.read(0)
+    finally:
+        slots.close()
+
+
+def test_an_mlflow_metric_is_a_heartbeat_in_a_rank(tmp_path: Path) -> None:
     code = (
-        "from air.distributed import progress_hooks\nprogress_hooks.install()\n"
-        "import mlflow\nfrom mlflow import MlflowClient\n"
+        INSTALL_HOOKS + "import mlflow\nfrom mlflow import MlflowClient\n"
         "assert hasattr(mlflow.log_metric, '__wrapped__') and hasattr(MlflowClient.log_batch, '__wrapped__')\n"
         f"client = MlflowClient('sqlite:///{tmp_path}/m.db')\n"
         "run = client.create_run(client.create_experiment('e'))\n"
         "client.log_metric(run.info.run_id, 'loss', 1.0)\nprint('logged')\n")
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              env={"AIR_HEARTBEAT_FILE": slots.paths[0], "PATH": "/usr/bin", "HOME": str(tmp_path)})
-        assert done.returncode == 0 and "logged" in done.stdout, done.stderr[-2000:]
-        assert slots.read(0) > 0.0  # the metric beat into the slot
-    finally:
-        slots.close()
+    assert beat_of(code, tmp_path, "logged") > 0.0  # the metric beat into the slot
 
 
 @pytest.mark.parametrize("torch_first", [False, True], ids=["torch-imported-after", "torch-preloaded"])
 def test_an_optimizer_step_is_a_heartbeat_in_a_rank(tmp_path: Path, torch_first: bool) -> None:
     """Cold ranks import torch after the hook is in place; forked ranks got it from their zygote before."""
-    from air.launcher.progress import HeartbeatSlots
-
-    slots = HeartbeatSlots(1)
-    install = "from air.distributed import progress_hooks\nprogress_hooks.install()\n"
-    code = (("import torch\n" + install) if torch_first else (install + "import torch\n")) + (
+    code = (("import torch\n" + INSTALL_HOOKS) if torch_first else (INSTALL_HOOKS + "import torch\n")) + (
         "weight = torch.nn.Parameter(torch.ones(2))\n"
         "optimizer = torch.optim.AdamW([weight])\n"
         "import os, struct\n"
         "slot = open(os.environ['AIR_HEARTBEAT_FILE'], 'rb').read(8)\n"
         "assert struct.unpack('d', slot)[0] == 0.0  # nothing beat before the step\n"
         "weight.sum().backward()\noptimizer.step()\nprint('stepped')\n")
-    try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              env={"AIR_HEARTBEAT_FILE": slots.paths[0], "PATH": "/usr/bin", "HOME": str(tmp_path)})
-        assert done.returncode == 0 and "stepped" in done.stdout, done.stderr[-2000:]
-        assert slots.read(0) > 0.0  # the step beat into the slot
-    finally:
-        slots.close()
+    assert beat_of(code, tmp_path, "stepped") > 0.0  # the step beat into the slot
