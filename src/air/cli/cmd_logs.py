@@ -13,7 +13,7 @@ from air.cli.output import stderr
 from air.errors import NotFoundError
 from air.runs.paths import RunPaths
 from air.runs.store import Run, RunStore
-from air.runs.views import log_masker
+from air.runs.views import attempt_index, log_masker
 
 
 @click.command()
@@ -100,20 +100,20 @@ def logs(
             f"Run {run.id} has not started an attempt yet ({run.status.value}).",
             hint=f"Wait for it with: air logs {run.id} --follow",
         )
-    attempt_index = store.get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
-    log_sources(run, attempt_index, node=node, rank=rank)  # checks --node/--rank first
+    shown_attempt = attempt_index(store, run, attempt)
+    log_sources(run, shown_attempt, node=node, rank=rank)  # checks --node/--rank first
     if download_to:
         target = Path(download_to) / "logs"
         target.mkdir(parents=True, exist_ok=True)
         found = (
             CallPaths(run.id).rank_logs()
             if logs_are_per_rank(run)
-            else RunPaths(run.id).node_logs(attempt_index)
+            else RunPaths(run.id).node_logs(shown_attempt)
         )
         label = "rank" if logs_are_per_rank(run) else "node"
         for n, path in found.items():
             shutil.copyfile(path, target / f"{label}_{n}.log")
-        stderr(f"Copied {len(found)} log(s) of attempt {attempt_index} to {target}")
+        stderr(f"Copied {len(found)} log(s) of attempt {shown_attempt} to {target}")
         return
     mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
     if _follows(run, follow, attempt):
@@ -121,7 +121,7 @@ def logs(
 
         events = follow_run(run.id, store=store, node=node, rank=rank, attempt=attempt, tail=tail, mask=mask)
     else:
-        events = iter(snapshot_lines(run, attempt_index, node=node, rank=rank, tail=tail, mask=mask))
+        events = iter(snapshot_lines(run, shown_attempt, node=node, rank=rank, tail=tail, mask=mask))
     print_follow(events, json_mode=json_mode, prefixed=several_logs(run, node, rank))
 
 

@@ -339,6 +339,11 @@ def _ray_pools(store: RunStore, config: Any, gpu_model: str) -> list[dict[str, A
     return rows
 
 
+def attempt_index(store: RunStore, run: Run, attempt: int | None) -> int:
+    """The attempt whose logs `air logs`/the API read: `attempt`, else the current one (0 before any)."""
+    return store.get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
+
+
 def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:
     """The logs of one attempt a page shows: a local call's per rank, any other run's per node
     (`air.runs.follow.log_sources`, what `air logs` reads)."""

@@ -22,7 +22,7 @@ from air.runs.follow import FollowEvent, Lines, NewAttempt, follow, log_sources,
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run
-from air.runs.views import log_files, queue_dict, run_detail, run_dict
+from air.runs.views import attempt_index, log_files, queue_dict, run_detail, run_dict
 from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
 from air.server.uploads import ServerPaths, check_digest, missing_blobs, store_blob
 
@@ -142,7 +142,7 @@ def follow_run(request: Request, run_id: str, node: int | None = None, rank: int
         events: Iterator[FollowEvent] = follow(run.id, store=store, node=node, rank=rank, attempt=attempt,
                                                tail=tail, mask=mask)
     else:
-        index = store.get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
+        index = attempt_index(store, run, attempt)
         first: list[FollowEvent] = [run, *snapshot_lines(run, index, node=node, rank=rank, tail=tail, mask=mask)]
         events = iter(first)
 
@@ -169,17 +169,17 @@ def follow_run(request: Request, run_id: str, node: int | None = None, rank: int
     return StreamingResponse(body(), media_type="application/x-ndjson")
 
 
-def _attempt_index(request: Request, run: Run, attempt: int | None) -> int:
+def _attempt_of(request: Request, run: Run, attempt: int | None) -> int:
     if attempt is not None and attempt < 0:
         raise UserInputError(f"attempt must be 0 or more, got {attempt}.")
-    return store_of(request).get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
+    return attempt_index(store_of(request), run, attempt)
 
 
 @router.get("/runs/{run_id}/logs")
 def list_logs(request: Request, run_id: str, attempt: int | None = None) -> dict[str, Any]:
     """The logs of one attempt (`air logs --download-to`): each one's label, index and size in bytes."""
     run = store_of(request).get_run(run_id)
-    index = _attempt_index(request, run, attempt)
+    index = _attempt_of(request, run, attempt)
     logs = [{"label": f["label"], "index": f["index"], "bytes": f["path"].stat().st_size}
             for f in log_files(run, index) if f["exists"]]
     return {"run_id": run.id, "attempt": index, "logs": logs}
@@ -192,7 +192,7 @@ def download_log(request: Request, run_id: str, label: str, index: int,
     from air.runs.views import log_masker
 
     run = store_of(request).get_run(run_id)
-    number = _attempt_index(request, run, attempt)
+    number = _attempt_of(request, run, attempt)
     found = next((f for f in log_files(run, number) if (f["label"], f["index"]) == (label, index) and f["exists"]),
                  None)
     if found is None:
