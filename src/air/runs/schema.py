@@ -94,6 +94,42 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # The pool a run waits in and runs on (config.yaml `pools:`); NULL: the whole machine (no pools).
         "ALTER TABLE runs ADD COLUMN pool TEXT",
     ),
+    (
+        # Walls between users (`air server`). The Unix account a token's user's runs execute as (NULL: the
+        # server's choice, `air-<user>` when it runs as root).
+        "ALTER TABLE api_tokens ADD COLUMN unix_user TEXT",
+        # The workload's `permissions` as JSON ([{"user"|"group": NAME, "level": CAN_…}]); NULL: none given.
+        "ALTER TABLE runs ADD COLUMN permissions TEXT",
+        # Web sessions: the cookie holds a random id whose sha256 is kept here, never the API token.
+        """CREATE TABLE web_sessions (
+            session_sha256 TEXT PRIMARY KEY,
+            token_id       TEXT NOT NULL,
+            user           TEXT NOT NULL,
+            csrf           TEXT NOT NULL,
+            created_at     REAL NOT NULL,
+            expires_at     REAL NOT NULL,
+            revoked_at     REAL
+        )""",
+        # Who did what on the server: token, permission and cancel actions.
+        """CREATE TABLE audit_log (
+            seq    INTEGER PRIMARY KEY AUTOINCREMENT,
+            at     REAL NOT NULL,
+            actor  TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT,
+            detail TEXT
+        )""",
+        # Per-run credentials (MLflow through the server's door): only the sha256 is kept; a credential
+        # reaches its own run's MLflow runs and nothing else, and dies with the run.
+        """CREATE TABLE run_credentials (
+            token_sha256 TEXT PRIMARY KEY,
+            run_id       TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+            user         TEXT NOT NULL,
+            created_at   REAL NOT NULL,
+            revoked_at   REAL
+        )""",
+        "CREATE INDEX run_credentials_by_run ON run_credentials (run_id)",
+    ),
 )
 
 SCHEMA_VERSION: int = len(_MIGRATIONS)
