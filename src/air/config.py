@@ -9,12 +9,17 @@ interpreter path. Example::
       cluster: {backend: ray, address: "10.0.0.5:6379"}
     environments:
       torch26: {python: /opt/envs/torch26/bin/python}   # named by `environment.version: torch26`
+    groups:
+      ml: [alice, bob]                 # a workload's `permissions` may name `group_name: ml`
+    server:
+      default_visibility: private      # `air server`: runs are seen by owner, admins and their permissions
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -139,6 +144,28 @@ class Pool(BaseModel):
         return self
 
 
+#: Group and user names in `groups:` (a user name is what `air server token create NAME` accepts).
+_GROUP_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+
+
+class ServerSettings(BaseModel):
+    """`server:`: how `air server` (serving this AIR_HOME) treats its users."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Who sees a run besides its owner, admins and its `permissions`: `team` (every signed-in user, the
+    #: default) or `private` (no one else; a run one may not see is not found).
+    default_visibility: Literal["team", "private"] = "team"
+
+    @field_validator("default_visibility", mode="before")
+    @classmethod
+    def _visibility(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in ("team", "private"):
+            return value.strip().lower()
+        raise ValueError(f"must be team (every signed-in user sees every run) or private (only the owner, admins "
+                         f"and the run's permissions), got {value!r}")
+
+
 class AirConfig(BaseModel):
     """The whole `config.yaml`. `path` is where it was read from (None: no file, all defaults)."""
 
@@ -153,11 +180,42 @@ class AirConfig(BaseModel):
     default_pool: str | None = None
     #: Most runs one user may hold running at once, over all pools; the rest wait (others' runs go by).
     max_running_runs_per_user: int | None = Field(default=None, gt=0)
+    #: Groups a workload's `permissions` may name (`group_name`): NAME → the users in it.
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    #: `air server` settings (default visibility of runs).
+    server: ServerSettings = Field(default_factory=ServerSettings)
     _path: Path | None = PrivateAttr(default=None)
 
     @property
     def path(self) -> Path | None:
         return self._path
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _groups(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ValueError("must be a mapping of group name to a list of user names, e.g. {ml: [alice, bob]}")
+        out: dict[str, list[str]] = {}
+        for name, members in value.items():
+            if not isinstance(name, str) or not _GROUP_RE.match(name):
+                raise ValueError(f"group name {name!r} is not valid: 1 to 64 letters, digits, '_', '.', '@' or '-'")
+            if members is None:
+                members = []
+            if not isinstance(members, list):
+                raise ValueError(f"{name}: must be a list of user names, e.g. [alice, bob], got {members!r}")
+            bad = [m for m in members if not isinstance(m, str) or not _GROUP_RE.match(m)]
+            if bad:
+                raise ValueError(f"{name}: {bad[0]!r} is not a user name (1 to 64 letters, digits, '_', '.', '@' "
+                                 "or '-', as `air server token create NAME` takes)")
+            out[name] = list(dict.fromkeys(members))
+        return out
+
+    @field_validator("server", mode="before")
+    @classmethod
+    def _server(cls, value: Any) -> Any:
+        return {} if value is None else value
 
     @model_validator(mode="before")
     @classmethod
@@ -349,7 +407,8 @@ def load_config(path: Path | None = None) -> AirConfig:
         raise UserInputError(
             f"Invalid air configuration {path}:\n{_describe(exc)}",
             hint=f"Settings: default_profile, profiles.NAME.{{{', '.join(_SECTION_KEYS['profiles'])}}}, "
-            "environments.NAME.python, pools.NAME.{accelerator, slots | ray_labels}, default_pool, max_running_runs_per_user.",
+            "environments.NAME.python, pools.NAME.{accelerator, slots | ray_labels}, default_pool, max_running_runs_per_user, "
+            "groups.NAME: [users], server.default_visibility.",
         ) from None
     config._path = path
     return config
@@ -405,11 +464,13 @@ def _did_you_mean(word: str, choices: Any) -> str:
     return f" Did you mean {close[0]!r}?" if close else ""
 
 
-_TOP_KEYS = ("default_profile", "profiles", "environments", "pools", "default_pool", "max_running_runs_per_user")
+_TOP_KEYS = ("default_profile", "profiles", "environments", "pools", "default_pool", "max_running_runs_per_user",
+             "groups", "server")
 _SECTION_KEYS = {
     "pools": tuple(f for f in Pool.model_fields if f != "name"),
     "profiles": tuple(f for f in Profile.model_fields if f != "name"),
     "environments": tuple(BaseEnvironment.model_fields),
+    "server": tuple(ServerSettings.model_fields),
 }
 
 
@@ -435,6 +496,7 @@ __all__ = [
     "BaseEnvironment",
     "Pool",
     "Profile",
+    "ServerSettings",
     "config_path",
     "load_config",
     "resolve_base_python",

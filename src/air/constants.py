@@ -83,6 +83,10 @@ WEB_REFRESH_MS: int = 3000
 #: How long `air ui` (and the mounted pages) wait for open live streams before stopping (seconds).
 WEB_SHUTDOWN_GRACE_S: float = 2.0
 
+#: How long a web session (a login on the pages) lasts before its browser must log in again (seconds);
+#: logout or revoking the token it was made from ends it sooner.
+WEB_SESSION_TTL_S: float = 12 * 3600.0
+
 # ---- air server ----------------------------------------------------------------------------------
 
 #: Seconds a client waits for one answer of `air server` (streams wait as long as the run lasts).

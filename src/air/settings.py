@@ -141,6 +141,11 @@ AIR_RAY_TRAIN_MLFLOW = _setting(
     "`1`",
     "`0` stops Ray Train's `report()` metrics from being logged to the attempt's MLflow run.",
 )
+AIR_ISOLATION_UNAVAILABLE = _setting(
+    "AIR_ISOLATION_UNAVAILABLE",
+    "unset",
+    "`1` makes `air server start` act as if this machine could not isolate runs (no root, no user namespaces).",
+)
 
 # ---- run variables: air sets these for the user's code ------------------------------------------------
 
@@ -189,6 +194,14 @@ AIR_SYS_PATH = _internal(
 AIR_CALL_DIR = _internal("AIR_CALL_DIR", "A call's folder (payload, outcomes) as a rank sees it.")
 AIR_MLFLOW_ENV_FILE = _internal(
     "AIR_MLFLOW_ENV_FILE", "File with a recorded call's MLflow variables, read by each rank at start."
+)
+AIR_MLFLOW_DOOR = _internal(
+    "AIR_MLFLOW_DOOR",
+    "Set by `air server` for its supervisors: the MLflow address (`<public URL>/mlflow`) handed to nodes.",
+)
+AIR_ISOLATION = _internal(
+    "AIR_ISOLATION",
+    "Set by `air server` for its supervisors and call drivers: the walls its runs get (`unix-user+bwrap`, `bwrap`).",
 )
 AIR_FAKE_GPUS = _internal(
     "AIR_FAKE_GPUS",

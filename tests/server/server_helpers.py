@@ -57,6 +57,8 @@ class AirServer:
     mlflow_port: int = 0
     #: (certificate, key) to serve HTTPS with; clients trust the certificate through SSL_CERT_FILE.
     tls: tuple[Path, Path] | None = None
+    #: More `air server start` arguments (e.g. --single-trust-domain).
+    start_args: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -69,7 +71,8 @@ class AirServer:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port",
-                                          str(self.mlflow_port), *self.tls_args()], env=self.server_env(),
+                                          str(self.mlflow_port), *self.tls_args(), *self.start_args],
+                                         env=self.server_env(),
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(self.healthy, f"air server on {self.url} to answer (log: {self.log})", timeout=240)
 
@@ -145,11 +148,14 @@ class AirServer:
 
 @contextmanager
 def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None = None,
-                   tls: tuple[Path, Path] | None = None) -> Iterator[AirServer]:
+                   tls: tuple[Path, Path] | None = None,
+                   start_args: tuple[str, ...] = ("--single-trust-domain",)) -> Iterator[AirServer]:
     """A started server (its home's config.yaml = `config`); afterwards it is stopped with SIGTERM and
-    no process of its home survives."""
+    no process of its home survives. By default its runs are not walled in (`--single-trust-domain`), so a
+    test's workload may wait on a file of the test; tests/server/test_isolation.py starts it isolated."""
     srv = AirServer(home=tmp_path / "server-home", port=free_port(), clients=tmp_path / "clients",
-                    log=tmp_path / "server.log", mlflow_port=free_port() if mlflow else 0, tls=tls)
+                    log=tmp_path / "server.log", mlflow_port=free_port() if mlflow else 0, tls=tls,
+                    start_args=start_args)
     srv.home.mkdir()
     if config is not None:
         (srv.home / "config.yaml").write_text(config)

@@ -1,5 +1,6 @@
 """MLflow for every node: a metric logged with plain `mlflow.log_metric` in a node's command lands in the
-air server's MLflow server, read back over http by a process that has nothing but the URI."""
+air server's MLflow server, read back over http (through the server's door) by a process that has nothing
+but the URI and the user's token."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ def test_a_nodes_metric_lands_in_the_servers_mlflow(server: AirServer, tmp_path:
     assert result.returncode == 0, result.stdout + result.stderr
     run_id = server.air_json("alice", "list", "runs", "--all-status")["runs"][0]["id"]
     detail = server.air_json("alice", "get", "run", run_id)
-    uri = f"http://127.0.0.1:{server.mlflow_port}"
+    uri = server.url + "/mlflow"  # MLflow is reached through the server's door (its own port is loopback only)
     assert detail["mlflow_url"].startswith(uri + "/#/experiments/"), detail["mlflow_url"]
     reader = ("import json, sys, mlflow\n"
               "run = mlflow.MlflowClient(sys.argv[1]).get_run(sys.argv[2])\n"
               "print(json.dumps(run.data.metrics))\n")
-    clean = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "nobody"), "MLFLOW_TRACKING_URI": uri}
+    clean = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "nobody"), "MLFLOW_TRACKING_URI": uri,
+             "MLFLOW_TRACKING_TOKEN": server.tokens["alice"]}
     read = subprocess.run([sys.executable, "-c", reader, uri, detail["mlflow_run_id"]], env=clean,
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert read.returncode == 0, read.stderr

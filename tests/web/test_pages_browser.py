@@ -158,8 +158,9 @@ def test_pages_need_a_login_or_a_bearer_token(
     """))
     wait_status(run_id, "RUNNING", timeout=180)
     owner = RunStore().get_run(run_id).user
-    users = {"alice-token": WebUser(owner), "bob-token": WebUser("bob"), "root-token": WebUser("ops", admin=True)}
-    base = serve(authenticator=users.get)
+    users = {"alice-token": WebUser(owner, token_id="t-alice"), "bob-token": WebUser("bob", token_id="t-bob"),
+             "root-token": WebUser("ops", admin=True, token_id="t-root")}
+    base = serve(authenticator=users.get, token_holder={u.token_id: u for u in users.values()}.get)
 
     # A browser without a session is sent to the login page; a wrong token is refused there.
     browser.get(f"{base}/runs/{run_id}")

@@ -206,7 +206,8 @@ def test_mounted_under_a_prefix_as_air_server_mounts_it(
         command: echo "mounted line"
     """))
     assert wait_terminal(run_id, timeout=180).status.value == "SUCCESS"
-    pages = create_web_app(authenticator={"tok": WebUser("ana")}.get)
+    ana = WebUser("ana", token_id="t-ana")
+    pages = create_web_app(authenticator={"tok": ana}.get, token_holder={"t-ana": ana}.get)
     outer = Starlette(routes=[Route("/api/health", lambda request: PlainTextResponse("ok")), Mount("/ui", pages)])
     port = free_port()
     server = PageServer(outer, "127.0.0.1", port)
@@ -222,7 +223,7 @@ def test_mounted_under_a_prefix_as_air_server_mounts_it(
         request = urllib.request.Request(f"{base}/ui/runs/{run_id}", headers={"Authorization": "Bearer tok"})
         with urllib.request.urlopen(request, timeout=60) as response:
             assert "mounted line" in response.read().decode()
-        # Without a token a page goes to the mounted login page; logging in sets a cookie for /ui.
+        # Without a token a page goes to the mounted login page; logging in sets the session cookie.
         login = urllib.request.Request(f"{base}/ui/login", data=b"token=tok&next=/ui/runs", method="POST")
 
         class Keep(urllib.request.HTTPRedirectHandler):
@@ -236,7 +237,8 @@ def test_mounted_under_a_prefix_as_air_server_mounts_it(
         except urllib.error.HTTPError as err:
             assert err.code == 303 and err.headers["Location"] == "/ui/runs"
             cookie = err.headers["Set-Cookie"]
-        assert "air_session=" in cookie and "HttpOnly" in cookie and "Path=/ui" in cookie
+        # Path=/: the server's MLflow door (/mlflow) signs a page's user in by the same cookie.
+        assert "air_session=" in cookie and "HttpOnly" in cookie and "path=/;" in cookie.lower() + ";"
         try:
             opener.open(f"{base}/ui/runs/{run_id}", timeout=60)
             raise AssertionError("a page without login was served")

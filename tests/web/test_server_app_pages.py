@@ -1,12 +1,10 @@
 """The server's app with its pages mounted, served in this process by uvicorn over a real store and real
 tokens: `/` leads to the pages, an unknown path outside them stays the API's JSON 404, the header links
-to the server's MLflow, and the session secret is one 0600 file every start of the app reuses."""
+to the server's MLflow."""
 
 from __future__ import annotations
 
 import json
-import os
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +14,6 @@ from web_helpers import free_port, http_get
 from air.runs.store import RunStore
 from air.server.app import create_app
 from air.server.tokens import create_token
-from air.server.uploads import ServerPaths, session_secret
 from air.web.serve import PageServer
 
 MLFLOW = "http://mlflow.example.org:5001"
@@ -54,14 +51,3 @@ def test_pages_beside_the_api(served: tuple[str, str]) -> None:
     status, body, _ = http_get(url + "/nothing/here", token)
     assert status == 404 and json.loads(body)["error"]["code"] == "NOT_FOUND"
     assert http_get(url + "/api/v1/runs")[0] == 401
-
-
-def test_session_secret_is_kept_and_private(air_home: Path) -> None:
-    paths = ServerPaths.here()
-    first = session_secret(paths)
-    assert len(first) == 32 and session_secret(ServerPaths.here()) == first
-    assert stat.S_IMODE(os.stat(paths.session_secret).st_mode) == 0o600
-    assert [p.name for p in paths.root.iterdir()] == ["session-secret"]  # nothing staged is left behind
-    paths.session_secret.write_bytes(b"cut")  # a broken one is replaced, not trusted
-    renewed = session_secret(paths)
-    assert len(renewed) == 32 and renewed != first and paths.session_secret.read_bytes() == renewed

@@ -1,22 +1,32 @@
-"""Small pieces of the pages: the session cookie's signature, error-line marks, run-list paging."""
+"""Small pieces of the pages: web sessions, error-line marks, run-list paging."""
 
 from __future__ import annotations
+
+import hashlib
 
 from air.runs.reasons import mark_line
 from air.runs.states import RunStatus
 from air.runs.store import Run, RunStore
 from air.runs.views import run_list_page
-from air.web.auth import SessionSigner
+from air.web.auth import WebSessions, WebUser
 
 
-def test_session_cookie_is_signed() -> None:
-    signer = SessionSigner(b"k" * 32)
-    cookie = signer.dumps("tok-123")
-    assert signer.loads(cookie) == "tok-123" and "tok-123" not in cookie
-    payload, _, mac = cookie.rpartition(".")
-    forged = SessionSigner(b"other" * 8).dumps("admin-token")
-    assert signer.loads(forged) is None
-    assert signer.loads(payload + "x." + mac) is None and signer.loads("garbage") is None
+def test_web_sessions_keep_only_a_hash_and_end(tmp_path: object, air_home: object) -> None:
+    """A session id is random, stored only as its sha256, and ends at logout or expiry."""
+    now = [1000.0]
+    store = RunStore()
+    sessions = WebSessions(lambda: store, ttl_s=60, clock=lambda: now[0])
+    session_id, row = sessions.open(WebUser("alice", token_id="tok_1"))
+    assert len(session_id) >= 43 and row.token_id == "tok_1" and row.expires_at == 1060.0
+    stored = store.reader().execute("SELECT session_sha256, user, csrf FROM web_sessions").fetchall()
+    assert stored == [(hashlib.sha256(session_id.encode()).hexdigest(), "alice", row.csrf)]
+    assert session_id not in str(stored)
+    assert sessions.find(session_id) == row and sessions.find(session_id + "x") is None
+    now[0] = 1061.0
+    assert sessions.find(session_id) is None  # expired
+    other, _ = sessions.open(WebUser("alice", token_id="tok_1"))  # and swept out when the next one comes
+    assert store.reader().execute("SELECT COUNT(*) FROM web_sessions").fetchone()[0] == 1
+    assert sessions.revoke(other) is not None and sessions.find(other) is None and sessions.revoke(other) is None
 
 
 def test_mark_line() -> None:

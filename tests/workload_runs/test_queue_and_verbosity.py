@@ -3,6 +3,7 @@ the real CLI, with real supervisors on a machine of two CPU slots that one run h
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import pty
@@ -126,7 +127,7 @@ def test_cancel_while_queued_ends_canceled_and_the_next_moves_up(tmp_path: Path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["data"]["runs"] == [{"run_id": second, "status": "CANCELED"}]
     canceled = RunStore().get_run(second)
-    assert canceled.status.value == "CANCELED" and canceled.termination_reason == "Canceled by the user"
+    assert canceled.status.value == "CANCELED" and canceled.termination_reason == f"Canceled by {getpass.getuser()}"
     assert canceled.attempt_count == 0 and RunStore().claimed_slots(second) == []
     wait_for(lambda: alive([supervisor_pid]) == [], "the canceled run's supervisor to exit")
     assert "Traceback" not in RunPaths(second).supervisor_log.read_text()

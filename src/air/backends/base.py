@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
 from air.launcher.node import ProcessExit
 from air.launcher.progress import Silence
+from air.launcher.sandbox import Sandbox
 from air.settings import AIR_AGENT_DIR
 
 #: on_line(node_rank, process_index, stream, text): every line a node's process prints, as it arrives
@@ -35,7 +36,8 @@ NODE_PYTHON = "@AIR_NODE_PYTHON@"
 
 @dataclass(frozen=True)
 class NodeProcess:
-    """One process of a node. `log_path` is on the submitting side (None: the node's log only).
+    """One process of a node. `log_path` is on the submitting side (None: the node's log only). `hide`:
+    the secret values in its environment, masked in its output where the node writes it (air.launcher.redact).
 
     The backend adds what only placement decides: MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES and
     AIR_PROCESS_TAG. `cwd` is used when the launch has none (and only if it exists on the node).
@@ -46,6 +48,7 @@ class NodeProcess:
     env: dict[str, str]
     log_path: Path | None = None
     cwd: str | None = None
+    hide: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,12 +69,15 @@ class NodeLaunch:
     files: Mapping[str, bytes] = field(default_factory=dict)
     warm_preload: tuple[str, ...] | None = None
     ray_shim: bool = False
+    #: Every process of the node runs walled in (air.launcher.sandbox); its work folder is writable there.
+    sandbox: Sandbox | None = None
 
     @classmethod
     def command(cls, node_rank: int, argv: Sequence[str], env: dict[str, str], log_path: Path,
-                cwd: Path | None = None) -> NodeLaunch:
-        """A workload node: one command (`bash ...`) whose output is the node log."""
-        return cls(node_rank, [NodeProcess(f"node {node_rank}", list(argv), env)], log_path, cwd, ray_shim=True)
+                cwd: Path | None = None, hide: Sequence[str] = ()) -> NodeLaunch:
+        """A workload node: one command (`bash ...`) whose output is the node log (`hide`: its secrets)."""
+        return cls(node_rank, [NodeProcess(f"node {node_rank}", list(argv), env, hide=tuple(hide))], log_path, cwd,
+                   ray_shim=True)
 
 
 @dataclass(frozen=True)

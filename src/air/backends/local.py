@@ -10,6 +10,7 @@ tree, one tag; with a warm start, one zygote forks them all).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -40,6 +41,7 @@ from air.files import atomic_write_bytes
 from air.home import AirHome
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
 from air.launcher.progress import Silence
+from air.launcher.sandbox import Sandbox
 from air.launcher.warm import python_can_fork
 from air.settings import AIR_LAUNCHER_PID, AIR_NODE_SLOTS, AIR_PROCESS_TAG, AIR_SUPERVISOR
 
@@ -173,7 +175,8 @@ class LocalBackend:
                         env.update(ray_env)
                     cwd = launch.cwd or (_expand(proc.cwd, work) if proc.cwd else None)
                     specs.append(ProcessSpec(proc.name, [_expand(a, work) for a in proc.argv], env,
-                                             proc.log_path or launch.log_path, Path(cwd) if cwd else None))
+                                             proc.log_path or launch.log_path, Path(cwd) if cwd else None,
+                                             hide=proc.hide, sandbox=_with_work(launch.sandbox, work)))
                     owners.append((node, index))
             warm = None
             preload = ordered[0].warm_preload
@@ -207,6 +210,13 @@ def _node_environment(launch: NodeLaunch) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
     env[AIR_LAUNCHER_PID] = str(os.getpid())
     return env
+
+
+def _with_work(sandbox: Sandbox | None, work: Path) -> Sandbox | None:
+    """A node's sandbox that may also write the node's work folder (a call's payload and outcomes)."""
+    if sandbox is None:
+        return None
+    return dataclasses.replace(sandbox, writable=(*sandbox.writable, str(work)))
 
 
 def _expand(value: str, work: Path) -> str:

@@ -215,7 +215,8 @@ class NodeAgent:
             if cwd and not Path(cwd).is_dir():
                 cwd = None
             specs.append(ProcessSpec(name=proc.name, argv=[self._expand(a) for a in proc.argv], env=env,
-                                     log_path=logs / f"proc_{index}.log", cwd=Path(cwd) if cwd else None))
+                                     log_path=logs / f"proc_{index}.log", cwd=Path(cwd) if cwd else None,
+                                     hide=tuple(proc.hide)))  # its secrets: masked here, on the node
         tag = node_tag(tag, self.node_rank)
         self._start_sentinel(tag)
         warm = None

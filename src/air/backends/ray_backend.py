@@ -304,7 +304,7 @@ class RayBackend(RayCapacity):
                 if original and cwd is not None and cwd != original:
                     env = {k: (cwd + v[len(original):] if v == original or v.startswith(original + "/") else v)
                            for k, v in env.items()}
-                procs.append(NodeProcess(proc.name, list(proc.argv), env, None, cwd or proc.cwd))
+                procs.append(NodeProcess(proc.name, list(proc.argv), env, None, cwd or proc.cwd, hide=proc.hide))
             starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S, launch.warm_preload))
         attempt = RayAttempt(self, allocation, held, launches, tag=tag, on_line=on_line,
                              poll_wait_s=self.poll_wait_s, master_addr=node0["ip"], master_port=master_port)

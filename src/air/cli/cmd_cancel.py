@@ -10,7 +10,7 @@ from air.cli.complete import complete_active_run_id
 from air.cli.main import common, settings
 from air.cli.output import envelope, status, stderr
 from air.errors import UserInputError
-from air.runs.cancel import active_run_ids, cancel_runs
+from air.runs.cancel import active_run_ids, cancel_runs, canceled_by, local_user
 from air.runs.store import RunStore
 
 
@@ -44,7 +44,7 @@ def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
     if client is not None:
         results = {run_id: client.post(f"/runs/{run_id}/cancel")["status"] for run_id in targets}
     else:
-        results = {run_id: outcome.value for run_id, outcome in cancel_runs(store, targets).items()}
+        results = {run_id: outcome.value for run_id, outcome in cancel_runs(store, targets, reason=canceled_by(local_user())).items()}
     if settings().json:
         envelope({"runs": [{"run_id": k, "status": v} for k, v in results.items()]})
     else:

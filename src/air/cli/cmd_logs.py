@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -52,8 +54,7 @@ from air.runs.views import attempt_index, log_masker
     "download_to",
     default=None,
     type=click.Path(file_okay=False),
-    help="Copy every node's (a call: every rank's) log of the attempt to DIR/logs/ (through an air "
-    "server: downloaded, secret values masked).",
+    help="Copy every node's (a call: every rank's) log of the attempt to DIR/logs/, secret values masked.",
 )
 @common
 def logs(
@@ -102,7 +103,9 @@ def logs(
         )
     shown_attempt = attempt_index(store, run, attempt)
     log_sources(run, shown_attempt, node=node, rank=rank)  # checks --node/--rank first
+    mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
     if download_to:
+        mask("")  # resolves the values now: a copy is refused before any file is written
         target = Path(download_to) / "logs"
         target.mkdir(parents=True, exist_ok=True)
         found = (
@@ -112,10 +115,9 @@ def logs(
         )
         label = "rank" if logs_are_per_rank(run) else "node"
         for n, path in found.items():
-            shutil.copyfile(path, target / f"{label}_{n}.log")
-        stderr(f"Copied {len(found)} log(s) of attempt {shown_attempt} to {target}")
+            _masked_copy(path, target / f"{label}_{n}.log", mask)
+        stderr(f"Copied {len(found)} log(s) of attempt {shown_attempt} to {target} (secret values masked)")
         return
-    mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
     if _follows(run, follow, attempt):
         from air.runs.follow import follow as follow_run
 
@@ -123,6 +125,21 @@ def logs(
     else:
         events = iter(snapshot_lines(run, shown_attempt, node=node, rank=rank, tail=tail, mask=mask))
     print_follow(events, json_mode=json_mode, prefixed=several_logs(run, node, rank))
+
+
+def _masked_copy(source: Path, target: Path, mask: Callable[[str], str]) -> None:
+    """Copy a log line by line through `mask` (logs an older air wrote may hold values), byte for byte
+    otherwise (surrogateescape keeps invalid UTF-8 as it was); the copy appears whole or not at all."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with open(source, encoding="utf-8", errors="surrogateescape", newline="") as src, \
+                os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as out:
+            for line in src:
+                out.write(mask(line))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _follows(run: Run, follow: bool | None, attempt: int | None) -> bool:

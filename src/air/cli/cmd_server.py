@@ -1,4 +1,4 @@
-"""`air server start | token create|list|revoke`: the team's control plane (air.server)."""
+"""`air server start | token create|list|revoke | audit`: the team's control plane (air.server)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from air.cli.main import common, settings
 from air.cli.output import envelope, fmt_time, print_table, stderr
 from air.constants import SERVER_DEFAULT_PORT
 from air.errors import UserInputError
+from air.settings import AIR_ISOLATION
 
 
 def _need_server_extra() -> None:
@@ -33,24 +34,40 @@ def server() -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=SERVER_DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--mlflow-port", default=SERVER_DEFAULT_PORT + 1, show_default=True, type=click.IntRange(0, 65535),
-              help="Port of the MLflow tracking server it runs for every node (0: none; an MLFLOW_TRACKING_URI "
-              "in its environment wins).")
+              help="Loopback port of the MLflow tracking server it runs for every node, served to them at "
+              "<public URL>/mlflow behind the server's tokens (0: none; an MLFLOW_TRACKING_URI in its environment "
+              "wins).")
+@click.option("--public-url", default=None, metavar="URL",
+              help="The server's address as nodes and browsers reach it (e.g. https://air.team.example:8765); "
+              "nodes log to URL/mlflow. Default: the address it prints (a 0.0.0.0 bind: this machine's name).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Serve HTTPS with this certificate (PEM); needs --tls-key.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="The certificate's private key (PEM).")
+@click.option("--single-trust-domain", is_flag=True,
+              help="Run every run as the server's own account, with no walls between users (each user's runs "
+              "can read the others' secrets and the server's store). Without it, runs are isolated where the "
+              "machine allows (root: a Unix account per user and a bubblewrap view; else bubblewrap), and a "
+              "server that cannot isolate refuses to serve more than one user.")
 @common
-def start(host: str, port: int, mlflow_port: int, tls_cert: Path | None, tls_key: Path | None) -> None:
+def start(host: str, port: int, mlflow_port: int, public_url: str | None, tls_cert: Path | None,
+          tls_key: Path | None, single_trust_domain: bool) -> None:
     """Serve in the foreground until Ctrl-C or SIGTERM; runs keep running when it stops."""
     _need_server_extra()
     from air.cli.cmd_ui import _check_port
     from air.home import air_home
     from air.server.serve import check_server_home, serve
 
+    if public_url is not None:
+        from air.server.mlflow_server import check_public_url
+
+        public_url = check_public_url(public_url)
     profile = check_server_home()
     _check_port(host, port)
     if mlflow_port and not os.environ.get("MLFLOW_TRACKING_URI"):
-        _check_port(host, mlflow_port)
+        from air.server.mlflow_server import LOOPBACK
+
+        _check_port(LOOPBACK, mlflow_port)
 
     def ready(url: str, mlflow_uri: str) -> None:
         from air.server.app import API, PAGES
@@ -59,8 +76,10 @@ def start(host: str, port: int, mlflow_port: int, tls_cert: Path | None, tls_key
                f"{mlflow_uri}); Ctrl-C stops it")
         stderr(f"  API:   {url}{API}")
         stderr(f"  Pages: {url}{PAGES}/runs  (log in with a token: air server token create NAME)")
+        stderr(f"  Runs:  isolation {os.environ.get(AIR_ISOLATION) or 'none'}")
 
-    serve(host, port, mlflow_port=mlflow_port, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready)
+    serve(host, port, mlflow_port=mlflow_port, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready, public=public_url,
+          single_trust_domain=single_trust_domain)
     stderr("air server stopped (runs keep running; start it again to serve them).")
     if "ray" in sys.modules:  # Ray's core worker can abort the interpreter's own teardown (SIGABRT after
         sys.stdout.flush()   # a clean stop); everything is written and closed by now: leave without it
@@ -75,17 +94,26 @@ def token() -> None:
 @token.command("create")
 @click.argument("name")
 @click.option("--admin", is_flag=True, help="May cancel anyone's runs.")
+@click.option("--unix-user", default=None, metavar="ACCOUNT",
+              help="The existing Unix account NAME's runs execute as on a server run as root (default: an "
+              "account air creates, air-NAME).")
 @common
-def create(name: str, admin: bool) -> None:
+def create(name: str, admin: bool, unix_user: str | None) -> None:
     """A new token for user NAME, printed as the last line (shown once: keep it)."""
     from air.runs.store import RunStore
+    from air.server.audit import TOKEN_CREATE, record, shell_actor
     from air.server.tokens import create_token
 
-    info, secret = create_token(RunStore(), name, admin=admin)
+    store = RunStore()
+    info, secret = create_token(store, name, admin=admin, unix_user=unix_user)
+    record(store, shell_actor(), TOKEN_CREATE, info.token_id, {"user": info.user, "admin": info.admin,
+                                                                "unix_user": unix_user})
     if settings().json:
-        envelope({"token_id": info.token_id, "user": info.user, "admin": info.admin, "token": secret})
+        envelope({"token_id": info.token_id, "user": info.user, "admin": info.admin, "unix_user": unix_user,
+                  "token": secret})
         return
-    stderr(f"Token {info.token_id} for {info.user}{' (admin)' if admin else ''}; it is not shown again:")
+    runs_as = f", runs as Unix account {unix_user}" if unix_user else ""
+    stderr(f"Token {info.token_id} for {info.user}{' (admin)' if admin else ''}{runs_as}; it is not shown again:")
     print(secret)
 
 
@@ -116,10 +144,35 @@ def list_(include_revoked: bool) -> None:
 def revoke(id_or_user: str) -> None:
     """Revoke a token by its id, or every token of a user by name."""
     from air.runs.store import RunStore
+    from air.server.audit import TOKEN_REVOKE, record, shell_actor
     from air.server.tokens import revoke_tokens
 
-    ids = revoke_tokens(RunStore(), id_or_user)
+    store = RunStore()
+    ids = revoke_tokens(store, id_or_user)
+    for token_id in ids:
+        record(store, shell_actor(), TOKEN_REVOKE, token_id, {"by": id_or_user})
     if settings().json:
         envelope({"revoked": ids})
         return
     stderr(f"Revoked {', '.join(ids)}.")
+
+
+@server.command("audit")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Show the newest N entries.")
+@common
+def audit(limit: int) -> None:
+    """Who did what: token create/revoke, permission changes, cancels, logins and logouts (oldest first).
+    Run it on the server's machine with its AIR_HOME, like `air server token`."""
+    from air.runs.store import RunStore
+    from air.server.audit import entries
+
+    found = entries(RunStore(), limit=limit)
+    if settings().json:
+        envelope({"entries": [e.to_json() for e in found]})
+        return
+    if not found:
+        print("No audit entries yet (tokens, permission changes, cancels, logins and logouts are recorded).")
+        return
+    print_table(["TIME", "ACTOR", "ACTION", "TARGET", "DETAIL"],
+                [[fmt_time(e.at), e.actor, e.action, e.target or "", e.detail or ""] for e in found])

@@ -90,6 +90,13 @@ def _require_pages() -> None:
         raise UserInputError("air's pages need Jinja2, which is not installed.", hint=ui_install_hint()) from None
 
 
+def _page_hosts(host: str) -> list[str] | None:
+    """The Host names the pages answer on a loopback address (no login there: a page of another site that
+    rebinds its name to 127.0.0.1 must not read them); None (any) on another address."""
+    loopback = {"127.0.0.1", "localhost", "::1"}
+    return sorted(loopback) if host in loopback else None
+
+
 def _serve_pages_only(host: str, pages_port: int, mlflow_base: str) -> int:
     """With a tracking server (MLFLOW_TRACKING_URI=http…): air's pages alone, linking to its UI."""
     from air.launcher.guard import STOP_SIGNALS, Stopped, raise_stopped
@@ -99,7 +106,7 @@ def _serve_pages_only(host: str, pages_port: int, mlflow_base: str) -> int:
     from air.web.serve import PageServer
 
     previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
-    pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base), host, pages_port)
+    pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base, hosts=_page_hosts(host)), host, pages_port)
     recorded = False
     try:
         pages.start()
@@ -189,7 +196,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
         record_ui(host, port, uri, web_port=pages_port)
         recorded = True
         mlflow_base = f"http://{host}:{port}"
-        pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base), host, pages_port)
+        pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base, hosts=_page_hosts(host)), host, pages_port)
         pages.start()
         stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
         stderr(f"MLflow UI for {uri} at {mlflow_base}  (Ctrl-C to stop)")

@@ -8,6 +8,7 @@ is, so it outlives the client and the server. The driver runs the same controlle
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -75,6 +76,7 @@ def main(argv: list[str]) -> int:
     from air.config import resolve_profile
     from air.distributed.remote import CallJob, drive_call
     from air.runs.checkpoints import checkpoint_location
+    from air.runs.isolation import run_sandbox
 
     run_id = argv[0]
     store = RunStore()
@@ -85,10 +87,15 @@ def main(argv: list[str]) -> int:
     try:
         profile = resolve_profile(run.profile)
         backend = backend_for(profile, ledger=store)
+        checkpoint_dir = checkpoint_location(run.id, profile.checkpoint_root)
+        sandbox = run_sandbox(store, run.id, run.user, writable=[checkpoint_dir])
+        if sandbox is not None:  # the ranks' cwd is this process's: one they can see in their view
+            os.chdir(sandbox.scratch)
         job = CallJob(run.id, backend, parse_accelerator_type(request["accelerator"]), request["num_nodes"],
                       paths.payload.read_bytes(), request["name"], request["timeout"], False, {},
                       tuple(request["preload"]), hang_timeout_s=request.get("hang_timeout"),
-                      checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
+                      checkpoint_dir=checkpoint_dir)
+        job.sandbox = sandbox
         outcome = ("ok", drive_call(store, job, int(request["max_retries"])))
     except BaseException as exc:  # noqa: BLE001 - the rank's own exception (or air's) goes to the client
         outcome = ("error", exc)

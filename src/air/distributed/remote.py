@@ -45,6 +45,7 @@ from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
 from air.files import atomic_write_bytes
 from air.launcher.node import LaunchResult, ProcessExit
+from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import CallPaths
@@ -178,6 +179,8 @@ class CallJob:
         self.extra_env = extra_env
         self.preload = preload
         self.warm = warm_enabled()  # as for a local call: every node forks its ranks from one zygote
+        #: Under `air server`: the view every rank runs in, as the caller's account (air.runs.isolation).
+        self.sandbox: Sandbox | None = None
         paths = CallPaths(run_id)
         self.call_dir = paths.create()  # `air logs ID --rank N` reads its rank logs
         self.log_paths = paths.rank_log_list(self.world)
@@ -254,7 +257,7 @@ class CallJob:
                                          env=env, log_path=self.log_paths[rank], cwd=os.getcwd()))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],
                                        files={PAYLOAD_FILE: self.payload},
-                                       warm_preload=self.preload if self.warm else None))
+                                       warm_preload=self.preload if self.warm else None, sandbox=self.sandbox))
         yield launches
 
     def judge(self, attempt: int, handle: AttemptHandle, outcome: AttemptOutcome,

@@ -144,8 +144,12 @@ def parse_dependencies(dependencies: list[str] | str | Path | None, base_dir: Pa
 def _read_yaml_requirements(path: Path) -> tuple[str | int | None, list[str]]:
     import yaml  # only for this form: keep it off the cache-hit path
 
+    from air.bounds import YamlBoundError, safe_load_bounded
+
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = safe_load_bounded(path.read_text(encoding="utf-8"))
+    except YamlBoundError as exc:
+        raise UserInputError(f"{path}: line {exc.line}: {exc.problem}", hint=exc.hint) from None
     except (OSError, yaml.YAMLError) as exc:
         raise UserInputError(f"Cannot read requirements file {path}: {exc}") from None
     if data is None:

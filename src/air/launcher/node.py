@@ -14,7 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO, TypeGuard
 
@@ -22,6 +22,8 @@ from air.constants import LAUNCH_POLL_S, TERMINATE_GRACE_S
 from air.launcher.procs import Waitable, terminate_tree
 from air.launcher.progress import HeartbeatSlots, is_stopped
 from air.launcher.pump import LineCallback, OutputPump
+from air.launcher.redact import Redactor
+from air.launcher.sandbox import Sandbox
 from air.launcher.stacks import dump_tree_stacks
 from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_zygote
 from air.launcher.warm_kept import start_kept
@@ -38,13 +40,17 @@ def _started(process: ProcessHandle) -> TypeGuard[Waitable]:
 
 @dataclass(frozen=True)
 class ProcessSpec:
-    """One process to start. `name` is how logs and errors call it ("rank 3", "node 1")."""
+    """One process to start. `name` is how logs and errors call it ("rank 3", "node 1"). `hide`: secret
+    values it was given, masked in its output before any line is written (see redact.py)."""
 
     name: str
     argv: Sequence[str]
     env: dict[str, str]
     log_path: Path
     cwd: Path | None = None
+    hide: tuple[str, ...] = ()
+    #: Run it walled in (launcher/sandbox.py): a filesystem view, as another account where one is given.
+    sandbox: Sandbox | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,7 @@ class Launch:
         self._last_line = [0.0] * len(self.specs)
         self._heartbeats = HeartbeatSlots(len(self.specs))
         self._pump = OutputPump(self._noted(on_line))
+        self._redactors = [Redactor(spec.hide) if spec.hide else None for spec in self.specs]
 
     def _noted(self, on_line: LineCallback | None) -> LineCallback:
         last = self._last_line
@@ -153,34 +160,47 @@ class Launch:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._logs.append(open(spec.log_path, "ab", buffering=0))  # noqa: SIM115 - closed in terminate
 
+    def _sandbox(self, spec: ProcessSpec) -> Sandbox | None:
+        """The spec's sandbox, which may also write the launch's heartbeat slots; its folders made ready."""
+        if spec.sandbox is None:
+            return None
+        sandbox = replace(spec.sandbox, writable=(*spec.sandbox.writable, self._heartbeats.folder))
+        sandbox.prepare()
+        return sandbox
+
     def _start_warm(self, warm: WarmStart) -> None:
         """Every process forked by one zygote that imported `warm.preload` once (see warm.py)."""
         self._open_logs()
         envs = [self._env(index) for index in range(len(self.specs))]
         argvs = [spec.argv for spec in self.specs]
         cwds = [str(spec.cwd) if spec.cwd else None for spec in self.specs]
+        sandbox = self._sandbox(self.specs[0])  # one zygote forks them all: one view for the launch
+        if sandbox is not None:
+            warm = replace(warm, sandbox=sandbox, keep=False)  # a kept zygote would outlive the launch's view
         zygote = start_kept(warm, argvs, envs, cwds, self.tag) if warm.keep else None
         if zygote is None:
             zygote = start_zygote(warm, argvs, envs, cwds)
         self.zygote = zygote
         self.popens = list(zygote.handles)
         for index, stream, pipe in zygote.pipes:
-            self._pump.add(index, stream, pipe, self._logs[index])
+            self._pump.add(index, stream, pipe, self._logs[index], self._redactors[index])
         self._pump.add_control(zygote.status, zygote.on_status, zygote.on_status_closed)
 
     def _start_cold(self) -> None:
         """Every process its own interpreter, a direct child of this one."""
         self._open_logs()
         for index, (spec, log) in enumerate(zip(self.specs, self._logs, strict=True)):
+            sandbox = self._sandbox(spec)
+            argv = list(spec.argv) if sandbox is None else sandbox.wrap(spec.argv, cwd=str(spec.cwd or ""))
             popen = subprocess.Popen(
-                list(spec.argv), env=self._env(index), cwd=spec.cwd,
+                argv, env=self._env(index), cwd=spec.cwd,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 close_fds=True,
             )
             self.popens.append(popen)
             assert popen.stdout is not None and popen.stderr is not None
-            self._pump.add(index, "stdout", popen.stdout, log)
-            self._pump.add(index, "stderr", popen.stderr, log)
+            self._pump.add(index, "stdout", popen.stdout, log, self._redactors[index])
+            self._pump.add(index, "stderr", popen.stderr, log, self._redactors[index])
             self._pump.watch_exit(index, popen.pid, self._record_exit)
 
     def _start(self) -> None:

@@ -3,6 +3,10 @@
 One thread multiplexes all pipes of a launch with `selectors`, so eight ranks cost one thread, not
 sixteen. A line cut by a dying process is still written (without its newline); a line longer than
 `MAX_LINE` is written in pieces rather than held in memory.
+
+A process given secrets has a `Redactor`: its lines are masked here, before they reach the log file or
+the callback, so no file ever holds a value. A long line's piece keeps back the last bytes that could
+begin a value (`Redactor.split`), so a value across a piece boundary is masked too.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import IO, cast
+
+from air.launcher.redact import Redactor
 
 MAX_LINE = 64 * 1024
 
@@ -33,10 +39,12 @@ class OutputPump:
         self._stop = threading.Event()
         self._exit_fds = 0
 
-    def add(self, source: int, stream: str, pipe: IO[bytes], log: IO[bytes]) -> None:
-        """Register a pipe before `start()`; `log` receives the same lines (shared by both streams)."""
+    def add(self, source: int, stream: str, pipe: IO[bytes], log: IO[bytes],
+            redactor: Redactor | None = None) -> None:
+        """Register a pipe before `start()`; `log` receives the same lines (shared by both streams),
+        masked by `redactor` when the process was given secrets."""
         os.set_blocking(pipe.fileno(), False)
-        self._selector.register(pipe, selectors.EVENT_READ, (source, stream, log))
+        self._selector.register(pipe, selectors.EVENT_READ, (source, stream, log, redactor or None))
         self._buffers[pipe.fileno()] = bytearray()
         self._open += 1
 
@@ -78,7 +86,10 @@ class OutputPump:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _emit(self, source: int, stream: str, log: IO[bytes], raw: bytes) -> None:
+    def _emit(self, source: int, stream: str, log: IO[bytes], raw: bytes, redactor: Redactor | None = None,
+              masked: bool = False) -> None:
+        if redactor is not None and not masked:
+            raw = redactor.mask_bytes(raw)
         line = raw if raw.endswith(b"\n") else raw + b"\n"
         with self._lock:
             log.write(line)
@@ -124,22 +135,30 @@ class OutputPump:
             self._read_control(key)
             return
         pipe = _pipe(key)
-        source, stream, log = key.data
+        source, stream, log, redactor = key.data
         fd = pipe.fileno()
         buf = self._buffers[fd]
         eof = self._drain(fd, buf)
+        start = 0
         while True:
-            newline = buf.find(b"\n")
+            newline = buf.find(b"\n", start)
             if newline < 0:
                 break
-            self._emit(source, stream, log, bytes(buf[: newline + 1]))
-            del buf[: newline + 1]
+            self._emit(source, stream, log, bytes(buf[start: newline + 1]), redactor)
+            start = newline + 1
+        del buf[:start]
         if len(buf) >= MAX_LINE:
-            self._emit(source, stream, log, bytes(buf))
-            buf.clear()
+            if redactor is None:
+                self._emit(source, stream, log, bytes(buf))
+                buf.clear()
+            else:
+                piece, kept = redactor.split(bytes(buf))
+                if piece:
+                    self._emit(source, stream, log, piece, redactor, masked=True)
+                    buf[:] = kept
         if eof or final:
             if buf:
-                self._emit(source, stream, log, bytes(buf))  # the cut last line is kept
+                self._emit(source, stream, log, bytes(buf), redactor)  # the cut last line is kept
                 buf.clear()
             if eof:
                 self._forget(pipe)

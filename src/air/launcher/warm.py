@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, BinaryIO
 import psutil
 
 from air.constants import LEADER_EXIT_WAIT_S, _float_env
+from air.launcher.sandbox import Sandbox
 from air.settings import AIR_LAUNCHER_PID, AIR_WARM_IDLE_S
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ class WarmStart:
     timeout_s: float = 1800.0
     keep: bool = False
     call_env: tuple[str, ...] = ()
+    #: The zygote (and so every child it forks) runs walled in (launcher/sandbox.py).
+    sandbox: Sandbox | None = None
 
     def module_of(self, argv: Sequence[str]) -> tuple[str, list[str]]:
         if len(argv) < 3 or argv[0] != self.python or argv[1] != "-m":
@@ -233,8 +236,11 @@ def start_zygote(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence
         plan = {"preload": list(warm.preload), "sys_path": list(warm.sys_path), "procs": procs,
                 "grace_s": warm.grace_s, "store": store_plan(warm)}
         passed = [status_w, plan_r, *[w for _, w in out_pipes], *[w for _, w in err_pipes]]
+        argv = [warm.python, "-m", "air.launcher.zygote", str(plan_r), str(status_w)]
+        if warm.sandbox is not None:
+            argv = warm.sandbox.wrap(argv, cwd=cwds[0])
         popen = subprocess.Popen(
-            [warm.python, "-m", "air.launcher.zygote", str(plan_r), str(status_w)], env=shared, cwd=cwds[0],
+            argv, env=shared, cwd=cwds[0],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             pass_fds=passed,
         )

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Literal
+from typing import Literal, Protocol
 
 #: The server's default visibility of runs to other signed-in users (config.yaml `server.default_visibility`).
 Visibility = Literal["team", "private"]
@@ -105,5 +105,44 @@ def allows(viewer: Viewer, owner: str | None, grants: Sequence[Grant], need: Lev
     return level_of(viewer, owner, grants, visibility=visibility) >= need
 
 
-__all__ = ["DEFAULT_VISIBILITY", "LEVEL_NAMES", "Grant", "Level", "Viewer", "Visibility", "allows",
-           "grants_from_json", "grants_to_json", "groups_of", "level_of"]
+class Guarded(Protocol):
+    """What the rule needs of a run: its owner and its stored `permissions` (a `Run` is one)."""
+
+    @property
+    def user(self) -> str: ...
+
+    @property
+    def permissions(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The server's side of the rule, from its config.yaml: the default visibility and the groups.
+
+    The local store (no server) is one user: `Policy()` with an admin viewer allows everything."""
+
+    visibility: Visibility = DEFAULT_VISIBILITY
+    groups: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def viewer(self, user: str, *, admin: bool = False) -> Viewer:
+        return Viewer(user, admin=admin, groups=groups_of(user, self.groups))
+
+    def level(self, viewer: Viewer, run: Guarded) -> Level:
+        return level_of(viewer, run.user, grants_from_json(run.permissions), visibility=self.visibility)
+
+    def allows(self, viewer: Viewer, run: Guarded, need: Level = Level.CAN_VIEW) -> bool:
+        return self.level(viewer, run) >= need
+
+    def list_filter(self, viewer: Viewer) -> Viewer | None:
+        """The viewer a run listing must be narrowed to (store.list_runs `visible_to`); None: sees all."""
+        return None if viewer.admin or self.visibility == "team" else viewer
+
+
+def unknown_groups(grants: Sequence[Grant], groups: Mapping[str, Sequence[str]]) -> list[str]:
+    """The group names `grants` use that the server's config does not define (a submit naming one is
+    refused: a typo would silently grant nothing)."""
+    return sorted({g.group for g in grants if g.group is not None and g.group not in groups})
+
+
+__all__ = ["DEFAULT_VISIBILITY", "LEVEL_NAMES", "Grant", "Guarded", "Level", "Policy", "Viewer", "Visibility",
+           "allows", "grants_from_json", "grants_to_json", "groups_of", "level_of", "unknown_groups"]

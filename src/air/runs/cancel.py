@@ -4,6 +4,9 @@ The protocol (the CLI only parses arguments and prints): the run goes to TERMINA
 so a run that changed state meanwhile is looked at again); its supervisor sees that, tears its nodes down
 and sets CANCELED. When the supervisor is dead, never started, or does not answer within
 `CANCEL_WAIT_S`, every process carrying the run's tag is ended here and the run set CANCELED.
+
+The run's termination reason names who canceled it ("Canceled by alice"; "Canceled by root (admin)" when
+an admin ends another user's run; locally the OS user); the supervisor keeps that reason when it ends the run.
 """
 
 from __future__ import annotations
@@ -15,8 +18,26 @@ from air.runs.paths import process_tag
 from air.runs.states import FailureClass, RunStatus, StatusConflictError
 from air.runs.store import RunStore, supervisor_alive
 
-#: The reason every canceled run carries.
+#: The reason a canceled run carries when nobody is named.
 CANCEL_REASON = "Canceled by the user"
+
+
+def canceled_by(user: str | None, *, admin: bool = False, owner: str | None = None) -> str:
+    """The reason a run canceled by `user` carries: "(admin)" is added when an admin ends someone else's run."""
+    if not user:
+        return CANCEL_REASON
+    return f"Canceled by {user}{' (admin)' if admin and owner != user else ''}"
+
+
+def local_user() -> str:
+    """The OS user of this process (who cancels from a local AIR_HOME)."""
+    import getpass
+    import os
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def may_cancel(run_user: str | None, user: str, *, admin: bool) -> bool:
@@ -24,8 +45,9 @@ def may_cancel(run_user: str | None, user: str, *, admin: bool) -> bool:
     return admin or (run_user is not None and run_user == user)
 
 
-def cancel_run(store: RunStore, run_id: str) -> RunStatus:
-    """End one run and every process it started; returns its final (or current terminal) status."""
+def cancel_run(store: RunStore, run_id: str, *, reason: str = CANCEL_REASON) -> RunStatus:
+    """End one run and every process it started; returns its final (or current terminal) status.
+    `reason`: its termination reason (`canceled_by(...)` names who asked)."""
     from air.launcher import reap_tag
 
     run = store.get_run(run_id)
@@ -35,12 +57,12 @@ def cancel_run(store: RunStore, run_id: str) -> RunStatus:
         store.transition(
             run.id,
             RunStatus.TERMINATING,
-            reason=CANCEL_REASON,
+            reason=reason,
             failure_class=FailureClass.CANCEL,
             expected_from=run.status,
         )
     except StatusConflictError:
-        return cancel_run(store, run_id)
+        return cancel_run(store, run_id, reason=reason)
     started = time.monotonic()
     deadline = started + CANCEL_WAIT_S
     while time.monotonic() < deadline:
@@ -57,7 +79,7 @@ def cancel_run(store: RunStore, run_id: str) -> RunStatus:
         return store.transition(
             run.id,
             RunStatus.CANCELED,
-            reason=CANCEL_REASON,
+            reason=store.get_run(run.id).termination_reason or reason,
             failure_class=FailureClass.CANCEL,
             expected_from=RunStatus.TERMINATING,
         ).status
@@ -70,9 +92,9 @@ def active_run_ids(store: RunStore) -> list[str]:
     return [r.id for r in store.list_runs(limit=None)]
 
 
-def cancel_runs(store: RunStore, run_ids: list[str]) -> dict[str, RunStatus]:
+def cancel_runs(store: RunStore, run_ids: list[str], *, reason: str = CANCEL_REASON) -> dict[str, RunStatus]:
     """Cancel each run in turn: run id -> its status afterwards."""
-    return {run_id: cancel_run(store, run_id) for run_id in run_ids}
+    return {run_id: cancel_run(store, run_id, reason=reason) for run_id in run_ids}
 
 
-__all__ = ["CANCEL_REASON", "active_run_ids", "cancel_run", "cancel_runs"]
+__all__ = ["CANCEL_REASON", "active_run_ids", "cancel_run", "cancel_runs", "canceled_by", "local_user", "may_cancel"]

@@ -20,6 +20,7 @@ every step, and whatever happens, the allocation is released and no node process
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -34,6 +35,8 @@ from air.constants import PROGRESS_CHECK_S
 from air.errors import HangError
 from air.files import atomic_write_text
 from air.launcher.progress import find_hang, quiet_for
+from air.runs.credentials import door_url, node_tracking_env
+from air.runs.credentials import revoke as revoke_credentials
 from air.runs.paths import RunPaths, process_tag
 from air.runs.states import (
     AttemptStatus,
@@ -186,6 +189,10 @@ class RunController:
         except BaseException:
             self._abandon()
             raise
+        finally:
+            if door_url() is not None:  # the run's MLflow credential dies with it (the door also refuses
+                with contextlib.suppress(Exception):  # any credential of an ended run: this is the second lock)
+                    revoke_credentials(self.store, self.run_id)
         assert self.status is not None
         return self.status
 
@@ -230,8 +237,9 @@ class RunController:
         self._record_tracking(index, tracking)
         attempt = self._attempt = _Attempt(index, node_logs, tracking, contextlib.ExitStack())
         try:
+            node_env = node_tracking_env(self.store, self.run_id, tracking.env())
             launches = attempt.held.enter_context(self.job.launches(index, self._allocation, node_logs,
-                                                                    tracking.env(), air_log))
+                                                                    node_env, air_log))
             self.job.say(f"attempt {index}: starting {len(launches)} node(s)")
             attempt.handle = self.backend.start(self._allocation, launches, tag=self.tag, on_line=self.job.on_line)
         except SetupFailure as exc:
@@ -399,6 +407,8 @@ class RunController:
         run = self.store.get_run(self.run_id)
         if run.status.is_terminal():
             return
+        if run.status is RunStatus.TERMINATING and run.termination_reason:
+            reason = run.termination_reason  # the cancel's own reason names who asked ("Canceled by alice")
         if run.status is RunStatus.RUNNING:  # processes existed: cancel goes through TERMINATING
             self.store.transition(self.run_id, RunStatus.TERMINATING, reason=reason)
         self.store.transition(self.run_id, RunStatus.CANCELED, reason=reason, failure_class=failure_class)
@@ -446,7 +456,11 @@ class RunController:
             return
         try:
             self.store.set_mlflow_run_id(self.run_id, handle.run_id, attempt=index)
-            write_tracking_ref(self.paths.tracking(index), handle)
+            door = door_url()  # links (`air get run`, pages) go through the server's door, never to loopback
+            write_tracking_ref(self.paths.tracking(index), dataclasses.replace(handle, tracking_uri=door) if door
+                               else handle)
+            if door is not None:  # on a server: the MLflow user is the run's air user, not the server's
+                handle.set_tags({"mlflow.user": self.store.get_run(self.run_id).user})
         except Exception as exc:  # noqa: BLE001 - tracking never fails a run
             tracking.warn(f"tracking: {exc}")
 

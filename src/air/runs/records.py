@@ -22,7 +22,7 @@ _RUN_COLUMNS = (
     "id", "experiment", "run_name", "status", "accelerator_type", "num_accelerators", "num_nodes",
     "backend", "profile", "spec", "submitted_at", "started_at", "ended_at", "termination_reason",
     "failure_class", "idempotency_key", "supervisor_pid", "supervisor_started_at", "mlflow_run_id",
-    "user", "kind", "current_attempt", "pool",
+    "user", "kind", "current_attempt", "pool", "permissions",
 )
 _RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS) + " FROM runs"
 _ATTEMPT_SELECT = (
@@ -60,6 +60,9 @@ class Run:
     current_attempt: int | None = None
     #: The pool it waits in and runs on (config.yaml `pools:`); None: no pools configured, the whole machine.
     pool: str | None = None
+    #: Who else may see or act on it (the workload's `permissions`), as access.grants_to_json wrote it:
+    #: JSON `[{"user"|"group": NAME, "level": CAN_…}]`; None: none given (the server's default applies).
+    permissions: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -125,7 +128,7 @@ class CreateRunResult(NamedTuple):
 def _run_from_row(row: Sequence[Any]) -> Run:
     (id_, experiment, run_name, status, accelerator_type, num_accelerators, num_nodes, backend, profile,
      spec, submitted_at, started_at, ended_at, termination_reason, failure_class, idempotency_key,
-     supervisor_pid, supervisor_started_at, mlflow_run_id, user, kind, current_attempt, pool) = row
+     supervisor_pid, supervisor_started_at, mlflow_run_id, user, kind, current_attempt, pool, permissions) = row
     return Run(
         id=id_, experiment=experiment, run_name=run_name, status=RunStatus(status),
         accelerator_type=accelerator_type, num_accelerators=num_accelerators, num_nodes=num_nodes,
@@ -135,6 +138,7 @@ def _run_from_row(row: Sequence[Any]) -> Run:
         idempotency_key=idempotency_key, supervisor_pid=supervisor_pid,
         supervisor_started_at=supervisor_started_at, mlflow_run_id=mlflow_run_id, user=user,
         kind=_LEGACY_KINDS.get(kind, kind), current_attempt=current_attempt, pool=pool,
+        permissions=permissions,
     )
 
 
@@ -153,7 +157,7 @@ def _run_values(run: Run, queue_seq: int | None) -> tuple[Any, ...]:
         run.num_nodes, run.backend, run.profile, run.spec_yaml, run.submitted_at, run.started_at,
         run.ended_at, run.termination_reason, run.failure_class.value if run.failure_class else None,
         run.idempotency_key, run.supervisor_pid, run.supervisor_started_at, run.mlflow_run_id, run.user,
-        run.kind, run.current_attempt, run.pool, queue_seq,
+        run.kind, run.current_attempt, run.pool, run.permissions, queue_seq,
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from air.errors import NotFoundError, UserInputError
 from air.home import AirHome
+from air.runs.access import LEVEL_NAMES, Viewer
 from air.runs.ledger import SLOT_KINDS, SlotLedger
 from air.runs.liveness import process_create_time, supervisor_alive
 from air.runs.lookup import RunLookup
@@ -70,6 +71,25 @@ _ATTEMPT_END: dict[RunStatus, AttemptStatus] = {
 
 
 # ---- the store --------------------------------------------------------------------------------------
+
+
+def _visible_clause(viewer: Viewer) -> tuple[str, list[Any]]:
+    """SQL for "owned by `viewer` or granted to them": the same reading as access.grants_from_json (an
+    entry names exactly one user or group, with a known level; malformed JSON grants nothing)."""
+    groups = sorted(viewer.groups)
+    levels = ", ".join("?" for _ in LEVEL_NAMES)
+    entry = "runs.permissions, g.fullkey || "  # every path is read from the (valid) whole text
+    in_groups = f"json_extract({entry}'.group') IN ({', '.join('?' for _ in groups)})" if groups else "0"
+    clause = (
+        "(user = ? OR EXISTS (SELECT 1 FROM json_each(CASE WHEN json_valid(runs.permissions) "
+        "AND json_type(runs.permissions) = 'array' THEN runs.permissions ELSE '[]' END) AS g "
+        f"WHERE g.type = 'object' AND json_extract({entry}'.level') IN ({levels}) AND ("
+        f"(json_type({entry}'.user') = 'text' AND json_type({entry}'.group') IS NULL "
+        f"AND json_extract({entry}'.user') = ?) OR "
+        f"(json_type({entry}'.group') = 'text' AND json_type({entry}'.user') IS NULL AND {in_groups}))))"
+    )
+    return clause, [viewer.user, *LEVEL_NAMES, viewer.user, *groups]
+
 
 
 class RunStore(SlotLedger, RunLookup):
@@ -124,9 +144,11 @@ class RunStore(SlotLedger, RunLookup):
         user: str | None = None,
         idempotency_key: str | None = None,
         run_id: str | None = None, pool: str | None = None,
+        permissions: str | None = None,
     ) -> CreateRunResult:
         """Record a new PENDING run. With an `idempotency_key` already used, return that run instead
-        (`existing=True`) and create nothing: a client retrying a submit never makes a duplicate."""
+        (`existing=True`) and create nothing: a client retrying a submit never makes a duplicate.
+        `permissions`: the workload's grants (access.grants_to_json)."""
         if kind not in RUN_KINDS:
             raise ValueError(f"kind must be one of {RUN_KINDS}, got {kind!r}")
         if run_id is not None and not RUN_ID_RE.match(run_id):
@@ -146,7 +168,7 @@ class RunStore(SlotLedger, RunLookup):
                 profile=profile,
                 spec_yaml=spec_yaml,
                 user=user if user is not None else _current_user(),
-                idempotency_key=idempotency_key, pool=pool,
+                idempotency_key=idempotency_key, pool=pool, permissions=permissions,
             )
             with self._write() as conn:
                 if idempotency_key is not None:
@@ -204,12 +226,14 @@ class RunStore(SlotLedger, RunLookup):
         user: str | None = None,
         id_prefix: str | None = None,
         offset: int = 0,
+        visible_to: Viewer | None = None,
     ) -> list[Run]:
         """Runs, newest first. `statuses=None` means the active ones (what `air list runs` shows);
         "all" adds the ended ones. `experiment_glob` is a case-insensitive glob (`qwen*`),
         `accelerator_type` a case-insensitive substring (`H100`, `GPU_8xH100`), `num_accelerators` and
         `user` exact, `id_prefix` the start of the run id (shell completion). Served by indexes: fast
-        over 100,000 runs."""
+        over 100,000 runs. `visible_to`: only the runs that viewer owns or that the run's `permissions`
+        name (as user or by one of their groups): a `private` server's listing (access.Policy.list_filter)."""
         where: list[str] = []
         params: list[Any] = []
         if statuses is None:
@@ -235,6 +259,10 @@ class RunStore(SlotLedger, RunLookup):
         if user is not None:
             where.append("user = ?")
             params.append(user)
+        if visible_to is not None:
+            clause, values = _visible_clause(visible_to)
+            where.append(clause)
+            params.extend(values)
         if id_prefix:
             where.append("id >= ? AND id < ?")  # a range on the primary key, not a scan
             params.extend([id_prefix, id_prefix + "\U0010ffff"])
@@ -357,6 +385,14 @@ class RunStore(SlotLedger, RunLookup):
                 )
                 if cur.rowcount == 0:
                     raise NotFoundError(f"Run {run_id} has no attempt {attempt}.")
+
+    def set_permissions(self, run_id: str, permissions: str | None) -> Run:
+        """Replace who else may see or act on a run (access.grants_to_json text; None: no grants)."""
+        with self._write() as conn:
+            self._status(conn, run_id)
+            conn.execute("UPDATE runs SET permissions = ? WHERE id = ?", (permissions, run_id))
+            row = conn.execute(_RUN_SELECT + " WHERE id = ?", (run_id,)).fetchone()
+        return _run_from_row(row)
 
     # -- attempts -------------------------------------------------------------------------------
 

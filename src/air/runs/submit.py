@@ -20,6 +20,7 @@ import yaml
 from air.backends import Backend, backend_for
 from air.errors import UserInputError
 from air.files import atomic_write_text
+from air.runs.access import Grant, Level, grants_to_json
 from air.runs.paths import RunPaths
 from air.runs.states import FailureClass, RunStatus
 from air.runs.store import Run, RunStore
@@ -95,6 +96,12 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
     return Prepared(spec, plan, backend, snapshot, pool)
 
 
+def spec_grants(spec: WorkloadSpec) -> list[Grant]:
+    """The workload's `permissions` as the store keeps them."""
+    return [Grant(Level[entry.level], user=entry.user_name, group=entry.group_name)
+            for entry in spec.permissions or ()]
+
+
 def _link_tree(source: Path, dest: Path) -> None:
     """The run's own copy of the snapshot: hard links (instant, no space) where the filesystem allows."""
     def link_or_copy(src: str, dst: str) -> None:
@@ -117,7 +124,7 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
         experiment=spec.experiment_name, accelerator_type=plan.accelerator, num_accelerators=plan.num_accelerators,
         num_nodes=plan.num_nodes, spec_yaml=yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False),
         run_name=plan.run_name, backend=plan.backend, profile=plan.profile, kind="workload", idempotency_key=key,
-        user=user, pool=prepared.pool)
+        user=user, pool=prepared.pool, permissions=grants_to_json(spec_grants(spec)))
     run = created.run
     if created.existing:
         return run, True

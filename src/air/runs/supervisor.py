@@ -10,6 +10,7 @@ command notices (reconcile.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -25,13 +26,23 @@ from air.accelerators import parse_accelerator_type
 from air.backends import Backend, backend_for
 from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, NodeLaunch
 from air.errors import EnvironmentBuildError
+from air.home import AirHome
+from air.launcher.redact import Redactor
+from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import RunPaths, process_tag
 from air.runs.reasons import termination_reason
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
-from air.settings import AIR_ATTEMPT, AIR_CHECKPOINT_DIR, AIR_PROCESS_TAG, AIR_RESUMED, AIR_SUPERVISOR
+from air.settings import (
+    AIR_ATTEMPT,
+    AIR_CHECKPOINT_DIR,
+    AIR_MLFLOW_DOOR,
+    AIR_PROCESS_TAG,
+    AIR_RESUMED,
+    AIR_SUPERVISOR,
+)
 from air.tracking.attempt_tracking import AttemptTracking
 from air.workload.plan import RunPlan
 
@@ -51,17 +62,33 @@ def profile_checkpoint_root(plan: RunPlan) -> str | None:
 
 
 class NodeLogs:
-    """Writes air's own lines (setup, install output, warnings) into every node log of an attempt."""
+    """Writes air's own lines (setup, install output, warnings) into every node log of an attempt,
+    the run's secret values masked like the nodes' own lines."""
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], redactor: Redactor | None = None) -> None:
         self.paths = paths
+        self.redactor = redactor or Redactor([])
         self._lock = threading.Lock()
 
     def __call__(self, line: str) -> None:
+        text = self.redactor.mask_text(line.rstrip())
         with self._lock:
             for path in self.paths:
                 with open(path, "a", encoding="utf-8") as fh:
-                    fh.write(f"[air] {line.rstrip()}\n")
+                    fh.write(f"[air] {text}\n")
+
+
+class MaskedFormatter(logging.Formatter):
+    """supervisor.log's lines with the run's secret values masked: a message may quote a node's line or
+    an exception's text, and the file is read back by `air run -v` and `--watch`."""
+
+    def __init__(self, inner: logging.Formatter | None, redactor: Redactor) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+        self.redactor = redactor
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self.redactor.mask_text(self.inner.format(record))
 
 
 class WorkloadJob:
@@ -79,6 +106,7 @@ class WorkloadJob:
         self.hang_timeout_s = plan.hang_timeout_minutes * 60 if plan.hang_timeout_minutes else None
         self.checkpoint_dir: str | None = None  # set by the supervisor from the profile
         self.secrets: dict[str, str] = {}
+        self.redactor = Redactor([])  # the secrets' values, once resolved: masks what air itself writes
         self.say = say
         self.store: RunStore | None = None
 
@@ -104,9 +132,10 @@ class WorkloadJob:
 
         store = Path(self.plan.secret_store) if self.plan.secret_store else None
         self.secrets = resolve_secrets(self.plan.secret_refs, store=store) if self.plan.secret_refs else {}
+        self.redactor = Redactor(self.secrets.values())
 
     def attempt_log(self, attempt: int, node_logs: dict[int, Path]) -> Callable[[str], None]:
-        return NodeLogs(list(node_logs.values()))
+        return NodeLogs(list(node_logs.values()), self.redactor)
 
     def tracking(self, attempt: int, warn: Callable[[str], None]) -> AttemptTracking:
         from air.tracking import attempt_tags
@@ -153,7 +182,7 @@ class WorkloadJob:
     def _node_launches(self, attempt: int, logs: dict[int, Path], environment: Any,
                        tracking_env: dict[str, str]) -> list[NodeLaunch]:
         base = dict(os.environ)
-        for key in (AIR_PROCESS_TAG, AIR_SUPERVISOR):
+        for key in (AIR_PROCESS_TAG, AIR_SUPERVISOR, AIR_MLFLOW_DOOR):  # (a node gets the door as MLFLOW_TRACKING_URI)
             base.pop(key, None)
         if environment is not None:
             from air.environments import activation_env
@@ -173,10 +202,28 @@ class WorkloadJob:
             if self.checkpoint_dir and AIR_CHECKPOINT_DIR not in self.plan.env_variables:
                 env[AIR_CHECKPOINT_DIR] = self.checkpoint_dir
             launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
-                                               logs[node], cwd))
+                                               logs[node], cwd, hide=tuple(self.secrets.values())))
+        sandbox = self._sandbox(environment)
+        if sandbox is not None:
+            launches = [dataclasses.replace(launch, sandbox=sandbox) for launch in launches]
+            _log.info("attempt %d: nodes walled in (%s)", attempt, sandbox.label)
         _log.debug("attempt %d: node commands %s, cwd %s", attempt,
                    [" ".join(p.argv) for launch in launches for p in launch.processes], cwd)
         return launches
+
+    def _sandbox(self, environment: Any) -> Sandbox | None:
+        """Under `air server` (AIR_ISOLATION): the view the nodes run in, as the run owner's account. They
+        see their code, command, hyperparameters and environment (read-only) and write their checkpoints."""
+        from air.runs.isolation import isolation_mode, run_sandbox
+
+        if isolation_mode() is None or self.store is None:
+            return None
+        plan = self.plan
+        inputs = [plan.code_path, plan.command_path, plan.parameters_path, getattr(environment, "path", None),
+                  str(AirHome(create=False).bin)]
+        return run_sandbox(self.store, self.run_id, self.store.get_run(self.run_id).user,
+                           read_only=[str(p) for p in inputs if p], writable=[self.checkpoint_dir or ""],
+                           python=plan.base_python, own_pids=True)
 
     def judge(self, attempt: int, handle: AttemptHandle, outcome: AttemptOutcome,
               node_logs: dict[int, Path]) -> AttemptVerdict:
@@ -199,7 +246,8 @@ class WorkloadJob:
         reason, failure_class = termination_reason(
             exit_code, sig, tail, timed_out=outcome.timed_out, canceled=outcome.stopped,
             node=node if self.plan.num_nodes > 1 else None, timeout_minutes=self.plan.timeout_minutes)
-        return AttemptVerdict(False, reason, failure_class, exit_code=exit_code, signal=sig)
+        # The tail was masked when written; masked again, as the reason goes to the store, MLflow and logs.
+        return AttemptVerdict(False, self.redactor.mask_text(reason), failure_class, exit_code=exit_code, signal=sig)
 
     def rank_logs(self) -> dict[int, Path]:
         return {}
@@ -230,6 +278,8 @@ class Supervisor:
         self.store.set_supervisor(self.run_id, os.getpid())
         self.say(f"supervising run {self.run_id} (pid {os.getpid()})")
         self.job.resolve_secrets()
+        if self.job.redactor:
+            self.log_handler.setFormatter(MaskedFormatter(self.log_handler.formatter, self.job.redactor))
         return self.controller.run()
 
 
@@ -244,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         status = supervisor.run()
         return 0 if status is RunStatus.SUCCESS else 1
     except BaseException as exc:  # noqa: BLE001 - whatever happens, the run ends and its processes go
-        detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        sys.stderr.write(detail)
+        redactor = supervisor.job.redactor if supervisor is not None else Redactor([])
+        detail = redactor.mask_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        sys.stderr.write(detail)  # supervisor.log
         try:
             from air.launcher import reap_tag
 
@@ -253,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             run = store.get_run(run_id)
             if not run.status.is_terminal():
                 what = "was stopped (SIGTERM)" if isinstance(exc, SystemExit) else f"failed: {type(exc).__name__}: {exc}"
-                store.transition(run_id, RunStatus.INTERNAL_ERROR, reason=f"The supervisor {what}",
+                store.transition(run_id, RunStatus.INTERNAL_ERROR, reason=redactor.mask_text(f"The supervisor {what}"),
                                  failure_class=FailureClass.INFRASTRUCTURE)
             _reap_remote_nodes(supervisor, run_id)
         except Exception:

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from air.runs.access import Viewer
 from air.runs.paths import CallPaths, RunPaths
 from air.runs.records import ATTEMPT_FIELDS, RUN_FIELDS
 from air.runs.states import AttemptStatus, FailureClass, RunStatus
@@ -199,15 +200,18 @@ def run_list_page(
     accelerator: str | None = None,
     page: int = 1,
     per_page: int = RUNS_PER_PAGE,
+    visible_to: Viewer | None = None,
 ) -> dict[str, Any]:
     """One page of every run and call, newest first, filtered as `air list runs` filters; queued rows
-    say where they wait. `has_next` comes from reading one row more (no COUNT over 100,000 runs)."""
+    say where they wait. `has_next` comes from reading one row more (no COUNT over 100,000 runs).
+    `visible_to`: only the runs that viewer may see (a `private` server; store.list_runs)."""
     from air.runs.states import RunStatus
 
     page = max(1, page)
     runs = store.list_runs(
         statuses=_statuses(status), limit=per_page + 1, offset=(page - 1) * per_page,
         experiment_glob=experiment or None, user=user or None, accelerator_type=accelerator or None,
+        visible_to=visible_to,
     )
     capacities = _capacities()
     rows = []
@@ -216,7 +220,7 @@ def run_list_page(
         row["queue"] = (queue_dict(store, run, capacity=capacities.get(run.slot_kind))
                         if run.status is RunStatus.QUEUED else None)
         rows.append(row)
-    queued = store.list_runs(statuses=[RunStatus.QUEUED], limit=None)
+    queued = store.list_runs(statuses=[RunStatus.QUEUED], limit=None, visible_to=visible_to)
     queue = [q for q in (queue_dict(store, r, capacity=capacities.get(r.slot_kind)) for r in queued) if q]
     queue.sort(key=lambda q: (q["kind"], q["position"] is None, q["position"] or 0, q["run_id"]))
     return {

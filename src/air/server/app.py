@@ -22,6 +22,7 @@ from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.store import RunStore
 from air.server.tokens import Principal, verify_token
 from air.server.uploads import ServerPaths
+from air.web.security import SecurityHeaders
 
 API = "/api/v1"
 #: Where the web pages are mounted.
@@ -119,7 +120,8 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
 
     @app.get(API + "/health")
     def health() -> dict[str, Any]:
-        return {"status": "ok", "version": __version__}
+        # The walls around runs (air.server.isolation); an app made without `air server start` has none.
+        return {"status": "ok", "version": __version__, "isolation": getattr(app.state, "isolation", "") or "none"}
 
     @app.get(API + "/whoami")
     def whoami(who: Caller) -> dict[str, Any]:
@@ -129,15 +131,20 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
     app.include_router(secrets_router, prefix=API, dependencies=[Depends(principal)])
     app.include_router(calls_router, prefix=API, dependencies=[Depends(principal)])
     _mount_pages(app)
+    app.add_middleware(SecurityHeaders)
     return app
 
 
 def _mount_pages(app: FastAPI) -> None:
-    """air's pages under PAGES: the token's user is the page's user (the name runs record as owner), the
-    session secret is the server's (kept across restarts), MLflow's link is the server's MLflow UI."""
+    """air's pages under PAGES: the token's user is the page's user (the name runs record as owner), its
+    sessions live in the server's store (kept across restarts, ended with their token), logins, logouts
+    and cancels go to the audit log, MLflow's link is the server's MLflow UI."""
+    from collections.abc import Mapping
+
     from fastapi.responses import RedirectResponse
 
-    from air.server.uploads import session_secret
+    from air.server.audit import record
+    from air.server.tokens import verify_token_id
     from air.tracking.store import is_http
     from air.web import WebUser, create_web_app
 
@@ -145,14 +152,23 @@ def _mount_pages(app: FastAPI) -> None:
 
     def authenticate(token: str) -> WebUser | None:
         found = verify_token(store, token)
-        return WebUser(found.user, admin=found.admin) if found else None
+        return WebUser(found.user, admin=found.admin, token_id=found.token_id) if found else None
+
+    def token_holder(token_id: str) -> WebUser | None:
+        found = verify_token_id(store, token_id)
+        return WebUser(found.user, admin=found.admin, token_id=found.token_id) if found else None
+
+    def audit(actor: str, action: str, target: str | None, detail: Mapping[str, Any]) -> None:
+        record(store, actor, action, target, detail)
 
     def mlflow_ui() -> str | None:
         uri = app.state.mlflow_uri
         return uri.rstrip("/") if uri and is_http(uri) else None
 
-    pages = create_web_app(store, authenticator=authenticate, session_secret=session_secret(app.state.paths),
-                           mlflow_url=mlflow_ui)
+    from air.server.visibility import current_policy
+
+    pages = create_web_app(store, authenticator=authenticate, token_holder=token_holder, mlflow_url=mlflow_ui,
+                           audit=audit, access=current_policy)
 
     @app.get("/", include_in_schema=False)
     def home() -> RedirectResponse:

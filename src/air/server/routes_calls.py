@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
+from air.constants import SERVER_MAX_UPLOAD_BYTES
 from air.errors import UserInputError
 from air.runs.paths import CallPaths
 from air.server.app import AuthError, Caller, store_of
@@ -28,7 +29,7 @@ class NotReady(UserInputError):
 async def submit_call(request: Request, who: Caller) -> dict[str, Any]:
     from air.distributed.call_driver import start_call
 
-    body = await json_body(request)
+    body = await json_body(request, SERVER_MAX_UPLOAD_BYTES)  # the pickled call travels inside it
     if not isinstance(body, dict):
         raise UserInputError("The call must be a JSON object.")
     try:
@@ -61,7 +62,9 @@ async def submit_call(request: Request, who: Caller) -> dict[str, Any]:
 
 @router.get("/runs/{run_id}/result")
 def call_result(request: Request, run_id: str, who: Caller) -> Response:
-    run = store_of(request).get_run(run_id)
+    from air.server.visibility import readable_run
+
+    run = readable_run(store_of(request), run_id, who)  # one who may not view it: 404
     if run.user != who.user and not who.admin:
         raise AuthError(f"Run {run.id} belongs to {run.user}; only its owner may fetch its result.", status=403)
     if run.kind != "call":

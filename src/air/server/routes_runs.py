@@ -1,8 +1,9 @@
 """`/api/v1/runs` and `/api/v1/blobs`: list, show, submit, cancel and follow runs; upload snapshot blobs.
 
 Every answer is a view of `air.runs.views` (what the CLI's `--json` prints), so a remote CLI prints
-from the same dicts as a local one. Any signed-in user may read any run; cancel needs its owner or an
-admin (403 otherwise).
+from the same dicts as a local one. Who may read or cancel a run is air.server.visibility's rule (the
+server's `default_visibility`, the run's `permissions`): a run one may not view is 404 on every route,
+cancel needs CAN_MANAGE_RUN (403 for one who may only view it).
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from air.bounds import MAX_JSON_BYTES, MAX_QUERY_INT, json_loads_bounded
 from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
+from air.runs.access import Level
 from air.runs.follow import FollowEvent, Lines, NewAttempt, follow, log_sources, snapshot_lines
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run
 from air.runs.views import attempt_index, log_files, queue_dict, run_detail, run_dict
 from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
-from air.server.uploads import ServerPaths, check_digest, missing_blobs, store_blob
+from air.server.uploads import ServerPaths, check_digest, missing_blobs, receive_blob
+from air.server.visibility import current_policy, readable_run, run_visible, viewer_for
 
 router = APIRouter()
 
@@ -53,12 +57,16 @@ async def read_limited(request: Request, limit: int = SERVER_MAX_UPLOAD_BYTES) -
         yield chunk
 
 
-async def json_body(request: Request) -> Any:
-    data = b"".join([chunk async for chunk in read_limited(request)])
-    try:
-        return json.loads(data or b"null")
-    except ValueError as exc:
-        raise UserInputError(f"The request body is not JSON: {exc}.") from None
+async def json_body(request: Request, limit: int = MAX_JSON_BYTES) -> Any:
+    """The request body as JSON, within the bounds of air.bounds (size, depth, 64-bit integers): a body
+    past them is a 4xx that says which, never a 500."""
+    data = b"".join([chunk async for chunk in read_limited(request, limit)])
+    return json_loads_bounded(data)
+
+
+#: An integer query parameter that reaches SQLite: bounded, so a 30-digit one is a 400, not an overflow.
+QueryInt = Annotated[int, Query(le=MAX_QUERY_INT, ge=-MAX_QUERY_INT)]
+OptionalQueryInt = Annotated[int | None, Query(le=MAX_QUERY_INT, ge=-MAX_QUERY_INT)]
 
 
 # ---- runs -----------------------------------------------------------------------------------------
@@ -66,16 +74,19 @@ async def json_body(request: Request) -> Any:
 
 @router.get("/runs")
 def list_runs(request: Request, who: Caller, all_users: bool = False,
-              all_status: bool = False, status: Annotated[list[str] | None, Query()] = None, limit: int = 20,
+              all_status: bool = False, status: Annotated[list[str] | None, Query()] = None, limit: QueryInt = 20,
               experiment: str | None = None, accelerator_type: str | None = None,
-              num_accelerators: int | None = None) -> dict[str, Any]:
+              num_accelerators: OptionalQueryInt = None) -> dict[str, Any]:
     store = store_of(request)
     if limit <= 0 or limit > 100_000:
         raise UserInputError(f"limit must be 1 to 100000, got {limit}.")
     wanted: Any = "all" if all_status else (parse_statuses(tuple(status)) if status else None)
+    policy = current_policy()
+    viewer = viewer_for(who, policy)
     runs = store.list_runs(statuses=wanted, limit=limit, user=None if all_users else who.user,
                            experiment_glob=experiment, accelerator_type=accelerator_type,
-                           num_accelerators=num_accelerators)
+                           num_accelerators=num_accelerators, visible_to=policy.list_filter(viewer))
+    runs = [r for r in runs if policy.allows(viewer, r)]  # the SQL filter's reading, checked by the rule itself
     return {"runs": [{**run_dict(r), "queue": queue_dict(store, r) if r.status is RunStatus.QUEUED else None}
                      for r in runs]}
 
@@ -84,13 +95,28 @@ def list_runs(request: Request, who: Caller, all_users: bool = False,
 def list_pools(request: Request, who: Caller) -> dict[str, Any]:
     from air.runs.views import pools_view
 
-    return pools_view(store_of(request))
+    store = store_of(request)
+    data = pools_view(store)
+    policy = current_policy()
+    viewer = viewer_for(who, policy)
+    if policy.list_filter(viewer) is not None:  # `private`: the runs holding a pool's slots, if one may see them
+
+        def sees(run_id: str) -> bool:
+            try:
+                return policy.allows(viewer, store.get_run(run_id))
+            except NotFoundError:
+                return False
+
+        for pool in data["pools"]:
+            if "runs" in pool:
+                pool["runs"] = [r for r in pool["runs"] if sees(r)]
+    return data
 
 
 @router.get("/runs/{run_id}")
-def get_run(request: Request, run_id: str) -> dict[str, Any]:
+def get_run(request: Request, run_id: str, who: Caller) -> dict[str, Any]:
     store = store_of(request)
-    return run_detail(store, store.get_run(run_id), pages_base=pages_base(request))
+    return run_detail(store, readable_run(store, run_id, who), pages_base=pages_base(request))
 
 
 @router.post("/runs")
@@ -101,16 +127,31 @@ async def submit_run(request: Request, who: Caller) -> dict[str, Any]:
     return await run_in_threadpool(submit_request, store_of(request), _paths(request), who, body)
 
 
+@router.put("/runs/{run_id}/permissions")
+async def put_permissions(request: Request, run_id: str, who: Caller) -> dict[str, Any]:
+    """Replace who else may see or act on the run (the workload's `permissions` form); CAN_MANAGE only."""
+    from air.server.visibility import change_permissions
+
+    body = await json_body(request)
+    run = await run_in_threadpool(change_permissions, store_of(request), run_id, who, body)
+    return {"run_id": run.id, "permissions": json.loads(run.permissions or "[]")}
+
+
 @router.post("/runs/{run_id}/cancel")
 def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, Any]:
     from air.runs.cancel import cancel_run as cancel
-    from air.runs.cancel import may_cancel
+    from air.runs.cancel import canceled_by
+    from air.server.audit import RUN_CANCEL, record
 
     store = store_of(request)
-    run = store.get_run(run_id)
-    if not may_cancel(run.user, who.user, admin=who.admin):
-        raise AuthError(f"Run {run.id} belongs to {run.user}; only its owner or an admin may cancel it.", status=403)
-    return {"run_id": run.id, "status": cancel(store, run.id).value}
+    run = readable_run(store, run_id, who)
+    if not run_visible(run, who, need=Level.CAN_MANAGE_RUN):
+        raise AuthError(f"Run {run.id} belongs to {run.user}; only its owner, an admin or a CAN_MANAGE_RUN "
+                        "grant in its permissions may cancel it.", status=403)
+    reason = canceled_by(who.user, admin=who.admin, owner=run.user)
+    if not run.is_terminal:
+        record(store, who.user, RUN_CANCEL, run.id, {"owner": run.user, "via": "api", "reason": reason})
+    return {"run_id": run.id, "status": cancel(store, run.id, reason=reason).value}
 
 
 def _encode(item: FollowEvent) -> bytes:
@@ -124,15 +165,16 @@ def _encode(item: FollowEvent) -> bytes:
 
 
 @router.get("/runs/{run_id}/follow")
-def follow_run(request: Request, run_id: str, node: int | None = None, rank: int | None = None,
-               attempt: int | None = None, tail: int | None = None, live: bool = True) -> StreamingResponse:
+def follow_run(request: Request, run_id: str, who: Caller, node: OptionalQueryInt = None,
+               rank: OptionalQueryInt = None, attempt: OptionalQueryInt = None, tail: OptionalQueryInt = None,
+               live: bool = True) -> StreamingResponse:
     """A run's events as NDJSON (`{"run": ...}`, `{"lines": [...], "label", "index", "attempt"}`,
     `{"new_attempt": N, "previous": M}`) until it ends; `live=0`: the last lines of each log, once.
     Problems found before streaming are plain 4xx answers."""
     from air.runs.views import log_masker
 
     store = store_of(request)
-    run = store.get_run(run_id)
+    run = readable_run(store, run_id, who)
     for value, what in ((node, "node"), (rank, "rank"), (attempt, "attempt"), (tail, "tail")):
         if value is not None and value < 0:
             raise UserInputError(f"{what} must be 0 or more, got {value}.")
@@ -161,6 +203,7 @@ def follow_run(request: Request, run_id: str, node: int | None = None, rank: int
                                             hint="Ask an admin for a new one: air server token create NAME")
                         yield json.dumps(error_body(revoked)).encode() + b"\n"
                         return
+                    readable_run(store, run.id, who)  # a grant taken back while following: a 404 line, no more
                     checked = time.monotonic()
                 yield _encode(item)
         except AirError as exc:  # after the answer began: the last line says what went wrong
@@ -176,9 +219,9 @@ def _attempt_of(request: Request, run: Run, attempt: int | None) -> int:
 
 
 @router.get("/runs/{run_id}/logs")
-def list_logs(request: Request, run_id: str, attempt: int | None = None) -> dict[str, Any]:
+def list_logs(request: Request, run_id: str, who: Caller, attempt: OptionalQueryInt = None) -> dict[str, Any]:
     """The logs of one attempt (`air logs --download-to`): each one's label, index and size in bytes."""
-    run = store_of(request).get_run(run_id)
+    run = readable_run(store_of(request), run_id, who)
     index = _attempt_of(request, run, attempt)
     logs = [{"label": f["label"], "index": f["index"], "bytes": f["path"].stat().st_size}
             for f in log_files(run, index) if f["exists"]]
@@ -186,12 +229,12 @@ def list_logs(request: Request, run_id: str, attempt: int | None = None) -> dict
 
 
 @router.get("/runs/{run_id}/logs/{label}/{index}")
-def download_log(request: Request, run_id: str, label: str, index: int,
-                 attempt: int | None = None) -> StreamingResponse:
+def download_log(request: Request, run_id: str, label: str, index: int, who: Caller,
+                 attempt: OptionalQueryInt = None) -> StreamingResponse:
     """One whole log as text, the run's secrets masked line by line (failing closed before any byte)."""
     from air.runs.views import log_masker
 
-    run = store_of(request).get_run(run_id)
+    run = readable_run(store_of(request), run_id, who)
     number = _attempt_of(request, run, attempt)
     found = next((f for f in log_files(run, number) if (f["label"], f["index"]) == (label, index) and f["exists"]),
                  None)
@@ -222,6 +265,5 @@ async def blobs_missing(request: Request) -> dict[str, Any]:
 @router.put("/blobs/{digest}")
 async def put_blob(request: Request, digest: str) -> dict[str, Any]:
     check_digest(digest)
-    chunks = [chunk async for chunk in read_limited(request)]
-    size = await run_in_threadpool(store_blob, _paths(request), digest, chunks)
+    size = await receive_blob(_paths(request), digest, read_limited(request))  # streamed to disk as it comes
     return {"digest": digest, "size": size}

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from air.bounds import MAX_SECRET_BYTES, MAX_SECRETS_PER_USER
 from air.errors import UserInputError
 from air.server.app import Caller
 from air.server.routes_runs import json_body
@@ -16,6 +17,16 @@ router = APIRouter()
 
 def _store(request: Request, who: Principal) -> Any:
     return request.app.state.paths.user_secrets(who.user)
+
+
+def _check_room(request: Request, who: Principal, scope: str, key: str) -> None:
+    """A new secret needs room: each user keeps at most MAX_SECRETS_PER_USER (replacing one always fits)."""
+    from air.workload.secrets import list_secrets as listed
+
+    kept = listed(store=_store(request, who))
+    if (scope, key) not in kept and len(kept) >= MAX_SECRETS_PER_USER:
+        raise UserInputError(f"You already keep {len(kept)} secrets on this server, the most a user may keep "
+                             f"({MAX_SECRETS_PER_USER}).", hint="Delete ones you no longer use: air secrets delete SCOPE KEY")
 
 
 @router.get("/secrets")
@@ -34,6 +45,13 @@ async def put_secret(request: Request, scope: str, key: str, who: Caller) -> dic
     body = await json_body(request)
     if not isinstance(body, dict) or not isinstance(body.get("value"), str):
         raise UserInputError("The body must be {\"value\": \"...\"}.")
+    size = len(body["value"].encode("utf-8", errors="surrogatepass"))
+    if size > MAX_SECRET_BYTES:
+        raise UserInputError(f"The value of secret {scope[:128]}/{key[:128]} is {size} bytes; a secret may hold at "
+                             f"most {MAX_SECRET_BYTES} bytes ({MAX_SECRET_BYTES >> 10} KiB).",
+                             hint="Keep large credentials (key files, configs) in a file of the code snapshot "
+                             "or on the nodes, and put only a token or password in a secret.")
+    await run_in_threadpool(_check_room, request, who, scope, key)
     await run_in_threadpool(put, scope, key, body["value"], store=_store(request, who))
     return {"scope": scope, "key": key}
 

@@ -97,20 +97,29 @@ def check_server_home() -> str:
 
 
 def serve(host: str, port: int, *, mlflow_port: int = 0, tls_cert: Path | None = None,
-          tls_key: Path | None = None, on_ready: Any = None) -> None:
-    """Serve until stopped (and MLflow on `mlflow_port`, 0: none). `on_ready(url, mlflow_uri)` is called
-    once the port is open."""
-    from air.server.mlflow_server import mlflow_server
+          tls_key: Path | None = None, on_ready: Any = None, public: str | None = None,
+          single_trust_domain: bool = False) -> None:
+    """Serve until stopped (and MLflow on loopback port `mlflow_port`, 0: none, behind the door at
+    `/mlflow`). `public`: the server's address for nodes and links (default: the bind address).
+    `on_ready(url, mlflow_uri)` is called once the port is open. `single_trust_domain`: run every run as
+    the server's own account, with no walls (air.server.isolation)."""
+    from air.runs.store import RunStore
+    from air.server.isolation import apply_isolation, choose_isolation
+    from air.server.mlflow_server import MLFLOW_PREFIX, mlflow_server, public_url
 
     if (tls_cert is None) != (tls_key is None):
         raise UserInputError("--tls-cert and --tls-key go together.")
     check_server_home()
-    with mlflow_server(host, mlflow_port) as mlflow_uri:
-        _serve(host, port, mlflow_uri=mlflow_uri, tls_cert=tls_cert, tls_key=tls_key, on_ready=on_ready)
+    isolation = choose_isolation(RunStore(), single_trust_domain=single_trust_domain)
+    apply_isolation(isolation)  # before anything is started: supervisors and call drivers inherit it
+    door = public_url(host, port, tls=tls_cert is not None, given=public) + MLFLOW_PREFIX
+    with mlflow_server(host, mlflow_port, door=door) as mlflow_uri:
+        _serve(host, port, mlflow_uri=mlflow_uri, tls_cert=tls_cert, tls_key=tls_key, on_ready=on_ready,
+               door=door if mlflow_uri else None, isolation=isolation)
 
 
 def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | None, tls_key: Path | None,
-           on_ready: Any) -> None:
+           on_ready: Any, door: str | None = None, isolation: str = "") -> None:
     import uvicorn
 
     from air.runs.reconcile import reconcile
@@ -120,9 +129,17 @@ def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | Non
 
     store = RunStore()
     store.schema_version()  # migrate (the tokens table) before the first request
+    from air.server.isolation import secure_state
+
+    secure_state()  # the store, secrets and run folders: the server's account's alone
     reconcile(store)  # runs whose supervisor died while no server ran end now, with a reason
     stopping = threading.Event()
     app = create_app(store=store, mlflow_uri=mlflow_uri or tracking_uri(), stopping=stopping)
+    app.state.isolation = isolation  # GET /api/v1/health reports it
+    if mlflow_uri and door:  # MLflow on loopback: only the door at /mlflow reaches it
+        from air.server.mlflow_door import mount_door
+
+        mount_door(app, mlflow_uri, public=door)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, ssl_certfile=str(tls_cert) if tls_cert else None,
                             ssl_keyfile=str(tls_key) if tls_key else None)
@@ -134,7 +151,7 @@ def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | Non
         while not server.server.started and not stopping.is_set():
             time.sleep(0.05)
         if server.server.started and on_ready is not None:
-            on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}", app.state.mlflow_uri)
+            on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}", door or app.state.mlflow_uri)
 
     threading.Thread(target=announce, name="air-server-ready", daemon=True).start()
     try:

@@ -22,6 +22,7 @@ def _spec_with_root(spec: dict[str, Any], root: str) -> dict[str, Any]:
 
 def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: Any) -> dict[str, Any]:
     from air.runs.submit import prepare_spec, submit
+    from air.server.visibility import check_groups
     from air.workload.loading import parse_workload
 
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
@@ -40,12 +41,12 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: An
     source = "the submitted workload"
     paths.root.mkdir(parents=True, exist_ok=True)
     if manifest is not None:  # validate everything against a folder that exists, then build
-        parse_workload(_spec_with_root(spec_data, str(paths.root)), source=source, base_dir=paths.root)
+        check_groups(parse_workload(_spec_with_root(spec_data, str(paths.root)), source=source, base_dir=paths.root))
         from air.server.uploads import _check_manifest
 
         _check_manifest(manifest)
         spec_data = _spec_with_root(spec_data, str(build_snapshot(paths, manifest)))
-    spec = parse_workload(spec_data, source=source, base_dir=paths.root)
+    spec = check_groups(parse_workload(spec_data, source=source, base_dir=paths.root))
     use_reserved = body.get("use_reserved_pool")
     if use_reserved is not None and not isinstance(use_reserved, bool):
         raise UserInputError("use_reserved_pool must be true, false or null (the submitter's "

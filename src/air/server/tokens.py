@@ -44,16 +44,27 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(store: RunStore, user: str, *, admin: bool = False) -> tuple[TokenInfo, str]:
-    """A new token for `user`; returns its record and the token (shown once, never stored)."""
+def create_token(store: RunStore, user: str, *, admin: bool = False,
+                 unix_user: str | None = None) -> tuple[TokenInfo, str]:
+    """A new token for `user`; returns its record and the token (shown once, never stored). `unix_user`:
+    the existing Unix account the user's runs execute as (default: `air-<user>`, made by the server)."""
     if not _USER_RE.match(user):
         raise UserInputError(f"User name {user!r} is not valid: 1 to 64 letters, digits, '_', '.', '@' or '-'.")
+    if unix_user is not None:
+        from air.launcher.sandbox import SandboxError, check_account
+
+        try:
+            check_account(unix_user)
+        except SandboxError as exc:
+            raise UserInputError(f"--unix-user {unix_user}: {exc}.",
+                                 hint="Name an existing account that is not root (create one with: useradd "
+                                 f"--system {unix_user}), or leave --unix-user out for air's own air-<user>.") from None
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     info = TokenInfo("tok_" + secrets.token_hex(4), user, admin, time.time(), None)
     with store.writer() as conn:
         conn.execute(
-            "INSERT INTO api_tokens (token_sha256, token_id, user, admin, created_at) VALUES (?, ?, ?, ?, ?)",
-            (_digest(token), info.token_id, user, int(admin), info.created_at))
+            "INSERT INTO api_tokens (token_sha256, token_id, user, admin, created_at, unix_user) "
+            "VALUES (?, ?, ?, ?, ?, ?)", (_digest(token), info.token_id, user, int(admin), info.created_at, unix_user))
     return info, token
 
 
@@ -88,4 +99,14 @@ def verify_token(store: RunStore, token: str | None) -> Principal | None:
     return Principal(row[0], bool(row[1]), row[2]) if row else None
 
 
-__all__ = ["Principal", "TokenInfo", "create_token", "list_tokens", "revoke_tokens", "verify_token"]
+def verify_token_id(store: RunStore, token_id: str) -> Principal | None:
+    """The caller a token stands for, by the token's id, while it is valid (a web session made from the
+    token asks this on every request, so revoking the token ends the session at once)."""
+    row = store.reader().execute(
+        "SELECT user, admin, token_id FROM api_tokens WHERE token_id = ? AND revoked_at IS NULL",
+        (token_id,)).fetchone()
+    return Principal(row[0], bool(row[1]), row[2]) if row else None
+
+
+__all__ = ["Principal", "TokenInfo", "create_token", "list_tokens", "revoke_tokens", "verify_token",
+           "verify_token_id"]

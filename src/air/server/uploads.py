@@ -10,7 +10,6 @@ Under AIR_HOME (this module owns these names)::
     server/blobs/<sha256>              one file's content
     server/uploads/<key>/<name>/...    a rebuilt snapshot (key: sha256 of its manifest)
     server/users/<user>/secrets.json   that user's secrets
-    server/session-secret              signs the web pages' session cookies (0600; kept across restarts)
 """
 
 from __future__ import annotations
@@ -22,14 +21,15 @@ import posixpath
 import re
 import shutil
 import tempfile
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from air.constants import SERVER_MAX_SNAPSHOT_FILES
 from air.errors import UserInputError
-from air.files import atomic_write_bytes
 from air.home import AirHome
+from air.workload.snapshot_links import leaving_links
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.@+-]{1,255}$")
@@ -61,32 +61,6 @@ class ServerPaths:
         """A user's secret store: their folder is laid out like a home of its own (`secrets.json`)."""
         return AirHome(self.root / "users" / user).secrets
 
-    @property
-    def session_secret(self) -> Path:
-        return self.root / "session-secret"
-
-
-def session_secret(paths: ServerPaths) -> bytes:
-    """The key that signs the pages' session cookies: made once (32 random bytes, 0600) and read by every
-    later start, so restarting the server does not log browsers out. Two servers starting at once on one
-    home agree on it: the first to link its file in place wins, the other reads that one."""
-    path = paths.session_secret
-    try:
-        secret = path.read_bytes()
-        if len(secret) >= 32:
-            return secret
-    except FileNotFoundError:
-        pass
-    staged = atomic_write_bytes(path.with_name(f".{path.name}.{os.getpid()}"), os.urandom(32), mode=0o600)
-    try:
-        os.link(staged, path)  # never replaces one another server wrote meanwhile
-    except FileExistsError:
-        if len(path.read_bytes()) < 32:  # a broken one (cut short): replaced, atomically
-            os.replace(staged, path)
-    finally:
-        staged.unlink(missing_ok=True)
-    return path.read_bytes()
-
 
 def check_digest(digest: Any) -> str:
     if not isinstance(digest, str) or not _SHA_RE.match(digest):
@@ -101,28 +75,80 @@ def missing_blobs(paths: ServerPaths, digests: list[str]) -> list[str]:
     return sorted({d for d in digests if not paths.blob(d).exists()})
 
 
-def store_blob(paths: ServerPaths, digest: str, chunks: Any) -> int:
-    """Write a blob from an iterable of byte chunks; its sha256 must be its name (else nothing is kept).
-    Returns its size."""
-    target = paths.blob(digest)
-    paths.blobs.mkdir(parents=True, exist_ok=True)
-    hasher = hashlib.sha256()
-    size = 0
-    fd, tmp = tempfile.mkstemp(dir=paths.blobs, prefix=".upload-")
+class BlobUpload:
+    """One blob being received: each piece is hashed and written to a temporary file as it arrives, so the
+    server's memory does not grow with the body; `finish` keeps it only if its sha256 is its name."""
+
+    def __init__(self, paths: ServerPaths, digest: str) -> None:
+        self.digest = check_digest(digest)
+        self.target = paths.blob(digest)
+        paths.blobs.mkdir(parents=True, exist_ok=True)
+        self.hasher = hashlib.sha256()
+        self.size = 0
+        fd, tmp = tempfile.mkstemp(dir=paths.blobs, prefix=".upload-")
+        self.tmp = Path(tmp)
+        self.out: BinaryIO | None = os.fdopen(fd, "wb")
+
+    def write(self, chunk: bytes) -> None:
+        assert self.out is not None, "write after finish or discard"
+        self.hasher.update(chunk)
+        self.size += len(chunk)
+        self.out.write(chunk)
+
+    def finish(self) -> int:
+        """Keep the blob under its name (atomically); its size. Refused, and nothing kept, when the content
+        does not hash to the name."""
+        assert self.out is not None, "finish after discard"
+        self.out.close()
+        self.out = None
+        if self.hasher.hexdigest() != self.digest:
+            self.discard()
+            raise UserInputError(f"The uploaded content hashes to {self.hasher.hexdigest()}, not to its name "
+                                 f"{self.digest}.", hint="Upload each file under the sha256 of its content.")
+        os.replace(self.tmp, self.target)
+        return self.size
+
+    def discard(self) -> None:
+        """Drop what was received (a cut connection, a body too large); harmless after finish."""
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+        self.tmp.unlink(missing_ok=True)
+
+
+def store_blob(paths: ServerPaths, digest: str, chunks: Iterable[bytes]) -> int:
+    """Write a blob from byte chunks; its sha256 must be its name (else nothing is kept). Returns its size."""
+    upload = BlobUpload(paths, digest)
     try:
-        with os.fdopen(fd, "wb") as out:
-            for chunk in chunks:
-                hasher.update(chunk)
-                size += len(chunk)
-                out.write(chunk)
-        if hasher.hexdigest() != digest:
-            raise UserInputError(f"The uploaded content hashes to {hasher.hexdigest()}, not to its name {digest}.",
-                                 hint="Upload each file under the sha256 of its content.")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return size
+        for chunk in chunks:
+            upload.write(chunk)
+        return upload.finish()
+    finally:
+        upload.discard()
+
+
+#: Pieces of a streamed body are gathered up to this size before a worker thread writes them.
+_WRITE_BATCH = 1 << 20
+
+
+async def receive_blob(paths: ServerPaths, digest: str, chunks: AsyncIterator[bytes]) -> int:
+    """Stream a request body into a blob: at most one batch (1 MiB) is held in memory at a time, hashing
+    and writing happen off the event loop. Returns its size."""
+    from starlette.concurrency import run_in_threadpool
+
+    upload = await run_in_threadpool(BlobUpload, paths, digest)
+    try:
+        batch = bytearray()
+        async for chunk in chunks:
+            batch += chunk
+            if len(batch) >= _WRITE_BATCH:
+                await run_in_threadpool(upload.write, bytes(batch))
+                batch.clear()
+        if batch:
+            await run_in_threadpool(upload.write, bytes(batch))
+        return int(await run_in_threadpool(upload.finish))
+    finally:
+        upload.discard()
 
 
 def _check_path(path: Any) -> str:
@@ -146,6 +172,7 @@ def _check_manifest(manifest: Any) -> tuple[str, list[dict[str, Any]]]:
         raise UserInputError(f"A snapshot may hold at most {SERVER_MAX_SNAPSHOT_FILES} files; this one has {len(files)}.",
                              hint="List large data in .gitignore, or narrow code_source.snapshot.include_paths.")
     seen: set[str] = set()
+    links: dict[str, str] = {}
     for entry in files:
         if not isinstance(entry, dict):
             raise UserInputError("Each snapshot file must be an object {path, mode, sha256 | target}.")
@@ -158,11 +185,19 @@ def _check_manifest(manifest: Any) -> tuple[str, list[dict[str, Any]]]:
             raise UserInputError(f"Snapshot file {path!r}: mode {mode!r} is not one of {', '.join(_MODES)}.")
         if mode == "120000":
             target = entry.get("target")
-            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), str(target)))
-            if not isinstance(target, str) or target.startswith("/") or resolved == ".." or resolved.startswith("../"):
-                raise UserInputError(f"Snapshot link {path!r} points out of the snapshot ({str(target)[:200]!r}).")
+            if not isinstance(target, str) or not target or len(target) > 4096 or "\x00" in target:
+                raise UserInputError(f"Snapshot link {path!r}: its target must be a relative path, got "
+                                     f"{str(target)[:200]!r}.")
+            links[path] = target
         else:
             check_digest(entry.get("sha256"))
+    leaving = leaving_links(links)  # resolved against the whole tree, every link followed, not lexically
+    if leaving:
+        first = leaving[0]
+        raise UserInputError(f"Snapshot link {first!r} points out of the snapshot ({links[first][:200]!r}, "
+                             f"following the snapshot's links){f' (and {len(leaving) - 1} more)' if len(leaving) > 1 else ''}.",
+                             hint="A link in a snapshot must lead to a place inside it; copy what it points to "
+                             "into the snapshot, or leave the link out (.gitignore).")
     for path in seen:  # a file cannot also be a folder of another file
         parent = posixpath.dirname(path)
         while parent:
@@ -211,4 +246,5 @@ def build_snapshot(paths: ServerPaths, manifest: Any) -> Path:
     return final / name
 
 
-__all__ = ["ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "session_secret", "store_blob"]
+__all__ = ["BlobUpload", "ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "receive_blob",
+           "store_blob"]

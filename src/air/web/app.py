@@ -12,7 +12,7 @@ import getpass
 import os
 import secrets
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import jinja2
 from markupsafe import escape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -29,20 +30,28 @@ from starlette.templating import Jinja2Templates
 from air.constants import WEB_REFRESH_MS
 from air.errors import AirError, NotFoundError, UserInputError
 from air.runs import views
-from air.runs.store import RunStore
+from air.runs.access import Level, Policy, Viewer
+from air.runs.store import Run, RunStore
 from air.web.auth import (
     SESSION_COOKIE,
     Authenticator,
+    Caller,
     Forbidden,
     LoginRequired,
-    SessionSigner,
+    TokenHolder,
+    WebSessions,
     WebUser,
-    may_cancel,
-    request_user,
+    check_form_post,
+    request_caller,
+    same_site,
 )
 from air.web.charts import line_chart
+from air.web.security import SecurityHeaders
 
 HERE = Path(__file__).parent
+#: What the pages tell the server's audit log: (actor, action, target, detail); `air server` passes
+#: air.server.audit.record over its store.
+AuditHook = Callable[[str, str, "str | None", Mapping[str, Any]], None]
 #: Statuses whose colour class is their own name (the stylesheet has one rule each).
 STATUS_CLASSES = {
     "PENDING": "wait", "QUEUED": "wait", "WAITING_FOR_RETRY": "wait", "RUNNING": "run",
@@ -73,16 +82,23 @@ def create_web_app(
     store: RunStore | Callable[[], RunStore] | None = None,
     *,
     authenticator: Authenticator | None = None,
-    session_secret: bytes | None = None,
+    token_holder: TokenHolder | None = None,
     mlflow_url: Callable[[], str | None] | None = None,
+    audit: AuditHook | None = None,
+    access: Callable[[], Policy] | None = None,
+    hosts: Sequence[str] | None = None,
 ) -> Starlette:
     """The pages as one ASGI app.
 
     `store`: the run store (or a function returning it; default: AIR_HOME's). `authenticator`: token ->
-    `WebUser` or None; with it, every page needs a login (cookie) or a bearer token; without it (loopback
-    `air ui`) the local user sees and cancels everything. `session_secret` signs session cookies (default:
-    random per process, so a restart logs browsers out). `mlflow_url`: the MLflow UI's address, for the
-    header link (None: no link).
+    `WebUser` (with its token id) or None; with it, every page needs a login (a session cookie) or a bearer
+    token; without it (loopback `air ui`) the local user sees and cancels everything. `token_holder`: a
+    token's id -> its user while the token is valid (asked on every request a session makes; without it
+    nobody can log in, only bearer tokens work). `mlflow_url`: the MLflow UI's address, for the header link
+    (None: no link). `audit`: told of logins, logouts and cancels. `access`: the server's access policy
+    (air.runs.access; default visibility and groups): a run the user may not view is a 404 page and is not
+    listed, cancel needs CAN_MANAGE_RUN; None (`air ui`): one user, who sees everything. `hosts`: the only
+    Host names answered (`air ui` on loopback: a DNS-rebinding page may not read it); None: any.
     """
     open_store: Callable[[], RunStore]
     if store is None:
@@ -92,13 +108,40 @@ def create_web_app(
         open_store = lambda: store  # noqa: E731
     else:
         open_store = store
-    signer = SessionSigner(session_secret or secrets.token_bytes(32))
+    sessions = WebSessions(open_store)
+    #: `air ui`'s forms carry this (no session there): another site's page cannot read it.
+    local_csrf = secrets.token_urlsafe(32)
     local_user = _local_user()
     templates = _templates()
     auth_on = authenticator is not None
 
+    def caller_of(request: Request) -> Caller:
+        caller = request_caller(request, authenticator, token_holder, sessions, local_user, local_csrf)
+        request.state.csrf = caller.csrf  # for the forms render() writes
+        return caller
+
     def user_of(request: Request) -> WebUser:
-        return request_user(request, authenticator, signer, local_user)
+        return caller_of(request).user
+
+    def told(actor: str, action: str, target: str | None, **detail: Any) -> None:
+        if audit is not None and auth_on:
+            audit(actor, action, target, detail)
+
+    def policy() -> Policy:
+        return access() if access is not None else Policy()
+
+    def viewer(user: WebUser) -> Viewer:
+        return policy().viewer(user.name, admin=user.admin or not auth_on)
+
+    def seen_run(store: RunStore, run_id: str, user: WebUser) -> Run:
+        """The run, if `user` may view it; else the very 404 of a run that does not exist."""
+        run = store.get_run(run_id)
+        if not policy().allows(viewer(user), run):
+            raise NotFoundError(f"Run {run_id} not found.")
+        return run
+
+    def may_manage_run(user: WebUser, run: Run) -> bool:
+        return policy().allows(viewer(user), run, Level.CAN_MANAGE_RUN)
 
     def base(request: Request) -> str:
         return str(request.scope.get("root_path", "")).rstrip("/")
@@ -106,7 +149,7 @@ def create_web_app(
     def render(request: Request, name: str, user: WebUser | None, status_code: int = 200,
                **context: Any) -> Response:
         context.update(user=user, auth_on=auth_on, base=base(request), refresh_ms=WEB_REFRESH_MS,
-                       mlflow_ui=mlflow_url() if mlflow_url else None)
+                       mlflow_ui=mlflow_url() if mlflow_url else None, csrf=getattr(request.state, "csrf", None))
         return templates.TemplateResponse(request, name, context, status_code=status_code)
 
     def runs_page(request: Request) -> Response:
@@ -118,7 +161,7 @@ def create_web_app(
             page = 1
         data = views.run_list_page(
             open_store(), status=q.get("status"), experiment=q.get("experiment"), user=q.get("user"),
-            accelerator=q.get("accelerator"), page=page)
+            accelerator=q.get("accelerator"), page=page, visible_to=policy().list_filter(viewer(user)))
         query = {k: v for k, v in data["filters"].items() if v}
         links = {
             "prev": "?" + urllib.parse.urlencode({**query, "page": page - 1}) if page > 1 else None,
@@ -130,7 +173,7 @@ def create_web_app(
     def run_page(request: Request) -> Response:
         user = user_of(request)
         store = open_store()
-        run = store.get_run(request.path_params["run_id"])
+        run = seen_run(store, request.path_params["run_id"], user)
         q = request.query_params
         here = f"{request.url.scheme}://{request.url.netloc}{base(request)}"
         detail = views.run_detail(store, run, pages_base=here)
@@ -153,13 +196,13 @@ def create_web_app(
             request, "run.html", user, run=detail, attempts=attempts, attempt=attempt, files=files,
             log_index=index, log=log, query=query, lines=lines, live=live, failing=failing,
             spec=views.masked_spec(run), metrics=views.attempt_metrics(chosen["mlflow_run_id"] if chosen else None),
-            can_cancel=not run.is_terminal and may_cancel(user, run.user, auth_on=auth_on),
+            can_cancel=not run.is_terminal and may_manage_run(user, run),
             notice=f"Canceled: run {run.id} is {run.status.value}." if q.get("canceled") else None)
 
     async def log_stream(request: Request) -> Response:
-        await run_in_threadpool(user_of, request)
+        user = await run_in_threadpool(user_of, request)
         store = open_store()
-        run = await run_in_threadpool(store.get_run, request.path_params["run_id"])
+        run = await run_in_threadpool(seen_run, store, request.path_params["run_id"], user)
         q = request.query_params
         attempt = _int(q.get("attempt"), run.current_attempt or 0)
         files = views.log_files(run, attempt)
@@ -173,9 +216,10 @@ def create_web_app(
         resume = request.headers.get("last-event-id") or q.get("offset")
         offset = _int(resume, 0) if resume else None
         def signed_in() -> bool:
+            """Still signed in, and still allowed to see the run (its grants may be taken back)."""
             try:
-                user_of(request)
-            except LoginRequired:
+                seen_run(store, run.id, user_of(request))
+            except (LoginRequired, NotFoundError):
                 return False
             return True
 
@@ -184,21 +228,41 @@ def create_web_app(
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
-    def cancel(request: Request) -> Response:
-        from air.runs.cancel import cancel_run
+    async def cancel(request: Request) -> Response:
+        form = await _form(request)
+        return await run_in_threadpool(cancel_posted, request, form)
 
-        _same_origin(request)
-        user = user_of(request)
+    def cancel_posted(request: Request, form: dict[str, list[str]]) -> Response:
+        from air.runs.cancel import cancel_run, canceled_by
+
+        caller = caller_of(request)
+        check_form_post(request, caller, form)
+        user = caller.user
         store = open_store()
-        run = store.get_run(request.path_params["run_id"])
-        if not may_cancel(user, run.user, auth_on=auth_on):
-            raise Forbidden(f"Only {run.user} (who submitted it) or an admin may cancel run {run.id}.")
-        cancel_run(store, run.id)
+        run = seen_run(store, request.path_params["run_id"], user)
+        if not may_manage_run(user, run):
+            raise Forbidden(f"Only {run.user} (who submitted it), an admin or a CAN_MANAGE_RUN grant in its "
+                            f"permissions may cancel run {run.id}.")
+        reason = canceled_by(user.name, admin=user.admin and auth_on, owner=run.user)
+        if not run.is_terminal:
+            told(user.name, "run.cancel", run.id, owner=run.user, via="pages", reason=reason)
+        cancel_run(store, run.id, reason=reason)
         return RedirectResponse(f"{base(request)}/runs/{run.id}?canceled=1", status_code=303)
 
     def capacity_page(request: Request) -> Response:
         user = user_of(request)
-        return render(request, "capacity.html", user, data=views.capacity_view(open_store()))
+        store = open_store()
+        data = views.capacity_view(store)
+        if policy().list_filter(viewer(user)) is not None:  # `private`: others' runs hold slots unnamed
+            data = _unnamed_runs(data, lambda run_id: _sees(store, run_id, user))
+        return render(request, "capacity.html", user, data=data)
+
+    def _sees(store: RunStore, run_id: str, user: WebUser) -> bool:
+        try:
+            seen_run(store, run_id, user)
+        except NotFoundError:
+            return False
+        return True
 
     async def login(request: Request) -> Response:
         target = _safe_next(request.query_params.get("next"), base(request))
@@ -206,21 +270,36 @@ def create_web_app(
             return RedirectResponse(target, status_code=303)
         if request.method == "GET":
             return render(request, "login.html", None, next=target, error=None)
-        form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
+        if not same_site(request):  # another site may not sign a browser in (to its own account)
+            raise Forbidden("Refused a login posted from another site.")
+        form = await _form(request)
         token = (form.get("token") or [""])[0].strip()
         target = _safe_next((form.get("next") or [target])[0], base(request))
         user = await run_in_threadpool(authenticator, token) if token and authenticator else None
-        if user is None:
+        if user is None or token_holder is None or not user.token_id:
             return render(request, "login.html", None, status_code=401, next=target,
                           error="That token is not valid (unknown, revoked or mistyped).")
+        session_id, _ = await run_in_threadpool(sessions.open, user)
+        await run_in_threadpool(told, user.name, "login", user.token_id)
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(SESSION_COOKIE, signer.dumps(token), httponly=True, samesite="strict",
-                            secure=request.url.scheme == "https", path=base(request) or "/")
+        response.set_cookie(SESSION_COOKIE, session_id, max_age=int(sessions.ttl_s), httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https", path="/")  # "/": the MLflow door too
         return response
 
-    def logout(request: Request) -> Response:
+    async def logout(request: Request) -> Response:
+        form = await _form(request)
+
+        def end() -> None:
+            caller = caller_of(request)
+            check_form_post(request, caller, form)
+            if caller.session is not None:
+                sessions.revoke(request.cookies.get(SESSION_COOKIE) or "")
+                told(caller.user.name, "logout", caller.session.token_id)
+
+        await run_in_threadpool(end)
         response = RedirectResponse(f"{base(request)}/login", status_code=303)
-        response.delete_cookie(SESSION_COOKIE, path=base(request) or "/")
+        response.delete_cookie(SESSION_COOKIE, path="/", secure=request.url.scheme == "https",
+                               httponly=True, samesite="strict")
         return response
 
     def home(request: Request) -> Response:
@@ -254,8 +333,28 @@ def create_web_app(
         Route("/logout", logout, methods=["POST"]),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={
+    app = Starlette(routes=routes, exception_handlers={
         LoginRequired: login_required, AirError: air_error, Forbidden: forbidden})
+    if hosts is not None:  # before any page is read (its refusal still gets the headers below)
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(hosts))
+    app.add_middleware(SecurityHeaders)
+    app.state.user_of = user_of  # the server's MLflow door signs page users in the same way
+    return app
+
+
+def _unnamed_runs(data: dict[str, Any], sees: Callable[[str], bool]) -> dict[str, Any]:
+    """The capacity page without the ids, experiments and links of runs the user may not see: their slots
+    still count as held (the totals stay true), but say nothing of whose run holds them."""
+    for pool in data["pools"]:
+        for slot in pool["slots"]:
+            if slot["run_id"] and not sees(slot["run_id"]):
+                slot.update(run_id=None, held=True)
+        pool["holders"] = [h for h in pool["holders"] if sees(h["run_id"])]
+    named = data.get("named_pools") or {}
+    for row in named.get("pools") or ():
+        row["runs"] = [r for r in row["runs"] if sees(r)]
+    data["remote"] = [r for r in data["remote"] if sees(r["id"])]
+    return data
 
 
 def _int(text: str | None, default: int) -> int:
@@ -265,12 +364,14 @@ def _int(text: str | None, default: int) -> int:
         return default
 
 
-def _same_origin(request: Request) -> None:
-    """A form posted from another site is refused: on `air ui` no cookie is needed, so any page the user
-    visits could otherwise post to the loopback address (the server's cookie is SameSite=Strict too)."""
-    origin = request.headers.get("origin")
-    if origin and origin != "null" and urllib.parse.urlsplit(origin).netloc != request.headers.get("host"):
-        raise Forbidden(f"Refused a cancel posted from another site ({origin}).")
+async def _form(request: Request, limit: int = 64 << 10) -> dict[str, list[str]]:
+    """A posted form's fields (the pages' forms are small: a larger body is refused, not read whole)."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Forbidden("Refused a form post larger than the pages ever send.")
+    return urllib.parse.parse_qs(body.decode("utf-8", "replace"))
 
 
 def _safe_next(target: str | None, base: str) -> str:

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from air.bounds import MAX_YAML_DEPTH, YamlBoundError, compose_bounded
 from air.errors import UserInputError
 from air.workload.schema import model_at, unknown_key_message
 from air.workload.spec import WorkloadSpec
@@ -41,7 +42,8 @@ class Problem:
         where = f"{dotted(self.loc)}: " if self.loc else ""
         text = f"{source}: {where}{self.message}"
         if self.override:
-            text += f" (from --override {self.override})"
+            shown = self.override if len(self.override) <= 200 else f"{self.override[:150]}… ({len(self.override)} characters)"
+            text += f" (from --override {shown})"
         elif self.line:
             text += f" (line {self.line})"
         return text
@@ -86,7 +88,7 @@ def _describe(err: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
     message = str(err["msg"]).replace("Input should be", "must be").replace("a valid integer", "an integer")
     message = message.replace("a valid ", "a ")
     if kind in ("string_type", "int_type", "float_type", "list_type", "bool_type", "literal_error",
-                "greater_than", "greater_than_equal", "int_from_float"):
+                "greater_than", "greater_than_equal", "less_than_equal", "int_from_float"):
         message += f", got {show_value(value)}"
     return message
 
@@ -148,10 +150,10 @@ def _read_yaml(path: Path, shown: str) -> tuple[dict[str, Any], dict[tuple[str, 
     except UnicodeDecodeError as exc:
         raise UserInputError(f"{shown}: is not UTF-8 text (byte {exc.start})") from None
 
-    loader = yaml.SafeLoader(text)
     try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
+        data, node = compose_bounded(text)
+    except YamlBoundError as exc:
+        raise UserInputError(f"{shown}: line {exc.line}: {exc.problem}", hint=exc.hint) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -169,8 +171,6 @@ def _read_yaml(path: Path, shown: str) -> tuple[dict[str, Any], dict[tuple[str, 
         raise UserInputError(f"{shown}: invalid YAML{where}: {what}", hint=hint) from None
     except yaml.YAMLError as exc:
         raise UserInputError(f"{shown}: invalid YAML: {exc}") from None
-    finally:
-        loader.dispose()
 
     if data is None:
         raise UserInputError(
@@ -186,15 +186,19 @@ def _read_yaml(path: Path, shown: str) -> tuple[dict[str, Any], dict[tuple[str, 
     assert node is not None  # data came from it
     lines: dict[tuple[str, ...], int] = {}
     problems: list[Problem] = []
-    _index_lines(node, (), lines, problems, depth=0)
+    _index_lines(node, (), lines, problems, depth=0, walked=set())
     return data, lines, problems
 
 
 def _index_lines(
-    node: yaml.Node, loc: tuple[str, ...], lines: dict[tuple[str, ...], int], problems: list[Problem], depth: int
+    node: yaml.Node, loc: tuple[str, ...], lines: dict[tuple[str, ...], int], problems: list[Problem], depth: int,
+    walked: set[int],
 ) -> None:
-    if depth > 64:  # aliases can make cycles; nothing real nests this deep
+    """The line of every key, each node walked once: what an alias names was indexed where it was written
+    (a problem under the alias is reported at the alias's own line), so aliases cost nothing here."""
+    if depth > MAX_YAML_DEPTH or id(node) in walked:
         return
+    walked.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
@@ -208,12 +212,12 @@ def _index_lines(
                 )
             seen[key] = line
             lines[here] = line
-            _index_lines(value_node, here, lines, problems, depth + 1)
+            _index_lines(value_node, here, lines, problems, depth + 1, walked)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             here = (*loc, str(index))
             lines[here] = item.start_mark.line + 1
-            _index_lines(item, here, lines, problems, depth + 1)
+            _index_lines(item, here, lines, problems, depth + 1, walked)
 
 
 # ---- paths ------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any, get_origin
 import yaml
 from pydantic import BaseModel
 
+from air.bounds import YamlBoundError, safe_load_bounded
 from air.workload.loading import Problem
 from air.workload.schema import (
     accepts_none,
@@ -89,7 +90,10 @@ def _apply_one(data: dict[str, Any], path: tuple[str, ...], raw: str, model: typ
         else:
             raise _OverrideProblem(here, unknown_key_message(section, path[:depth], key))
         if depth == len(path) - 1:
-            container[key] = coerce_value(raw, annotation)
+            try:
+                container[key] = coerce_value(raw, annotation)
+            except YamlBoundError as exc:  # the same bounds as the file's own YAML
+                raise _OverrideProblem(here, f"{exc.problem}; {exc.hint}") from None
             return
         section = section_model(annotation)
         if section is None and not is_map(annotation):
@@ -110,7 +114,9 @@ def coerce_value(raw: str, annotation: Any) -> Any:
     """Fit the text of an override to a field's type (see the module docstring)."""
     members = annotation_members(annotation)
     try:
-        parsed = yaml.safe_load(raw) if raw.strip() else raw
+        parsed = safe_load_bounded(raw) if raw.strip() else raw
+    except YamlBoundError:
+        raise
     except yaml.YAMLError:
         parsed = raw
     if annotation is Any or Any in members:

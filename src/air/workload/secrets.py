@@ -2,7 +2,9 @@
 
 A workload names secrets as `ENV_NAME: scope/key`; `resolve_secrets` turns those into values at launch
 time, so values never sit in a YAML file, the run store, or dry-run output (`mask_secrets` hides any that
-leak into text; `masker_for_run` does it for a run's logs and fails closed: no masking, no lines). The
+leak into text). A run's lines are masked where they are written (air.launcher.redact, in the pump), so
+its files never hold a value; `masker_for_run` masks again when they are read, for logs an older air
+wrote, and fails closed: no masking, no lines. The
 file is created with mode 0600 (never briefly wider), rewritten atomically under a lock, and refused
 when its permissions let anyone else read it: a store that leaked once is not trusted.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from air.errors import AirError, NotFoundError, SecretMaskingError, UserInputError
 from air.files import atomic_write_text
 from air.home import AirHome
+from air.launcher.redact import Redactor
 
 _FORMAT_VERSION = 1
 #: Scope and key names: the charset of the hosted product's secret scopes (no '/', which separates them).
@@ -116,19 +119,10 @@ def mask_secrets(text: str, values: Iterable[str]) -> str:
     """Replace every occurrence of a secret value in `text` with `***`.
 
     Longest values first, so a secret that contains another is hidden whole; the lines of a multi-line
-    secret (a PEM key) are also hidden one by one, since logs arrive line by line.
+    secret (a PEM key) are also hidden one by one, since logs arrive line by line (the pump's rules:
+    air.launcher.redact).
     """
-    needles: set[str] = set()
-    for value in values:
-        if not value:
-            continue
-        needles.add(value)
-        if "\n" in value:
-            needles.update(line.rstrip("\r") for line in value.split("\n") if line.strip())
-    if not needles or not text:
-        return text
-    pattern = re.compile("|".join(re.escape(n) for n in sorted(needles, key=len, reverse=True)))
-    return pattern.sub("***", text)
+    return Redactor(values).mask_text(text)
 
 
 class RunMasker:
@@ -137,6 +131,7 @@ class RunMasker:
     def __init__(self, run_id: str, submission: Path | None, store: Path | None) -> None:
         self.run_id, self.submission, self.store = run_id, submission, store
         self.values: list[str] | None = [] if submission is None else None
+        self._redactor: Redactor | None = None
 
     def resolve(self) -> list[str]:
         """The values to hide (read once). Raises SecretMaskingError when they cannot all be known."""
@@ -169,7 +164,9 @@ class RunMasker:
             ) from exc
 
     def __call__(self, text: str) -> str:
-        return mask_secrets(text, self.resolve())
+        if self._redactor is None:
+            self._redactor = Redactor(self.resolve())
+        return self._redactor.mask_text(text)
 
 
 def masker_for_run(

@@ -38,6 +38,7 @@ from air.workload.snapshot_git import (
     _git_rev,
     _git_worktree_files,
 )
+from air.workload.snapshot_links import leaving_links
 
 #: A snapshot bigger than this gets a note in the plan (large data usually belongs in .gitignore).
 LARGE_SNAPSHOT_BYTES: int = 1 << 30
@@ -366,6 +367,7 @@ def _ignored(path: str, is_dir: bool, specs: tuple[tuple[str, Any], ...]) -> boo
 def _hash_worktree(root: Path, paths: Iterable[str], notes: list[str]) -> list[SnapshotEntry]:
     """Mode, size and sha256 of each listed file; links are hashed by their target, never followed."""
     entries: list[SnapshotEntry] = []
+    links: dict[str, str] = {}
     for rel in paths:
         path = root / rel
         try:
@@ -373,8 +375,7 @@ def _hash_worktree(root: Path, paths: Iterable[str], notes: list[str]) -> list[S
             if stat.S_ISLNK(st.st_mode):
                 target = os.fsencode(os.readlink(path))
                 entries.append(SnapshotEntry(rel, MODE_LINK, len(target), hashlib.sha256(target).hexdigest()))
-                if os.path.isabs(target) or not _inside(root, path.parent / os.fsdecode(target)):
-                    notes.append(f"{rel} is a link to {os.fsdecode(target)}, which is outside the snapshot")
+                links[rel] = os.fsdecode(target)
             elif stat.S_ISREG(st.st_mode):
                 mode = MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
                 entries.append(SnapshotEntry(rel, mode, st.st_size, _sha256_file(path)))
@@ -382,12 +383,9 @@ def _hash_worktree(root: Path, paths: Iterable[str], notes: list[str]) -> list[S
                 notes.append(f"skipped {rel}: not a regular file")
         except FileNotFoundError:
             continue  # deleted (tracked but removed, or removed while we looked)
+    for rel in leaving_links(links):  # resolved through the tree's other links, as the kernel will
+        notes.append(f"{rel} is a link to {links[rel]}, which is outside the snapshot")
     return entries
-
-
-def _inside(root: Path, path: Path) -> bool:
-    norm = os.path.normpath(path)
-    return norm == str(root) or norm.startswith(str(root) + os.sep)
 
 
 def _sha256_file(path: Path) -> str:

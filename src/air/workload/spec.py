@@ -15,7 +15,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
+from air.bounds import MAX_NUM_ACCELERATORS, MAX_RETRIES, MAX_TIMEOUT_MINUTES
 from air.constants import DEFAULT_MAX_RETRIES
 from air.errors import GPUTypeError
 from air.workload.spec_rules import (
@@ -38,6 +39,7 @@ from air.workload.spec_rules import (
     RESERVED_ENV_NAMES,
     EnvName,
     EnvValue,
+    PermissionEntry,
     SecretRef,
     _check_name,
     _fail,
@@ -59,6 +61,7 @@ class ComputeSpec(_Section):
 
     num_accelerators: int = Field(
         gt=0,
+        le=MAX_NUM_ACCELERATORS,
         description="Total accelerators across all nodes: GPUs, or CPU processes for a CPU type. A positive "
         "multiple of the type's devices per node; nodes = num_accelerators / per node (GPU_8xH100 takes "
         "8, 16, 24, …; 16 is 2 nodes). The backend refuses a count it can never hold.",
@@ -275,6 +278,18 @@ class CodeSourceSpec(_Section):
     )
 
 
+class PermissionSpec(_Section):
+    """One entry of `permissions`: who (a user, or a group of the server's config) may do what with the run."""
+
+    user_name: str | None = Field(None, description="An air user (the name of their `air server` token).",
+                                  examples=["bob"])
+    group_name: str | None = Field(None, description="A group under `groups:` in the server's config.yaml.",
+                                   examples=["ml-team"])
+    level: Literal["CAN_VIEW", "CAN_MANAGE_RUN", "CAN_MANAGE"] = Field(
+        description="CAN_VIEW: see the run, its logs and MLflow runs; CAN_MANAGE_RUN: also cancel it; "
+        "CAN_MANAGE: also change its permissions.", examples=["CAN_VIEW"])
+
+
 # ---- the workload -----------------------------------------------------------------------------------
 
 
@@ -317,6 +332,7 @@ class WorkloadSpec(_Section):
     max_retries: int = Field(
         DEFAULT_MAX_RETRIES,
         ge=0,
+        le=MAX_RETRIES,
         description="Retries after a failed or timed-out attempt; each attempt starts fresh, with its own logs "
         "and MLflow run. 3 means up to 4 attempts; 0 turns retries off.",
         examples=[1],
@@ -368,6 +384,15 @@ class WorkloadSpec(_Section):
         "a new one. At most 64 characters; `air run --idempotency-key` wins over it.",
         examples=["nightly-2024-06-01"],
     )
+    permissions: list[Annotated[PermissionSpec, PermissionEntry]] | None = Field(
+        None,
+        description="Who else may see or act on the run on an `air server`: entries of user_name or group_name "
+        "(a group under `groups:` in the server's config.yaml) and level CAN_VIEW, CAN_MANAGE_RUN (also cancel) "
+        "or CAN_MANAGE (also change permissions). The owner and admins keep everything; under the server's "
+        "`default_visibility: private` no one else sees the run. Locally (no server) it is kept, with no effect.",
+        examples=[[{"user_name": "bob", "level": "CAN_VIEW"}, {"group_name": "ml-team", "level": "CAN_MANAGE_RUN"}]],
+        json_schema_extra={"air_type": "list of {user_name | group_name, level}"},
+    )
 
     _source_path: Path | None = PrivateAttr(default=None)
     _source_dir: Path | None = PrivateAttr(default=None)
@@ -410,6 +435,9 @@ class WorkloadSpec(_Section):
             _fail(f"must be a number of minutes, got {show_value(value)}")
         if not math.isfinite(value) or value <= 0:
             _fail(f"must be greater than 0 (remove it for no limit), got {show_value(value)}")
+        if value > MAX_TIMEOUT_MINUTES:
+            _fail(f"must be at most {MAX_TIMEOUT_MINUTES} minutes (30 days; remove it for no limit), "
+                  f"got {show_value(value)}")
         return value
 
     @field_validator("idempotency_token", mode="before")
@@ -484,6 +512,7 @@ __all__ = [
     "ComputeSpec",
     "EnvironmentSpec",
     "GitSpec",
+    "PermissionSpec",
     "RESERVED_ENV_NAMES",
     "SnapshotSpec",
     "WorkloadSpec",

@@ -67,7 +67,6 @@ HOSTED_ONLY_KEYS: dict[str, str] = {
     "mlflow_experiment_directory": f"{_UNSUPPORTED}; experiments live in the MLflow tracking store "
     "(MLFLOW_TRACKING_URI)",
     "mlflow_artifact_location": f"{_UNSUPPORTED}; artifacts go where the MLflow tracking store puts them",
-    "permissions": f"{_UNSUPPORTED}; runs belong to the user who started them",
     "usage_policy_name": _UNSUPPORTED,
     "usage_policy_id": _UNSUPPORTED,
     "priority": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
@@ -172,21 +171,62 @@ def _secret_ref(value: Any) -> str:
     return value
 
 
+#: The keys of one `permissions` entry (the hosted product's spelling).
+PERMISSION_KEYS = ("user_name", "group_name", "level")
+PERMISSION_LEVELS = ("CAN_VIEW", "CAN_MANAGE_RUN", "CAN_MANAGE")
+#: Who may be named: a user as `air server token create NAME` takes it, or a group of the server's config.
+PRINCIPAL_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+
+
+def _permission_entry(value: Any) -> Any:
+    """One `permissions` entry: exactly one of user_name / group_name, and a level (hosted spelling; case
+    of the level ignored). The hosted product's service principals and IS_OWNER have no meaning here."""
+    if not isinstance(value, dict):
+        _fail(f"must be a mapping like {{user_name: bob, level: CAN_VIEW}}, got {show_value(value)}")
+    for key in value:
+        if key == "service_principal_name":
+            _fail("service_principal_name: air has no service principals; name the token's user with user_name")
+        if key not in PERMISSION_KEYS:
+            import difflib
+
+            close = difflib.get_close_matches(str(key), PERMISSION_KEYS, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            _fail(f"unknown key {key!r}{hint} (valid keys: {', '.join(PERMISSION_KEYS)})")
+    named = [k for k in ("user_name", "group_name") if value.get(k) is not None]
+    if len(named) != 1:
+        _fail("set exactly one of user_name or group_name " + ("(not both)" if named else "(got neither)"))
+    name = value[named[0]]
+    if not isinstance(name, str) or not PRINCIPAL_RE.match(name):
+        _fail(f"{named[0]} must be 1 to 64 letters, digits, '_', '.', '@' or '-', got {show_value(name)}")
+    level = value.get("level")
+    if level is None:
+        _fail(f"level is missing: one of {', '.join(PERMISSION_LEVELS)}")
+    if isinstance(level, str) and level.strip().upper() in PERMISSION_LEVELS:
+        return {**value, "level": level.strip().upper()}
+    if isinstance(level, str) and level.strip().upper() == "IS_OWNER":
+        _fail("level IS_OWNER: a run's owner is the user who submitted it; grant CAN_MANAGE instead")
+    _fail(f"level must be one of {', '.join(PERMISSION_LEVELS)}, got {show_value(level)}")
+
+
 #: An environment variable name a workload may set.
 EnvName = Annotated[str, AfterValidator(_check_env_name)]
 #: An environment variable value (numbers and booleans turned into strings).
 EnvValue = Annotated[str, BeforeValidator(_env_value)]
 #: `scope/key` in the local secret store.
 SecretRef = Annotated[str, BeforeValidator(_secret_ref)]
+#: One `permissions` entry as written (checked and its level normalised before the model sees it).
+PermissionEntry = BeforeValidator(_permission_entry)
 
 
 __all__ = [
     "HOSTED_ONLY_KEYS",
     "MAX_YAML_BYTES",
+    "PERMISSION_LEVELS",
     "RENAMED_KEYS",
     "RESERVED_ENV_NAMES",
     "EnvName",
     "EnvValue",
+    "PermissionEntry",
     "SecretRef",
     "dotted",
     "show_value",

@@ -1,0 +1,204 @@
+"""Walls around a run's processes: a bubblewrap filesystem view, entered as another Unix account.
+
+A `Sandbox` says what one launch may see: the system folders (/usr, /lib*, /bin, /sbin, /etc), the
+interpreter, environment and code it runs (read-only), the folders it may write (its checkpoints, its
+heartbeat slots) and a private scratch folder that is its HOME and TMPDIR (/tmp is an empty tmpfs); /dev with the GPUs, /proc, and
+the network as it is (peers, MLflow). Nothing else of the machine's files is there. With an `Account`
+(the server runs as root) bwrap builds the view as root and `setpriv` drops to the account before the
+command starts, so even a file bound by mistake is read with the account's rights; without one (a server
+that is not root) bwrap builds the view in a user namespace as the same user.
+
+Teardown is unchanged: the command keeps the launch's AIR_PROCESS_TAG and process group, and dies with
+bwrap (`--die-with-parent`, and `setpriv --pdeathsig`: a uid change clears the parent-death signal).
+"""
+
+from __future__ import annotations
+
+import glob
+import grp
+import hashlib
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BWRAP = "/usr/bin/bwrap"
+SETPRIV = "/usr/bin/setpriv"
+#: What every view shows read-only (a symlink such as /lib -> usr/lib stays a symlink).
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc")
+#: Prefix of the accounts air creates for users that have no `--unix-user`.
+ACCOUNT_PREFIX = "air-"
+_ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+class SandboxError(RuntimeError):
+    """The view or the account could not be made (bwrap missing, useradd failed)."""
+
+
+@dataclass(frozen=True)
+class Account:
+    """A Unix account a run executes as."""
+
+    name: str
+    uid: int
+    gid: int
+
+    @classmethod
+    def named(cls, name: str) -> Account:
+        entry = pwd.getpwnam(name)  # KeyError: no such account
+        return cls(name, entry.pw_uid, entry.pw_gid)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """What one launch's processes see (see the module docstring). Paths are bound at their own path, so
+    argv, cwd and environment need no rewriting; a path that does not exist is left out."""
+
+    scratch: str
+    read_only: tuple[str, ...] = ()
+    writable: tuple[str, ...] = ()
+    account: Account | None = None
+    #: A process namespace of its own (bwrap without an account: the same uid must not reach the
+    #: server's processes through /proc). Only for commands that need no host pid (workload nodes).
+    own_pids: bool = False
+    label: str = field(default="", compare=False)
+
+    @property
+    def mode(self) -> str:
+        return "unix-user+bwrap" if self.account is not None else "bwrap"
+
+    def prepare(self, extra_writable: Iterable[str] = ()) -> None:
+        """Create the scratch folder (HOME, and `tmp/` below it) and give it and every writable path to
+        the account: nothing else in the view is its own."""
+        home = Path(self.scratch)
+        (home / "tmp").mkdir(parents=True, exist_ok=True)
+        os.chmod(home, 0o700)
+        if self.account is None:
+            return
+        for path in [str(home), str(home / "tmp"), *self.writable, *extra_writable]:
+            _give(Path(path), self.account)
+
+    def wrap(self, argv: Sequence[str], *, cwd: str | None = None, extra_writable: Iterable[str] = ()) -> list[str]:
+        """`argv` as it runs in the view: `bwrap [view] -- [setpriv to the account --] argv`."""
+        extra = list(extra_writable)
+        args = [BWRAP, "--die-with-parent"]
+        if self.account is None:
+            args += ["--unshare-user"]
+        if self.own_pids:
+            args += ["--unshare-pid"]
+        for path in SYSTEM_DIRS:
+            if os.path.islink(path):
+                args += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                args += ["--ro-bind", path, path]
+        args += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/dev/shm",
+                 "--perms", "1777", "--tmpfs", "/tmp"]
+        for device in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri")):
+            args += ["--dev-bind", device, device]
+        if glob.glob("/dev/nvidia*") and os.path.isdir("/sys"):
+            args += ["--ro-bind", "/sys", "/sys"]  # NVML and CUDA read the PCI tree
+        binds = [(p, "--ro-bind") for p in _existing(self.read_only)]
+        binds += [(p, "--bind") for p in _existing([*self.writable, *extra, self.scratch])]
+        made: set[str] = {"/", "/tmp", "/dev", "/proc", *SYSTEM_DIRS}
+        for path, _ in sorted(binds, key=lambda b: b[0].count("/")):
+            for parent in reversed(Path(path).parents):  # fresh 0755 folders on the way, outermost first
+                name = str(parent)
+                if name not in made and not any(name == b or name.startswith(b.rstrip("/") + "/") for b, _ in binds):
+                    args += ["--perms", "0755", "--dir", name]
+                    made.add(name)
+        # Outer binds first, so a writable folder inside a read-only one stays writable.
+        for path, how in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
+            args += [how, path, path]
+        args += ["--setenv", "HOME", self.scratch, "--setenv", "TMPDIR", os.path.join(self.scratch, "tmp")]
+        if self.account is not None:
+            args += ["--setenv", "USER", self.account.name, "--setenv", "LOGNAME", self.account.name]
+        inside = cwd if cwd and any(cwd == p or cwd.startswith(p.rstrip("/") + "/") for p, _ in binds) else self.scratch
+        args += ["--chdir", inside, "--"]
+        if self.account is not None:
+            args += [SETPRIV, f"--reuid={self.account.uid}", f"--regid={self.account.gid}", "--init-groups",
+                     "--no-new-privs", "--pdeathsig", "KILL", "--"]
+        return args + list(argv)
+
+
+def _existing(paths: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for path in paths:
+        if path and os.path.isabs(path) and os.path.exists(path):
+            seen.setdefault(os.path.normpath(path), None)
+    return list(seen)
+
+
+def _give(path: Path, account: Account) -> None:
+    """Make a writable folder (or file) and what is in it the account's."""
+    if not path.exists():
+        return
+    os.chown(path, account.uid, account.gid)
+    if path.is_dir():
+        for root, dirs, files in os.walk(path):
+            for name in [*dirs, *files]:
+                os.lchown(os.path.join(root, name), account.uid, account.gid)
+
+
+# ---- what this machine can do ----------------------------------------------------------------------
+
+
+def bwrap_works() -> bool:
+    """Whether bwrap can build a view here (as root, or through an unprivileged user namespace)."""
+    if not os.access(BWRAP, os.X_OK):
+        return False
+    argv = [BWRAP, "--die-with-parent", *([] if os.geteuid() == 0 else ["--unshare-user"]),
+            "--ro-bind", "/", "/", "--", "/bin/true"]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def can_switch_accounts() -> bool:
+    """Root, with setpriv and useradd at hand: each user's runs get a Unix account of their own."""
+    return os.geteuid() == 0 and os.access(SETPRIV, os.X_OK) and shutil.which("useradd") is not None
+
+
+def account_name_for(user: str) -> str:
+    """The account air creates for an air user: `air-<name>` (lowercased; a name Unix would refuse, or a
+    long one, gets a short hash so two users never share one)."""
+    plain = ACCOUNT_PREFIX + user.lower()
+    if _ACCOUNT_RE.match(plain) and plain == ACCOUNT_PREFIX + user:
+        return plain
+    cleaned = re.sub(r"[^a-z0-9_-]", "-", user.lower())[:18]
+    return f"{ACCOUNT_PREFIX}{cleaned}-{hashlib.sha256(user.encode()).hexdigest()[:8]}"
+
+
+def ensure_account(name: str) -> Account:
+    """The account `name`, created (system account, no home, no login shell) when it does not exist."""
+    try:
+        return Account.named(name)
+    except KeyError:
+        pass
+    result = subprocess.run(["useradd", "--system", "--no-create-home", "--user-group", "--shell",
+                             "/usr/sbin/nologin", name], capture_output=True, text=True, timeout=60)
+    try:
+        return Account.named(name)  # another server process may have created it meanwhile
+    except KeyError:
+        raise SandboxError(f"could not create the Unix account {name!r}: {result.stderr.strip()}") from None
+
+
+def check_account(name: str) -> Account:
+    """An existing account fit to run someone's code: not root, not a member of root's group."""
+    try:
+        account = Account.named(name)
+    except KeyError:
+        raise SandboxError(f"there is no Unix account {name!r} on this machine") from None
+    if account.uid == 0 or account.gid == 0:
+        raise SandboxError(f"the Unix account {name!r} is root (uid or gid 0)")
+    if name in grp.getgrgid(0).gr_mem:
+        raise SandboxError(f"the Unix account {name!r} is in root's group")
+    return account
+
+
+__all__ = ["ACCOUNT_PREFIX", "Account", "Sandbox", "SandboxError", "account_name_for", "bwrap_works",
+           "can_switch_accounts", "check_account", "ensure_account"]

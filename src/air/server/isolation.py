@@ -1,0 +1,119 @@
+"""What `air server` walls its runs in, decided once when it starts, and the state only it may touch.
+
+Root with bubblewrap: each user's runs execute as their own Unix account in a filesystem view
+(`unix-user+bwrap`); not root but user namespaces work: the view alone (`bwrap`); neither: no walls,
+which the server accepts for one user only, or for many when started with `--single-trust-domain`.
+The choice reaches every supervisor and call driver the server starts through AIR_ISOLATION
+(air.runs.isolation turns it into each run's sandbox); `GET /api/v1/health` reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from air.errors import UserInputError
+from air.home import AirHome
+from air.launcher.sandbox import bwrap_works, can_switch_accounts
+from air.runs.isolation import BWRAP, NONE, UNIX_USER
+from air.runs.store import RunStore
+from air.settings import AIR_ISOLATION, AIR_ISOLATION_UNAVAILABLE
+
+#: What a server that cannot isolate, serving one user, reports.
+NONE_ONE_USER = "none (one user)"
+
+
+def available_isolation() -> str | None:
+    """The strongest isolation this machine gives (None: none at all; AIR_ISOLATION_UNAVAILABLE=1 says so
+    on purpose)."""
+    if os.environ.get(AIR_ISOLATION_UNAVAILABLE, "").strip().lower() in ("1", "true", "yes", "on"):
+        return None
+    if not bwrap_works():
+        return None
+    return UNIX_USER if can_switch_accounts() else BWRAP
+
+
+def token_users(store: RunStore) -> list[str]:
+    """The users that hold a valid token."""
+    rows = store.reader().execute("SELECT DISTINCT user FROM api_tokens WHERE revoked_at IS NULL ORDER BY user")
+    return [str(r[0]) for r in rows.fetchall()]
+
+
+def choose_isolation(store: RunStore, *, single_trust_domain: bool) -> str:
+    """The isolation to serve with; UserInputError where the machine cannot isolate and more than one
+    user holds a token, unless `single_trust_domain` says every user may reach every other's runs."""
+    if single_trust_domain:
+        return NONE
+    mode = available_isolation()
+    if mode is not None:
+        return mode
+    users = token_users(store)
+    if len(users) > 1:
+        forced = " (AIR_ISOLATION_UNAVAILABLE is set)" if os.environ.get(AIR_ISOLATION_UNAVAILABLE) else ""
+        raise UserInputError(
+            f"This server cannot wall runs off from each other{forced}: it is not root and bubblewrap cannot "
+            f"make a user namespace here, yet {len(users)} users hold tokens ({', '.join(users)}). Each "
+            "user's runs could read the others' secrets, logs and the server's store.",
+            hint="Run the server as root (or where `bwrap --unshare-user` works), revoke the extra users' "
+            "tokens (air server token revoke NAME), or accept one trust domain: air server start "
+            "--single-trust-domain")
+    return NONE_ONE_USER
+
+
+def apply_isolation(mode: str) -> None:
+    """Pass the choice to every supervisor and call driver this process starts (they inherit it)."""
+    if mode in (UNIX_USER, BWRAP):
+        os.environ[AIR_ISOLATION] = mode
+    else:
+        os.environ.pop(AIR_ISOLATION, None)
+
+
+def secure_state(home: AirHome | None = None) -> list[Path]:
+    """Make the server's state its own account's alone: AIR_HOME and the folders of state 0700, the
+    store, MLflow's store and secret files 0600 (SQLite gives its -wal/-shm files the store's mode).
+    Returns what it changed. The contents of snapshots and environments keep their modes: a run's view
+    binds its own and must read them."""
+    home = home or AirHome()
+    changed: list[Path] = []
+
+    def tighten(path: Path, mode: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mode & 0o777 != mode:
+                os.chmod(path, mode)
+                changed.append(path)
+
+    tighten(home.root, 0o700)
+    for folder in (home.server, home.runs, home.calls, home.snapshots, home.envs, home.mlartifacts):
+        tighten(folder, 0o700)
+    for db in (home.runs_db, home.mlflow_db):
+        for suffix in ("", "-wal", "-shm"):
+            tighten(db.with_name(db.name + suffix), 0o600)
+    tighten(home.secrets, 0o600)
+    tighten(home.config, 0o600)
+    users = home.server / "users"
+    tighten(users, 0o700)
+    if users.is_dir():
+        for user in users.iterdir():
+            if user.is_dir():
+                tighten(user, 0o700)
+                for item in user.iterdir():
+                    tighten(item, 0o600 if item.is_file() else 0o700)
+    for run in _children(home.runs) + _children(home.calls):
+        tighten(run, 0o700)
+    if home.server.is_dir():
+        for item in home.server.iterdir():
+            if item.is_file():
+                tighten(item, 0o600)
+    return changed
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return []
+
+
+__all__ = ["NONE_ONE_USER", "apply_isolation", "available_isolation", "choose_isolation", "secure_state",
+           "token_users"]

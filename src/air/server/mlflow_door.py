@@ -1,0 +1,523 @@
+"""The door to MLflow: the air server serves its MLflow tracking server (on loopback, mlflow_server.py)
+under `/mlflow`, on its own port and behind its own TLS, to callers with a valid token only.
+
+Who may pass (401 without any):
+- a run's credential (`MLFLOW_TRACKING_TOKEN` of its nodes, sent by MLflow's client as a bearer token):
+  reads and writes of its own run's MLflow runs (every attempt's, and those it creates: the door tags
+  each with the run and its owner), its own artifacts, experiment reads, and run searches filtered to its
+  own runs; nothing else (another run's MLflow runs: 403, or 404 when its owner may not even see them);
+- a user's API token, or the web session cookie (MLflow's UI pages): reads of the MLflow runs of the air
+  runs the user may view (air.runs.access, as the API), writes to those they manage, experiment reads,
+  filtered searches, MLflow's UI files; every endpoint the door cannot scope to a run (model registry,
+  traces, GraphQL, run creation, deletes of experiments...) is refused;
+- an admin: everything.
+Which air run an MLflow run belongs to, and the rule, are air.server.run_credentials'.
+
+Bodies are streamed both ways (artifact uploads and downloads, UI files) with aiohttp, which MLflow's
+full distribution (the `server` extra) brings: httpx is not installed. Only what the door must read to
+decide is held in memory, bounded: JSON API request bodies (MAX_API_BODY) and run-search answers
+(MAX_SEARCH_ANSWER).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.parse
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from air.runs.access import Level, Policy
+from air.runs.store import RunStore
+from air.server.mlflow_server import MLFLOW_PREFIX
+from air.server.run_credentials import (
+    RUN_TAG,
+    USER_TAG,
+    DoorCaller,
+    credential_caller,
+    linked_air_run,
+    may,
+    protected_tag,
+)
+from air.server.tokens import verify_token
+
+#: Most bytes of a JSON API request the door reads to decide (MLflow's own log-batch limit is far below).
+MAX_API_BODY = 16 * 1024 * 1024
+#: Most bytes of a run search's answer the door filters (MLflow pages searches; the UI asks for 100 runs).
+MAX_SEARCH_ANSWER = 64 * 1024 * 1024
+#: Read size of streamed bodies.
+CHUNK = 64 * 1024
+#: How long the door keeps the rule it read from config.yaml (groups, default visibility).
+POLICY_TTL_S = 5.0
+#: MLflow run id -> air run, remembered for this many MLflow runs (the link never changes).
+_CACHE_SIZE = 10_000
+
+#: The policy of MLflow's own UI at the door (the server's pages' policy would stop its inline styles and
+#: scripts): still nothing from other sites, and framed only by this site (MLflow previews artifacts so).
+MLFLOW_UI_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline' 'unsafe-eval'; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; "
+    "worker-src 'self' blob:; object-src 'none'; base-uri 'self'; frame-ancestors 'self'",
+    "X-Frame-Options": "SAMEORIGIN",
+}
+
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                         "transfer-encoding", "upgrade", "host", "authorization", "cookie", "content-length"})
+
+#: Reads of one or more runs: op -> where the run ids are.
+_RUN_READS = frozenset({"runs/get", "metrics/get-history", "artifacts/list", "metrics/get-history-bulk",
+                        "metrics/get-history-bulk-interval"})
+#: Writes to one run (its id in the JSON body).
+_RUN_WRITES = frozenset({"runs/log-metric", "runs/log-batch", "runs/log-parameter", "runs/set-tag",
+                         "runs/delete-tag", "runs/update", "runs/log-model", "runs/log-inputs",
+                         "runs/log-outputs"})
+_EXPERIMENT_READS = frozenset({"experiments/get", "experiments/get-by-name", "experiments/search"})
+_API_PREFIXES = ("/api/2.0/mlflow/", "/ajax-api/2.0/mlflow/", "/api/3.0/mlflow/", "/ajax-api/3.0/mlflow/")
+_ARTIFACTS = ("/api/2.0/mlflow-artifacts/artifacts", "/ajax-api/2.0/mlflow-artifacts/artifacts")
+#: UI paths (no data of any run) a signed-in user may fetch.
+_UI_EXACT = frozenset({"", "/", "/health", "/version", "/favicon.ico", "/server-info"})
+
+
+class Refused(Exception):
+    """The door's answer instead of MLflow's: an HTTP status and MLflow's error shape."""
+
+    CODES = {400: "INVALID_PARAMETER_VALUE", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+             404: "RESOURCE_DOES_NOT_EXIST", 413: "INVALID_PARAMETER_VALUE", 502: "TEMPORARILY_UNAVAILABLE"}
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def response(self) -> JSONResponse:
+        headers = {"WWW-Authenticate": 'Bearer realm="air"'} if self.status == 401 else None
+        return JSONResponse({"error_code": self.CODES.get(self.status, "PERMISSION_DENIED"), "message": self.message},
+                            status_code=self.status, headers=headers)
+
+
+class Door:
+    """The `/mlflow` route of one server: who knocks, what they ask, forward or refuse."""
+
+    def __init__(self, app: FastAPI, target: str, public: str) -> None:
+        parts = urllib.parse.urlsplit(target)
+        #: MLflow's loopback origin (its paths carry MLFLOW_PREFIX, as at the door).
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.public = public.rstrip("/")
+        self.app = app
+        self._session: Any = None
+        self._owners: OrderedDict[str, str | None] = OrderedDict()
+        self._policy: tuple[float, Policy] | None = None
+
+    # -- plumbing --------------------------------------------------------------------------------------
+    @property
+    def store(self) -> RunStore:
+        return self.app.state.store
+
+    def policy(self) -> Policy:
+        """The server's rule (its app's, else read from config.yaml, again at most every POLICY_TTL_S)."""
+        found = getattr(self.app.state, "policy", None)
+        if isinstance(found, Policy):
+            return found
+        now = time.monotonic()
+        if self._policy is None or now - self._policy[0] > POLICY_TTL_S:
+            from air.config import load_config
+
+            config = load_config()
+            server = getattr(config, "server", None)
+            self._policy = (now, Policy(visibility=getattr(server, "default_visibility", "team"),
+                                        groups=getattr(config, "groups", {})))
+        return self._policy[1]
+
+    def session(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_read=600)
+            self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
+                                                  connector=aiohttp.TCPConnector(limit=64))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- who knocks ------------------------------------------------------------------------------------
+    def caller(self, request: Request) -> DoorCaller:
+        """The caller, from the bearer token (a run credential or an API token) or the pages' session."""
+        policy = self.policy()
+        scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+        secret = secret.strip()
+        if scheme.lower() == "bearer" and secret:
+            found = credential_caller(self.store, policy, secret)
+            if found is not None:
+                return found
+            principal = verify_token(self.store, secret)
+            if principal is not None:
+                return DoorCaller(principal.user, principal.admin, policy.viewer(principal.user,
+                                                                                 admin=principal.admin))
+            raise Refused(401, "This token is not valid (unknown, revoked, or its run has ended).")
+        user = self._page_user(request)
+        if user is not None:
+            if request.method.upper() not in ("GET", "HEAD") and not _same_origin(request):
+                raise Refused(403, "A browser's MLflow request that changes or searches must come from this "
+                              "server's own pages (no or another Origin).")
+            return DoorCaller(user.name, user.admin, policy.viewer(user.name, admin=user.admin), session=True)
+        raise Refused(401, "MLflow on air server needs a token: MLFLOW_TRACKING_TOKEN=<air token> (a run's nodes "
+                      "get their run's), or log in to the server's pages first.")
+
+    def _page_user(self, request: Request) -> Any:
+        """The pages' signed-in user of this request (their session cookie), or None."""
+        if not request.cookies:
+            return None
+        from air.server.app import PAGES
+        from air.web.auth import LoginRequired
+
+        for route in self.app.routes:
+            user_of = getattr(getattr(getattr(route, "app", None), "state", None), "user_of", None)
+            if getattr(route, "path", None) == PAGES and callable(user_of):
+                try:
+                    return user_of(request)
+                except LoginRequired:
+                    return None
+        return None
+
+    def air_run_of(self, mlflow_run_id: str) -> str | None:
+        """The air run an MLflow run belongs to: the store's link, else its `air.run_id` tag (read from
+        MLflow over loopback by the caller of `tag_lookup`)."""
+        if mlflow_run_id in self._owners:
+            return self._owners[mlflow_run_id]
+        return linked_air_run(self.store, mlflow_run_id)
+
+    def _remember(self, mlflow_run_id: str, air_run: str | None) -> None:
+        if air_run is None:
+            return  # not cached: it may be linked a moment later (a run being created)
+        self._owners[mlflow_run_id] = air_run
+        while len(self._owners) > _CACHE_SIZE:
+            self._owners.popitem(last=False)
+
+    async def owner(self, mlflow_run_id: str) -> str | None:
+        air_run = await run_in_threadpool(self.air_run_of, mlflow_run_id)
+        if air_run is None and mlflow_run_id:
+            tags = await self._tags_of(mlflow_run_id)
+            air_run = tags.get(RUN_TAG)
+        self._remember(mlflow_run_id, air_run)
+        return air_run
+
+    async def _tags_of(self, mlflow_run_id: str) -> dict[str, str]:
+        url = f"{self.origin}{MLFLOW_PREFIX}/api/2.0/mlflow/runs/get?" + urllib.parse.urlencode({"run_id": mlflow_run_id})
+        async with self.session().get(url, headers={"Accept-Encoding": "identity"}) as answer:
+            if answer.status != 200:
+                return {}
+            data = json.loads(await answer.content.read(MAX_API_BODY))
+        return {t["key"]: t["value"] for t in data.get("run", {}).get("data", {}).get("tags", []) if "key" in t}
+
+    async def check_runs(self, caller: DoorCaller, mlflow_run_ids: Iterable[str], need: Level) -> None:
+        ids = [i for i in dict.fromkeys(mlflow_run_ids) if i]
+        if not ids and not caller.admin:
+            raise Refused(400, "Name the MLflow run (run_id).")
+        for mlflow_run_id in ids:
+            status = await run_in_threadpool(may, self.store, self.policy(), caller, await self.owner(mlflow_run_id),
+                                             need)
+            if status == 404:
+                raise Refused(404, f"Run '{mlflow_run_id}' not found.")
+            if status is not None:
+                raise Refused(403, f"{caller.label} may not {'write to' if need > Level.CAN_VIEW else 'read'} "
+                              f"MLflow run {mlflow_run_id}.")
+
+    # -- what they ask ---------------------------------------------------------------------------------
+    async def handle(self, request: Request) -> Response:
+        import aiohttp
+
+        try:
+            caller = await run_in_threadpool(self.caller, request)
+            return await self._route(request, caller)
+        except Refused as refused:
+            return refused.response()
+        except aiohttp.ClientError as exc:
+            return Refused(502, f"air server could not reach its MLflow server: {exc}").response()
+
+    async def _route(self, request: Request, caller: DoorCaller) -> Response:
+        path = request.url.path[len(MLFLOW_PREFIX):]
+        segments = path.split("/")[1:]
+        if any(part in (".", "..") for part in segments) or "//" in path or "\\" in path or "%" in path:
+            raise Refused(400, "Malformed path (no '.', '..', '//', '\\' or escapes after decoding).")
+        method = request.method.upper()
+        query = request.query_params
+        op = next((path[len(p):] for p in _API_PREFIXES if path.startswith(p)), None)
+        if caller.admin:
+            return await self.forward(request)
+        if op is not None:
+            return await self._api(request, caller, op, method)
+        if path in ("/get-artifact",):  # every value (a repeated key: MLflow reads the first, Starlette the last)
+            await self.check_runs(caller, [*query.getlist("run_uuid"), *query.getlist("run_id")] or [""],
+                                  Level.CAN_VIEW)
+            return await self.forward(request)
+        artifacts = next((a for a in _ARTIFACTS if path == a or path.startswith(a + "/")), None)
+        if artifacts is not None:
+            listed = query.getlist("path")
+            if len(listed) > 1:
+                raise Refused(400, "Give one artifact path.")
+            rel = path[len(artifacts):].lstrip("/") or (listed[0] if listed else "")
+            need = Level.CAN_VIEW if method in ("GET", "HEAD") else Level.CAN_MANAGE
+            if method not in ("GET", "HEAD", "PUT"):
+                raise Refused(403, f"{caller.label} may not {method} MLflow artifacts.")
+            await self.check_runs(caller, [_artifact_run(rel)], need)
+            return await self.forward(request)
+        if path == "/graphql" and method == "POST":  # MLflow's UI reads a run's page so
+            body = await _json_body(request)
+            ids = graphql_run_ids(body)
+            if ids is None:
+                raise Refused(403, f"{caller.label} may send MLflow's GraphQL only the run reads of its UI "
+                              "(mlflowGetRun, mlflowListArtifacts, mlflowGetMetricHistoryBulkInterval, "
+                              "mlflowGetExperiment).")
+            if ids:
+                await self.check_runs(caller, ids, Level.CAN_VIEW)
+            return await self.forward(request, body=_encode(body))
+        if caller.credential is None and method in ("GET", "HEAD") and (
+                path in _UI_EXACT or path.startswith("/static-files/")):
+            return await self.forward(request)
+        raise Refused(403, f"{caller.label} may not use MLflow's {method} {path or '/'} through air server "
+                      "(only an admin may).")
+
+    async def _api(self, request: Request, caller: DoorCaller, op: str, method: str) -> Response:
+        query = request.query_params
+        if op in _EXPERIMENT_READS:
+            return await self.forward(request)
+        if op in _RUN_READS:
+            if method == "GET":
+                ids = [*query.getlist("run_id"), *query.getlist("run_uuid"), *query.getlist("run_ids")]
+                await self.check_runs(caller, ids, Level.CAN_VIEW)
+                return await self.forward(request)
+            body = await _json_body(request)
+            ids = [body.get("run_id") or "", body.get("run_uuid") or "", *_strings(body.get("run_ids"))]
+            await self.check_runs(caller, [str(i) for i in ids], Level.CAN_VIEW)
+            return await self.forward(request, body=_encode(body))
+        if op in _RUN_WRITES and method == "POST":
+            body = await _json_body(request)
+            await self.check_runs(caller, [str(body.get("run_id") or ""), str(body.get("run_uuid") or "")],
+                                  Level.CAN_MANAGE)
+            keys = [str(t.get("key")) for t in body.get("tags") or [] if isinstance(t, dict)]
+            if op in ("runs/set-tag", "runs/delete-tag"):
+                keys.append(str(body.get("key")))
+            bad = [k for k in keys if protected_tag(k)]
+            if bad:
+                raise Refused(403, f"Tag {bad[0]!r} is air's: only air sets it.")
+            return await self.forward(request, body=_encode(body))
+        if op == "runs/create" and method == "POST" and caller.credential is not None:
+            body = await _json_body(request)
+            run = caller.credential.run_id
+            tags = [t for t in body.get("tags") or [] if isinstance(t, dict) and not protected_tag(str(t.get("key")))]
+            body["tags"] = [*tags, {"key": RUN_TAG, "value": run}, {"key": USER_TAG, "value": caller.user}]
+            body["user_id"] = caller.user
+            parent = next((str(t.get("value")) for t in tags if t.get("key") == "mlflow.parentRunId"), None)
+            if parent:
+                await self.check_runs(caller, [parent], Level.CAN_MANAGE)
+            return await self.forward(request, body=_encode(body))
+        if op == "runs/search" and method == "POST":
+            return await self._search(request, caller, await _json_body(request))
+        raise Refused(403, f"{caller.label} may not call MLflow's {op} through air server (only an admin may).")
+
+    async def _search(self, request: Request, caller: DoorCaller, body: dict[str, Any]) -> Response:
+        """A run search, its answer narrowed to the runs the caller may read (a credential: its own)."""
+        async with self.session().request("POST", self._url(request), data=_encode(body),
+                                          headers={**_forwarded(request), "Accept-Encoding": "identity",
+                                                   "Content-Type": "application/json"}) as answer:
+            raw = await answer.content.read(MAX_SEARCH_ANSWER + 1)
+            if len(raw) > MAX_SEARCH_ANSWER:
+                raise Refused(413, "The search's answer is too large: ask for fewer runs (max_results).")
+            if answer.status != 200:
+                return Response(raw, status_code=answer.status, media_type=answer.headers.get("Content-Type"))
+        data = json.loads(raw or b"{}")
+        kept = []
+        for run in data.get("runs") or []:
+            info = run.get("info") or {}
+            mlflow_run_id = str(info.get("run_id") or info.get("run_uuid") or "")
+            tags = {t.get("key"): t.get("value") for t in (run.get("data") or {}).get("tags") or []}
+            air_run = await run_in_threadpool(self.air_run_of, mlflow_run_id) or tags.get(RUN_TAG)
+            self._remember(mlflow_run_id, air_run)
+            if await run_in_threadpool(may, self.store, self.policy(), caller, air_run, Level.CAN_VIEW) is None:
+                kept.append(run)
+        data["runs"] = kept
+        return JSONResponse(data)
+
+    # -- forward ---------------------------------------------------------------------------------------
+    def _url(self, request: Request) -> str:
+        query = request.url.query
+        return f"{self.origin}{request.url.path}" + (f"?{query}" if query else "")
+
+    async def forward(self, request: Request, body: bytes | None = None) -> Response:
+        """Send the request on to MLflow and stream its answer back (bodies never held whole)."""
+        data: Any = body if body is not None else (_stream(request) if _has_body(request) else None)
+        headers = _forwarded(request)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        elif data is not None and request.headers.get("content-length"):
+            headers["Content-Length"] = request.headers["content-length"]  # sent as is, not chunked
+        import aiohttp
+
+        try:
+            answer = await self.session().request(request.method, self._url(request), data=data, headers=headers,
+                                                  allow_redirects=False)
+        except aiohttp.ClientError as exc:
+            raise Refused(502, f"air server could not reach its MLflow server: {exc}") from None
+        out = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP_BY_HOP}
+        if answer.headers.get("Content-Length"):
+            out["Content-Length"] = answer.headers["Content-Length"]
+        present = {k.lower() for k in out}
+        out.update({k: v for k, v in MLFLOW_UI_HEADERS.items() if k.lower() not in present})
+        if "Location" in out and out["Location"].startswith(self.origin):
+            out["Location"] = str(request.base_url).rstrip("/") + out["Location"][len(self.origin):]
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in answer.content.iter_chunked(CHUNK):
+                    yield chunk
+            finally:
+                answer.release()
+
+        return StreamingResponse(relay(), status_code=answer.status, headers=out)
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a browser's request says it comes from this server (Origin, else Referer; absent: no)."""
+    origin = request.headers.get("origin") or request.headers.get("referer") or ""
+    parts = urllib.parse.urlsplit(origin)
+    return bool(parts.netloc) and parts.netloc == request.url.netloc and parts.scheme == request.url.scheme
+
+
+def _forwarded(request: Request) -> dict[str, str]:
+    """The request's headers as MLflow gets them: no air token, no air cookie, no hop-by-hop header."""
+    return {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+
+
+def _has_body(request: Request) -> bool:
+    return request.method.upper() not in ("GET", "HEAD", "DELETE", "OPTIONS") or bool(
+        request.headers.get("content-length", "0") not in ("", "0"))
+
+
+async def _stream(request: Request) -> AsyncIterator[bytes]:
+    async for chunk in request.stream():
+        if chunk:
+            yield chunk
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    """The JSON object of an API request, read up to MAX_API_BODY (the door must see what it decides on)."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_API_BODY:
+            raise Refused(413, f"The request body is over {MAX_API_BODY // (1024 * 1024)} MiB.")
+    if not raw:
+        return {}
+    try:
+        body = json.loads(bytes(raw))
+    except ValueError:
+        raise Refused(400, "The request body is not JSON.") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "The request body must be a JSON object.")
+    return body
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+#: GraphQL root fields the door can scope: field -> the input keys naming runs (none: no run data).
+_GRAPHQL_READS: dict[str, tuple[str, ...]] = {
+    "mlflowGetRun": ("runId", "runUuid"), "mlflowListArtifacts": ("runId", "runUuid"),
+    "mlflowGetMetricHistoryBulkInterval": ("runIds",), "mlflowGetExperiment": (), "__typename": (),
+}
+
+
+def graphql_run_ids(body: dict[str, Any]) -> list[str] | None:
+    """The MLflow runs a GraphQL request reads, or None when it asks what the door cannot scope (a
+    mutation, a search, another root field, a root fragment, a run named in no way the door reads)."""
+    from graphql import (
+        FieldNode,
+        FragmentDefinitionNode,
+        GraphQLError,
+        OperationDefinitionNode,
+        parse,
+        value_from_ast_untyped,
+    )
+
+    query, variables = body.get("query"), body.get("variables") or {}
+    if not isinstance(query, str) or not isinstance(variables, dict) or len(query) > 100_000:
+        return None
+    try:
+        document = parse(query, no_location=True)
+    except GraphQLError:
+        return None
+    ids: list[str] = []
+    for definition in document.definitions:
+        if isinstance(definition, FragmentDefinitionNode):
+            continue  # used inside a root field's selection only (a root spread is refused below)
+        if not isinstance(definition, OperationDefinitionNode) or definition.operation.value != "query":
+            return None
+        for selection in definition.selection_set.selections:
+            if not isinstance(selection, FieldNode) or selection.name.value not in _GRAPHQL_READS:
+                return None
+            keys = _GRAPHQL_READS[selection.name.value]
+            if not keys:
+                continue
+            given = {a.name.value: value_from_ast_untyped(a.value, variables) for a in selection.arguments or ()}
+            named = given.get("input")
+            if not isinstance(named, dict) or not any(named.get(k) for k in keys):
+                return None
+            for key in keys:
+                value = named.get(key)
+                ids += [str(v) for v in value] if isinstance(value, list) else [str(value)] if value else []
+    return ids
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)] if value else []
+
+
+def _artifact_run(rel: str) -> str:
+    """The MLflow run of a proxied artifact path `<experiment>/<run>/artifacts/...` ('' when none, or
+    when the path is not plain: MLflow must get exactly the path checked here)."""
+    parts = rel.strip("/").split("/")
+    if any(part in ("", ".", "..") or "%" in part or "\\" in part for part in parts):
+        return ""
+    return parts[1] if len(parts) >= 3 and parts[2] == "artifacts" else ""
+
+
+def mount_door(app: FastAPI, target: str, *, public: str) -> Door:
+    """Serve MLflow at `target` (its loopback URI, `.../mlflow`) under `/mlflow` on `app`; `public` is the
+    door's address as nodes and pages use it."""
+    door = Door(app, target, public)
+    methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+    async def handle(request: Request) -> Response:
+        return await door.handle(request)
+
+    app.add_api_route(MLFLOW_PREFIX, handle, methods=methods, include_in_schema=False)
+    app.add_api_route(MLFLOW_PREFIX + "/{rest:path}", handle, methods=methods, include_in_schema=False)
+    app.state.mlflow_door = door
+    app.state.mlflow_uri = door.public  # the pages' MLflow link: the door, never the loopback port
+    inner: Callable[[Any], Any] = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(application: Any) -> AsyncIterator[Any]:
+        async with inner(application) as state:
+            try:
+                yield state
+            finally:
+                await asyncio.shield(door.close())
+
+    app.router.lifespan_context = lifespan
+    return door
+
+
+__all__ = ["MAX_API_BODY", "MAX_SEARCH_ANSWER", "Door", "Refused", "mount_door"]

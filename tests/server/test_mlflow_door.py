@@ -1,0 +1,393 @@
+"""MLflow behind the air server's tokens (issue 22): MLflow listens on loopback only and is served under
+`/mlflow` by the air server; nothing passes without a token; a run's credential writes to its own run's
+MLflow runs and nothing else; the MLflow user of a run is its air user. Real server, real runs, real
+MLflow client in the nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from server_helpers import AIR, AirServer, running_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from proc_helpers import wait_for  # noqa: E402
+
+#: Every run here is private: bob may not even see alice's runs.
+PRIVATE = "server:\n  default_visibility: private\n"
+
+
+def door(server: AirServer, method: str, path: str, *, token: str | None = None, body: Any = None,
+         query: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """One request to the server's `/mlflow` door: (status, raw body)."""
+    url = server.url + "/mlflow" + path + ("?" + urllib.parse.urlencode(query) if query else "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    context = ssl.create_default_context(cafile=str(server.tls[0])) if server.tls else None
+    try:
+        with urllib.request.urlopen(request, timeout=60, context=context) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def api(path: str) -> str:
+    return "/api/2.0/mlflow/" + path
+
+
+def tags_of(server: AirServer, token: str, mlflow_run_id: str) -> dict[str, str]:
+    status, raw = door(server, "GET", api("runs/get"), token=token, query={"run_id": mlflow_run_id})
+    assert status == 200, raw
+    return {t["key"]: t["value"] for t in json.loads(raw)["run"]["data"]["tags"]}
+
+
+ALICE_NODE = """\
+command: |
+  python - <<'EOF'
+  import os, mlflow
+  print("door:", os.environ["MLFLOW_TRACKING_URI"], os.environ["MLFLOW_TRACKING_TOKEN"][:7])
+  mlflow.log_metric("node_loss", 0.25)
+  print("alice's node log line")
+  EOF
+"""
+
+BOB_NODE = """\
+command: |
+  python - <<'EOF'
+  import json, os, pathlib, time, mlflow
+  out = pathlib.Path({out!r})
+  run = os.environ["MLFLOW_RUN_ID"]  # (MLflow's end_run of the nested run below unsets it)
+  mlflow.log_metric("bob_loss", 0.5)
+  with mlflow.start_run(nested=True) as child:
+      mlflow.log_metric("inner", 1.0)
+  out.joinpath("bob.json.tmp").write_text(json.dumps({{
+      "token": os.environ["MLFLOW_TRACKING_TOKEN"], "uri": os.environ["MLFLOW_TRACKING_URI"],
+      "run": run, "child": child.info.run_id}}))
+  out.joinpath("bob.json.tmp").rename(out / "bob.json")
+  deadline = time.time() + 600
+  while not out.joinpath("release").exists() and time.time() < deadline:
+      time.sleep(0.2)
+  EOF
+"""
+
+
+@pytest.fixture
+def private_server(tmp_path: Path) -> Iterator[AirServer]:
+    with running_server(tmp_path, mlflow=True, config=PRIVATE) as srv:
+        yield srv
+
+
+def submit(server: AirServer, user: str, spec: Path, body: str, *extra: str) -> str:
+    spec.write_text("experiment_name: door\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}\n" + body)
+    result = server.air(user, "run", "-f", str(spec), *extra, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return str(server.air_json(user, "list", "runs", "--all-status")["runs"][0]["id"])
+
+
+def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirServer, tmp_path: Path) -> None:
+    server = private_server
+    alice, bob, root = (server.tokens[u] for u in ("alice", "bob", "root"))
+    out = tmp_path / "bob-out"
+    out.mkdir()
+    bob_run = submit(server, "bob", tmp_path / "bob.yaml", BOB_NODE.format(out=str(out)))
+    alice_run = submit(server, "alice", tmp_path / "alice.yaml", ALICE_NODE, "--watch")
+    assert server.run_status(alice_run) == "SUCCESS"
+    wait_for((out / "bob.json").exists, "bob's node to write its MLflow credential", timeout=300)
+    bob_node = json.loads((out / "bob.json").read_text())
+    credential = bob_node["token"]
+    assert bob_node["uri"] == server.url + "/mlflow" and credential.startswith("airrun_"), bob_node
+    alice_mlflow = server.air_json("alice", "get", "run", alice_run)["mlflow_run_id"]
+    node_log = {"run_uuid": alice_mlflow, "path": "logs/attempt_0/node_0.log"}
+
+    # No token: nothing of MLflow answers.
+    for method, path, query in (("GET", api("runs/get"), {"run_id": alice_mlflow}), ("GET", "/get-artifact", node_log),
+                                ("GET", "/", None), ("POST", api("experiments/search"), None)):
+        status, raw = door(server, method, path, query=query, body={} if method == "POST" else None)
+        assert status == 401, (path, status, raw)
+    status, _ = door(server, "GET", api("runs/get"), token="airrun_forged", query={"run_id": alice_mlflow})
+    assert status == 401
+
+    # Bob's run credential against alice's run: refused, and alice's run is untouched.
+    metric = {"run_id": alice_mlflow, "key": "node_loss", "value": 99.0, "timestamp": 0, "step": 0}
+    for method, path, body, query in (
+            ("POST", api("runs/log-metric"), metric, None),
+            ("GET", "/get-artifact", None, node_log),
+            ("GET", api("runs/get"), None, {"run_id": alice_mlflow}),
+            ("POST", api("runs/set-tag"), {"run_id": alice_mlflow, "key": "x", "value": "y"}, None),
+            ("GET", f"/api/2.0/mlflow-artifacts/artifacts/0/{alice_mlflow}/artifacts/logs/attempt_0/node_0.log",
+             None, None)):
+        status, raw = door(server, method, path, token=credential, body=body, query=query)
+        assert status in (403, 404), (path, status, raw)
+        assert b"alice's node log line" not in raw
+    # Nor by a repeated key (MLflow reads the first value) or an escaped path into her artifacts.
+    status, raw = door(server, "GET", f"/get-artifact?run_uuid={alice_mlflow}&run_uuid={bob_node['run']}"
+                       "&path=logs/attempt_0/node_0.log", token=credential)
+    assert status in (403, 404) and b"alice's node log line" not in raw, (status, raw)
+    for path in (f"1/{bob_node['run']}/artifacts/%252e%252e/%252e%252e/{alice_mlflow}/artifacts/x.txt",
+                 f"1/{bob_node['run']}/artifacts/../../{alice_mlflow}/artifacts/x.txt"):
+        request = urllib.request.Request(f"{server.url}/mlflow/api/2.0/mlflow-artifacts/artifacts/{path}",
+                                         data=b"forged", method="PUT",
+                                         headers={"Authorization": f"Bearer {credential}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)  # noqa: S310 - the test's own server
+        assert refused.value.code in (400, 403, 404), path
+    # Bob's own token cannot see alice's private run either (404: its existence is not told).
+    status, raw = door(server, "GET", "/get-artifact", token=bob, query=node_log)
+    assert status == 404, raw
+    # Nor may a credential claim another run by tag, or call what the door cannot scope.
+    status, raw = door(server, "POST", api("runs/set-tag"), token=credential,
+                       body={"run_id": bob_node["run"], "key": "air.run_id", "value": alice_run})
+    assert status == 403, raw
+    status, raw = door(server, "POST", api("experiments/delete"), token=credential, body={"experiment_id": "0"})
+    assert status == 403, raw
+    status, raw = door(server, "POST", api("registered-models/create"), token=bob, body={"name": "m"})
+    assert status == 403, raw
+
+    # Alice reads her node's metric back (logged by plain mlflow.log_metric through the door), and her log.
+    status, raw = door(server, "GET", api("metrics/get-history"), token=alice,
+                       query={"run_id": alice_mlflow, "metric_key": "node_loss"})
+    assert status == 200, raw
+    assert [m["value"] for m in json.loads(raw)["metrics"]] == [0.25]
+    status, raw = door(server, "GET", "/get-artifact", token=alice, query=node_log)
+    assert status == 200 and b"alice's node log line" in raw, raw
+    # The run's MLflow user is the air user; so is that of a run bob's code created itself.
+    assert tags_of(server, alice, alice_mlflow)["mlflow.user"] == "alice"
+    assert tags_of(server, root, bob_node["run"])["mlflow.user"] == "bob"
+    child = tags_of(server, root, bob_node["child"])
+    assert child["mlflow.user"] == "bob" and child["air.run_id"] == bob_run, child
+    # With the right credential a write works and reads back; a search sees only the run's own MLflow runs.
+    metric = {"run_id": bob_node["run"], "key": "from_test", "value": 7.0, "timestamp": 0, "step": 0}
+    status, raw = door(server, "POST", api("runs/log-metric"), token=credential, body=metric)
+    assert status == 200, raw
+    status, raw = door(server, "GET", api("runs/get"), token=credential, query={"run_id": bob_node["run"]})
+    metrics = {m["key"]: m["value"] for m in json.loads(raw)["run"]["data"]["metrics"]}
+    assert metrics["bob_loss"] == 0.5 and metrics["from_test"] == 7.0, metrics
+    status, raw = door(server, "GET", api("experiments/get-by-name"), token=credential,
+                       query={"experiment_name": "door"})
+    assert status == 200, raw
+    experiment = json.loads(raw)["experiment"]["experiment_id"]
+    # Its own artifacts go up through the door (proxied: nothing is written into the server's folders by
+    # the node) and bob reads them back with his own token.
+    own = f"{server.url}/mlflow/api/2.0/mlflow-artifacts/artifacts/{experiment}/{bob_node['run']}/artifacts/note.txt"
+    with urllib.request.urlopen(urllib.request.Request(own, data=b"bob's note", method="PUT", headers={  # noqa: S310
+            "Authorization": f"Bearer {credential}"}), timeout=60) as answer:
+        assert answer.status == 200
+    status, raw = door(server, "GET", "/get-artifact", token=bob, query={"run_uuid": bob_node["run"], "path": "note.txt"})
+    assert status == 200 and raw == b"bob's note", (status, raw)
+    status, raw = door(server, "POST", api("runs/search"), token=credential, body={"experiment_ids": [experiment]})
+    assert status == 200, raw
+    found = {r["info"]["run_id"] for r in json.loads(raw).get("runs", [])}
+    assert found and found <= {bob_node["run"], bob_node["child"]}, found
+    status, raw = door(server, "POST", api("runs/search"), token=root, body={"experiment_ids": [experiment]})
+    assert alice_mlflow in {r["info"]["run_id"] for r in json.loads(raw)["runs"]}
+
+    # MLflow's own port listens on loopback only: not on any address of the machine's public side.
+    listening = [c for c in psutil.net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == server.mlflow_port]
+    assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}, listening
+    for address in public_addresses():
+        with socket.socket() as sock:
+            sock.settimeout(5)
+            assert sock.connect_ex((address, server.mlflow_port)) != 0, address
+
+    # The credential dies with its run.
+    (out / "release").touch()
+    server.wait_status(bob_run, "SUCCESS", timeout=300)
+    status, raw = door(server, "GET", api("runs/get"), token=credential, query={"run_id": bob_node["run"]})
+    assert status == 401, raw
+
+
+def public_addresses() -> list[str]:
+    """This machine's IPv4 addresses other than loopback."""
+    return [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family == socket.AF_INET and not a.address.startswith("127.")]
+
+
+def test_the_doors_overhead_on_log_metric(private_server: AirServer, tmp_path: Path) -> None:
+    """log-metric through the door (alice's token on her run's MLflow run: the scoped path) vs straight to
+    MLflow's loopback port (median of N, printed)."""
+    server = private_server
+    alice = server.tokens["alice"]
+    direct = f"http://127.0.0.1:{server.mlflow_port}/mlflow"
+    air_run = submit(server, "alice", tmp_path / "alice.yaml", ALICE_NODE, "--watch")
+    run_id = server.air_json("alice", "get", "run", air_run)["mlflow_run_id"]
+
+    def timed(url: str, token: str | None) -> float:
+        body = json.dumps({"run_id": run_id, "key": "m", "value": 1.0, "timestamp": 0, "step": 0}).encode()
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+        started = time.perf_counter()
+        with urllib.request.urlopen(urllib.request.Request(url + api("runs/log-metric"), data=body,
+                                                           headers=headers), timeout=60) as answer:
+            assert answer.status == 200
+        return time.perf_counter() - started
+
+    n = 60
+    through, straight = [], []
+    for _ in range(n):  # interleaved, so load on the machine hits both alike
+        through.append(timed(server.url + "/mlflow", alice))
+        straight.append(timed(direct, None))
+    door_ms, direct_ms = statistics.median(through) * 1000, statistics.median(straight) * 1000
+    print(f"\nlog-metric median of {n}: through the door {door_ms:.2f} ms, direct loopback {direct_ms:.2f} ms, "
+          f"overhead {door_ms - direct_ms:.2f} ms ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
+    # Alice may not write to an MLflow run no air run owns (only an admin may); bob may not write to hers.
+    status, raw = door(server, "POST", api("runs/create"), token=server.tokens["root"], body={"experiment_id": "0"})
+    assert status == 200, raw
+    unowned = json.loads(raw)["run"]["info"]["run_id"]
+    for token, target in ((alice, unowned), (server.tokens["bob"], run_id)):
+        status, _ = door(server, "POST", api("runs/log-metric"), token=token,
+                         body={"run_id": target, "key": "m", "value": 1.0, "timestamp": 0, "step": 0})
+        assert status == 404
+
+
+def test_a_public_url_that_is_not_an_address_is_refused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "AIR_HOME": str(home)}
+    env.pop("AIR_SERVER_URL", None)
+    result = subprocess.run([*AIR, "server", "start", "--public-url", "ftp://air.example", "--mlflow-port", "0"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--public-url 'ftp://air.example' is not an http(s) address" in result.stderr, result.stderr
+
+
+def test_a_wildcard_bind_advertises_the_machines_name() -> None:
+    from air.server.mlflow_server import public_url
+
+    assert public_url("0.0.0.0", 8765, tls=True) == f"https://{socket.getfqdn()}:8765"
+    assert public_url("0.0.0.0", 8765, tls=False, given="https://air.team.example/") == "https://air.team.example"
+
+
+def test_mlflow_ui_through_the_door_with_the_pages_login(private_server: AirServer, tmp_path: Path) -> None:
+    """A browser logged in to the pages opens MLflow's UI at /mlflow and sees alice's run and metric; a
+    browser without a login gets nothing of MLflow."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "web"))
+    from web_helpers import headless_chromium
+
+    server = private_server
+    run_id = submit(server, "alice", tmp_path / "alice.yaml", ALICE_NODE, "--watch")
+    detail = server.air_json("alice", "get", "run", run_id)
+    link = detail["mlflow_url"]
+    assert link.startswith(server.url + "/mlflow/#/experiments/"), link
+    with headless_chromium() as browser:
+        browser.get(server.url + "/mlflow/")
+        assert "UNAUTHENTICATED" in browser.page_source
+        browser.get(server.url + "/ui/login")
+        browser.find_element("id", "token").send_keys(server.tokens["alice"])
+        browser.find_element("id", "login-button").click()
+        wait_for(lambda: "/login" not in browser.current_url, "the login", timeout=60)
+        browser.get(link)
+        try:
+            wait_for(lambda: "node_loss" in browser.page_source, "alice's metric in MLflow's UI", timeout=120,
+                     interval=0.5)
+        finally:
+            (tmp_path / "mlflow-ui.html").write_text(browser.page_source)
+        session = browser.get_cookie("air_session")
+    assert session is not None
+    # The session cookie reads; a cross-site (or Origin-less) write with it is refused.
+    mlflow_run = detail["mlflow_run_id"]
+    cookie = {"Cookie": f"air_session={session['value']}", "Content-Type": "application/json"}
+    reads = urllib.request.Request(f"{server.url}/mlflow{api('runs/get')}?run_id={mlflow_run}", headers=cookie)
+    with urllib.request.urlopen(reads, timeout=60) as answer:  # noqa: S310 - the test's own server
+        assert json.loads(answer.read())["run"]["info"]["run_id"] == mlflow_run
+    body = json.dumps({"run_id": mlflow_run, "key": "forged", "value": 1.0, "timestamp": 0, "step": 0}).encode()
+    for origin in ({}, {"Origin": "https://evil.example"}):
+        forged = urllib.request.Request(f"{server.url}/mlflow{api('runs/log-metric')}", data=body,
+                                        headers={**cookie, **origin})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(forged, timeout=60)  # noqa: S310
+        assert refused.value.code == 403
+
+
+def test_graphql_is_scoped_to_the_runs_it_names() -> None:
+    from air.server.mlflow_door import graphql_run_ids
+
+    get_run = "query MlflowGetRun($data: MlflowGetRunInput!) { mlflowGetRun(input: $data) { run { info { runUuid } } } }"
+    assert graphql_run_ids({"query": get_run, "variables": {"data": {"runId": "r1"}}}) == ["r1"]
+    literal = 'query { mlflowGetRun(input: {runId: "r2"}) { run { info { runUuid } } } __typename }'
+    assert graphql_run_ids({"query": literal}) == ["r2"]
+    # A search, a mutation, a run named by no input, a root fragment, or garbage: not scoped (refused).
+    for query in ('query { mlflowSearchRuns(input: {experimentIds: ["0"]}) { runs { info { runUuid } } } }',
+                  'mutation { testMutation(inputString: "x") { output } }',
+                  "query { mlflowGetRun(input: {}) { run { info { runUuid } } } }",
+                  "query { ...F } fragment F on Query { mlflowSearchRuns { runs { info { runUuid } } } }",
+                  "query { mlflowGetRun(input: {runId: ", ):
+        assert graphql_run_ids({"query": query}) is None, query
+
+
+def test_the_door_is_behind_the_servers_tls(tmp_path: Path) -> None:
+    """Under --tls-*, MLflow is served over HTTPS at the server's port: a node (trusting the certificate)
+    logs through it; plain HTTP gets nothing; any Host name the server is reached by passes MLflow's check."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                           "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                           "-out", str(cert)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    with running_server(tmp_path, mlflow=True, tls=(cert, key)) as server:
+        body = f"env_variables: {{REQUESTS_CA_BUNDLE: {str(cert)!r}}}\n" + ALICE_NODE
+        run_id = submit(server, "alice", tmp_path / "alice.yaml", body, "--watch")
+        assert server.run_status(run_id) == "SUCCESS"
+        node_log = (server.home / "runs" / run_id / "attempt_0" / "node_0.log").read_text()
+        assert f"door: {server.url}/mlflow airrun_" in node_log, node_log
+        mlflow_run = server.air_json("alice", "get", "run", run_id)["mlflow_run_id"]
+        status, raw = door(server, "GET", api("metrics/get-history"), token=server.tokens["alice"],
+                           query={"run_id": mlflow_run, "metric_key": "node_loss"})
+        assert status == 200 and [m["value"] for m in json.loads(raw)["metrics"]] == [0.25], raw
+        plain = f"http://127.0.0.1:{server.port}/mlflow/api/2.0/mlflow/runs/get?run_id={mlflow_run}"
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            urllib.request.urlopen(plain, timeout=30)  # noqa: S310 - the test's own loopback server
+        request = urllib.request.Request(server.url + "/mlflow/api/2.0/mlflow/experiments/search?max_results=5",
+                                         headers={"Authorization": f"Bearer {server.tokens['alice']}",
+                                                  "Host": "air.team.example"})
+        context = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(request, timeout=60, context=context) as answer:  # noqa: S310
+            assert answer.status == 200 and "experiments" in json.loads(answer.read())
+
+
+CALL = """
+import json, os
+import mlflow
+from air import distributed
+
+@distributed(num_accelerators=1, accelerator_type="CPU_1xCPU", remote=True)
+def train():
+    mlflow.log_metric("rank_loss", 0.125)
+    return [os.environ["MLFLOW_TRACKING_URI"], os.environ["MLFLOW_TRACKING_TOKEN"][:7]]
+
+print("RESULT " + json.dumps(train.distributed()))
+"""
+
+
+@pytest.mark.parametrize("server", ["mlflow"], indirect=True)
+def test_a_remote_calls_ranks_log_through_the_door(server: AirServer, tmp_path: Path) -> None:
+    script = tmp_path / "call.py"
+    script.write_text(CALL)
+    done = subprocess.run([sys.executable, str(script)], env=server.env("alice"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")).removeprefix("RESULT "))
+    assert result == [[server.url + "/mlflow", "airrun_"]], result
+    call = server.air_json("alice", "list", "runs", "--all-status")["runs"][0]
+    mlflow_run = server.air_json("alice", "get", "run", call["id"])["mlflow_run_id"]
+    status, raw = door(server, "GET", api("runs/get"), token=server.tokens["alice"], query={"run_id": mlflow_run})
+    assert status == 200, raw
+    run = json.loads(raw)["run"]
+    assert {m["key"]: m["value"] for m in run["data"]["metrics"]}.get("rank_loss") == 0.125, run["data"]
+    assert {t["key"]: t["value"] for t in run["data"]["tags"]}["mlflow.user"] == "alice"
