@@ -14,7 +14,7 @@ STAMP := $(VENV)/.stamp-setup
 VENV_LEAN ?= .venv-lean
 LEAN_STAMP := $(VENV_LEAN)/.stamp-lean
 
-.PHONY: setup demo test test-lean test-gpu lint bench clean
+.PHONY: setup demo test test-lean test-gpu lint docs bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,10 +35,15 @@ setup: $(STAMP)
 demo: setup
 	AIR_HOME=$${AIR_HOME:-$(CURDIR)/.air-home} $(PY) examples/quickstart/ddp_cpu.py
 
-# Everything but GPU tests on the full install, then the lean install's own run (tests/lean need it).
+# Everything but GPU tests on the full install, then the lean install's own run (tests/lean need it),
+# whether or not the first failed: both results are reported, and `make test` fails if either did.
 test: setup
-	$(PY) -m pytest -q --durations=15 -m "not gpu" --ignore=tests/lean tests
-	$(MAKE) test-lean
+	@main=0; lean=0; \
+	$(PY) -m pytest -q --durations=15 -m "not gpu" --ignore=tests/lean tests || main=$$?; \
+	$(MAKE) --no-print-directory test-lean || lean=$$?; \
+	verdict() { if [ "$$1" -eq 0 ]; then echo passed; else echo "FAILED (exit $$1)"; fi; }; \
+	echo "make test: main tier $$(verdict $$main); lean tier (tests/tracking, tests/lean on pip install -e .) $$(verdict $$lean)"; \
+	[ "$$main" -eq 0 ] && [ "$$lean" -eq 0 ]
 
 $(LEAN_STAMP): pyproject.toml Makefile
 	rm -rf $(VENV_LEAN)
@@ -60,5 +65,11 @@ lint: setup
 	$(PY) -m ruff check src tests
 	$(PY) -m mypy
 
+# The reference site: the generated pages first (docs/gen_reference.py), then a strict build into .site/,
+# where a broken link, a missing page or a bad anchor fails (no -q: mkdocs's -q hides them from --strict).
+docs: setup
+	$(PY) docs/gen_reference.py
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) $(VENV_LEAN) .air-home .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(VENV_LEAN) .air-home .pytest_cache .mypy_cache .site

@@ -148,6 +148,13 @@ class EnvironmentBuildError(AirError):
     """`environment.dependencies` could not be installed."""
 
 
+class StoreError(AirError):
+    """The run store (`runs.db`) cannot be used as it is: corrupt, unwritable, locked, or emptied beside
+    run folders. The message names the file and what is wrong; the hint says what to do."""
+
+    code = "STORE_ERROR"
+
+
 class SecretMaskingError(AirError):
     """A run's logs cannot be shown safely: a secret it was given can no longer be resolved, so its value
     could not be hidden. Nothing was printed (exit 1: the request was fine, the state is not)."""
@@ -170,6 +177,7 @@ __all__ = [
     "SecretMaskingError",
     "RuntimeConfigurationError",
     "SerializationError",
+    "StoreError",
     "UserInputError",
     "WorkloadFailureException",
 ]

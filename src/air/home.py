@@ -77,6 +77,11 @@ class AirHome:
         """Held while `ui.json` is read and rewritten."""
         return self.root / "ui.json.lock"
 
+    @property
+    def ui_log(self) -> Path:
+        """`ui.log`: the output of `air ui`'s MLflow server, kept out of the terminal."""
+        return self.root / "ui.log"
+
     # -- folders -------------------------------------------------------------------------------------
 
     @property
@@ -109,6 +114,12 @@ class AirHome:
         """`server/`: what `air server` keeps beside the store (uploaded blobs, rebuilt snapshots, each
         user's secrets; air/server/uploads.py `ServerPaths` names what is inside)."""
         return self.root / "server"
+
+    @property
+    def tokens(self) -> Path:
+        """`tokens/<profile>.token`: the `air server` API tokens `air login` saved, owner-only (0600),
+        named by a profile's `token_path` so config.yaml never holds one."""
+        return self.root / "tokens"
 
     @property
     def bin(self) -> Path:

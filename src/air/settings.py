@@ -2,7 +2,7 @@
 
 Three kinds, kept apart so a user knows which ones are theirs to set:
 
-* **settings**: what a user may set to change air's behaviour (the README's table is generated from this
+* **settings**: what a user may set to change air's behaviour (docs/reference/settings.md's table is generated from this
   registry: `markdown_table()`);
 * **run variables**: what air sets in every node or rank for the user's code to read;
 * **internal plumbing**: what air's own processes pass to each other; never set these by hand.
@@ -10,12 +10,14 @@ Three kinds, kept apart so a user knows which ones are theirs to set:
 Each variable is a constant named as the variable itself (`AIR_HOME = "AIR_HOME"`), so a grep for the name
 finds every use. No module spells an `"AIR_…"` string literal of its own: tests/test_settings.py fails on
 one, so a new variable must be registered here (with its kind, default and a one-line doc) first; the
-same test fails when the README's tables differ from `markdown_table()` and prints the table to paste.
+same test fails when docs/reference/settings.md's tables differ from `markdown_table()` (docs/gen_reference.py
+writes them).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -37,7 +39,7 @@ class EnvVar:
     doc: str
 
 
-#: Name -> its registration, in the order registered (the README's order).
+#: Name -> its registration, in the order registered (the reference page's order).
 REGISTRY: dict[str, EnvVar] = {}
 
 
@@ -199,6 +201,16 @@ AIR_MLFLOW_DOOR = _internal(
     "AIR_MLFLOW_DOOR",
     "Set by `air server` for its supervisors: the MLflow address (`<public URL>/mlflow`) handed to nodes.",
 )
+AIR_MLFLOW_HOLD = _internal(
+    "AIR_MLFLOW_HOLD",
+    "A file: `air server` reports its MLflow as starting until it exists, even once MLflow answers (tests "
+    "use it to see the server serve before MLflow is ready).",
+)
+AIR_SUPERVISOR_ONLY = _internal(
+    "AIR_SUPERVISOR_ONLY",
+    "Set by `air server`: the variables (comma-separated) it gave its supervisors only (their MLflow credential, "
+    "TLS trust); removed, with itself, from every node's and rank's environment.",
+)
 AIR_ISOLATION = _internal(
     "AIR_ISOLATION",
     "Set by `air server` for its supervisors and call drivers: the walls its runs get (`unix-user+bwrap`, `bwrap`).",
@@ -230,13 +242,21 @@ AIR_PATH_PREFIX = _internal(
 )
 
 
+def node_environ(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` without what `air server` gave its supervisors and call drivers only (AIR_SUPERVISOR_ONLY):
+    the one rule every builder of a node's or rank's environment applies, so no node ever holds the
+    server's MLflow credential or its supervisors' TLS exceptions."""
+    drop = {AIR_SUPERVISOR_ONLY, *(k for k in env.get(AIR_SUPERVISOR_ONLY, "").split(",") if k)}
+    return {k: v for k, v in env.items() if k not in drop}
+
+
 def of_kind(kind: Kind) -> list[EnvVar]:
     """The registered variables of one kind, in registration order."""
     return [v for v in REGISTRY.values() if v.kind is kind]
 
 
 def markdown_table(kind: Kind = Kind.SETTING) -> str:
-    """The README's table of one kind of variable (generated, so it cannot drift from the registry)."""
+    """The reference page's table of one kind of variable (generated, so it cannot drift from the registry)."""
     with_default = kind is Kind.SETTING
     head = (
         "| variable | default | what it does |\n|---|---|---|"

@@ -51,9 +51,10 @@ def _four_nodes_log_metrics(server: AirServer, tmp_path: Path) -> None:
     assert detail["backend"] == "ray"
     reader = ("import json, sys, mlflow\n"
               "print(json.dumps(mlflow.MlflowClient(sys.argv[1]).get_run(sys.argv[2]).data.metrics))\n")
-    uri = f"http://127.0.0.1:{server.mlflow_port}"
+    uri = server.url + "/mlflow"  # MLflow listens on no port: the door, with an admin's token
     read = subprocess.run([sys.executable, "-c", reader, uri, detail["mlflow_run_id"]],
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=tmp_path,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                               "MLFLOW_TRACKING_TOKEN": server.tokens["root"]}, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert read.returncode == 0, read.stderr
     metrics = json.loads(read.stdout.strip().splitlines()[-1])

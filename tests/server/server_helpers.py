@@ -86,9 +86,14 @@ class AirServer:
         try:
             context = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
             with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2, context=context) as r:
-                return bool(json.loads(r.read())["status"] == "ok")
+                health = json.loads(r.read())
         except OSError:
             return False
+        # The API answers while MLflow starts beside it: a test of MLflow waits for it to be ready.
+        mlflow = health.get("mlflow", {}).get("state", "off")
+        if mlflow == "failed":
+            raise AssertionError(f"the server's MLflow failed: {health} (log: {self.home / 'server' / 'server.log'})")
+        return bool(health["status"] == "ok" and mlflow in ("ready", "off"))
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         assert self.proc is not None

@@ -16,6 +16,7 @@ import subprocess
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -55,6 +56,25 @@ with open(ckpt, "w") as fh:
 print("CHECKPOINT " + ckpt, flush=True)
 print("SECRET " + ("ok" if os.environ.get("BOB_KEY") == os.environ["EXPECTED_KEY_REVERSED"][::-1] else "wrong"),
       flush=True)
+import socket, urllib.request
+try:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(os.environ["MLFLOW_SOCKET"])
+    got = "CONNECTED"
+except OSError as exc:
+    got = type(exc).__name__
+print("ATTEMPT " + json.dumps({"what": "mlflow_socket", "got": got}), flush=True)
+answered = []
+for port in [int(p) for p in os.environ["SWEEP_PORTS"].split(",") if p]:
+    for path in ("/mlflow/api/2.0/mlflow/experiments/search?max_results=1",
+                 "/api/2.0/mlflow/experiments/search?max_results=1"):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                if answer.status == 200 and b"experiments" in answer.read():
+                    answered.append(port)
+        except Exception:
+            pass
+print("SWEEP " + json.dumps({"ports": os.environ["SWEEP_PORTS"], "answered": answered}), flush=True)
 try:
     import mlflow
     mlflow.log_metric("loss", 0.25)
@@ -115,6 +135,20 @@ def _run_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
+def _listening(server: AirServer, *, mlflow_only: bool = False) -> list[Any]:
+    """The TCP sockets the air server's processes (or only its MLflow server's) listen on."""
+    assert server.proc is not None
+    found = []
+    for proc in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            if mlflow_only and "mlflow" not in " ".join(proc.cmdline()):
+                continue
+            found += [c for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
 def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: AirServer, tmp_path: Path) -> None:
     server = isolated
     health = server.api("GET", "/api/v1/health")[1]
@@ -130,12 +164,17 @@ def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: Ai
     put = subprocess.run([*AIR, "secrets", "put", "keys", "bob"], env=server.env("bob"), input=BOB_SECRET,
                          capture_output=True, text=True, timeout=60)
     assert put.returncode == 0, put.stderr
+    # Every port a process of the server listens on (its MLflow's, its supervisors', alice's run's), the
+    # server's own excepted, and the port MLflow once listened on: bob sweeps them for an MLflow without a token.
+    sweep = sorted({c.laddr.port for c in _listening(server)} - {server.port} | {server.mlflow_port})
     extra = textwrap.dedent(f"""
         secrets: {{BOB_KEY: keys/bob}}
         env_variables:
           SERVER_HOME: {server.home}
           ALICE_RUN: {alice_run}
           EXPECTED_KEY_REVERSED: {BOB_SECRET[::-1]}
+          MLFLOW_SOCKET: {server.home / "server" / "mlflow" / "mlflow.sock"}
+          SWEEP_PORTS: "{",".join(map(str, sweep))}"
     """)
     spec = _spec(tmp_path / "bob", "bob-exp", ATTACK, "python $CODE_SOURCE_PATH/main.py", extra)
     bob_run = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
@@ -144,7 +183,22 @@ def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: Ai
     lines = (server.home / "runs" / bob_run / "attempt_0" / "node_0.log").read_text().splitlines()
     print("\n".join(lines))  # what each attempt got, for the reader of the test's output
     attempts = {d["what"]: d["got"] for d in (json.loads(ln.split("ATTEMPT ", 1)[1]) for ln in lines if "ATTEMPT " in ln)}
-    assert set(attempts) == {"alice_secrets", "runs_db", "session_key", "alice_log", "write_runs_db"}, attempts
+    assert set(attempts) == {"alice_secrets", "runs_db", "session_key", "alice_log", "write_runs_db",
+                             "mlflow_socket"}, attempts
+    # (not in bob's view at all; and were it there, the 0700 folder stops bob's account, as seen below)
+    assert attempts["mlflow_socket"] in ("PermissionError", "FileNotFoundError"), attempts
+    knock = subprocess.run(["runuser", "-u", "air-bob", "--", "/usr/bin/python3", "-c",
+                            "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])",
+                            str(server.home / "server" / "mlflow" / "mlflow.sock")],
+                           capture_output=True, text=True, timeout=60)
+    assert knock.returncode != 0 and "PermissionError" in knock.stderr, knock.stderr
+    swept = json.loads(next(ln.split("SWEEP ", 1)[1] for ln in lines if "SWEEP " in ln))
+    assert swept["answered"] == [], swept
+    # MLflow itself listens on no TCP port; its socket's folder is the server's (root's) alone
+    assert (server.home / "server" / "mlflow" / "mlflow.sock").exists()
+    folder = os.stat(server.home / "server" / "mlflow")
+    assert folder.st_mode & 0o777 == 0o700 and folder.st_uid == 0, oct(folder.st_mode)
+    assert not [c for c in _listening(server, mlflow_only=True)], _listening(server, mlflow_only=True)
     for what, got in attempts.items():
         assert not got.startswith(("READ", "WROTE")), f"{what}: {got}"
     # The targets that exist on the server really are there: the walls, not a wrong path, stopped bob.

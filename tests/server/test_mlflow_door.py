@@ -1,10 +1,11 @@
-"""MLflow behind the air server's tokens (issue 22): MLflow listens on loopback only and is served under
-`/mlflow` by the air server; nothing passes without a token; a run's credential writes to its own run's
+"""MLflow behind the air server's tokens (issue 22): MLflow listens on a Unix socket in a 0700 folder
+of the server's account (no TCP port at all) and is served under `/mlflow` by the air server; nothing passes without a token; a run's credential writes to its own run's
 MLflow runs and nothing else; the MLflow user of a run is its air user. Real server, real runs, real
 MLflow client in the nodes."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -64,6 +65,11 @@ command: |
   python - <<'EOF'
   import os, mlflow
   print("door:", os.environ["MLFLOW_TRACKING_URI"], os.environ["MLFLOW_TRACKING_TOKEN"][:7])
+  held = [k for k in ("AIR_SUPERVISOR_ONLY", "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
+          if k in os.environ]
+  print("supervisor-only variables held:", held)
+  print("token in full:", os.environ["MLFLOW_TRACKING_TOKEN"])
+  open(os.environ["TOKEN_OUT"], "w").write(os.environ["MLFLOW_TRACKING_TOKEN"]) if "TOKEN_OUT" in os.environ else None
   mlflow.log_metric("node_loss", 0.25)
   print("alice's node log line")
   EOF
@@ -199,20 +205,52 @@ def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirSe
     status, raw = door(server, "POST", api("runs/search"), token=root, body={"experiment_ids": [experiment]})
     assert alice_mlflow in {r["info"]["run_id"] for r in json.loads(raw)["runs"]}
 
-    # MLflow's own port listens on loopback only: not on any address of the machine's public side.
-    listening = [c for c in psutil.net_connections(kind="tcp")
-                 if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == server.mlflow_port]
-    assert listening and {c.laddr.ip for c in listening} == {"127.0.0.1"}, listening
-    for address in public_addresses():
+    # MLflow listens on no TCP port at all (the old loopback port included): only on its Unix socket, in a
+    # folder of the server's account alone. The server said --mlflow-port is no longer a port.
+    tree = mlflow_tree(server)
+    listening = [c for p in tree for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert not listening, listening
+    sockets = [c.laddr for p in tree for c in p.net_connections(kind="unix") if c.laddr]
+    assert str(server.home / "server" / "mlflow" / "mlflow.sock") in sockets, sockets
+    folder = os.stat(server.home / "server" / "mlflow")
+    assert folder.st_mode & 0o777 == 0o700 and folder.st_uid == os.getuid(), oct(folder.st_mode)
+    for address in ["127.0.0.1", *public_addresses()]:
         with socket.socket() as sock:
             sock.settimeout(5)
             assert sock.connect_ex((address, server.mlflow_port)) != 0, address
+    assert "the port is not used" in server.log.read_text()
+    # Alice's node held its run's credential (masked in its log) and nothing the supervisors hold only.
+    alice_log = (server.home / "runs" / alice_run / "attempt_0" / "node_0.log").read_text()
+    assert "supervisor-only variables held: []" in alice_log, alice_log
+    assert "token in full: ***" in alice_log, alice_log
 
     # The credential dies with its run.
     (out / "release").touch()
     server.wait_status(bob_run, "SUCCESS", timeout=300)
     status, raw = door(server, "GET", api("runs/get"), token=credential, query={"run_id": bob_node["run"]})
     assert status == 401, raw
+
+
+class UnixHTTP(http.client.HTTPConnection):
+    """HTTP over a Unix socket."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=60)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(60)
+        self.sock.connect(str(self.path))
+
+
+def mlflow_tree(server: AirServer) -> list[psutil.Process]:
+    """The MLflow server's processes (its guard, `mlflow server` and uvicorn), among the air server's."""
+    assert server.proc is not None
+    tree = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+            if "mlflow" in " ".join(p.cmdline()) and "air.runs.supervisor" not in " ".join(p.cmdline())]
+    assert any("--uds" in p.cmdline() for p in tree), [p.cmdline() for p in tree]
+    return tree
 
 
 def public_addresses() -> list[str]:
@@ -226,12 +264,13 @@ def test_the_doors_overhead_on_log_metric(private_server: AirServer, tmp_path: P
     MLflow's loopback port (median of N, printed)."""
     server = private_server
     alice = server.tokens["alice"]
-    direct = f"http://127.0.0.1:{server.mlflow_port}/mlflow"
+    direct = server.home / "server" / "mlflow" / "mlflow.sock"
     air_run = submit(server, "alice", tmp_path / "alice.yaml", ALICE_NODE, "--watch")
     run_id = server.air_json("alice", "get", "run", air_run)["mlflow_run_id"]
 
+    body = json.dumps({"run_id": run_id, "key": "m", "value": 1.0, "timestamp": 0, "step": 0}).encode()
+
     def timed(url: str, token: str | None) -> float:
-        body = json.dumps({"run_id": run_id, "key": "m", "value": 1.0, "timestamp": 0, "step": 0}).encode()
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         started = time.perf_counter()
         with urllib.request.urlopen(urllib.request.Request(url + api("runs/log-metric"), data=body,
@@ -239,13 +278,26 @@ def test_the_doors_overhead_on_log_metric(private_server: AirServer, tmp_path: P
             assert answer.status == 200
         return time.perf_counter() - started
 
+    def timed_socket(sock: Path, _: None) -> float:
+        """Straight to MLflow's Unix socket (what only the server's account can do)."""
+        started = time.perf_counter()
+        connection = UnixHTTP(sock)
+        try:
+            connection.request("POST", "/mlflow" + api("runs/log-metric"), body=body,
+                               headers={"Content-Type": "application/json"})
+            assert connection.getresponse().status == 200
+        finally:
+            connection.close()
+        return time.perf_counter() - started
+
     n = 60
     through, straight = [], []
     for _ in range(n):  # interleaved, so load on the machine hits both alike
         through.append(timed(server.url + "/mlflow", alice))
-        straight.append(timed(direct, None))
+        straight.append(timed_socket(direct, None))
     door_ms, direct_ms = statistics.median(through) * 1000, statistics.median(straight) * 1000
-    print(f"\nlog-metric median of {n}: through the door {door_ms:.2f} ms, direct loopback {direct_ms:.2f} ms, "
+    print(f"\nlog-metric median of {n}: through the door {door_ms:.2f} ms, direct on MLflow's socket "
+          f"{direct_ms:.2f} ms, "
           f"overhead {door_ms - direct_ms:.2f} ms ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
     # Alice may not write to an MLflow run no air run owns (only an admin may); bob may not write to hers.
     status, raw = door(server, "POST", api("runs/create"), token=server.tokens["root"], body={"experiment_id": "0"})
@@ -346,6 +398,7 @@ def test_the_door_is_behind_the_servers_tls(tmp_path: Path) -> None:
         assert server.run_status(run_id) == "SUCCESS"
         node_log = (server.home / "runs" / run_id / "attempt_0" / "node_0.log").read_text()
         assert f"door: {server.url}/mlflow airrun_" in node_log, node_log
+        assert "supervisor-only variables held: []" in node_log, node_log  # (its supervisor held the cert path)
         mlflow_run = server.air_json("alice", "get", "run", run_id)["mlflow_run_id"]
         status, raw = door(server, "GET", api("metrics/get-history"), token=server.tokens["alice"],
                            query={"run_id": mlflow_run, "metric_key": "node_loss"})
@@ -391,3 +444,49 @@ def test_a_remote_calls_ranks_log_through_the_door(server: AirServer, tmp_path: 
     run = json.loads(raw)["run"]
     assert {m["key"]: m["value"] for m in run["data"]["metrics"]}.get("rank_loss") == 0.125, run["data"]
     assert {t["key"]: t["value"] for t in run["data"]["tags"]}["mlflow.user"] == "alice"
+
+
+def test_supervisors_trust_the_certificate_or_skip_checks_and_nodes_get_neither(tmp_path: Path) -> None:
+    """The server's supervisors reach the door at its local address with the server's credential: a
+    certificate that verifies for that address is trusted as is, else (it names another host) they alone
+    skip TLS checks; a node's environment keeps none of it (air.settings.node_environ)."""
+    from air.server.mlflow_server import SERVER_CREDENTIAL_PREFIX, cert_verifies, supervisor_env
+    from air.settings import node_environ
+
+    pairs = {}
+    for name, san in (("ip", "IP:127.0.0.1"), ("dns", "DNS:air.team.example")):
+        cert, key = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+        made = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                               "/CN=air", "-addext", f"subjectAltName={san}", "-keyout", str(key), "-out", str(cert)],
+                              capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+        pairs[name] = (cert, key)
+    assert cert_verifies(*pairs["ip"], "127.0.0.1") and not cert_verifies(*pairs["dns"], "127.0.0.1")
+    assert cert_verifies(*pairs["dns"], "air.team.example")
+    secret = SERVER_CREDENTIAL_PREFIX + "x" * 43
+    trusted = supervisor_env("0.0.0.0", 8765, credential=secret, tls_cert=pairs["ip"][0], tls_key=pairs["ip"][1])
+    assert trusted["MLFLOW_TRACKING_URI"] == "https://127.0.0.1:8765/mlflow"
+    assert trusted["MLFLOW_TRACKING_SERVER_CERT_PATH"] == str(pairs["ip"][0].resolve())
+    assert "MLFLOW_TRACKING_INSECURE_TLS" not in trusted
+    insecure = supervisor_env("127.0.0.1", 8765, credential=secret, tls_cert=pairs["dns"][0], tls_key=pairs["dns"][1])
+    assert insecure["MLFLOW_TRACKING_INSECURE_TLS"] == "true" and "MLFLOW_TRACKING_SERVER_CERT_PATH" not in insecure
+    plain = supervisor_env("10.0.0.7", 8765, credential=secret)
+    assert plain == {"MLFLOW_TRACKING_URI": "http://10.0.0.7:8765/mlflow", "MLFLOW_TRACKING_TOKEN": secret,
+                     "AIR_SUPERVISOR_ONLY": "MLFLOW_TRACKING_URI,MLFLOW_TRACKING_TOKEN"}
+    for given in (trusted, insecure):
+        node = node_environ({"PATH": "/usr/bin", **given})
+        assert node == {"PATH": "/usr/bin"}, node
+    # without a server, a user's own MLflow settings reach their nodes as before
+    assert node_environ({"MLFLOW_TRACKING_INSECURE_TLS": "true"}) == {"MLFLOW_TRACKING_INSECURE_TLS": "true"}
+
+
+def test_the_server_credential_is_private_and_stable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept 0600 beside the server's state and the same after a restart (supervisors outlive the server)."""
+    from air.server.mlflow_server import SERVER_CREDENTIAL_PREFIX, server_credential
+
+    monkeypatch.setenv("AIR_HOME", str(tmp_path / "home"))
+    first = server_credential()
+    path = tmp_path / "home" / "server" / "mlflow-credential"
+    assert first.startswith(SERVER_CREDENTIAL_PREFIX) and path.read_text().strip() == first
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert server_credential() == first

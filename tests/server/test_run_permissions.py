@@ -244,6 +244,6 @@ def _team_reads(server: AirServer, tmp_path: Path, started: list[str]) -> None:
     assert _raw(server, f"/ui/runs/{plain}", bob)[0] == 200
     assert server.api("POST", f"/api/v1/runs/{plain}/cancel", token=bob)[0] == 403
     detail = server.api("GET", f"/api/v1/runs/{granted}", token=bob)[1]
-    assert json.loads(detail["permissions"]) == [{"user": "bob", "level": "CAN_MANAGE_RUN"}]
+    assert detail["permissions"] == [{"user_name": "bob", "level": "CAN_MANAGE_RUN"}]
     assert server.api("POST", f"/api/v1/runs/{granted}/cancel", token=bob)[0] == 200
     server.wait_status(granted, "CANCELED")

@@ -43,6 +43,7 @@ def test_an_mlflow_tracking_uri_in_the_servers_environment_wins(monkeypatch: pyt
     from air.server.mlflow_server import mlflow_server
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.team.example:5000")
-    with mlflow_server("127.0.0.1", 8766) as uri:  # starts nothing: the team's server is used as it is
+    with mlflow_server(door="http://127.0.0.1:8765/mlflow", supervisor={}) as (uri, _):  # starts nothing: the team's
+        # server is used as it is
         assert uri is None
         assert os.environ["MLFLOW_TRACKING_URI"] == "http://mlflow.team.example:5000"

@@ -142,15 +142,25 @@ def test_run_page_charts_training_and_system_metrics_and_links_mlflow(
     assert 'href="http://127.0.0.1:5999" id="mlflow-link"' in shown
 
 
+#: Rank 1 fails only once rank 0 has printed its line: a failing rank ends its peers at once, and on a
+#: loaded machine rank 0 may not have started printing by then (its log would be empty). MARKER: a file.
 CALLER = """
 import os
+import time
+from pathlib import Path
 from air import distributed
 
 @distributed(num_accelerators=2, accelerator_type="CPU")
 def work() -> int:
     rank = int(os.environ["RANK"])
     print(f"line of rank {rank}", flush=True)
+    marker = Path(MARKER)
+    if rank == 0:
+        marker.touch()
     if rank == 1:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise ValueError("rank one is unhappy")
     return rank
 
@@ -170,7 +180,7 @@ def test_a_failed_call_shows_per_rank_logs_with_the_failing_rank_first(
     from air.runs.store import RunStore
 
     script = tmp_path / "caller.py"
-    script.write_text(CALLER)
+    script.write_text(CALLER.replace("MARKER", repr(str(tmp_path / "rank_0_printed"))))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240)
     assert "RAISED" in result.stdout, result.stdout + result.stderr
     (call,) = RunStore().list_runs(statuses="all")
@@ -215,10 +225,11 @@ def test_mounted_under_a_prefix_as_air_server_mounts_it(
     try:
         base = f"http://127.0.0.1:{port}"
         assert page(f"{base}/api/health") == "ok"
-        request = urllib.request.Request(f"{base}/ui/runs", headers={"Authorization": "Bearer tok"})
-        with urllib.request.urlopen(request, timeout=60) as response:
+        request = urllib.request.Request(f"{base}/ui/runs?who=all", headers={"Authorization": "Bearer tok"})
+        with urllib.request.urlopen(request, timeout=60) as response:  # everyone's: ana submitted none
             runs = response.read().decode()
         assert f'href="/ui/runs/{run_id}"' in runs and 'href="/ui/static/air.css"' in runs
+        assert 'href="/ui/runs?" class="" id="who-mine"' in runs  # the toggle stays under the prefix
         assert "--ok:" in page(f"{base}/ui/static/air.css")
         request = urllib.request.Request(f"{base}/ui/runs/{run_id}", headers={"Authorization": "Bearer tok"})
         with urllib.request.urlopen(request, timeout=60) as response:

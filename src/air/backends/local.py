@@ -43,7 +43,7 @@ from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, 
 from air.launcher.progress import Silence
 from air.launcher.sandbox import Sandbox
 from air.launcher.warm import python_can_fork
-from air.settings import AIR_LAUNCHER_PID, AIR_NODE_SLOTS, AIR_PROCESS_TAG, AIR_SUPERVISOR
+from air.settings import AIR_LAUNCHER_PID, AIR_NODE_SLOTS, AIR_PROCESS_TAG, AIR_SUPERVISOR, node_environ
 
 QUEUE_POLL_S = 0.2
 
@@ -207,7 +207,7 @@ def _node_environment(launch: NodeLaunch) -> dict[str, str]:
     environment its launch carries (the supervisor built it whole)."""
     if launch.ray_shim:
         return {}
-    env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
+    env = {k: v for k, v in node_environ(os.environ).items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
     env[AIR_LAUNCHER_PID] = str(os.getpid())
     return env
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from air.errors import RayInitializationError
 from air.launcher import reserve_port
-from air.settings import AIR_KEEP_RAY_TEMP, AIR_RAY_NODE, AIR_RAY_TEMP_ROOT
+from air.settings import AIR_KEEP_RAY_TEMP, AIR_RAY_NODE, AIR_RAY_TEMP_ROOT, node_environ
 
 #: Ray's own authentication switches (see the module docstring).
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -180,8 +180,9 @@ def short_temp_dir(prefix: str = "air-ray") -> Path:
 
 
 def clean_ray_env(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` without the variables Ray sets for its own workers (see RAY_WORKER_ENV)."""
-    return {k: v for k, v in env.items() if k not in RAY_WORKER_ENV}
+    """`env` without the variables Ray sets for its own workers (see RAY_WORKER_ENV), nor what `air
+    server` gave its supervisors only (a Ray node's processes are nodes' processes)."""
+    return {k: v for k, v in node_environ(env).items() if k not in RAY_WORKER_ENV}
 
 
 def start_ray_node(

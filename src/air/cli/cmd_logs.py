@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -12,7 +12,8 @@ import click
 from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import stderr
-from air.errors import NotFoundError
+from air.errors import AirError, NotFoundError
+from air.runs.follow import FollowEvent, Lines
 from air.runs.paths import RunPaths
 from air.runs.store import Run, RunStore
 from air.runs.views import attempt_index, log_masker
@@ -40,7 +41,9 @@ from air.runs.views import attempt_index, log_masker
     help="Attempt, 0-based (default: the latest).",
 )
 @click.option(
-    "--tail", default=None, type=click.IntRange(min=0), help="Only the last N lines (default: 10000)."
+    "--tail", default=None, type=click.IntRange(min=0),
+    help="Only the last N lines of each log: per node (or rank), so --tail 4 on two nodes prints up to 8 "
+    "(default: 10000 per log).",
 )
 @click.option(
     "--follow/--no-follow",
@@ -77,6 +80,8 @@ def logs(
         from air.runs.views import run_from_dict
 
         run = run_from_dict(client.get(f"/runs/{run_id}"))
+        if _never_started(run):
+            return
         if download_to:
             listed = client.get(f"/runs/{run.id}/logs", attempt=attempt)
             target = Path(download_to) / "logs"
@@ -89,13 +94,17 @@ def logs(
             return
         live = _follows(run, follow, attempt)
         events = follow_remote(client, run.id, node=node, rank=rank, attempt=attempt, tail=tail, live=live)
-        print_follow(events, json_mode=json_mode, prefixed=several_logs(run, node, rank))
+        seen: set[tuple[str, int]] = set()
+        last = print_follow(_noting(events, seen), json_mode=json_mode, prefixed=several_logs(run, node, rank))
+        _say_empty(last or run, attempt, node, rank, seen, local=False)
         return
     from air.runs.follow import log_sources, logs_are_per_rank, snapshot_lines
     from air.runs.paths import CallPaths
 
     store = RunStore()
     run = store.get_run(run_id)
+    if _never_started(run):
+        return
     if run.current_attempt is None and follow is False:
         raise NotFoundError(
             f"Run {run.id} has not started an attempt yet ({run.status.value}).",
@@ -124,7 +133,54 @@ def logs(
         events = follow_run(run.id, store=store, node=node, rank=rank, attempt=attempt, tail=tail, mask=mask)
     else:
         events = iter(snapshot_lines(run, shown_attempt, node=node, rank=rank, tail=tail, mask=mask))
-    print_follow(events, json_mode=json_mode, prefixed=several_logs(run, node, rank))
+    printed: set[tuple[str, int]] = set()
+    last = print_follow(_noting(events, printed), json_mode=json_mode, prefixed=several_logs(run, node, rank))
+    ended = last or store.get_run(run.id)
+    _say_empty(ended, attempt_index(store, ended, attempt), node, rank, printed, local=True)
+
+
+def _never_started(run: Run) -> bool:
+    """A run that ended before any attempt (canceled while queued) has no log and never will: say so
+    instead of "wait for it"."""
+    if run.current_attempt is not None or not run.is_terminal:
+        return False
+    reason = f": {run.termination_reason}" if run.termination_reason else ""
+    stderr(f"Run {run.id} never started, so it has no logs: it ended {run.status.value} before its first "
+           f"attempt{reason}")
+    return True
+
+
+def _noting(events: Iterator[FollowEvent], seen: set[tuple[str, int]]) -> Iterator[FollowEvent]:
+    """The events as they are, noting which logs gave at least one line."""
+    for item in events:
+        if isinstance(item, Lines) and item.lines:
+            seen.add((item.source.label, item.source.index))
+        yield item
+
+
+def _say_empty(run: Run, attempt: int | None, node: int | None, rank: int | None, seen: set[tuple[str, int]],
+               *, local: bool) -> None:
+    """A log that printed nothing gets a line on stderr saying so and, on this machine, why: the node (or
+    rank) has not started, or started and printed nothing. Silence would read as a broken `air logs`."""
+    from air.runs.follow import log_sources
+
+    shown = attempt if attempt is not None else (run.current_attempt or 0)
+    try:
+        sources = log_sources(run, shown, node=node, rank=rank)
+    except AirError:
+        return
+    for source in sources:
+        if (source.label, source.index) in seen:
+            continue
+        what = f"{source.label} {source.index}'s log of attempt {shown}"
+        if not local:
+            stderr(f"({what} is empty.)")
+        elif source.path is None or not source.path.exists():
+            stderr(f"({what} does not exist: that {source.label} "
+                   + ("never started.)" if run.is_terminal else "has not started yet.)"))
+        else:
+            stderr(f"({what} is empty: the command started and printed nothing"
+                   + (".)" if run.is_terminal else " yet.)"))
 
 
 def _masked_copy(source: Path, target: Path, mask: Callable[[str], str]) -> None:

@@ -8,7 +8,7 @@ import click
 import yaml
 
 from air.cli.main import common, settings
-from air.cli.output import envelope, event, quiet, status, stderr
+from air.cli.output import envelope, event, quiet, shape_text, status, stderr
 from air.errors import UserInputError
 
 
@@ -82,30 +82,42 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
         event("SUBMITTED", run_id=run_id, existing=existing)
     else:
         what = "Existing run (same idempotency key)" if existing else "Submitted run"
-        status(f"{what} {run_id}  ({shape[0]} node(s) × {shape[1]} {shape[2]}, experiment {shape[3]})")
+        status(f"{what} {run_id}  ({shape_text(shape[0], shape[2], shape[0] * shape[1])}, experiment {shape[3]})")
         if not watch:
             status(f"Follow it: air logs {run_id} --follow   Status: air get run {run_id}")
             if quiet():  # the result of a submit is the run's id: `ID=$(air -q run -f train.yaml)`
                 sys.stdout.write(run_id + "\n")
     if not watch:
         return 0
-    if client is not None:
-        from air.cli.remote import follow_remote
-        from air.cli.waiting import RemoteWatchExtras
-        from air.cli.watch import watch_events
-        from air.runs.views import run_from_dict
+    try:
+        if client is not None:
+            from air.cli.remote import follow_remote
+            from air.cli.waiting import RemoteWatchExtras
+            from air.cli.watch import watch_events
+            from air.runs.views import run_from_dict
 
-        run_ = run_from_dict(client.get(f"/runs/{run_id}"))
-        extras = RemoteWatchExtras(run_id, json_mode=s.json, verbose=s.verbose, client=client)
-        try:
-            return watch_events(run_, follow_remote(client, run_id, node=watch_node), json_mode=s.json,
-                                node=watch_node, extras=extras)
-        finally:
-            extras.close()
-    from air.cli.watch import watch as watch_run
-    from air.runs.views import log_masker
+            run_ = run_from_dict(client.get(f"/runs/{run_id}"))
+            extras = RemoteWatchExtras(run_id, json_mode=s.json, verbose=s.verbose, client=client)
+            try:
+                return watch_events(run_, follow_remote(client, run_id, node=watch_node), json_mode=s.json,
+                                    node=watch_node, extras=extras)
+            finally:
+                extras.close()
+        from air.cli.watch import watch as watch_run
+        from air.runs.views import log_masker
 
-    return watch_run(run_id, json_mode=s.json, masker=log_masker(run_), verbose=s.verbose, node=watch_node)
+        return watch_run(run_id, json_mode=s.json, masker=log_masker(run_), verbose=s.verbose, node=watch_node)
+    except KeyboardInterrupt:
+        return detached(run_id, json_mode=s.json)
+
+
+def detached(run_id: str, *, json_mode: bool) -> int:
+    """Ctrl-C on `--watch` stops watching, not the run (it lives in its own session): say how to get back
+    to it or stop it, and exit as the shell's interrupted commands do (130)."""
+    if json_mode:
+        event("DETACHED", run_id=run_id)
+    stderr(f"\nStopped watching; the run goes on: air logs {run_id} / air cancel {run_id}")
+    return 130
 
 
 def _dry_run(plan: dict[str, object]) -> int:

@@ -8,7 +8,7 @@ import click
 
 from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
-from air.cli.output import envelope, fmt_time, print_fields, print_table
+from air.cli.output import envelope, fmt_time, print_fields, print_table, shape_text
 from air.errors import UserInputError
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
@@ -88,7 +88,7 @@ def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
     pairs = [
         ("Run", run.id), ("Status", run.status.value), *([("Waiting", queue["reason"])] if queue else []),
         ("Experiment", run.experiment), ("MLflow run name", run.run_name or run.experiment),
-        ("Accelerators", f"{run.num_accelerators} × {run.accelerator_type} ({run.num_nodes} node(s))"),
+        ("Accelerators", shape_text(run.num_nodes, run.accelerator_type, run.num_accelerators)),
         ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), *([("Pool", run.pool)] if run.pool else []),
         ("User", run.user or "-"),
         ("Submitted", fmt_time(run.submitted_at)), ("Started", fmt_time(run.started_at)),
@@ -125,7 +125,7 @@ def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
         print()
         print_table(["ATTEMPT", "STATUS", "STARTED", "DURATION", "REASON", "MLFLOW RUN"], [
             [str(a.index), a.status.value, fmt_time(a.started_at), duration_text(a.duration_seconds()),
-             a.termination_reason or "", a.mlflow_run_id or ""] for a in attempts])
+             a.termination_reason or "", a.mlflow_run_id or ""] for a in attempts], wrap=("REASON",))
         print(f"\nLogs: air logs {run.id} [--node N] [--retry A]")
 
 
@@ -173,29 +173,44 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
     wanted: Any = "all" if all_status else (parse_statuses(status_names) if status_names else None)
     where = _filters(filters)
     client = remote()
-    if client is not None:
-        runs = client.get("/runs", all_users=all_users, all_status=all_status, limit=limit,
-                          status=[s.value for s in wanted] if status_names and not all_status else None,
-                          experiment=where.get("experiment_glob"), accelerator_type=where.get("accelerator_type"),
-                          num_accelerators=where.get("num_accelerators"))["runs"]
-    else:
+
+    def fetch(wanted: Any, all_status: bool, limit: int) -> list[dict[str, Any]]:
+        if client is not None:
+            return list(client.get(
+                "/runs", all_users=all_users, all_status=all_status, limit=limit,
+                status=sorted(s.value for s in wanted) if isinstance(wanted, frozenset) else None,
+                experiment=where.get("experiment_glob"), accelerator_type=where.get("accelerator_type"),
+                num_accelerators=where.get("num_accelerators"))["runs"])
         store = RunStore()
-        runs = [{**run_dict(r), "queue": queue_dict(store, r)}
+        return [{**run_dict(r), "queue": queue_dict(store, r)}
                 for r in store.list_runs(statuses=wanted, limit=limit, **where)]
+
+    runs = fetch(wanted, all_status, limit)
     if settings().json:
         envelope({"runs": runs})
         return
+    if not runs and wanted is None:  # nothing active: say so, and show what ended last
+        recent = fetch("all", True, RECENT_WHEN_IDLE)
+        if recent:
+            print("No active runs. The most recently ended:")
+            print_runs(recent, all_status=True, with_user=all_users)
+            print("\nEvery run: air list runs --all-status")
+            return
     print_runs(runs, all_status=all_status, with_user=all_users)
+
+
+#: `air list runs` with nothing active shows this many of the most recently ended runs instead.
+RECENT_WHEN_IDLE = 5
 
 
 def print_runs(runs: list[dict[str, Any]], *, all_status: bool, with_user: bool = False) -> None:
     """`air list runs` from `run_dict`s (this machine's store or a server's answer alike)."""
     if not runs:
-        print("No runs." + ("" if all_status else " (--all-status shows ended runs too)"))
+        print("No runs." if all_status else "No active runs. (--all-status shows ended runs too)")
         return
     records = [run_from_dict(r) for r in runs]
     header = ["RUN", "KIND", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"]
-    rows = [[r.id, r.kind, r.status.value, r.experiment, f"{r.num_accelerators} × {r.accelerator_type}",
+    rows = [[r.id, r.kind, r.status.value, r.experiment, shape_text(r.num_nodes, r.accelerator_type, r.num_accelerators),
              fmt_time(r.submitted_at), duration_text(r.duration_seconds()), str(r.attempt_count)] for r in records]
     if with_user:
         header.insert(1, "USER")
@@ -207,3 +222,6 @@ def print_runs(runs: list[dict[str, Any]], *, all_status: bool, with_user: bool 
         print("\nWaiting:")
         for run_id, queue in waiting:
             print(f"  {run_id}  {queue['reason'] if queue else 'QUEUED'}")
+
+
+list_.add_command(get_pools, "pools")  # `air list pools` is `air get pools`: both read naturally

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +14,9 @@ from air.cli.output import envelope, fmt_time, print_table, stderr
 from air.constants import SERVER_DEFAULT_PORT
 from air.errors import UserInputError
 from air.settings import AIR_ISOLATION
+
+if TYPE_CHECKING:
+    from air.server.mlflow_server import MLflowState
 
 
 def _need_server_extra() -> None:
@@ -33,10 +37,13 @@ def server() -> None:
 @server.command("start")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=SERVER_DEFAULT_PORT, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--mlflow-port", default=SERVER_DEFAULT_PORT + 1, show_default=True, type=click.IntRange(0, 65535),
-              help="Loopback port of the MLflow tracking server it runs for every node, served to them at "
-              "<public URL>/mlflow behind the server's tokens (0: none; an MLFLOW_TRACKING_URI in its environment "
-              "wins).")
+@click.option("--mlflow/--no-mlflow", "mlflow", default=True, show_default=True,
+              help="Run an MLflow tracking server for every node, served at <public URL>/mlflow behind the "
+              "server's tokens only (it listens on a Unix socket of the server's account, on no TCP port; an "
+              "MLFLOW_TRACKING_URI in the server's environment wins).")
+@click.option("--mlflow-port", default=None, type=click.IntRange(0, 65535), metavar="N",
+              help="Deprecated: MLflow no longer listens on a port. 0 means --no-mlflow; any other value is "
+              "ignored (with a note).")
 @click.option("--public-url", default=None, metavar="URL",
               help="The server's address as nodes and browsers reach it (e.g. https://air.team.example:8765); "
               "nodes log to URL/mlflow. Default: the address it prints (a 0.0.0.0 bind: this machine's name).")
@@ -50,13 +57,18 @@ def server() -> None:
               "machine allows (root: a Unix account per user and a bubblewrap view; else bubblewrap), and a "
               "server that cannot isolate refuses to serve more than one user.")
 @common
-def start(host: str, port: int, mlflow_port: int, public_url: str | None, tls_cert: Path | None,
+def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_url: str | None, tls_cert: Path | None,
           tls_key: Path | None, single_trust_domain: bool) -> None:
     """Serve in the foreground until Ctrl-C or SIGTERM; runs keep running when it stops."""
+    # Said before anything heavy is imported (FastAPI, MLflow): the start takes a while on a loaded machine.
+    will_mlflow = mlflow and mlflow_port != 0 and not os.environ.get("MLFLOW_TRACKING_URI")
+    stderr(f"air server: starting on {'https' if tls_cert else 'http'}://{host}:{port}"
+           + ("; MLflow starts beside it (a minute or more; the API answers before)" if will_mlflow else "") + " ...")
     _need_server_extra()
     from air.cli.cmd_ui import _check_port
     from air.home import air_home
     from air.server.serve import check_server_home, serve
+    from air.server.uploads import ServerPaths
 
     if public_url is not None:
         from air.server.mlflow_server import check_public_url
@@ -64,22 +76,34 @@ def start(host: str, port: int, mlflow_port: int, public_url: str | None, tls_ce
         public_url = check_public_url(public_url)
     profile = check_server_home()
     _check_port(host, port)
-    if mlflow_port and not os.environ.get("MLFLOW_TRACKING_URI"):
-        from air.server.mlflow_server import LOOPBACK
+    if mlflow_port == 0:
+        mlflow = False
+    elif mlflow_port is not None:
+        stderr(f"--mlflow-port {mlflow_port}: MLflow no longer listens on a port (only on a Unix socket the "
+               "server's account alone reaches, behind <server>/mlflow); the port is not used. Drop the option "
+               "(or say --no-mlflow for no MLflow).")
+    log = ServerPaths.here().log
 
-        _check_port(LOOPBACK, mlflow_port)
-
-    def ready(url: str, mlflow_uri: str) -> None:
+    def ready(url: str, mlflow_uri: str, state: MLflowState | None) -> None:
         from air.server.app import API, PAGES
 
-        stderr(f"air server on {url}  (AIR_HOME {air_home()}, runs go to profile {profile!r}, MLflow at "
-               f"{mlflow_uri}); Ctrl-C stops it")
-        stderr(f"  API:   {url}{API}")
+        now = f"; {state.state} ({state.waited_s():.0f} s so far, its output: {log})" \
+            if state is not None and state.state == "starting" else ""
+        stderr(f"air server on {url}  (AIR_HOME {air_home()}, runs go to profile {profile!r}); Ctrl-C stops it")
+        stderr(f"  API:   {url}{API}  (answering)")
         stderr(f"  Pages: {url}{PAGES}/runs  (log in with a token: air server token create NAME)")
+        stderr(f"  MLflow: {mlflow_uri}{now}")
         stderr(f"  Runs:  isolation {os.environ.get(AIR_ISOLATION) or 'none'}")
 
-    serve(host, port, mlflow_port=mlflow_port, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready, public=public_url,
-          single_trust_domain=single_trust_domain)
+    def mlflow_changed(state: MLflowState) -> None:
+        if state.state == "ready":
+            stderr(f"air server: MLflow ready ({state.ready_after_s:.0f} s)")
+        else:
+            stderr(f"air server: MLflow is NOT running: {state.message} The API and pages keep serving; runs "
+                   "are not tracked until the server is restarted (or start it with --no-mlflow).")
+
+    serve(host, port, mlflow=mlflow, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready, public=public_url,
+          single_trust_domain=single_trust_domain, on_mlflow=mlflow_changed)
     stderr("air server stopped (runs keep running; start it again to serve them).")
     if "ray" in sys.modules:  # Ray's core worker can abort the interpreter's own teardown (SIGABRT after
         sys.stdout.flush()   # a clean stop); everything is written and closed by now: leave without it

@@ -16,7 +16,10 @@ import os
 import signal
 import socket
 import subprocess
+import time
 import uuid
+from pathlib import Path
+from typing import IO
 
 import click
 
@@ -131,6 +134,26 @@ def _serve_pages_only(host: str, pages_port: int, mlflow_base: str) -> int:
                 signal.signal(sig, handler)
 
 
+def _open_ui_log(path: Path) -> IO[bytes]:
+    """`air ui`'s MLflow output (AirHome.ui_log), appended to, 0600: the terminal shows air's lines only."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    out = os.fdopen(fd, "ab", buffering=0)
+    out.write(f"\n==== air ui {os.getpid()}: MLflow starting at {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n".encode())
+    return out
+
+
+def _answers(base: str) -> bool:
+    """Whether MLflow's UI at `base` answers its health check yet."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(base + "/health", timeout=2) as answer:  # noqa: S310 - http on this machine
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
@@ -159,6 +182,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
 
     Needs MLflow's UI server: `pip install 'air-runtime[ui]'` (`make setup` installs it).
     """
+    from air.home import AirHome
     from air.launcher.guard import STOP_SIGNALS, Stopped, guard_argv, raise_stopped
     from air.launcher.procs import terminate_tree
     from air.tracking import tracking_uri, ui_command
@@ -177,6 +201,8 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
         require_ui_server()
         _check_port(host, port)
     _check_port(host, pages_port)
+    stderr(f"air ui: starting air's pages on http://{host}:{pages_port}"
+           + ("" if remote else f" and MLflow's UI on http://{host}:{port} (a minute or more)") + " ...")
     # After the check: the pages need Starlette, uvicorn and Jinja2, which the `ui` extra brings.
     from air.web import create_web_app
     from air.web.serve import PageServer
@@ -184,23 +210,34 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
     uri = tracking_uri()
     if remote:
         return _serve_pages_only(host, pages_port, uri.rstrip("/"))
-    argv = ui_command(host=host, port=port, workers=workers)
     tag = f"air-ui-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, AIR_PROCESS_TAG: tag}
     previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
     proc: subprocess.Popen[bytes] | None = None
     pages: PageServer | None = None
     recorded = False
+    mlflow_base = f"http://{host}:{port}"
+    log = AirHome().ui_log
     try:
-        proc = subprocess.Popen(guard_argv(argv), env=env, start_new_session=True)
-        record_ui(host, port, uri, web_port=pages_port)
-        recorded = True
-        mlflow_base = f"http://{host}:{port}"
+        # air's pages first (they answer in seconds); MLflow's UI starts beside them (a minute or more).
         pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base, hosts=_page_hosts(host)), host, pages_port)
         pages.start()
         stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
-        stderr(f"MLflow UI for {uri} at {mlflow_base}  (Ctrl-C to stop)")
-        return proc.wait()
+        started = time.monotonic()
+        argv = ui_command(host=host, port=port, workers=workers)
+        with _open_ui_log(log) as out:
+            proc = subprocess.Popen(guard_argv(argv), env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=out)
+        record_ui(host, port, uri, web_port=pages_port)
+        recorded = True
+        stderr(f"MLflow UI for {uri} starting at {mlflow_base} (its output: {log}) ...  (Ctrl-C to stop)")
+        while proc.poll() is None:
+            if _answers(mlflow_base):
+                stderr(f"MLflow UI ready ({time.monotonic() - started:.0f} s) at {mlflow_base}")
+                return proc.wait()
+            time.sleep(0.5)
+        stderr(f"MLflow UI exited with status {proc.returncode} while starting; its output: {log}")
+        return proc.returncode or 1
     except Stopped:
         return 0
     finally:

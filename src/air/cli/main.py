@@ -4,6 +4,7 @@ failure); tracebacks only with -v. Global flags work before or after the subcomm
 from __future__ import annotations
 
 import functools
+import sqlite3
 import sys
 import traceback
 from collections.abc import Callable
@@ -54,6 +55,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("air.cli.cmd_logs", "logs"), "cancel": ("air.cli.cmd_cancel", "cancel"),
     "env": ("air.cli.cmd_env", "env"), "secrets": ("air.cli.cmd_secrets", "secrets"), "ui": ("air.cli.cmd_ui", "ui"),
     "prune": ("air.cli.cmd_prune", "prune"), "server": ("air.cli.cmd_server", "server"),
+    "login": ("air.cli.cmd_login", "login"),
 }
 #: Other names of a subcommand (not listed in --help).
 _ALIASES: dict[str, str] = {"gc": "prune"}
@@ -115,7 +117,7 @@ def _reconcile_quietly() -> None:
         from air.runs.store import RunStore
 
         store = RunStore.if_exists()  # no store yet: no run to check, and nothing to create
-        if store is not None:
+        if store is not None and not store.read_only():  # a read-only store is only looked at
             reconcile(store)
     except AirError:
         raise
@@ -148,7 +150,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(result if isinstance(result, int) else 0)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.Abort:
+    except click.Abort as exc:
+        # click turns Ctrl-C into Abort (standalone_mode=False): still the shell's 130, no traceback.
+        if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+            stderr("Interrupted.")
+            sys.exit(130)
         stderr("Aborted.")
         sys.exit(2)
     except click.ClickException as exc:
@@ -172,6 +178,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except SystemExit:
         raise
+    except sqlite3.Error as exc:  # the run store failed past its opening (a write to a read-only one, a lock)
+        from air.home import AirHome
+        from air.runs.schema import store_error
+
+        store_exc = store_error(AirHome(create=False).runs_db, exc)
+        if json_mode:
+            error_envelope(store_exc, str(store_exc))
+        else:
+            if verbose:
+                traceback.print_exc()
+            stderr(f"Error: {store_exc.message}")
+            stderr(store_exc.hint or "")
+        sys.exit(store_exc.exit_code)
     except Exception as exc:  # noqa: BLE001 - an unexpected failure: short message, traceback with -v
         if json_mode:
             error_envelope(None, f"{type(exc).__name__}: {exc}")

@@ -88,13 +88,34 @@ def fmt_time(ts: float | _dt.datetime | None) -> str:
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def print_table(columns: list[str], rows: list[list[str]], title: str | None = None) -> None:
+def shape_text(num_nodes: int, accelerator_type: str, num_accelerators: int) -> str:
+    """A run's shape that cannot be misread: `2 nodes × CPU_2xCPU (4 CPUs)`, not `2 × CPU_2xCPU` (the type
+    already says how many devices a node has)."""
+    import re
+
+    nodes = f"{num_nodes} node{'s' if num_nodes != 1 else ''} × {accelerator_type}"
+    found = re.match(r"^(GPU|CPU)_(\d+)x", accelerator_type)
+    if found is None:
+        return f"{nodes} ({num_accelerators} accelerator{'s' if num_accelerators != 1 else ''})"
+    unit = found.group(1) + ("s" if num_accelerators != 1 else "")
+    return f"{nodes} ({num_accelerators} {unit})"
+
+
+def print_table(columns: list[str], rows: list[list[str]], title: str | None = None,
+                wrap: tuple[str, ...] = ()) -> None:
+    """A table that keeps every column: the `wrap` columns (default: the last) wrap when the line is too
+    wide, the others keep their full width (rich would otherwise squeeze or drop them)."""
     from rich.console import Console
     from rich.table import Table
 
+    wrapping = set(wrap) or {columns[-1]}
     table = Table(title=title, show_lines=False, header_style="bold", box=None, pad_edge=False)
     for index, column in enumerate(columns):
-        table.add_column(column, no_wrap=index < len(columns) - 1, overflow="fold")
+        if column in wrapping:
+            table.add_column(column, overflow="fold", min_width=min(len(column), 12))
+        else:
+            width = max([len(column), *(len(row[index]) for row in rows)])
+            table.add_column(column, no_wrap=True, min_width=width)
     for row in rows:
         table.add_row(*row)
     # Piped output is read by programs and people with wide windows: never fold it at 80 columns.

@@ -74,18 +74,35 @@ def _find_unpicklable(func: Callable[..., Any], args: Sequence[Any],
     return "The call", None
 
 
+#: torchrun's note when it sets OMP_NUM_THREADS for its workers (torch/distributed/run.py), said once per call.
+OMP_NOTE = ("Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your "
+            "system being overloaded, please further tune the variable for optimal performance in your "
+            "application as needed.")
+
+
 def rank_env(base: Mapping[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
              node_rank: int, master_addr: str, master_port: int, gpu_ids: Sequence[str] | None,
-             accelerator_kind: str) -> dict[str, str]:
-    """The torchrun-compatible environment of one rank (SPEC: contract with the user's code)."""
+             accelerator_kind: str, run_id: str, restart_count: int = 0, max_restarts: int = 0,
+             num_nodes: int = 1) -> dict[str, str]:
+    """The environment of one rank: what torchrun's LocalElasticAgent gives its workers (SPEC: contract with
+    the user's code), so `torch.distributed.is_torchelastic_launched()` is True and frameworks (Lightning's
+    TorchElasticEnvironment, accelerate, HF Trainer) take an air rank for a torchrun worker and give their
+    own errors. One worker group per node and one role, as torchrun runs them: GROUP_* is the node,
+    ROLE_* the whole world. TORCHELASTIC_RUN_ID is the air run (or call) id, the restart count its attempt.
+    OMP_NUM_THREADS=1 only when unset and a node runs more than one rank (torchrun's rule, OMP_NOTE)."""
     env = dict(base)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(local_world_size), "NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
+        "GROUP_WORLD_SIZE": str(num_nodes), "ROLE_NAME": "default",
         "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port), "PYTHONUNBUFFERED": "1", AIR_ACCELERATOR_KIND: accelerator_kind,
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
     })
+    if "OMP_NUM_THREADS" not in base and local_world_size > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default for its workers
     if gpu_ids is not None:
         # Like torchrun: every rank sees the node's GPUs, and uses device LOCAL_RANK among them.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
@@ -129,6 +146,8 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
     gpu_ids = list(shape.gpu_ids) if not shape.accelerator.is_cpu else []
     preload = preload_for(func, args, kwargs)
     base_env[AIR_RANK_PRELOAD] = ",".join(preload)  # what a rank imports first (a forked one finds it done)
+    if echo and "OMP_NUM_THREADS" not in base_env and world > 1:
+        sys.stderr.write(f"[air] {OMP_NOTE}\n")
     with reserve_port() as port:
         specs = [
             ProcessSpec(
@@ -136,7 +155,7 @@ def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
                 argv=[sys.executable, "-m", "air.distributed.worker", str(call_dir)],
                 env=rank_env(base_env, rank=r, local_rank=r, world_size=world, local_world_size=world, node_rank=0,
                              master_addr="127.0.0.1", master_port=port.port, gpu_ids=gpu_ids,
-                             accelerator_kind=shape.accelerator.kind),
+                             accelerator_kind=shape.accelerator.kind, run_id=call_dir.name),
                 log_path=log_paths[r],
                 cwd=Path.cwd(),
             )

@@ -104,6 +104,7 @@ def drive_call(store: RunStore, job: CallJob, max_retries: int) -> list[Any]:
     every rank's value, or the rank's own exception raised."""
     run_id, backend = job.run_id, job.backend
     store.set_supervisor(run_id, os.getpid())  # this process drives the run: if it dies, reconcile ends it
+    job.max_restarts = max_retries
     controller = RunController(run_id, job, backend, store, RetryPolicy(max_retries), cancel_check_s=CANCEL_CHECK_S)
     job.on_wait(f"run {run_id}: {job.world} rank(s) on {job.num_nodes} node(s) of {job.accelerator.name} "
                 f"({getattr(backend, 'address', backend.name)})")
@@ -179,6 +180,8 @@ class CallJob:
         self.extra_env = extra_env
         self.preload = preload
         self.warm = warm_enabled()  # as for a local call: every node forks its ranks from one zygote
+        #: The retries the run may make (drive_call sets it): the ranks' TORCHELASTIC_MAX_RESTARTS.
+        self.max_restarts = 0
         #: Under `air server`: the view every rank runs in, as the caller's account (air.runs.isolation).
         self.sandbox: Sandbox | None = None
         paths = CallPaths(run_id)
@@ -245,6 +248,8 @@ class CallJob:
                 if os.environ.get(key):
                     base[key] = os.environ[key]
         base.update(self.extra_env)
+        # The run's MLflow credential is masked in the ranks' logs like a secret.
+        hide = (base["MLFLOW_TRACKING_TOKEN"],) if base.get("MLFLOW_TRACKING_TOKEN") else ()
         launches = []
         for node in range(self.num_nodes):
             procs = []
@@ -252,9 +257,10 @@ class CallJob:
                 rank = node * self.per_node + local
                 env = rank_env(base, rank=rank, local_rank=local, world_size=self.world,
                                local_world_size=self.per_node, node_rank=node, master_addr="", master_port=0,
-                               gpu_ids=None, accelerator_kind=self.accelerator.kind)
+                               gpu_ids=None, accelerator_kind=self.accelerator.kind, run_id=self.run_id,
+                               restart_count=attempt, max_restarts=self.max_restarts, num_nodes=self.num_nodes)
                 procs.append(NodeProcess(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", "air.distributed.worker", NODE_DIR],
-                                         env=env, log_path=self.log_paths[rank], cwd=os.getcwd()))
+                                         env=env, log_path=self.log_paths[rank], cwd=os.getcwd(), hide=hide))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],
                                        files={PAYLOAD_FILE: self.payload},
                                        warm_preload=self.preload if self.warm else None, sandbox=self.sandbox))

@@ -174,7 +174,12 @@ class Launch:
         envs = [self._env(index) for index in range(len(self.specs))]
         argvs = [spec.argv for spec in self.specs]
         cwds = [str(spec.cwd) if spec.cwd else None for spec in self.specs]
-        sandbox = self._sandbox(self.specs[0])  # one zygote forks them all: one view for the launch
+        # One zygote forks them all: one view for the launch, writing what any of its specs may write
+        # (each node's work folder of a multi-node call on this machine).
+        first = self.specs[0].sandbox
+        union = None if first is None else replace(first, writable=tuple(dict.fromkeys(
+            path for spec in self.specs if spec.sandbox is not None for path in spec.sandbox.writable)))
+        sandbox = self._sandbox(replace(self.specs[0], sandbox=union))
         if sandbox is not None:
             warm = replace(warm, sandbox=sandbox, keep=False)  # a kept zygote would outlive the launch's view
         zygote = start_kept(warm, argvs, envs, cwds, self.tag) if warm.keep else None

@@ -101,6 +101,19 @@ def _reseed() -> None:
             pass
 
 
+def _apply_thread_count() -> None:
+    """A fresh process's torch reads OMP_NUM_THREADS when it starts; a forked one keeps the zygote's
+    count (the zygote imported torch before the rank's environment existed): apply the child's own."""
+    torch = sys.modules.get("torch")
+    wanted = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is None or not wanted.isdigit() or int(wanted) < 1:
+        return
+    try:
+        torch.set_num_threads(int(wanted))
+    except Exception:  # noqa: BLE001 - a torch without it: the rank runs with the zygote's count
+        pass
+
+
 def _exit_code(exc: SystemExit) -> int:
     if exc.code is None:
         return 0
@@ -138,6 +151,7 @@ def _run_child(proc: dict[str, Any], zygote_pid: int, close_fds: list[int], go_f
         if proc.get("cwd"):
             os.chdir(proc["cwd"])
         _reseed()
+        _apply_thread_count()
         if go_fd is not None:  # wait (microseconds) until the zygote says whether its store is up
             answer = os.read(go_fd, 1)
             os.close(go_fd)

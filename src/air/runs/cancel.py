@@ -40,11 +40,6 @@ def local_user() -> str:
         return str(os.getuid())
 
 
-def may_cancel(run_user: str | None, user: str, *, admin: bool) -> bool:
-    """Who may cancel a run on a shared server (its API and its pages alike): its owner or an admin."""
-    return admin or (run_user is not None and run_user == user)
-
-
 def cancel_run(store: RunStore, run_id: str, *, reason: str = CANCEL_REASON) -> RunStatus:
     """End one run and every process it started; returns its final (or current terminal) status.
     `reason`: its termination reason (`canceled_by(...)` names who asked)."""
@@ -97,4 +92,4 @@ def cancel_runs(store: RunStore, run_ids: list[str], *, reason: str = CANCEL_REA
     return {run_id: cancel_run(store, run_id, reason=reason) for run_id in run_ids}
 
 
-__all__ = ["CANCEL_REASON", "active_run_ids", "cancel_run", "cancel_runs", "canceled_by", "local_user", "may_cancel"]
+__all__ = ["CANCEL_REASON", "active_run_ids", "cancel_run", "cancel_runs", "canceled_by", "local_user"]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
-from air.errors import UserInputError
+from air.errors import StoreError, UserInputError
 
 # ---- schema ---------------------------------------------------------------------------------------
 
@@ -155,19 +155,30 @@ class StoreDatabase:
             return conn
         if conn is not None:  # inherited through fork
             _INHERITED.append(conn)
-        conn = self._open()
+        try:
+            conn = self._open()
+        except sqlite3.Error as err:
+            raise store_error(self.path, err, busy_timeout_s=self.busy_timeout_s) from err
         if self._migrated_in != pid:
             try:
                 self._migrate(conn)
-            except BaseException:
+            except BaseException as err:
                 conn.close()  # and ask again next time: a refused schema stays refused
+                if isinstance(err, sqlite3.Error):
+                    raise store_error(self.path, err, busy_timeout_s=self.busy_timeout_s) from err
                 raise
             self._migrated_in = pid
         self._local.conn, self._local.pid = conn, pid
         return conn
 
     def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.read_only():
+            return self._open_read_only()
+        self._refuse_emptied()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise _unwritable(self.path, str(err)) from err
         # isolation_level=None: no implicit transactions; every write below says BEGIN IMMEDIATE itself.
         conn = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None)
         # PRAGMA takes no parameters; the value is an int we computed.
@@ -176,6 +187,52 @@ class StoreDatabase:
         conn.execute("PRAGMA synchronous = NORMAL")  # durable enough with WAL, much cheaper commits
         self._ensure_wal(conn)
         return conn
+
+    def read_only(self) -> bool:
+        """Whether the store exists but this process may not write it (a read-only mount, another account's
+        AIR_HOME): then it is opened for reading only, so `air list runs` and `air get run` still work."""
+        if not self.path.is_file():
+            return False
+        folder_ok = os.access(self.path.parent, os.W_OK)
+        return not (folder_ok and os.access(self.path, os.W_OK))
+
+    def _open_read_only(self) -> sqlite3.Connection:
+        """A reader that writes nothing. WAL readers need the `-shm` index: with it (a writer is or was
+        there) SQLite reads it read-only; without it (the last writer closed cleanly, so the main file is
+        whole) the file is opened as immutable."""
+        uri = self.path.resolve().as_uri()
+        try:
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=self.busy_timeout_s, isolation_level=None)
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        except sqlite3.OperationalError as err:
+            if "unable to open" not in str(err):
+                raise
+            conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=self.busy_timeout_s,
+                                   isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        return conn
+
+    def _refuse_emptied(self) -> None:
+        """A 0-byte `runs.db` beside run folders is a store that was truncated or replaced, not a new one:
+        taking it as empty would hide every run those folders hold."""
+        try:
+            empty = self.path.is_file() and self.path.stat().st_size == 0
+        except OSError:
+            return
+        if not empty:
+            return
+        from air.home import AirHome
+
+        home = AirHome(self.path.parent, create=False)
+        folders = [p for root in (home.runs, home.calls) if root.is_dir() for p in root.iterdir() if p.is_dir()]
+        if folders:
+            raise StoreError(
+                f"The run store {self.path} is empty (0 bytes), but {len(folders)} run folder(s) sit beside it "
+                f"under {home.runs} and {home.calls}: the store was truncated or replaced, and taking it as a new "
+                "one would hide those runs.",
+                hint=f"Restore {self.path.name} from a backup; or, to start a new store that lists none of them, "
+                f"remove the empty file: rm {self.path}",
+            )
 
     def _ensure_wal(self, conn: sqlite3.Connection) -> None:
         """Switch the file to WAL once (persistent). Several processes creating it at once may collide."""
@@ -196,6 +253,9 @@ class StoreDatabase:
             time.sleep(0.01)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
+        if self.read_only():
+            self._check_read_only_schema(conn)
+            return
         with self._write(conn):
             conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
             row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
@@ -211,6 +271,22 @@ class StoreDatabase:
                     conn.execute(statement)
                 conn.execute("DELETE FROM schema_version")
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+    def _check_read_only_schema(self, conn: sqlite3.Connection) -> None:
+        """A store opened for reading cannot be migrated: it is read as it is only if it is this air's schema."""
+        try:
+            current = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0
+        except sqlite3.OperationalError as err:
+            if "no such table" not in str(err):
+                raise
+            current = 0
+        if current != SCHEMA_VERSION:
+            raise StoreError(
+                f"The run store {self.path} is read-only for this process and has schema version {current}; "
+                f"this air reads version {SCHEMA_VERSION}.",
+                hint="Run an air command once as the account that can write it (it upgrades the file), "
+                "or use the air version that wrote it.",
+            )
 
     def schema_version(self) -> int:
         """The schema version of the file (after this air's migrations ran)."""
@@ -248,4 +324,43 @@ class StoreDatabase:
         self._local.conn = None
 
 
-__all__ = ["SCHEMA_VERSION", "StoreDatabase"]
+def _unwritable(path: Path, detail: str) -> StoreError:
+    return StoreError(
+        f"The run store {path} cannot be written ({detail}).",
+        hint=f"Reading works without writing (air list runs, air get run, air logs); submitting, canceling and "
+        f"pruning change the store. Run as the account that owns {path.parent}, make it writable, or point "
+        "AIR_HOME at a writable folder.",
+    )
+
+
+def store_error(path: Path, err: sqlite3.Error | OSError, *, busy_timeout_s: float | None = None) -> StoreError:
+    """SQLite's own words about the store as one that names the file, says what is wrong with it (corrupt,
+    unwritable, locked, full) and what to do."""
+    text = str(err)
+    lowered = text.lower()
+    if "not a database" in lowered or "malformed" in lowered or "disk image" in lowered:
+        from air.home import AirHome
+
+        return StoreError(
+            f"The run store {path} is corrupt: {text}.",
+            hint=f"Move it aside and air starts a new, empty store: mv {path} {path}.corrupt   "
+            f"(the run folders under {AirHome(path.parent, create=False).runs} stay, but the new store does not list them). "
+            f"Or restore {path.name} from a backup; `sqlite3 {path}.corrupt .recover` may save its rows.",
+        )
+    if "readonly" in lowered or "read-only" in lowered or "permission" in lowered or "unable to open" in lowered:
+        return _unwritable(path, text)
+    if "locked" in lowered or "busy" in lowered:
+        waited = f" for more than {busy_timeout_s:g}s" if busy_timeout_s else ""
+        return StoreError(
+            f"The run store {path} is locked: another process has held its write lock{waited} ({text}).",
+            hint=f"Find it with: fuser -v {path}  (often a `sqlite3` shell or a stuck air process); end it, "
+            "then run the command again.",
+        )
+    if "full" in lowered:
+        return StoreError(f"The run store {path} cannot grow: {text}.",
+                          hint=f"Free space on the disk that holds {path.parent} (air prune removes old runs).")
+    return StoreError(f"The run store {path} failed: {type(err).__name__}: {text}.",
+                      hint="Run again with -v for the traceback; if it persists, report it with that output.")
+
+
+__all__ = ["SCHEMA_VERSION", "StoreDatabase", "store_error"]

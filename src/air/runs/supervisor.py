@@ -42,6 +42,7 @@ from air.settings import (
     AIR_PROCESS_TAG,
     AIR_RESUMED,
     AIR_SUPERVISOR,
+    node_environ,
 )
 from air.tracking.attempt_tracking import AttemptTracking
 from air.workload.plan import RunPlan
@@ -141,6 +142,10 @@ class WorkloadJob:
         from air.tracking import attempt_tags
 
         plan = self.plan
+        if os.environ.get(AIR_MLFLOW_DOOR):  # started by an air server, whose MLflow may still be starting
+            from air.tracking.ui import wait_for_tracking_server
+
+            wait_for_tracking_server()
         try:
             tags = attempt_tags(run_id=self.run_id, attempt=attempt, accelerator_type=plan.accelerator,
                                 num_accelerators=plan.num_accelerators, num_nodes=plan.num_nodes,
@@ -181,7 +186,7 @@ class WorkloadJob:
 
     def _node_launches(self, attempt: int, logs: dict[int, Path], environment: Any,
                        tracking_env: dict[str, str]) -> list[NodeLaunch]:
-        base = dict(os.environ)
+        base = node_environ(os.environ)  # nothing the server gave its supervisors only (its MLflow credential)
         for key in (AIR_PROCESS_TAG, AIR_SUPERVISOR, AIR_MLFLOW_DOOR):  # (a node gets the door as MLFLOW_TRACKING_URI)
             base.pop(key, None)
         if environment is not None:
@@ -192,6 +197,9 @@ class WorkloadJob:
             bin_dir = str(Path(self.plan.base_python).parent)
             base["PATH"] = os.pathsep.join([bin_dir, *[p for p in base.get("PATH", "").split(os.pathsep) if p != bin_dir]])
         cwd = Path(self.plan.code_path) if self.plan.code_path else self.paths.folder
+        # The run's MLflow credential is masked in its logs like a secret (a node that prints its environment).
+        hide = (*self.secrets.values(), *([tracking_env["MLFLOW_TRACKING_TOKEN"]]
+                                          if tracking_env.get("MLFLOW_TRACKING_TOKEN") else []))
         launches = []
         for node in range(self.plan.num_nodes):
             env = dict(base)
@@ -202,7 +210,7 @@ class WorkloadJob:
             if self.checkpoint_dir and AIR_CHECKPOINT_DIR not in self.plan.env_variables:
                 env[AIR_CHECKPOINT_DIR] = self.checkpoint_dir
             launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
-                                               logs[node], cwd, hide=tuple(self.secrets.values())))
+                                               logs[node], cwd, hide=hide))
         sandbox = self._sandbox(environment)
         if sandbox is not None:
             launches = [dataclasses.replace(launch, sandbox=sandbox) for launch in launches]

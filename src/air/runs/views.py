@@ -40,7 +40,8 @@ def duration_text(seconds: float | None) -> str:
 def run_dict(run: Run) -> dict[str, Any]:
     """A run for `--json`: the hosted CLI's field names and forms (reference §1.4: `run_id`, `run_name`,
     `started_at` as RFC 3339, `attempt_number`, `experiment_name`) beside air's own (`id`, `experiment`,
-    `started_at_epoch`, ...), so scripts written for either read it."""
+    `started_at_epoch`, ...), so scripts written for either read it. Every time is RFC 3339 (UTC) with the
+    epoch seconds under `<name>_epoch`."""
     data = asdict(run)
     data.pop("spec_yaml", None)
     data["status"] = run.status.value
@@ -50,10 +51,20 @@ def run_dict(run: Run) -> dict[str, Any]:
     data["run_id"] = run.id
     data["run_name"] = run.run_name or run.experiment  # the MLflow run name, as `get run` shows it
     data["experiment_name"] = run.experiment
-    data["started_at_epoch"] = run.started_at
-    data["started_at"] = rfc3339(run.started_at)
+    for name in ("submitted_at", "started_at", "ended_at"):  # RFC 3339, the epoch seconds beside it
+        data[f"{name}_epoch"] = getattr(run, name)
+        data[name] = rfc3339(getattr(run, name))
     data["attempt_number"] = run.current_attempt  # 0-based, as `air logs --retry` takes it
+    data["permissions"] = permissions_list(run.permissions)
     return data
+
+
+def permissions_list(stored: str | None) -> list[dict[str, str]]:
+    """A run's grants as the workload YAML spells them (`user_name`/`group_name`, `level`), not the store's text."""
+    from air.runs.access import grants_from_json
+
+    return [{**({"user_name": g.user} if g.user is not None else {"group_name": str(g.group)}), "level": g.level.name}
+            for g in grants_from_json(stored)]
 
 
 def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dict[str, Any] | None:
@@ -163,6 +174,8 @@ RUNS_PER_PAGE = 50
 LOG_TAIL_LINES = 500
 #: Lines from the end a log search reads, at most: a search of a 1 GB log stays a tail read.
 LOG_SEARCH_LINES = 20_000
+#: The runs page counts the runs its filters match up to this many ("1000+ runs" beyond: no COUNT scan).
+RUNS_COUNTED = 1000
 #: Status filter values beside the statuses themselves.
 STATUS_GROUPS = ("active", "ended")
 
@@ -220,11 +233,19 @@ def run_list_page(
         row["queue"] = (queue_dict(store, run, capacity=capacities.get(run.slot_kind))
                         if run.status is RunStatus.QUEUED else None)
         rows.append(row)
+    if page == 1 and len(runs) <= per_page:
+        counted = len(runs)
+    else:
+        counted = len(store.list_runs(
+            statuses=_statuses(status), limit=RUNS_COUNTED + 1, experiment_glob=experiment or None,
+            user=user or None, accelerator_type=accelerator or None, visible_to=visible_to))
     queued = store.list_runs(statuses=[RunStatus.QUEUED], limit=None, visible_to=visible_to)
     queue = [q for q in (queue_dict(store, r, capacity=capacities.get(r.slot_kind)) for r in queued) if q]
     queue.sort(key=lambda q: (q["kind"], q["position"] is None, q["position"] or 0, q["run_id"]))
     return {
         "runs": rows, "page": page, "per_page": per_page, "has_next": len(runs) > per_page,
+        "count": min(counted, RUNS_COUNTED), "count_capped": counted > RUNS_COUNTED,
+        "first": (page - 1) * per_page + 1 if rows else 0, "last": (page - 1) * per_page + len(rows),
         "queue": queue, "any_active": bool(store.list_runs(limit=1)),
         "filters": {"status": status or "", "experiment": experiment or "", "user": user or "",
                     "accelerator": accelerator or ""},
@@ -445,6 +466,41 @@ def masked_spec(run: Run) -> dict[str, Any]:
         return {"text": "", "error": exc.message}
 
 
+def attempt_stacks(run: Run, attempt: int) -> list[dict[str, Any]]:
+    """The Python stacks air saved when an attempt hung (`attempt_<a>/stacks/node_<n>.txt`; a local call's
+    `rank_<r>.stacks.txt`), each `name` ("node 1") and masked `text`, in node order; [] when none were saved."""
+    import re
+
+    from air.errors import AirError
+
+    if run.kind == "call" and run.backend == "local":
+        found = sorted(CallPaths(run.id).folder.glob(CallPaths.stacks_name(0).replace("0", "*")))
+    else:
+        found = sorted(RunPaths(run.id).stacks(attempt, "node 0").parent.glob("*.txt"))
+    if not found:
+        return []
+
+    def order(path: Path) -> tuple[int, str]:
+        number = re.search(r"(\d+)", path.name)
+        return (int(number.group(1)) if number else 0, path.name)
+
+    try:
+        mask = log_masker(run)
+        mask("")
+    except AirError as exc:
+        return [{"name": "stacks", "text": "", "error": exc.message}]
+    out: list[dict[str, Any]] = []
+    for path in sorted(found, key=order):
+        name = path.name.split(".")[0].replace("_", " ")
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            out.append({"name": name, "text": "", "error": f"Could not read {path}: {exc.strerror}"})
+            continue
+        out.append({"name": name, "text": mask(text.rstrip("\n")), "error": None, "path": str(path)})
+    return out
+
+
 def attempt_metrics(mlflow_run_id: str | None) -> dict[str, Any]:
     """An attempt's metric histories from its MLflow run: the training metrics, and the system
     metrics per node (`system/node_<n>/<name>`)."""
@@ -452,7 +508,7 @@ def attempt_metrics(mlflow_run_id: str | None) -> dict[str, Any]:
 
     histories = metric_histories(mlflow_run_id) if mlflow_run_id else {}
     training = {k: v for k, v in histories.items() if not k.startswith("system/")}
-    system: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    system: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
     for key, points in histories.items():
         if key.startswith("system/"):
             node, _, name = key.removeprefix("system/").partition("/")
@@ -461,8 +517,10 @@ def attempt_metrics(mlflow_run_id: str | None) -> dict[str, Any]:
 
 def run_from_dict(data: dict[str, Any]) -> Run:
     """The run a `run_dict` was made from (what a client of `air server` prints from)."""
-    values = {name: data[name] for name in RUN_FIELDS if name in data and name != "started_at"}
-    values["started_at"] = data.get("started_at_epoch")
+    times = ("submitted_at", "started_at", "ended_at")
+    values = {name: data[name] for name in RUN_FIELDS if name in data and name not in times}
+    for name in times:  # an older server sends submitted_at/ended_at as epoch seconds, with no `_epoch`
+        values[name] = data[f"{name}_epoch"] if f"{name}_epoch" in data else data.get(name)
     values["status"] = RunStatus(data["status"])
     values["failure_class"] = FailureClass(data["failure_class"]) if data.get("failure_class") else None
     return Run(**values)

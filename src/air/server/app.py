@@ -121,7 +121,10 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
     @app.get(API + "/health")
     def health() -> dict[str, Any]:
         # The walls around runs (air.server.isolation); an app made without `air server start` has none.
-        return {"status": "ok", "version": __version__, "isolation": getattr(app.state, "isolation", "") or "none"}
+        # and its MLflow's state (starting, ready, failed; off: none of its own), air.server.mlflow_server.
+        mlflow = getattr(app.state, "mlflow_state", None)
+        return {"status": "ok", "version": __version__, "isolation": getattr(app.state, "isolation", "") or "none",
+                "mlflow": mlflow.as_json() if mlflow is not None else {"state": "off"}}
 
     @app.get(API + "/whoami")
     def whoami(who: Caller) -> dict[str, Any]:

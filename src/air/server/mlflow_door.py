@@ -1,7 +1,10 @@
-"""The door to MLflow: the air server serves its MLflow tracking server (on loopback, mlflow_server.py)
-under `/mlflow`, on its own port and behind its own TLS, to callers with a valid token only.
+"""The door to MLflow: the air server serves its MLflow tracking server (on a Unix socket only the
+server's account can reach, mlflow_server.py) under `/mlflow`, on its own port and behind its own TLS, to
+callers with a valid token only.
 
 Who may pass (401 without any):
+- the server's own credential (its supervisors and call drivers: mlflow_server.server_credential):
+  everything, as an admin;
 - a run's credential (`MLFLOW_TRACKING_TOKEN` of its nodes, sent by MLflow's client as a bearer token):
   reads and writes of its own run's MLflow runs (every attempt's, and those it creates: the door tags
   each with the run and its owner), its own artifacts, experiment reads, and run searches filtered to its
@@ -22,12 +25,14 @@ decide is held in memory, bounded: JSON API request bodies (MAX_API_BODY) and ru
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -90,7 +95,8 @@ class Refused(Exception):
     """The door's answer instead of MLflow's: an HTTP status and MLflow's error shape."""
 
     CODES = {400: "INVALID_PARAMETER_VALUE", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
-             404: "RESOURCE_DOES_NOT_EXIST", 413: "INVALID_PARAMETER_VALUE", 502: "TEMPORARILY_UNAVAILABLE"}
+             404: "RESOURCE_DOES_NOT_EXIST", 413: "INVALID_PARAMETER_VALUE", 502: "TEMPORARILY_UNAVAILABLE",
+             503: "TEMPORARILY_UNAVAILABLE"}
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -98,7 +104,8 @@ class Refused(Exception):
         self.message = message
 
     def response(self) -> JSONResponse:
-        headers = {"WWW-Authenticate": 'Bearer realm="air"'} if self.status == 401 else None
+        headers = {"WWW-Authenticate": 'Bearer realm="air"'} if self.status == 401 else \
+            {"Retry-After": "5"} if self.status == 503 else None
         return JSONResponse({"error_code": self.CODES.get(self.status, "PERMISSION_DENIED"), "message": self.message},
                             status_code=self.status, headers=headers)
 
@@ -106,11 +113,14 @@ class Refused(Exception):
 class Door:
     """The `/mlflow` route of one server: who knocks, what they ask, forward or refuse."""
 
-    def __init__(self, app: FastAPI, target: str, public: str) -> None:
-        parts = urllib.parse.urlsplit(target)
-        #: MLflow's loopback origin (its paths carry MLFLOW_PREFIX, as at the door).
-        self.origin = f"{parts.scheme}://{parts.netloc}"
+    #: The origin MLflow is asked at (over its Unix socket: the name only fills the Host header, which
+    #: MLflow's DNS-rebinding check accepts).
+    origin = "http://localhost"
+
+    def __init__(self, app: FastAPI, socket_path: Path, public: str, server_credential: str = "") -> None:
+        self.socket_path = socket_path
         self.public = public.rstrip("/")
+        self.server_credential = server_credential
         self.app = app
         self._session: Any = None
         self._owners: OrderedDict[str, str | None] = OrderedDict()
@@ -142,7 +152,7 @@ class Door:
         if self._session is None or self._session.closed:
             timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_read=600)
             self._session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
-                                                  connector=aiohttp.TCPConnector(limit=64))
+                                                  connector=aiohttp.UnixConnector(str(self.socket_path), limit=64))
         return self._session
 
     async def close(self) -> None:
@@ -157,6 +167,8 @@ class Door:
         scheme, _, secret = request.headers.get("authorization", "").partition(" ")
         secret = secret.strip()
         if scheme.lower() == "bearer" and secret:
+            if self.server_credential and hmac.compare_digest(secret.encode(), self.server_credential.encode()):
+                return DoorCaller("air-server", admin=True)
             found = credential_caller(self.store, policy, secret)
             if found is not None:
                 return found
@@ -191,8 +203,8 @@ class Door:
         return None
 
     def air_run_of(self, mlflow_run_id: str) -> str | None:
-        """The air run an MLflow run belongs to: the store's link, else its `air.run_id` tag (read from
-        MLflow over loopback by the caller of `tag_lookup`)."""
+        """The air run an MLflow run belongs to: the store's link (else `owner` reads its `air.run_id`
+        tag from MLflow)."""
         if mlflow_run_id in self._owners:
             return self._owners[mlflow_run_id]
         return linked_air_run(self.store, mlflow_run_id)
@@ -233,12 +245,24 @@ class Door:
                 raise Refused(403, f"{caller.label} may not {'write to' if need > Level.CAN_VIEW else 'read'} "
                               f"MLflow run {mlflow_run_id}.")
 
+    def _check_started(self) -> None:
+        """503 while the server's MLflow starts beside it (air.server.mlflow_server.MLflowState), or failed."""
+        state = getattr(self.app.state, "mlflow_state", None)
+        if state is None or state.state == "ready":
+            return
+        if state.state == "starting":
+            raise Refused(503, f"MLflow is starting beside the air server ({state.waited_s():.0f} s so far); "
+                          "try again in a few seconds (GET /api/v1/health says when it is ready).")
+        raise Refused(503, f"The air server's MLflow is not running: {state.message or state.state} "
+                      "Its administrator can read why in the server's log and restart the server.")
+
     # -- what they ask ---------------------------------------------------------------------------------
     async def handle(self, request: Request) -> Response:
         import aiohttp
 
         try:
             caller = await run_in_threadpool(self.caller, request)
+            self._check_started()
             return await self._route(request, caller)
         except Refused as refused:
             return refused.response()
@@ -493,10 +517,10 @@ def _artifact_run(rel: str) -> str:
     return parts[1] if len(parts) >= 3 and parts[2] == "artifacts" else ""
 
 
-def mount_door(app: FastAPI, target: str, *, public: str) -> Door:
-    """Serve MLflow at `target` (its loopback URI, `.../mlflow`) under `/mlflow` on `app`; `public` is the
-    door's address as nodes and pages use it."""
-    door = Door(app, target, public)
+def mount_door(app: FastAPI, socket_path: Path, *, public: str, server_credential: str = "") -> Door:
+    """Serve MLflow (listening on the Unix socket `socket_path`) under `/mlflow` on `app`; `public` is the
+    door's address as nodes and pages use it; `server_credential` lets the server's supervisors in."""
+    door = Door(app, socket_path, public, server_credential)
     methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
     async def handle(request: Request) -> Response:
@@ -505,7 +529,7 @@ def mount_door(app: FastAPI, target: str, *, public: str) -> Door:
     app.add_api_route(MLFLOW_PREFIX, handle, methods=methods, include_in_schema=False)
     app.add_api_route(MLFLOW_PREFIX + "/{rest:path}", handle, methods=methods, include_in_schema=False)
     app.state.mlflow_door = door
-    app.state.mlflow_uri = door.public  # the pages' MLflow link: the door, never the loopback port
+    app.state.mlflow_uri = door.public  # the pages' MLflow link: the door
     inner: Callable[[Any], Any] = app.router.lifespan_context
 
     @asynccontextmanager

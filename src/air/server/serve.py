@@ -11,11 +11,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air.errors import UserInputError
+
+if TYPE_CHECKING:
+    from air.server.mlflow_server import MLflowState
 
 _log = logging.getLogger("air.server")
 
@@ -96,16 +100,23 @@ def check_server_home() -> str:
     return profile.name
 
 
-def serve(host: str, port: int, *, mlflow_port: int = 0, tls_cert: Path | None = None,
+def serve(host: str, port: int, *, mlflow: bool = False, tls_cert: Path | None = None,
           tls_key: Path | None = None, on_ready: Any = None, public: str | None = None,
-          single_trust_domain: bool = False) -> None:
-    """Serve until stopped (and MLflow on loopback port `mlflow_port`, 0: none, behind the door at
-    `/mlflow`). `public`: the server's address for nodes and links (default: the bind address).
-    `on_ready(url, mlflow_uri)` is called once the port is open. `single_trust_domain`: run every run as
+          single_trust_domain: bool = False, on_mlflow: Callable[[MLflowState], None] | None = None) -> None:
+    """Serve until stopped (and, with `mlflow`, MLflow on a Unix socket behind the door at `/mlflow`,
+    started beside the API, which does not wait for it). `public`: the server's address for nodes and
+    links (default: the bind address). `on_ready(url, mlflow_uri, mlflow_state)` is called once the port is
+    open; `on_mlflow(state)` once MLflow is ready or has failed. `single_trust_domain`: run every run as
     the server's own account, with no walls (air.server.isolation)."""
     from air.runs.store import RunStore
     from air.server.isolation import apply_isolation, choose_isolation
-    from air.server.mlflow_server import MLFLOW_PREFIX, mlflow_server, public_url
+    from air.server.mlflow_server import (
+        MLFLOW_PREFIX,
+        mlflow_server,
+        public_url,
+        server_credential,
+        supervisor_env,
+    )
 
     if (tls_cert is None) != (tls_key is None):
         raise UserInputError("--tls-cert and --tls-key go together.")
@@ -113,13 +124,39 @@ def serve(host: str, port: int, *, mlflow_port: int = 0, tls_cert: Path | None =
     isolation = choose_isolation(RunStore(), single_trust_domain=single_trust_domain)
     apply_isolation(isolation)  # before anything is started: supervisors and call drivers inherit it
     door = public_url(host, port, tls=tls_cert is not None, given=public) + MLFLOW_PREFIX
-    with mlflow_server(host, mlflow_port, door=door) as mlflow_uri:
-        _serve(host, port, mlflow_uri=mlflow_uri, tls_cert=tls_cert, tls_key=tls_key, on_ready=on_ready,
-               door=door if mlflow_uri else None, isolation=isolation)
+    credential = server_credential() if mlflow else ""
+    supervisor = supervisor_env(host, port, credential=credential, tls_cert=tls_cert, tls_key=tls_key) if mlflow else {}
+    _warnings_to_log()
+    with mlflow_server(door=door, supervisor=supervisor, enabled=mlflow, on_change=on_mlflow) as (mlflow_socket, state):
+        _serve(host, port, mlflow_socket=mlflow_socket, tls_cert=tls_cert, tls_key=tls_key, on_ready=on_ready,
+               door=door if mlflow_socket else None, isolation=isolation, credential=credential,
+               mlflow_state=state)
 
 
-def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | None, tls_key: Path | None,
-           on_ready: Any, door: str | None = None, isolation: str = "") -> None:
+def _warnings_to_log() -> None:
+    """Python warnings of the server's own libraries (deprecations...) go to its log (ServerPaths.log),
+    not the terminal: what the terminal shows is air's."""
+    import warnings
+
+    from air.server.uploads import ServerPaths
+
+    log = ServerPaths.here().log
+
+    def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+               line: str | None = None) -> None:
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a") as out:
+                out.write(warnings.formatwarning(message, category, filename, lineno, line))
+        except OSError:
+            pass  # a warning is never worth failing the server for
+
+    warnings.showwarning = to_log
+
+
+def _serve(host: str, port: int, *, mlflow_socket: Path | None, tls_cert: Path | None, tls_key: Path | None,
+           on_ready: Any, door: str | None = None, isolation: str = "", credential: str = "",
+           mlflow_state: MLflowState | None = None) -> None:
     import uvicorn
 
     from air.runs.reconcile import reconcile
@@ -134,12 +171,13 @@ def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | Non
     secure_state()  # the store, secrets and run folders: the server's account's alone
     reconcile(store)  # runs whose supervisor died while no server ran end now, with a reason
     stopping = threading.Event()
-    app = create_app(store=store, mlflow_uri=mlflow_uri or tracking_uri(), stopping=stopping)
+    app = create_app(store=store, mlflow_uri=door if mlflow_socket else tracking_uri(), stopping=stopping)
     app.state.isolation = isolation  # GET /api/v1/health reports it
-    if mlflow_uri and door:  # MLflow on loopback: only the door at /mlflow reaches it
+    app.state.mlflow_state = mlflow_state  # and this (the door answers 503 until it is ready)
+    if mlflow_socket and door:  # MLflow on its Unix socket: only the door at /mlflow reaches it
         from air.server.mlflow_door import mount_door
 
-        mount_door(app, mlflow_uri, public=door)
+        mount_door(app, mlflow_socket, public=door, server_credential=credential)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, ssl_certfile=str(tls_cert) if tls_cert else None,
                             ssl_keyfile=str(tls_key) if tls_key else None)
@@ -151,7 +189,7 @@ def _serve(host: str, port: int, *, mlflow_uri: str | None, tls_cert: Path | Non
         while not server.server.started and not stopping.is_set():
             time.sleep(0.05)
         if server.server.started and on_ready is not None:
-            on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}", door or app.state.mlflow_uri)
+            on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}", door or app.state.mlflow_uri, mlflow_state)
 
     threading.Thread(target=announce, name="air-server-ready", daemon=True).start()
     try:

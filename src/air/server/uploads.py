@@ -10,6 +10,7 @@ Under AIR_HOME (this module owns these names)::
     server/blobs/<sha256>              one file's content
     server/uploads/<key>/<name>/...    a rebuilt snapshot (key: sha256 of its manifest)
     server/users/<user>/secrets.json   that user's secrets
+    server/server.log                  MLflow's output and the server's warnings
 """
 
 from __future__ import annotations
@@ -56,6 +57,21 @@ class ServerPaths:
     @property
     def uploads(self) -> Path:
         return self.root / "uploads"
+
+    @property
+    def mlflow_socket(self) -> Path:
+        """The Unix socket MLflow listens on (air.server.mlflow_server), in a 0700 folder of its own."""
+        return self.root / "mlflow" / "mlflow.sock"
+
+    @property
+    def log(self) -> Path:
+        """The server's own log: its MLflow server's output and warnings, kept out of the terminal."""
+        return self.root / "server.log"
+
+    @property
+    def mlflow_credential(self) -> Path:
+        """The server's own MLflow credential (0600): its supervisors' and call drivers' key to the door."""
+        return self.root / "mlflow-credential"
 
     def user_secrets(self, user: str) -> Path:
         """A user's secret store: their folder is laid out like a home of its own (`secrets.json`)."""

@@ -16,17 +16,18 @@ MAX_METRICS = 24
 
 def metric_histories(
     mlflow_run_id: str, *, uri: str | None = None, max_points: int = MAX_POINTS
-) -> dict[str, list[tuple[float, float]]]:
-    """Metric key -> [(step, value)] of one MLflow run, thinned to `max_points`; {} when unreadable."""
+) -> dict[str, list[tuple[float, float, float]]]:
+    """Metric key -> [(step, value, epoch seconds)] of one MLflow run, thinned to `max_points` (the time
+    gives the run page's charts their time scale); {} when unreadable."""
     try:
         mlflow_client = client(uri or tracking_uri())
         keys = sorted(mlflow_client.get_run(mlflow_run_id).data.metrics)[:MAX_METRICS]
-        out: dict[str, list[tuple[float, float]]] = {}
+        out: dict[str, list[tuple[float, float, float]]] = {}
         for key in keys:
             points = sorted((m.step, m.timestamp, m.value) for m in mlflow_client.get_metric_history(
                 mlflow_run_id, key))
             stride = max(1, -(-len(points) // max_points))
-            out[key] = [(float(step), float(value)) for step, _, value in points[::stride]]
+            out[key] = [(float(step), float(value), at / 1000.0) for step, at, value in points[::stride]]
         return out
     except Exception:  # noqa: BLE001 - no store, a deleted run: the page shows no charts
         return {}

@@ -39,15 +39,15 @@ UI_EXTRA = "ui"
 
 
 def ui_command(
-    host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT, workers: int | None = None
+    host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT, workers: int | None = None, store: str | None = None
 ) -> list[str]:
-    """argv of `mlflow ui` for the current store (run with this interpreter, so the venv's mlflow).
+    """argv of `mlflow ui` for `store` (default: the current one), run with this interpreter (the venv's mlflow).
 
     For the embedded store, new experiments made in the UI also keep artifacts under AIR_HOME, and the
     store is created first so the UI never starts on a missing file. An http(s) tracking URI already
     has a UI: that is a user error whose hint is the address to open.
     """
-    uri = tracking_uri()
+    uri = tracking_uri() if store is None else store
     if is_http(uri):
         raise UserInputError(
             f"MLFLOW_TRACKING_URI points at an MLflow server ({uri}); it serves its own UI.",
@@ -265,3 +265,47 @@ def pages_base_url(store: str | None = None) -> str | None:
     store = tracking_uri() if store is None else store
     live = [u for u in _read() if _same_store(u.store, store) and u.web_port and u.alive()]
     return live[-1].pages_url if live else None
+
+
+# ---- an MLflow server that is still starting ---------------------------------------------------------
+
+#: Longest a supervisor waits for its air server's MLflow to finish starting before it runs untracked.
+TRACKING_START_WAIT_S = 240.0
+
+
+def wait_for_tracking_server(timeout_s: float = TRACKING_START_WAIT_S) -> bool:
+    """Wait until the tracking server (MLFLOW_TRACKING_URI, over http) answers its health check; True once
+    it does, False when it says it failed or `timeout_s` passes. An air server serves before its MLflow is
+    up (its door answers 503 "MLflow is starting"), so a supervisor it starts in that minute waits here
+    instead of running its first attempt untracked. True at once without an http tracking URI."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not is_http(uri):
+        return True
+    request = urllib.request.Request(uri.rstrip("/") + "/health")
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+    context = None
+    if uri.startswith("https"):
+        import ssl
+
+        if os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
+            context = ssl.create_default_context(cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
+        elif os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
+            context = ssl._create_unverified_context()  # noqa: S323 - what MLflow's own switch means
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=context) as answer:  # noqa: S310 - http(s) only
+                return bool(answer.status == 200)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or b"starting" not in exc.read(4096):
+                return exc.code < 500  # failed to start, or a server without this check: try as before
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)

@@ -8,6 +8,7 @@ from `air.runs.views` (the CLI's `--json` reads the same functions).
 
 from __future__ import annotations
 
+import datetime as _dt
 import getpass
 import os
 import secrets
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
 from markupsafe import escape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -61,7 +63,59 @@ STATUS_CLASSES = {
 
 
 def _when(stamp: str | None) -> str:
-    return stamp.replace("T", " ")[:19] if stamp else "-"
+    """An RFC 3339 time in the server's zone, with the zone named ("2025-11-25 20:15:03 CET"): a team
+    spread over zones reads it right."""
+    if not stamp:
+        return "-"
+    try:
+        moment = _dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return stamp
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+#: MLflow 3's UI shows its GenAI view unless told otherwise (its `workflowType`, kept in the browser);
+#: this query in the link's route opens the model-training view (runs, metrics, charts) instead.
+MLFLOW_TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def _training_view(url: str | None) -> str | None:
+    """An MLflow UI link (`…/#/experiments/E/runs/R`) that opens in the training-runs view."""
+    if not url or "#/" not in url:
+        return url
+    return url + ("&" if "?" in url.split("#/", 1)[1] else "?") + MLFLOW_TRAINING_VIEW
+
+
+def _block_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    """Multi-line strings as `|` blocks: a spec's command reads as it was written."""
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value.strip() else None)
+
+
+class _SpecDumper(yaml.SafeDumper):
+    pass
+
+
+_SpecDumper.add_representer(str, _block_str)
+
+
+def _as_written(run: Run) -> dict[str, Any]:
+    """The spec as `views.masked_spec` shows it, re-written with `|` blocks for multi-line strings (the
+    store keeps a command as one escaped string), and masked once more as written: a secret value that
+    the escaped form hid from the masker is hidden in the block form too."""
+    spec = views.masked_spec(run)
+    if spec.get("error") or not spec.get("text"):
+        return spec
+    try:
+        data = yaml.safe_load(spec["text"])
+    except yaml.YAMLError:
+        return spec
+    if not isinstance(data, dict):
+        return spec
+    text = yaml.dump(data, Dumper=_SpecDumper, sort_keys=False, allow_unicode=True, width=120)
+    try:
+        return {**spec, "text": views.log_masker(run)(text)}
+    except AirError as exc:
+        return {"text": "", "error": exc.message}
 
 
 def _templates() -> Jinja2Templates:
@@ -159,15 +213,24 @@ def create_web_app(
             page = int(q.get("page") or 1)
         except ValueError:
             page = 1
+        # Whose runs: yours on a server, as `air list runs` (--all-users for everyone's); on `air ui`
+        # every run is the local user's, so there is nothing to toggle. A `user` filter names whose.
+        who = "all" if not auth_on or q.get("who") == "all" else "mine"
+        owner = q.get("user") or (user.name if who == "mine" else None)
         data = views.run_list_page(
-            open_store(), status=q.get("status"), experiment=q.get("experiment"), user=q.get("user"),
+            open_store(), status=q.get("status"), experiment=q.get("experiment"), user=owner,
             accelerator=q.get("accelerator"), page=page, visible_to=policy().list_filter(viewer(user)))
+        data["filters"]["user"] = q.get("user") or ""
         query = {k: v for k, v in data["filters"].items() if v}
+        if auth_on and who == "all":
+            query["who"] = "all"
         links = {
             "prev": "?" + urllib.parse.urlencode({**query, "page": page - 1}) if page > 1 else None,
             "next": "?" + urllib.parse.urlencode({**query, "page": page + 1}) if data["has_next"] else None,
+            "mine": "?" + urllib.parse.urlencode({k: v for k, v in query.items() if k != "who"}),
+            "all": "?" + urllib.parse.urlencode({**query, "who": "all"}),
         }
-        return render(request, "runs.html", user, data=data, links=links,
+        return render(request, "runs.html", user, data=data, links=links, who=who,
                       statuses=[*views.STATUS_GROUPS, *STATUS_CLASSES])
 
     def run_page(request: Request) -> Response:
@@ -178,6 +241,8 @@ def create_web_app(
         here = f"{request.url.scheme}://{request.url.netloc}{base(request)}"
         detail = views.run_detail(store, run, pages_base=here)
         attempts = views.attempt_views(store, run)
+        for a in attempts:
+            a["mlflow_url"] = _training_view(a["mlflow_url"])
         attempt = _int(q.get("attempt"), run.current_attempt if run.current_attempt is not None else 0)
         chosen = next((a for a in attempts if a["index"] == attempt), None)
         files = views.log_files(run, attempt)
@@ -195,7 +260,7 @@ def create_web_app(
         return render(
             request, "run.html", user, run=detail, attempts=attempts, attempt=attempt, files=files,
             log_index=index, log=log, query=query, lines=lines, live=live, failing=failing,
-            spec=views.masked_spec(run), metrics=views.attempt_metrics(chosen["mlflow_run_id"] if chosen else None),
+            spec=_as_written(run), stacks=views.attempt_stacks(run, attempt), metrics=views.attempt_metrics(chosen["mlflow_run_id"] if chosen else None),
             can_cancel=not run.is_terminal and may_manage_run(user, run),
             notice=f"Canceled: run {run.id} is {run.status.value}." if q.get("canceled") else None)
 

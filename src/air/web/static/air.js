@@ -1,6 +1,9 @@
 // Progressive enhancement only: every page reads completely without this file.
 // 1. While runs are active (body[data-live="1"]), the live part of the page is fetched again and swapped in.
-// 2. A running run's log (<pre id="log" data-stream=...>) follows the server's event stream (SSE).
+// 2. A run's log opens at its end; a running run's log (<pre id="log" data-stream=...>) follows the
+//    server's event stream (SSE), staying at its last line unless the reader scrolled up.
+// 3. The runs page's filters: what is typed in them is never touched by the refresh (only #live is
+//    swapped); a changed status filter applies at once.
 (function () {
   "use strict";
   var body = document.body;
@@ -22,6 +25,20 @@
 
   var log = document.getElementById("log");
   var streaming = log && log.dataset.stream;
+  // Open at the last line: the newest output (and, for a failed run, its error) is what a reader wants.
+  // The log box scrolls inside the page; the page itself is left where it is.
+  var following = true;
+  function toEnd() { if (log) { log.scrollTop = log.scrollHeight; } }
+  if (log) {
+    toEnd();
+    log.addEventListener("scroll", function () {
+      following = log.scrollTop + log.clientHeight >= log.scrollHeight - 8;
+    });
+  }
+  var status = document.querySelector("#filters select[name=status]");
+  if (status && status.form) {
+    status.addEventListener("change", function () { status.form.submit(); });
+  }
   if (body.dataset.live === "1" && document.getElementById(liveId)) {
     var timer = window.setInterval(function () {
       if (body.dataset.live !== "1") { window.clearInterval(timer); return; }
@@ -49,7 +66,7 @@
     source.addEventListener("lines", function (event) {
       var missing = document.getElementById("log-missing");
       if (missing) { missing.remove(); }
-      var atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 4;
+      var atBottom = following || log.scrollTop + log.clientHeight >= log.scrollHeight - 8;
       JSON.parse(event.data).forEach(function (line) {
         if (query && line.text.toLowerCase().indexOf(query) < 0) { return; }
         var span = document.createElement("span");
@@ -59,7 +76,7 @@
         log.appendChild(span);
         log.appendChild(document.createTextNode("\n"));
       });
-      if (atBottom) { log.scrollTop = log.scrollHeight; }
+      if (atBottom) { toEnd(); following = true; }
     });
     // The session's token was revoked while the log streamed: the page goes to the login page.
     source.addEventListener("signed_out", function () {
