@@ -32,6 +32,32 @@ def air_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+def debian_packages(binaries: tuple[str, ...], packages: tuple[str, ...]) -> None:
+    """Install Debian `packages` once where any of `binaries` is missing (CI on a fresh machine runs as root)."""
+    import subprocess
+
+    if all(Path(b).exists() for b in binaries):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
+        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+        assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    missing = [b for b in binaries if not Path(b).exists()]
+    assert not missing, f"installing {' '.join(packages)} left {missing} missing"
+
+
+@pytest.fixture(scope="session")
+def chromium_installed() -> None:
+    """Debian's chromium and chromedriver (browser tests)."""
+    debian_packages(("/usr/bin/chromium", "/usr/bin/chromedriver"), ("chromium", "chromium-driver"))
+
+
+@pytest.fixture(scope="session")
+def bubblewrap_installed() -> None:
+    """Debian's bubblewrap: `air server` walls runs in with it (tests/server start isolated servers)."""
+    debian_packages(("/usr/bin/bwrap",), ("bubblewrap",))
+
+
 @pytest.fixture
 def pid_dir(tmp_path: Path) -> Path:
     path = tmp_path / "pids"

@@ -9,6 +9,11 @@ import pytest
 from server_helpers import AirServer, running_server
 
 
+@pytest.fixture(autouse=True)
+def _bubblewrap(bubblewrap_installed: None) -> None:
+    """Every server test may start an isolated server: bubblewrap must be there (installed where missing)."""
+
+
 @pytest.fixture
 def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[AirServer]:
     """A started server with users alice, bob and root (admin); stopped with SIGTERM afterwards, and no

@@ -327,7 +327,8 @@ def test_a_wildcard_bind_advertises_the_machines_name() -> None:
     assert public_url("0.0.0.0", 8765, tls=False, given="https://air.team.example/") == "https://air.team.example"
 
 
-def test_mlflow_ui_through_the_door_with_the_pages_login(private_server: AirServer, tmp_path: Path) -> None:
+def test_mlflow_ui_through_the_door_with_the_pages_login(private_server: AirServer, tmp_path: Path,
+                                                          chromium_installed: None) -> None:
     """A browser logged in to the pages opens MLflow's UI at /mlflow and sees alice's run and metric; a
     browser without a login gets nothing of MLflow."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "web"))

@@ -3,8 +3,6 @@ the pages served by uvicorn on loopback over a real run store with real runs."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,19 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 
-from web_helpers import CHROMEDRIVER, CHROMIUM, free_port, headless_chromium  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def chromium_installed() -> None:
-    """Debian's chromium and chromedriver, installed once where missing (CI on a fresh machine)."""
-    if CHROMIUM.exists() and CHROMEDRIVER.exists():
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"]):
-        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-        assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
-    assert CHROMIUM.exists() and CHROMEDRIVER.exists()
+from web_helpers import free_port, headless_chromium  # noqa: E402
 
 
 @pytest.fixture
