@@ -48,3 +48,13 @@ def test_run_list_pages_newest_first(tmp_path: object, air_home: object) -> None
     assert [r["id"][-1] for r in last["runs"]] == ["0"] and not last["has_next"]
     odd = run_list_page(store, experiment="e1", per_page=10)
     assert [r["id"][-1] for r in odd["runs"]] == ["5", "3", "1"]
+
+
+def test_tick_labels_never_repeat_when_the_range_is_small_beside_its_values() -> None:
+    from air.web.charts import nice_ticks, tick_text
+
+    for low, high in ((0.0199991, 0.02), (1000.1, 1000.5), (0.0, 0.02), (0.0, 230.0)):
+        ticks = nice_ticks(low, high, 5)
+        labels = [tick_text(t, ticks) for t in ticks]
+        assert len(set(labels)) == len(labels), (low, high, labels)
+    assert [tick_text(t, [0.0, 100.0, 200.0]) for t in (0.0, 100.0, 200.0)] == ["0", "100", "200"]

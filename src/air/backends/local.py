@@ -293,6 +293,14 @@ class LocalAttempt:
             out.append(Silence(self._launches[node].node_rank, proc, silent_s, stopped))
         return out
 
+    def ended_nodes(self) -> set[int]:
+        """Node ranks every process of which has exited while the attempt goes on (the run controller
+        says "node 0 ended; node 1 still running")."""
+        if self.launch is None or len(self.launch.popens) != len(self._owners):
+            return set()
+        running = {self._owners[i][0] for i, p in enumerate(self.launch.popens) if p.poll() is None}
+        return {self._launches[n].node_rank for n in range(len(self._launches)) if n not in running}
+
     def stacks(self, node: int, process: int) -> str:
         if self.launch is None:
             return "(not started)"

@@ -239,6 +239,10 @@ class RayAttempt:
             out.extend(Silence(rank, index, silent + (now - at), stopped) for index, silent, stopped in entries)
         return out
 
+    def ended_nodes(self) -> set[int]:
+        """Node ranks whose agent reported every process exited while the attempt goes on."""
+        return {self._launches[n].node_rank for n in range(len(self._launches)) if self._exits[n] is not None}
+
     def stacks(self, node: int, process: int) -> str:
         for index, launch in enumerate(self._launches):
             if launch.node_rank == node and index not in self._lost:

@@ -47,6 +47,7 @@ class WatchExtras:
         self._spinner: Spinner | None = None
         self.next_progress_look = 0.0
         self.quiet_shown: str | None = None
+        self.node_ended_shown = False
 
     # -- the supervisor's log -------------------------------------------------------------------------
     def read_supervisor_log(self) -> None:
@@ -117,6 +118,12 @@ class WatchExtras:
 
         return progress_view(run)
 
+    def node_ended_now(self, run: Run) -> str | None:
+        """"node 0 ended …; node 1 still running" (views.node_ended_notice), None when it does not apply."""
+        from air.runs.views import node_ended_notice
+
+        return node_ended_notice(run)
+
     def poll(self, run: Run) -> None:
         """After the status line: the queue reason, or the spinner of the phase the run is in."""
         if run.status is RunStatus.QUEUED:
@@ -144,6 +151,14 @@ class WatchExtras:
         if now < self.next_progress_look:
             return
         self.next_progress_look = now + PROGRESS_EVERY_S
+        if not self.node_ended_shown:
+            ended = self.node_ended_now(run)
+            if ended is not None:  # said once: node 0 is done, the run waits on the others
+                self.node_ended_shown = True
+                if self.json_mode:
+                    event("NODE_ENDED", run_id=self.run_id, node=0, message=ended)
+                else:
+                    status(f"[air] {ended}")
         progress = self.progress_now(run)
         quiet = quiet_summary(progress, QUIET_AFTER_S)
         if quiet == self.quiet_shown:
@@ -174,3 +189,7 @@ class RemoteWatchExtras(WatchExtras):
 
     def progress_now(self, run: Run) -> list[dict[str, Any]]:
         return list(self.client.get(f"/runs/{run.id}").get("progress") or [])
+
+    def node_ended_now(self, run: Run) -> str | None:
+        ended = self.client.get(f"/runs/{run.id}").get("node_ended")
+        return str(ended) if ended else None

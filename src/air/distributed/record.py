@@ -27,6 +27,8 @@ class CallEnd(NamedTuple):
     reason: str | None = None
     failure_class: str | None = None
     mlflow_run_id: str | None = None
+    #: The MLflow experiment the call's run was logged to (air shows the call under it).
+    experiment: str | None = None
 
 
 def _first_line(text: str) -> str:
@@ -140,7 +142,7 @@ class LocalCallRecord:
         from air.runs.states import FailureClass, IllegalTransitionError, RunStatus
 
         if end.mlflow_run_id:
-            store.set_mlflow_run_id(self.run_id, end.mlflow_run_id, attempt=0)
+            store.set_mlflow_run_id(self.run_id, end.mlflow_run_id, attempt=0, experiment=end.experiment)
         run = store.get_run(self.run_id)
         if run.is_terminal:
             return  # `air cancel` gave up waiting and ended it itself

@@ -21,6 +21,10 @@ from air.errors import RuntimeConfigurationError, WorkloadFailureException
 
 #: How often the client asks whether a call it lost the log stream of has ended (seconds).
 _POLL_S = 0.5
+#: While the call is QUEUED: how often the client asks the server why (seconds), and the least time
+#: between two lines saying why (a new line only when the reason changed).
+_QUEUE_LOOK_S = 1.0
+_QUEUE_LINE_EVERY_S = 10.0
 
 
 def call_through_server(client: ServerClient, func: Callable[..., Any], args: Sequence[Any],
@@ -61,9 +65,43 @@ def call_through_server(client: ServerClient, func: Callable[..., Any], args: Se
 _TERMINAL = {"SUCCESS", "FAILED", "TIMEDOUT", "CANCELED", "INTERNAL_ERROR"}
 
 
+class _QueueSayer:
+    """"[air] run X is queued: <why>" on stderr while the call waits in the server's queue (position,
+    pool, per-user limit: the `queue` of `GET /runs/{id}`), as `air run --watch` says it; a new line only
+    when the reason changed, and at most every _QUEUE_LINE_EVERY_S."""
+
+    def __init__(self, client: ServerClient, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+        self.next_look = 0.0
+        self.last_line_at: float | None = None
+        self.said: str | None = None
+
+    def see(self, status: str | None) -> None:
+        now = time.monotonic()
+        if status != "QUEUED" or now < self.next_look:
+            return
+        self.next_look = now + _QUEUE_LOOK_S
+        if self.last_line_at is not None and now - self.last_line_at < _QUEUE_LINE_EVERY_S:
+            return
+        try:
+            queue = self.client.get(f"/runs/{self.run_id}").get("queue") or {}
+        except RemoteError:
+            return  # a failed look says nothing; the stream goes on
+        reason = queue.get("reason")
+        if not reason or reason == self.said:
+            return
+        sys.stderr.write(f"[air] run {self.run_id} is queued: {reason}\n")
+        sys.stderr.flush()
+        self.said, self.last_line_at = str(reason), now
+
+
 def _stream(client: ServerClient, run_id: str, echo: bool) -> None:
-    """Every rank's lines, `[rank r]`-prefixed, until the run ends (or the stream breaks)."""
+    """Every rank's lines, `[rank r]`-prefixed, until the run ends (or the stream breaks); while the
+    call is queued, why it waits."""
+    queue = _QueueSayer(client, run_id)
     for item in client.stream(f"/runs/{run_id}/follow"):
+        if echo and isinstance(item.get("run"), dict):
+            queue.see(item["run"].get("status"))
         if echo and "lines" in item:
             for line in item["lines"]:
                 sys.stdout.write(f"[{item['label']} {item['index']}] {line}\n")

@@ -111,6 +111,17 @@ class CallTracking:
                              env={k: v for k, v in os.environ.items() if k != AIR_PROCESS_TAG})
 
 
+def experiment_name(handle: Any) -> str | None:
+    """The name of the MLflow experiment a call's run went into (`air get run`/`list runs` show it); None
+    when MLflow cannot say (the record keeps its first guess)."""
+    try:
+        from air.tracking.store import client
+
+        return str(client(handle.tracking_uri).get_experiment(handle.experiment_id).name) or None
+    except Exception:  # noqa: BLE001 - tracking never fails a call
+        return None
+
+
 def record_call(job_file: Path) -> int:
     """The recorder process: make the call's MLflow run after the fact, with its logs and status.
 
@@ -140,7 +151,8 @@ def _record(job_file: Path) -> int:
         try:
             from air.runs.store import RunStore
 
-            RunStore().set_mlflow_run_id(job["run_id"], handle.run_id, attempt=0)
+            RunStore().set_mlflow_run_id(job["run_id"], handle.run_id, attempt=0,
+                                         experiment=experiment_name(handle))
         except Exception as exc:  # noqa: BLE001 - the MLflow run stands either way
             _warn(f"run store: {exc}")
     return 0
@@ -189,7 +201,8 @@ def run_local_tracked(func: Callable[..., Any], args: Sequence[Any], kwargs: Map
         finally:
             handle = tracking.handle
             record.finish(CallEnd(end.status, end.reason, end.failure_class,
-                                  handle.run_id if handle is not None else None))
+                                  handle.run_id if handle is not None else None,
+                                  experiment_name(handle) if handle is not None else None))
 
 
 if __name__ == "__main__":

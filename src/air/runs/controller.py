@@ -151,6 +151,10 @@ class _Attempt:
     verdict: AttemptVerdict | None = None
     hang: AttemptVerdict | None = None  # set by the hang check; wins over how the nodes then ended
     next_progress_check: float = 0.0
+    #: Nodes seen with a running process, and when each was first seen with none (its command ended
+    #: while others still ran: "node 0 ended; node 1 still running").
+    seen_running: set[int] = dataclasses.field(default_factory=set)
+    ended_at: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 class RunController:
@@ -277,9 +281,19 @@ class RunController:
             self.job.say(f"progress: could not read it: {exc}")
             return False
         label = self.job.process_label
+        running = {s.node for s in silences}
+        ended_nodes = getattr(handle, "ended_nodes", None)  # (both backends have it; a test's fake may not)
+        try:
+            ended = set(ended_nodes()) if ended_nodes is not None else attempt.seen_running - running
+        except Exception:  # noqa: BLE001 - a failed look never ends a run
+            ended = attempt.seen_running - running
+        for node in ended - running:
+            attempt.ended_at.setdefault(node, time.time())
+        attempt.seen_running |= running
         write_progress(self.paths.progress(attempt.index),
                        [{"name": label(s.node, s.process), "node": s.node, "process": s.process,
-                         "silent_s": round(s.silent_s, 1), "stopped": s.stopped} for s in silences])
+                         "silent_s": round(s.silent_s, 1), "stopped": s.stopped} for s in silences],
+                       ended=[{"node": n, "ended_at": t} for n, t in sorted(attempt.ended_at.items())])
         hang = find_hang(silences, self.job.hang_timeout_s)
         if hang is None:
             return False
@@ -465,12 +479,13 @@ class RunController:
             tracking.warn(f"tracking: {exc}")
 
 
-def write_progress(path: Path, processes: list[dict[str, Any]]) -> None:
-    """`attempt_<a>/progress.json`: when it was looked at and how long each node process was quiet."""
+def write_progress(path: Path, processes: list[dict[str, Any]], *, ended: list[dict[str, Any]] | None = None) -> None:
+    """`attempt_<a>/progress.json`: when it was looked at, how long each node process was quiet, and
+    which nodes' commands have ended (with when) while the attempt goes on."""
     import json
 
     try:
-        atomic_write_text(path, json.dumps({"at": time.time(), "processes": processes}))
+        atomic_write_text(path, json.dumps({"at": time.time(), "processes": processes, "ended": ended or []}))
     except OSError:
         pass  # the run folder is gone (pruned): nothing to show it to
 

@@ -140,6 +140,7 @@ def termination_reason(
     canceled: bool = False,
     node: int | None = None,
     timeout_minutes: float | None = None,
+    oom_kills: int | None = None,
 ) -> TerminationReason:
     """Why a node (or attempt) ended badly, in one line, and whose fault it was.
 
@@ -149,6 +150,8 @@ def termination_reason(
     [Errno 2] No such file or directory (exit code 2)"), then the bare exit status ("Exit code 3",
     "killed by SIGKILL"). `exit_code` 128+N from bash is read
     as signal N. Only for failures: exit code 0 with no signal, timeout or cancel is a ValueError.
+    `oom_kills`: OOM kills the cgroup recorded during the attempt (`oom_kill_count`; None: unknown). A
+    SIGKILL with none recorded is not blamed on the OOM killer: a person or another program sent it.
     """
     where = f" (node {node})" if node is not None else ""
     if canceled:
@@ -172,6 +175,9 @@ def termination_reason(
             break  # the user's exception is the root cause; NCCL and friends are what followed
         line = _first_match(sig, lines)
         if line is not None:
+            if sig.name == "killed" and oom_kills == 0:
+                return TerminationReason(_clip(f"Killed by SIGKILL{_NO_OOM}{where}: {line.strip()}"),
+                                         FailureClass.INFRASTRUCTURE)
             return TerminationReason(_clip(f"{sig.label}{where}: {line.strip()}"), sig.failure_class)
     if user_exceptions:
         last = user_exceptions[-1]
@@ -184,7 +190,7 @@ def termination_reason(
                 return TerminationReason(_clip(f"{sig.label}{where}: {line.strip()}"), sig.failure_class)
     if exceptions:
         return TerminationReason(_clip(exceptions[-1]) + where, FailureClass.USER_CODE)
-    bare = _from_exit_status(exit_code, signal, where)
+    bare = _from_exit_status(exit_code, signal, where, oom_kills)
     plain_exit = signal is None and exit_code is not None and 0 < exit_code <= 128
     error_line = _last_error_line(lines) if plain_exit else None
     if error_line is not None:
@@ -203,16 +209,21 @@ def _last_error_line(lines: list[str]) -> str | None:
     return None
 
 
-def _from_exit_status(exit_code: int | None, signal: int | None, where: str) -> TerminationReason:
+#: What a SIGKILL is called when the cgroup recorded no OOM kill during the attempt.
+_NO_OOM = " (no OOM kill recorded in the cgroup: sent by a person or another program?)"
+
+
+def _from_exit_status(exit_code: int | None, signal: int | None, where: str,
+                      oom_kills: int | None = None) -> TerminationReason:
     if signal is not None and signal > 0:
         name = _signal_name(signal)
         cls = FailureClass.USER_CODE if name in _CRASH_SIGNALS else FailureClass.INFRASTRUCTURE
-        return TerminationReason(f"Killed by {name}{_signal_hint(name)}{where}", cls)
+        return TerminationReason(f"Killed by {name}{_signal_hint(name, oom_kills)}{where}", cls)
     if exit_code is None:
         return TerminationReason(f"Ended without an exit status (the process was lost){where}",
                                  FailureClass.INFRASTRUCTURE)
     if exit_code < 0:  # Popen's convention for "killed by signal -N"
-        return _from_exit_status(None, -exit_code, where)
+        return _from_exit_status(None, -exit_code, where, oom_kills)
     if exit_code == 127:
         return TerminationReason(f"Exit code 127 (command not found){where}", FailureClass.SETUP)
     if exit_code == 126:
@@ -220,7 +231,8 @@ def _from_exit_status(exit_code: int | None, signal: int | None, where: str) -> 
     if 128 < exit_code < 128 + 65:
         name = _signal_name(exit_code - 128)
         cls = FailureClass.USER_CODE if name in _CRASH_SIGNALS else FailureClass.INFRASTRUCTURE
-        return TerminationReason(f"Exit code {exit_code} (killed by {name}{_signal_hint(name)}){where}", cls)
+        return TerminationReason(f"Exit code {exit_code} (killed by {name}{_signal_hint(name, oom_kills)}){where}",
+                                 cls)
     return TerminationReason(f"Exit code {exit_code}{where}", FailureClass.USER_CODE)
 
 
@@ -231,12 +243,46 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _signal_hint(name: str) -> str:
+def _signal_hint(name: str, oom_kills: int | None = None) -> str:
+    if name == "SIGKILL" and oom_kills is not None:
+        return (f", by the out-of-memory killer ({oom_kills} OOM kill(s) recorded in the cgroup)" if oom_kills > 0
+                else _NO_OOM)
     return {
         "SIGKILL": ", most often the out-of-memory killer",
         "SIGSEGV": ", a segmentation fault",
         "SIGABRT": ", an abort",
     }.get(name, "")
+
+
+def oom_kill_count(cgroup_file: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """OOM kills recorded for this process's memory cgroup and those below it (the kernel's counter:
+    `oom_kill` in cgroup v2's memory.events, or v1's memory.oom_control); None when none can be read.
+    Read before and after an attempt, the difference tells whether the OOM killer sent a SIGKILL."""
+    import os
+
+    candidates: list[str] = []
+    try:
+        with open(cgroup_file) as fh:
+            for line in fh:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    candidates.append(os.path.join(root, path.lstrip("/"), "memory.events"))
+                elif "memory" in controllers.split(","):
+                    candidates.append(os.path.join(root, "memory", path.lstrip("/"), "memory.oom_control"))
+    except (OSError, ValueError):
+        pass
+    # In a cgroup namespace (containers) the process's own cgroup is the mount's root.
+    candidates += [os.path.join(root, "memory.events"), os.path.join(root, "memory", "memory.oom_control")]
+    for path in candidates:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _strip_prefix(line: str) -> str:
@@ -294,4 +340,5 @@ def _clip(text: str, reserve: int = 0) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-__all__ = ["SIGNATURES", "Signature", "TerminationReason", "mark_line", "scan_line", "termination_reason"]
+__all__ = ["SIGNATURES", "Signature", "TerminationReason", "mark_line", "oom_kill_count", "scan_line",
+           "termination_reason"]

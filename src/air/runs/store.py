@@ -373,11 +373,15 @@ class RunStore(SlotLedger, RunLookup):
                 (pid, started_at, run_id),
             )
 
-    def set_mlflow_run_id(self, run_id: str, mlflow_run_id: str, *, attempt: int | None = None) -> None:
-        """Link the run (its latest MLflow run) and, when given, that attempt to an MLflow run."""
+    def set_mlflow_run_id(self, run_id: str, mlflow_run_id: str, *, attempt: int | None = None,
+                          experiment: str | None = None) -> None:
+        """Link the run (its latest MLflow run) and, when given, that attempt to an MLflow run; with
+        `experiment`, the run shows the MLflow experiment it was logged to (a call's is known only then)."""
         with self._write() as conn:
             self._status(conn, run_id)
             conn.execute("UPDATE runs SET mlflow_run_id = ? WHERE id = ?", (mlflow_run_id, run_id))
+            if experiment:
+                conn.execute("UPDATE runs SET experiment = ? WHERE id = ?", (experiment, run_id))
             if attempt is not None:
                 cur = conn.execute(
                     "UPDATE attempts SET mlflow_run_id = ? WHERE run_id = ? AND attempt = ?",

@@ -32,7 +32,7 @@ from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.paths import RunPaths, process_tag
-from air.runs.reasons import termination_reason
+from air.runs.reasons import oom_kill_count, termination_reason
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
 from air.settings import (
@@ -109,6 +109,8 @@ class WorkloadJob:
         self.secrets: dict[str, str] = {}
         self.redactor = Redactor([])  # the secrets' values, once resolved: masks what air itself writes
         self.say = say
+        #: The cgroup's OOM kill counter as each attempt started (reasons.oom_kill_count; None: unreadable).
+        self.oom_kills_before: dict[int, int | None] = {}
         self.store: RunStore | None = None
 
     def process_label(self, node: int, process: int) -> str:
@@ -159,6 +161,7 @@ class WorkloadJob:
     @contextlib.contextmanager
     def launches(self, attempt: int, allocation: Allocation, node_logs: dict[int, Path],
                  tracking_env: dict[str, str], air_log: Callable[[str], None]) -> Iterator[list[NodeLaunch]]:
+        self.oom_kills_before[attempt] = oom_kill_count()  # judge() compares: was a SIGKILL the OOM killer's?
         try:
             with self._environment(air_log) as environment:
                 yield self._node_launches(attempt, node_logs, environment, tracking_env)
@@ -251,9 +254,11 @@ class WorkloadJob:
             else:
                 exit_code = failure.returncode
         tail = read_tail(node_logs[node], 60) if node is not None else ""
+        before, after = self.oom_kills_before.get(attempt), oom_kill_count()
         reason, failure_class = termination_reason(
             exit_code, sig, tail, timed_out=outcome.timed_out, canceled=outcome.stopped,
-            node=node if self.plan.num_nodes > 1 else None, timeout_minutes=self.plan.timeout_minutes)
+            node=node if self.plan.num_nodes > 1 else None, timeout_minutes=self.plan.timeout_minutes,
+            oom_kills=after - before if before is not None and after is not None else None)
         # The tail was masked when written; masked again, as the reason goes to the store, MLflow and logs.
         return AttemptVerdict(False, self.redactor.mask_text(reason), failure_class, exit_code=exit_code, signal=sig)
 

@@ -130,6 +130,31 @@ def progress_view(run: Run) -> list[dict[str, Any]]:
     return out
 
 
+def node_ended_notice(run: Run) -> str | None:
+    """"node 0 ended 30s ago; node 1 still running — …" while node 0's command has ended and other nodes
+    of the attempt still run (as the run controller last noted it): most often a service node 0 left
+    behind on them (`ray start --block`) keeps the run alive. None otherwise."""
+    import json
+    import time
+
+    from air.launcher.progress import quiet_for
+
+    if run.current_attempt is None or run.status.is_terminal():
+        return None
+    try:
+        noted = json.loads(RunPaths(run.id).progress(run.current_attempt).read_text())
+    except (OSError, ValueError):
+        return None
+    ended = {int(e["node"]): float(e.get("ended_at", 0.0)) for e in noted.get("ended") or [] if "node" in e}
+    still = sorted({int(p["node"]) for p in noted.get("processes", []) if "node" in p} - set(ended))
+    if 0 not in ended or not still:
+        return None
+    nodes = ", ".join(str(n) for n in still)
+    return (f"node 0 ended {quiet_for(time.time() - ended[0])} ago; node{'s' if len(still) > 1 else ''} {nodes} "
+            f"still running — a Ray head or other service left behind keeps {'them' if len(still) > 1 else 'it'} "
+            "alive (`ray start --block`)")
+
+
 def quiet_summary(progress: list[dict[str, Any]], at_least_s: float = 60.0) -> str | None:
     """"node 1 quiet for 12m; node 3 quiet for 2m" for the processes quiet for `at_least_s` or more."""
     quiet = [p["quiet"] for p in sorted(progress, key=lambda p: -p["silent_s"]) if p["silent_s"] >= at_least_s]
@@ -160,6 +185,7 @@ def run_detail(store: RunStore, run: Run, *, pages_base: str | None = None) -> d
     data["folder"] = str(run_folder(run))
     data["queue"] = queue_dict(store, run)
     data["progress"] = progress_view(run)
+    data["node_ended"] = node_ended_notice(run)
     data.update(checkpoint_view(run))
     if run.kind == "call":
         data["rank_logs"] = call_rank_logs(run)

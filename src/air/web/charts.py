@@ -53,6 +53,17 @@ def number_text(value: float) -> str:
     return f"{value:.4g}"
 
 
+def tick_text(value: float, ticks: Sequence[float]) -> str:
+    """A tick's label with as many digits as the ticks' spacing needs, so neighbouring ticks never read the
+    same (0.01995 and 0.01996, not 0.02 twice)."""
+    label = number_text(value)
+    if len(ticks) < 2 or len({number_text(t) for t in ticks}) == len(ticks):
+        return label
+    spacing = min(abs(b - a) for a, b in zip(ticks, ticks[1:], strict=False) if b != a)
+    decimals = max(0, -math.floor(math.log10(spacing))) + 1
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".") or "0"
+
+
 def elapsed_text(seconds: float) -> str:
     """Time since the chart's first point: 0s, 45s, 3m05s, 1h02m."""
     seconds = max(seconds, 0.0)
@@ -122,7 +133,7 @@ def line_chart(
             label = number_text(tick)
             sub = "+" + elapsed_text(_time_at_step(rows, tick) - t0) if timed else ""
         x_ticks.append({"x": round(px(tick), 1), "label": label, "sub": sub})
-    y_ticks = [{"y": round(py(tick), 1), "label": number_text(tick)} for tick in y_ticks_at]
+    y_ticks = [{"y": round(py(tick), 1), "label": tick_text(tick, y_ticks_at)} for tick in y_ticks_at]
     span = ""
     if timed:
         span = f"{clock_text(t0)} – {clock_text(max(r[2] or t0 for r in rows))}"
@@ -148,4 +159,4 @@ def _time_at_step(rows: Sequence[tuple[float, float, float | None]], step: float
     return nearest[2] or 0.0
 
 
-__all__ = ["clock_text", "elapsed_text", "line_chart", "nice_ticks", "number_text", "unit_of"]
+__all__ = ["clock_text", "elapsed_text", "line_chart", "nice_ticks", "number_text", "tick_text", "unit_of"]
