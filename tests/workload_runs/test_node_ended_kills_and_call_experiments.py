@@ -114,7 +114,7 @@ NOTEBOOK = """
 import mlflow
 from air import distributed
 
-mlflow.set_experiment("p27f-notebook")
+mlflow.set_experiment("notebook-experiment")
 
 @distributed(num_accelerators=1, accelerator_type="CPU")
 def work() -> int:
@@ -152,7 +152,7 @@ def test_a_calls_experiment_is_the_mlflow_experiment_it_was_logged_to(
 
     logged = mlflow.MlflowClient(tracking_uri()).get_run(str(run.mlflow_run_id))
     name = mlflow.MlflowClient(tracking_uri()).get_experiment(logged.info.experiment_id).name
-    assert name == "p27f-notebook"
+    assert name == "notebook-experiment"
     shown = json.loads(air("get", "run", run.id, "--json").stdout)["data"]
     assert shown["experiment"] == name
     listed = air("list", "runs", "--all-status", "--json")
