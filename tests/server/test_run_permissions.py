@@ -121,7 +121,8 @@ def test_private_runs_are_walled_and_grants_open_them(tmp_path: Path) -> None:
         assert server.api("POST", f"/api/v1/runs/{secret}/cancel", token=bob)[0] == 404
         assert _raw(server, f"/ui/runs/{secret}/logs/stream", bob)[0] == 404  # the page's live log
         assert server.api("GET", f"/api/v1/runs/{secret}/result", token=bob)[0] == 404
-        page = _raw(server, "/ui/runs", bob)[1]
+        assert secret not in _raw(server, "/ui/runs", bob)[1]  # his own runs (the default, as `air list runs`)
+        page = _raw(server, "/ui/runs?who=all", bob)[1]  # everyone's he may view (`--all-users`)
         assert secret not in page and viewed in page
         listed = _listed(server, "bob")
         assert secret not in listed and {viewed, managed, grouped} <= listed
