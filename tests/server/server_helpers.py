@@ -150,6 +150,20 @@ class AirServer:
         return str(wait_for(lambda: (s := self.run_status(run_id)) in statuses and s,
                             f"run {run_id} to be {'/'.join(statuses)}", timeout=timeout, interval=0.2))
 
+    def sleeping_run(self, user: str, folder: Path, name: str) -> str:
+        """A RUNNING run of `user` that sleeps until canceled, once its log says it sleeps (an isolated
+        run cannot signal through the test's files)."""
+        spec = folder / f"{name}.yaml"
+        spec.write_text(f"experiment_name: {name}\n"
+                        "compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}\n"
+                        "max_retries: 0\n"
+                        f'command: echo "{name} sleeping"; sleep 600\n')
+        run_id = str(self.air_json(user, "run", "-f", str(spec))["run_id"])
+        self.wait_status(run_id, "RUNNING", timeout=180)
+        wait_for(lambda: f"{name} sleeping" in self.air(user, "logs", run_id, "--no-follow").stdout,
+                 f"{name}'s sleep to start", timeout=60, interval=0.5)
+        return run_id
+
 
 @contextmanager
 def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None = None,

@@ -7,29 +7,9 @@ from __future__ import annotations
 import getpass
 import json
 import subprocess
-import textwrap
 from pathlib import Path
 
 from server_helpers import AIR, AirServer
-
-from proc_helpers import wait_for
-
-
-def sleeper(server: AirServer, user: str, folder: Path, name: str) -> str:
-    """A RUNNING run of `user` that sleeps until canceled (it runs isolated from the test's files: its
-    log says when it sleeps)."""
-    spec = folder / f"{name}.yaml"
-    spec.write_text(textwrap.dedent(f"""
-        experiment_name: {name}
-        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
-        max_retries: 0
-        command: echo "{name} sleeping"; sleep 600
-    """))
-    run_id = str(server.air_json(user, "run", "-f", str(spec))["run_id"])
-    server.wait_status(run_id, "RUNNING", timeout=180)
-    wait_for(lambda: f"{name} sleeping" in server.air(user, "logs", run_id, "--no-follow").stdout, f"{name}'s sleep to start",
-             timeout=60, interval=0.5)
-    return run_id
 
 
 def audit(server: AirServer, *args: str) -> subprocess.CompletedProcess[str]:
@@ -58,8 +38,8 @@ def check_cancels_and_audit(server: AirServer, tmp_path: Path) -> None:
     assert [(e["actor"], json.loads(str(e["detail"]))["user"]) for e in made] == [
         (me, "alice"), (me, "bob"), (me, "root")]
 
-    mine = sleeper(server, "alice", tmp_path, "mine")
-    other = sleeper(server, "alice", tmp_path, "other")
+    mine = server.sleeping_run("alice", tmp_path, "mine")
+    other = server.sleeping_run("alice", tmp_path, "other")
 
     # bob may not cancel alice's run: refused, nothing recorded, the run goes on.
     refused = server.air("bob", "cancel", other)

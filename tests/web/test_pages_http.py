@@ -117,31 +117,6 @@ def test_run_page_masks_secrets_and_shows_every_attempt(
     assert "Not showing the logs of run" in closed and "token is" not in closed and "s3cr3t-value" not in closed
 
 
-def test_run_page_charts_training_and_system_metrics_and_links_mlflow(
-    tmp_path: Path, air_home: Path, serve: Callable[..., str]
-) -> None:
-    run_id = submit(write_workload(tmp_path, "tracked", """
-        experiment_name: charted
-        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
-        max_retries: 0
-        command: |
-          python - <<'PY'
-          import mlflow
-          for step in range(5):
-              mlflow.log_metric("loss", 1.0 / (step + 1), step=step)
-          PY
-          sleep 3
-    """))
-    run = wait_terminal(run_id, timeout=240)
-    assert run.status.value == "SUCCESS" and run.mlflow_run_id
-    base = serve(mlflow_url=lambda: "http://127.0.0.1:5999")
-    shown = page(f"{base}/runs/{run_id}")
-    assert 'aria-label="loss"' in shown and "last 0.2<" in shown  # 1 / 5, the last step
-    assert 'aria-label="node_0 cpu_utilization_percentage"' in shown
-    assert f"/runs/{run.mlflow_run_id}" in shown and 'class="mlflow">MLflow run<' in shown
-    assert 'href="http://127.0.0.1:5999" id="mlflow-link"' in shown
-
-
 #: Rank 1 fails only once rank 0 has printed its line: a failing rank ends its peers at once, and on a
 #: loaded machine rank 0 may not have started printing by then (its log would be empty). MARKER: a file.
 CALLER = """

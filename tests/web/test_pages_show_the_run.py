@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from runs_helpers import submit, wait_status, wait_terminal, write_workload
-from web_helpers import runs_rows, text_of
+from web_helpers import http_get, runs_rows, text_of
 
 from air.runs.paths import RunPaths
 from proc_helpers import wait_for
@@ -119,7 +119,7 @@ def test_a_hung_run_shows_its_saved_stacks(
     assert "time.sleep" in shown or "<module>" in shown, shown
 
 
-def test_charts_have_axes_tick_labels_units_and_hover_values(
+def test_run_page_charts_training_and_system_metrics_with_axes_and_links_mlflow(
     tmp_path: Path, air_home: Path, browser: Any, serve: Callable[..., str]
 ) -> None:
     run_id = submit(write_workload(tmp_path, "tracked", """
@@ -137,7 +137,12 @@ def test_charts_have_axes_tick_labels_units_and_hover_values(
     """))
     run = wait_terminal(run_id, timeout=300)
     assert run.status.value == "SUCCESS" and run.mlflow_run_id
-    base = serve()
+    base = serve(mlflow_url=lambda: "http://127.0.0.1:5999")
+    status, shown, _ = http_get(f"{base}/runs/{run_id}")  # as read with JavaScript off
+    assert status == 200 and 'aria-label="loss"' in shown and "last 0.1667<" in shown  # 2 / 12, the last step
+    assert 'aria-label="node_0 cpu_utilization_percentage"' in shown
+    assert f"/runs/{run.mlflow_run_id}" in shown and 'class="mlflow">MLflow run<' in shown
+    assert 'href="http://127.0.0.1:5999" id="mlflow-link"' in shown
     browser.get(f"{base}/runs/{run_id}")
     chart = 'svg.chart[aria-label="loss"]'
     found = browser.execute_script(f"""const svg = document.querySelector('{chart}');

@@ -17,7 +17,6 @@ import json
 import ssl
 import subprocess
 import sys
-import textwrap
 import threading
 import urllib.error
 import urllib.parse
@@ -93,19 +92,6 @@ def attacker() -> Iterator[Attacker]:
     site = Attacker()
     yield site
     site.close()
-
-
-def submit_sleeper(srv: AirServer, user: str, folder: Path, name: str) -> str:
-    spec = folder / f"{name}.yaml"
-    spec.write_text(textwrap.dedent(f"""
-        experiment_name: {name}
-        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
-        max_retries: 0
-        command: echo "{name} sleeping"; sleep 600
-    """))
-    run_id = str(srv.air_json(user, "run", "-f", str(spec))["run_id"])
-    srv.wait_status(run_id, "RUNNING", timeout=180)
-    return run_id
 
 
 #: Collects the page's Content-Security-Policy violations (run by the browser before each page's own code).
@@ -188,7 +174,7 @@ def assert_security_headers(headers: dict[str, str], *, tls: bool) -> None:
 
 def test_a_cross_site_cancel_is_refused_and_the_run_keeps_running(
         srv: AirServer, chrome: Any, attacker: Attacker, tmp_path: Path) -> None:
-    run_id = submit_sleeper(srv, "alice", tmp_path, "victim")
+    run_id = srv.sleeping_run("alice", tmp_path, "victim")
     page = f"{srv.url}/ui/runs/{run_id}"
     cancel_url = f"{page}/cancel"
     watch_csp(chrome)

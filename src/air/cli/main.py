@@ -8,7 +8,7 @@ import sqlite3
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -138,6 +138,19 @@ def _config_help(argv: list[str]) -> int | None:
     return 0
 
 
+def _report(exc: AirError, *, json_mode: bool, verbose: bool) -> NoReturn:
+    """An AirError as the CLI says it (message and hint, or the --json envelope), then its exit code."""
+    if json_mode:
+        error_envelope(exc, str(exc))
+    else:
+        if verbose:
+            traceback.print_exc()
+        stderr(f"Error: {exc.message}")
+        if exc.hint:
+            stderr(exc.hint)
+    sys.exit(exc.exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in argv
@@ -164,15 +177,7 @@ def main(argv: list[str] | None = None) -> None:
             exc.show()
         sys.exit(2)
     except AirError as exc:
-        if json_mode:
-            error_envelope(exc, str(exc))
-        else:
-            if verbose:
-                traceback.print_exc()
-            stderr(f"Error: {exc.message}")
-            if exc.hint:
-                stderr(exc.hint)
-        sys.exit(exc.exit_code)
+        _report(exc, json_mode=json_mode, verbose=verbose)
     except KeyboardInterrupt:
         stderr("Interrupted.")
         sys.exit(130)
@@ -182,15 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         from air.home import AirHome
         from air.runs.schema import store_error
 
-        store_exc = store_error(AirHome(create=False).runs_db, exc)
-        if json_mode:
-            error_envelope(store_exc, str(store_exc))
-        else:
-            if verbose:
-                traceback.print_exc()
-            stderr(f"Error: {store_exc.message}")
-            stderr(store_exc.hint or "")
-        sys.exit(store_exc.exit_code)
+        _report(store_error(AirHome(create=False).runs_db, exc), json_mode=json_mode, verbose=verbose)
     except Exception as exc:  # noqa: BLE001 - an unexpected failure: short message, traceback with -v
         if json_mode:
             error_envelope(None, f"{type(exc).__name__}: {exc}")

@@ -99,12 +99,6 @@ def level_of(viewer: Viewer, owner: str | None, grants: Sequence[Grant], *,
     return level
 
 
-def allows(viewer: Viewer, owner: str | None, grants: Sequence[Grant], need: Level, *,
-           visibility: Visibility = DEFAULT_VISIBILITY) -> bool:
-    """Whether `viewer` holds at least `need` on the run."""
-    return level_of(viewer, owner, grants, visibility=visibility) >= need
-
-
 class Guarded(Protocol):
     """What the rule needs of a run: its owner and its stored `permissions` (a `Run` is one)."""
 
@@ -145,4 +139,4 @@ def unknown_groups(grants: Sequence[Grant], groups: Mapping[str, Sequence[str]])
 
 
 __all__ = ["DEFAULT_VISIBILITY", "LEVEL_NAMES", "Grant", "Guarded", "Level", "Policy", "Viewer", "Visibility",
-           "allows", "grants_from_json", "grants_to_json", "groups_of", "level_of", "unknown_groups"]
+           "grants_from_json", "grants_to_json", "groups_of", "level_of", "unknown_groups"]

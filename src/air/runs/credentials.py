@@ -38,8 +38,10 @@ class RunCredential:
     user: str
 
 
-def _digest(credential: str) -> str:
-    return hashlib.sha256(credential.encode()).hexdigest()
+def secret_digest(secret: str) -> str:
+    """What the store keeps of a bearer secret (API token, web session id, run credential): its sha256,
+    so a copy of the store gives no one a working secret."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def mint(store: RunStore, run_id: str, user: str) -> str:
@@ -47,7 +49,7 @@ def mint(store: RunStore, run_id: str, user: str) -> str:
     credential = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
     with store.writer() as conn:
         conn.execute("INSERT INTO run_credentials (token_sha256, run_id, user, created_at) VALUES (?, ?, ?, ?)",
-                     (_digest(credential), run_id, user, time.time()))
+                     (secret_digest(credential), run_id, user, time.time()))
     return credential
 
 
@@ -57,7 +59,7 @@ def verify(store: RunStore, credential: str | None) -> RunCredential | None:
         return None
     row = store.reader().execute(
         "SELECT c.run_id, c.user, r.status FROM run_credentials c JOIN runs r ON r.id = c.run_id "
-        "WHERE c.token_sha256 = ? AND c.revoked_at IS NULL", (_digest(credential),)).fetchone()
+        "WHERE c.token_sha256 = ? AND c.revoked_at IS NULL", (secret_digest(credential),)).fetchone()
     if row is None:
         return None
     from air.runs.states import RunStatus
@@ -97,4 +99,4 @@ def node_tracking_env(store: RunStore, run_id: str, tracking_env: dict[str, str]
     return {**tracking_env, "MLFLOW_TRACKING_URI": door, "MLFLOW_TRACKING_TOKEN": credential}
 
 
-__all__ = ["CREDENTIAL_PREFIX", "RunCredential", "door_url", "mint", "node_tracking_env", "revoke", "verify"]
+__all__ = ["CREDENTIAL_PREFIX", "RunCredential", "door_url", "mint", "node_tracking_env", "revoke", "secret_digest", "verify"]

@@ -72,8 +72,9 @@ def apply_isolation(mode: str) -> None:
 def secure_state(home: AirHome | None = None) -> list[Path]:
     """Make the server's state its own account's alone: AIR_HOME and the folders of state 0700, the
     store, MLflow's store and secret files 0600 (SQLite gives its -wal/-shm files the store's mode).
-    Returns what it changed. The contents of snapshots and environments keep their modes: a run's view
-    binds its own and must read them."""
+    Returns what it changed. Run folders and the contents of snapshots and environments keep their modes:
+    their 0700 parents already keep other accounts out (no walk over every run at start-up), and a run's
+    view binds its own and must read them."""
     home = home or AirHome()
     changed: list[Path] = []
 
@@ -99,20 +100,11 @@ def secure_state(home: AirHome | None = None) -> list[Path]:
                 tighten(user, 0o700)
                 for item in user.iterdir():
                     tighten(item, 0o600 if item.is_file() else 0o700)
-    for run in _children(home.runs) + _children(home.calls):
-        tighten(run, 0o700)
     if home.server.is_dir():
         for item in home.server.iterdir():
             if item.is_file():
                 tighten(item, 0o600)
     return changed
-
-
-def _children(folder: Path) -> list[Path]:
-    try:
-        return [p for p in folder.iterdir() if p.is_dir()]
-    except FileNotFoundError:
-        return []
 
 
 __all__ = ["NONE_ONE_USER", "apply_isolation", "available_isolation", "choose_isolation", "secure_state",

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import time
 import urllib.parse
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -60,8 +59,6 @@ MAX_API_BODY = 16 * 1024 * 1024
 MAX_SEARCH_ANSWER = 64 * 1024 * 1024
 #: Read size of streamed bodies.
 CHUNK = 64 * 1024
-#: How long the door keeps the rule it read from config.yaml (groups, default visibility).
-POLICY_TTL_S = 5.0
 #: MLflow run id -> air run, remembered for this many MLflow runs (the link never changes).
 _CACHE_SIZE = 10_000
 
@@ -124,7 +121,6 @@ class Door:
         self.app = app
         self._session: Any = None
         self._owners: OrderedDict[str, str | None] = OrderedDict()
-        self._policy: tuple[float, Policy] | None = None
 
     # -- plumbing --------------------------------------------------------------------------------------
     @property
@@ -132,19 +128,10 @@ class Door:
         return self.app.state.store
 
     def policy(self) -> Policy:
-        """The server's rule (its app's, else read from config.yaml, again at most every POLICY_TTL_S)."""
-        found = getattr(self.app.state, "policy", None)
-        if isinstance(found, Policy):
-            return found
-        now = time.monotonic()
-        if self._policy is None or now - self._policy[0] > POLICY_TTL_S:
-            from air.config import load_config
+        """The server's rule: the same cached read of config.yaml the API and the pages use."""
+        from air.server.visibility import current_policy
 
-            config = load_config()
-            server = getattr(config, "server", None)
-            self._policy = (now, Policy(visibility=getattr(server, "default_visibility", "team"),
-                                        groups=getattr(config, "groups", {})))
-        return self._policy[1]
+        return current_policy()
 
     def session(self) -> Any:
         import aiohttp

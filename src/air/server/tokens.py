@@ -7,13 +7,13 @@ every route (and the web pages' login) uses.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 import time
 from dataclasses import dataclass
 
 from air.errors import NotFoundError, UserInputError
+from air.runs.credentials import secret_digest
 from air.runs.store import RunStore
 
 TOKEN_PREFIX = "air_"
@@ -40,9 +40,6 @@ class TokenInfo:
     revoked_at: float | None
 
 
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
 
 def create_token(store: RunStore, user: str, *, admin: bool = False,
                  unix_user: str | None = None) -> tuple[TokenInfo, str]:
@@ -64,7 +61,7 @@ def create_token(store: RunStore, user: str, *, admin: bool = False,
     with store.writer() as conn:
         conn.execute(
             "INSERT INTO api_tokens (token_sha256, token_id, user, admin, created_at, unix_user) "
-            "VALUES (?, ?, ?, ?, ?, ?)", (_digest(token), info.token_id, user, int(admin), info.created_at, unix_user))
+            "VALUES (?, ?, ?, ?, ?, ?)", (secret_digest(token), info.token_id, user, int(admin), info.created_at, unix_user))
     return info, token
 
 
@@ -95,7 +92,7 @@ def verify_token(store: RunStore, token: str | None) -> Principal | None:
         return None
     row = store.reader().execute(
         "SELECT user, admin, token_id FROM api_tokens WHERE token_sha256 = ? AND revoked_at IS NULL",
-        (_digest(token),)).fetchone()
+        (secret_digest(token),)).fetchone()
     return Principal(row[0], bool(row[1]), row[2]) if row else None
 
 

@@ -14,7 +14,6 @@ with the victim's cookie, but it cannot read our page to learn the token.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from air.constants import WEB_SESSION_TTL_S
+from air.runs.credentials import secret_digest
 from air.runs.store import RunStore
 
 #: The session cookie's name.
@@ -72,9 +72,6 @@ class WebSession:
     expires_at: float
 
 
-def _digest(session_id: str) -> str:
-    return hashlib.sha256(session_id.encode()).hexdigest()
-
 
 class WebSessions:
     """The pages' sessions in the run store: made at login, ended by logout, by expiry or with the token."""
@@ -91,7 +88,7 @@ class WebSessions:
             raise ValueError("a web session needs the id of the token its user signed in with")
         session_id = secrets.token_urlsafe(32)
         now = self._clock()
-        row = WebSession(_digest(session_id), user.token_id, user.name, secrets.token_urlsafe(32), now + self.ttl_s)
+        row = WebSession(secret_digest(session_id), user.token_id, user.name, secrets.token_urlsafe(32), now + self.ttl_s)
         with self._open_store().writer() as conn:
             # Rows that can never be used again go as new ones come (a login now and then keeps it small).
             conn.execute("DELETE FROM web_sessions WHERE expires_at < ? OR revoked_at < ?", (now, now - self.ttl_s))
@@ -107,7 +104,7 @@ class WebSessions:
         found = self._open_store().reader().execute(
             "SELECT session_sha256, token_id, user, csrf, expires_at FROM web_sessions "
             "WHERE session_sha256 = ? AND revoked_at IS NULL AND expires_at > ?",
-            (_digest(session_id), self._clock())).fetchone()
+            (secret_digest(session_id), self._clock())).fetchone()
         return WebSession(*found) if found else None
 
     def revoke(self, session_id: str) -> WebSession | None:
