@@ -38,6 +38,8 @@ MAX_NUM_ACCELERATORS = 100_000
 #: A secret's value (bytes of UTF-8) and how many secrets one user may keep on a server.
 MAX_SECRET_BYTES = 64 << 10
 MAX_SECRETS_PER_USER = 1000
+#: Entries of a run's `permissions` (each a user or group and a level), in a workload or an API body.
+MAX_PERMISSION_ENTRIES = 1000
 #: Integer query parameters of the API (limits, counts, attempts, nodes, ranks): they reach SQLite.
 MAX_QUERY_INT = (1 << 31) - 1
 

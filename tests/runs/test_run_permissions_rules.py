@@ -45,6 +45,7 @@ def test_the_hosted_form_is_accepted_and_stored_as_grants() -> None:
     ([{"user_name": "bob smith", "level": "CAN_VIEW"}], "user_name must be 1 to 64"),
     (["bob"], "must be a mapping"),
     ("bob", "must be a list"),
+    ([{"user_name": "bob", "level": "CAN_VIEW"}] * 1001, "at most 1000"),
 ])
 def test_bad_entries_are_refused_saying_what_is_wrong(entries: object, words: str) -> None:
     with pytest.raises(UserInputError) as caught:

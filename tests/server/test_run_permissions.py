@@ -189,6 +189,9 @@ def test_private_runs_are_walled_and_grants_open_them(tmp_path: Path) -> None:
         assert server.api("PUT", f"/api/v1/runs/{secret}/permissions", token=bob, body=grant_ml)[0] == 404
         status, body = server.api("PUT", path, token=alice, body={"permissions": [{"user_name": "bob"}]})
         assert status == 400 and "level is missing" in body["error"]["message"], body
+        many = {"permissions": [{"user_name": "bob", "level": "CAN_VIEW"}] * 1001}
+        status, body = server.api("PUT", path, token=alice, body=many)
+        assert status == 400 and "at most 1000" in body["error"]["message"], body
         status, body = server.api("PUT", path, token=alice, body={"permissions": [{"group_name": "x", "level": "CAN_VIEW"}]})
         assert status == 400 and "unknown group 'x'" in body["error"]["message"], body
         assert server.api("GET", f"/api/v1/runs/{viewed}", token=bob)[0] == 200  # nothing changed by the refusals

@@ -102,7 +102,7 @@ def login(url: str, extra: tuple[str, ...], make_default: bool) -> None:
 def _read_token() -> str:
     """The token from stdin when it is piped, else a hidden prompt."""
     if sys.stdin is not None and not sys.stdin.isatty():
-        token = sys.stdin.readline().strip()
+        token = sys.stdin.readline(4096).strip()  # a token is ~50 characters: never read a file whole
     else:
         token = click.prompt("Token (from: air server token create NAME)", hide_input=True, err=True).strip()
     if not token:

@@ -100,8 +100,9 @@ def change_permissions(store: RunStore, run_id: str, who: Principal, body: Any) 
     """Replace a run's `permissions` (`PUT /api/v1/runs/{id}/permissions`, body `{"permissions": [...]}` in
     the workload's form); needs CAN_MANAGE (404 for one who may not view the run, 403 for one who may view
     but not manage it); kept in the audit log."""
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import Field, TypeAdapter, ValidationError
 
+    from air.bounds import MAX_PERMISSION_ENTRIES
     from air.runs.access import grants_to_json
     from air.server.app import AuthError
     from air.server.audit import PERMISSIONS_CHANGE, record
@@ -118,7 +119,8 @@ def change_permissions(store: RunStore, run_id: str, who: Principal, body: Any) 
         raise UserInputError("The body must be {\"permissions\": [...]}: a list of {user_name | group_name, level} "
                              "(an empty list removes every grant).")
     try:
-        parsed = TypeAdapter(list[Annotated[PermissionSpec, PermissionEntry]]).validate_python(entries)
+        parsed = TypeAdapter(Annotated[list[Annotated[PermissionSpec, PermissionEntry]],
+                                       Field(max_length=MAX_PERMISSION_ENTRIES)]).validate_python(entries)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise UserInputError(f"permissions{dotted(first['loc'])}: {first['msg']}",

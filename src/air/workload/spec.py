@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
-from air.bounds import MAX_NUM_ACCELERATORS, MAX_RETRIES, MAX_TIMEOUT_MINUTES
+from air.bounds import MAX_NUM_ACCELERATORS, MAX_PERMISSION_ENTRIES, MAX_RETRIES, MAX_TIMEOUT_MINUTES
 from air.constants import DEFAULT_MAX_RETRIES
 from air.errors import GPUTypeError
 from air.workload.spec_rules import (
@@ -385,7 +385,7 @@ class WorkloadSpec(_Section):
         examples=["nightly-2024-06-01"],
     )
     permissions: list[Annotated[PermissionSpec, PermissionEntry]] | None = Field(
-        None,
+        None, max_length=MAX_PERMISSION_ENTRIES,
         description="Who else may see or act on the run on an `air server`: entries of user_name or group_name "
         "(a group under `groups:` in the server's config.yaml) and level CAN_VIEW, CAN_MANAGE_RUN (also cancel) "
         "or CAN_MANAGE (also change permissions). The owner and admins keep everything; under the server's "
