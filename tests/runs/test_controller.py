@@ -69,6 +69,9 @@ class FakeHandle:
     def process_exits(self, node: int) -> list[ProcessExit] | None:
         return [ProcessExit(0, "node 0", 0, None)]
 
+    def ended_nodes(self) -> set[int]:
+        return set()
+
 
 class FakeBackend:
     """Capacity is granted at once unless `queued` (then it waits for should_stop); each start takes the

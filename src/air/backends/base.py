@@ -199,6 +199,11 @@ class AttemptHandle(Protocol):
         """How each process of a node ended (None if the node never reported)."""
         ...
 
+    def ended_nodes(self) -> set[int]:
+        """Node ranks all of whose processes have exited while the attempt goes on ("node 0 ended; node 1
+        still running")."""
+        ...
+
 
 class Backend(Protocol):
     """Where a run's nodes run."""

@@ -153,7 +153,6 @@ class _Attempt:
     next_progress_check: float = 0.0
     #: Nodes seen with a running process, and when each was first seen with none (its command ended
     #: while others still ran: "node 0 ended; node 1 still running").
-    seen_running: set[int] = dataclasses.field(default_factory=set)
     ended_at: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
@@ -282,14 +281,12 @@ class RunController:
             return False
         label = self.job.process_label
         running = {s.node for s in silences}
-        ended_nodes = getattr(handle, "ended_nodes", None)  # (both backends have it; a test's fake may not)
         try:
-            ended = set(ended_nodes()) if ended_nodes is not None else attempt.seen_running - running
+            ended = handle.ended_nodes()
         except Exception:  # noqa: BLE001 - a failed look never ends a run
-            ended = attempt.seen_running - running
+            ended = set()
         for node in ended - running:
             attempt.ended_at.setdefault(node, time.time())
-        attempt.seen_running |= running
         write_progress(self.paths.progress(attempt.index),
                        [{"name": label(s.node, s.process), "node": s.node, "process": s.process,
                          "silent_s": round(s.silent_s, 1), "stopped": s.stopped} for s in silences],
