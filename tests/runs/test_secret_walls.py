@@ -28,6 +28,8 @@ from air.runs.store import RunStore
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import air, wait_terminal, write_workload  # noqa: E402
 
+from secret_leaks import LEAKY_PROGRAM, LEAKY_REASON  # noqa: E402
+
 KIB = 1024
 
 
@@ -129,22 +131,6 @@ def test_the_pump_masks_a_value_that_straddles_a_64_kib_piece(tmp_path: Path) ->
 # ---- a real run, through the real CLI ------------------------------------------------------------------
 
 
-LEAKY_PROGRAM = """
-import os, sys
-tok = os.environ["API_TOKEN"]
-print("starting with token " + tok, flush=True)
-size = 200 * 1024
-line = bytearray(b"-" * size)
-for off in (0, 65536 - 7, 131072 - len(tok) // 2, 196608 - 1, size - len(tok)):
-    line[off:off + len(tok)] = tok.encode()
-for start in range(0, size, 4096):  # several writes: the pump sees the line arrive in parts
-    sys.stdout.buffer.write(bytes(line[start:start + 4096]))
-    sys.stdout.buffer.flush()
-sys.stdout.buffer.write(b"\\n")
-sys.stdout.flush()
-print("ERROR: login refused for token " + tok, file=sys.stderr, flush=True)
-sys.exit(1)
-"""
 
 
 def leaky_workload(folder: Path) -> Path:
@@ -181,7 +167,7 @@ def test_a_leaky_run_leaves_its_secret_nowhere_but_the_store(tmp_path: Path, air
     assert "ERROR: login refused for token ***" in events[-1]["reason"]
     assert any("starting with token ***" == e.get("line") for e in events)
     run = wait_terminal(run_id)
-    assert run.termination_reason == "ERROR: login refused for token *** (exit code 1)"
+    assert run.termination_reason == LEAKY_REASON
     attempts = RunStore().list_attempts(run_id)
     assert attempts and all(secret not in (a.termination_reason or "") for a in attempts)
 
@@ -217,7 +203,7 @@ def _mlflow_node_log_and_reason(run_id: str, into: Path) -> bytes:
     assert attempt.mlflow_run_id
     client = MlflowClient(embedded_uri())
     tags = client.get_run(attempt.mlflow_run_id).data.tags
-    assert tags["air.termination_reason"] == "ERROR: login refused for token *** (exit code 1)"
+    assert tags["air.termination_reason"] == LEAKY_REASON
     into.mkdir()
     return Path(client.download_artifacts(attempt.mlflow_run_id, "logs/attempt_0/node_0.log", str(into))).read_bytes()
 

@@ -14,24 +14,8 @@ from pathlib import Path
 import pytest
 from server_helpers import AIR, AirServer
 
-LEAKY_PROGRAM = """\
-import os, sys
-tok = os.environ["API_TOKEN"]
-print("starting with token " + tok, flush=True)
-size = 200 * 1024
-line = bytearray(b"-" * size)
-for off in (0, 65536 - 7, 131072 - len(tok) // 2, 196608 - 1, size - len(tok)):
-    line[off:off + len(tok)] = tok.encode()
-for start in range(0, size, 4096):
-    sys.stdout.buffer.write(bytes(line[start:start + 4096]))
-    sys.stdout.buffer.flush()
-sys.stdout.buffer.write(b"\\n")
-sys.stdout.flush()
-print("ERROR: login refused for token " + tok, file=sys.stderr, flush=True)
-sys.exit(1)
-"""
-
-REASON = "ERROR: login refused for token *** (exit code 1)"
+from secret_leaks import LEAKY_PROGRAM
+from secret_leaks import LEAKY_REASON as REASON
 
 
 def grep_home(home: Path, needle: str) -> list[str]:

@@ -50,9 +50,18 @@ def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path, P
     return proc, out, err
 
 
-def _ctrl_c(proc: subprocess.Popen[bytes]) -> int:
-    os.killpg(proc.pid, signal.SIGINT)
-    return proc.wait(timeout=120)
+def _ctrl_c_once(tmp_path: Path, seen: str, *args: str) -> tuple[int, str]:
+    """`air ARGS` started as a terminal runs it, Ctrl-C once `seen` is on its stdout: (exit code, stderr)."""
+    proc, out, err = _start(tmp_path, *args)
+    try:
+        _wait_for(lambda: seen in out.read_text(), f"{seen!r} on the output of air {' '.join(args)}")
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return code, err.read_text()
 
 
 def _log_lines(run_id: str) -> int:
@@ -63,15 +72,7 @@ def _log_lines(run_id: str) -> int:
 
 
 def test_ctrl_c_on_watch_detaches_and_the_run_goes_on(tmp_path: Path) -> None:
-    proc, out, err = _start(tmp_path, "run", "-f", str(_ticking(tmp_path)), "--watch")
-    try:
-        _wait_for(lambda: "tick 2" in out.read_text(), "the watched run's lines")
-        code = _ctrl_c(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = err.read_text()
+    code, text = _ctrl_c_once(tmp_path, "tick 2", "run", "-f", str(_ticking(tmp_path)), "--watch")
     [run_id] = re.findall(r"Submitted run (\S+)", text)
     try:
         assert code == 130, text
@@ -89,15 +90,7 @@ def test_ctrl_c_on_logs_follow_exits_130_without_a_traceback(tmp_path: Path) -> 
     run_id = submit(_ticking(tmp_path))
     try:
         wait_status(run_id, "RUNNING")
-        proc, out, err = _start(tmp_path, "logs", run_id, "--follow")
-        try:
-            _wait_for(lambda: "tick" in out.read_text(), "the followed lines")
-            code = _ctrl_c(proc)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        text = err.read_text()
+        code, text = _ctrl_c_once(tmp_path, "tick", "logs", run_id, "--follow")
         assert code == 130, text
         assert "Traceback" not in text and "Aborted" not in text and "Interrupted" in text
         assert RunStore().get_run(run_id).status.value == "RUNNING"
