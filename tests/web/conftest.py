@@ -3,6 +3,7 @@ the pages served by uvicorn on loopback over a real run store with real runs."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,8 +11,24 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
+from server_helpers import AIR, AirServer, running_server  # noqa: E402
 from web_helpers import free_port, headless_chromium  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirServer]:
+    """One plain-HTTP `air server` (users alice, bob, root) for a module's page tests; its runs go without
+    MLflow so they start fast. A test that failed half-way leaves no run running."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIR_TRACKING", "off")
+        with running_server(tmp_path_factory.mktemp("pages")) as server:
+            try:
+                yield server
+            finally:
+                subprocess.run([*AIR, "cancel", "--all", "-y"], env=server.server_env(), capture_output=True,
+                               timeout=300)
 
 
 @pytest.fixture

@@ -11,14 +11,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from runs_helpers import submit, wait_status, wait_terminal, write_workload
 from web_helpers import http_get, runs_rows, text_of
 
@@ -26,7 +24,7 @@ from air.runs.paths import RunPaths
 from proc_helpers import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import AIR, AirServer, running_server  # noqa: E402
+from server_helpers import AirServer  # noqa: E402
 
 #: Pages and runs start slowly on a loaded 2-core machine.
 PAGE_TIMEOUT_S = 120
@@ -174,19 +172,6 @@ def _experiment_id(mlflow_run_id: str) -> str:
     from air.tracking.store import client, tracking_uri
 
     return str(client(tracking_uri()).get_run(mlflow_run_id).info.experiment_id)
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirServer]:
-    """A plain-HTTP server (alice, bob) for the runs page; runs without MLflow so they start fast."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIR_TRACKING", "off")
-        with running_server(tmp_path_factory.mktemp("pages-show")) as server:
-            try:
-                yield server
-            finally:  # a test that failed half-way leaves no run running
-                subprocess.run([*AIR, "cancel", "--all", "-y"], env=server.server_env(), capture_output=True,
-                               timeout=300)
 
 
 def _submit_as(srv: AirServer, user: str, folder: Path, name: str, command: str) -> str:

@@ -17,30 +17,13 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import AIR, AirServer, running_server  # noqa: E402
+from server_helpers import AIR, AirServer  # noqa: E402
 from web_helpers import headless_chromium, http_get, runs_rows, text_of  # noqa: E402
 
 from proc_helpers import alive, wait_for  # noqa: E402
 
 #: Pages and runs start slowly on a loaded 2-core machine.
 PAGE_TIMEOUT_S = 90
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirServer]:
-    """One server (users alice, bob, root) for the module; runs without MLflow (its link is tested
-    in-process in test_server_app_pages.py), so runs start fast."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIR_TRACKING", "off")
-        with running_server(tmp_path_factory.mktemp("pages")) as server:
-            try:
-                yield server
-            finally:  # a test that failed half-way leaves no run running (with or without the server)
-                from air.runs.store import RunStore
-
-                for run in RunStore(server.home / "runs.db").list_runs(limit=None):
-                    subprocess.run([*AIR, "cancel", run.id], env=server.server_env(), capture_output=True,
-                                   timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -38,19 +38,6 @@ PAGE_TIMEOUT_S = 90
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirServer]:
-    """One plain-HTTP server (alice, bob, root) for the module; runs without MLflow so they start fast."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AIR_TRACKING", "off")
-        with running_server(tmp_path_factory.mktemp("security")) as server:
-            try:
-                yield server
-            finally:  # a test that failed half-way leaves no run running
-                subprocess.run([*AIR, "cancel", "--all", "-y"], env=server.server_env(), capture_output=True,
-                               timeout=300)
-
-
-@pytest.fixture(scope="module")
 def chrome(chromium_installed: None) -> Iterator[Any]:
     with headless_chromium() as driver:
         yield driver
