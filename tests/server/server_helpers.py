@@ -14,7 +14,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -187,8 +187,13 @@ def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None =
         if srv.proc is not None:
             code = srv.stop()
             assert code == 0, f"exit code {code}: {srv.log.read_text()}"
-        wait_for(lambda: not alive(home_processes(srv.home)), "every process of the server's home to end",
-                 timeout=60)
+        try:
+            wait_for(lambda: not alive(home_processes(srv.home)), "every process of the server's home to end",
+                     timeout=60)
+        finally:  # a test that failed mid-run leaves its runs going: end them, so they load no later test
+            for pid in home_processes(srv.home):
+                with suppress(psutil.Error):
+                    psutil.Process(pid).kill()
 
 
 def wait_file(path: Path, what: str, timeout: float = 60) -> None:

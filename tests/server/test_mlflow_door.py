@@ -247,8 +247,14 @@ class UnixHTTP(http.client.HTTPConnection):
 def mlflow_tree(server: AirServer) -> list[psutil.Process]:
     """The MLflow server's processes (its guard, `mlflow server` and uvicorn), among the air server's."""
     assert server.proc is not None
-    tree = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-            if "mlflow" in " ".join(p.cmdline()) and "air.runs.supervisor" not in " ".join(p.cmdline())]
+    tree = []
+    for process in psutil.Process(server.proc.pid).children(recursive=True):
+        try:  # a run's process that has just ended (a zombie until reaped, or gone) is not MLflow's
+            command = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        if "mlflow" in command and "air.runs.supervisor" not in command:
+            tree.append(process)
     assert any("--uds" in p.cmdline() for p in tree), [p.cmdline() for p in tree]
     return tree
 
