@@ -35,11 +35,14 @@ setup: $(STAMP)
 demo: setup
 	AIR_HOME=$${AIR_HOME:-$(CURDIR)/.air-home} $(PY) examples/quickstart/ddp_cpu.py
 
+# Most tests wait on processes they start (servers, MLflow, ranks), so more workers than cores pay off.
+TEST_WORKERS ?= 3
+
 # Everything but GPU tests on the full install, then the lean install's own run (tests/lean need it),
 # whether or not the first failed: both results are reported, and `make test` fails if either did.
 test: setup
 	@main=0; lean=0; \
-	$(PY) -m pytest -q --durations=15 -m "not gpu" --ignore=tests/lean tests || main=$$?; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not gpu" --ignore=tests/lean tests || main=$$?; \
 	$(MAKE) --no-print-directory test-lean || lean=$$?; \
 	verdict() { if [ "$$1" -eq 0 ]; then echo passed; else echo "FAILED (exit $$1)"; fi; }; \
 	echo "make test: main tier $$(verdict $$main); lean tier (tests/tracking, tests/lean on pip install -e .) $$(verdict $$lean)"; \

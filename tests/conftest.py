@@ -3,6 +3,7 @@ multi-node Ray cluster per test session (tests/ray and tests/seeds), started on 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 from collections.abc import Iterator
@@ -39,9 +40,15 @@ def debian_packages(binaries: tuple[str, ...], packages: tuple[str, ...]) -> Non
     if all(Path(b).exists() for b in binaries):
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
-        result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-        assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    # pytest-xdist's workers may all get here at once: one apt-get at a time (dpkg refuses a second).
+    with open("/tmp/air-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(Path(b).exists() for b in binaries):
+            return
+        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
+            result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+            assert result.returncode == 0, (f"{' '.join(argv)} failed:\n"
+                                            f"{result.stdout[-3000:]}{result.stderr[-3000:]}")
     missing = [b for b in binaries if not Path(b).exists()]
     assert not missing, f"installing {' '.join(packages)} left {missing} missing"
 
@@ -165,5 +172,10 @@ def ray_cluster() -> Iterator[RayTestCluster]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests on the session's Ray cluster run last, together (tests/ray, then the seeds'): tests that
     start Ray clusters of their own (ray_launch, workloads that run `ray start`) run before it exists, so
-    its idle processes do not slow them down on a small machine."""
+    its idle processes do not slow them down on a small machine. Under pytest-xdist (`make test` runs
+    `-n`), they are one group, so one worker starts the session's cluster and the others never do."""
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            if "ray_cluster" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group("ray_cluster"))

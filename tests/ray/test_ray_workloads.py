@@ -134,9 +134,13 @@ def test_seed000s_command_runs_on_the_local_backend_beside_another_ray(ray_clust
     import yaml as pyyaml
 
     def ray_daemons() -> set[int]:
-        return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("raylet", "gcs_server")}
+        """The test cluster's raylets and GCS (only its own: other tests may start and stop Ray meanwhile)."""
+        ours = {p.pid for node in ray_cluster.nodes for p in node.processes()}
+        return {p.pid for p in psutil.process_iter(["name"])
+                if p.info["name"] in ("raylet", "gcs_server") and p.pid in ours}
 
     before = ray_daemons()
+    assert before, "the test cluster's raylets and GCS"
     workload = tmp_path / "w.yaml"
     workload.write_text(pyyaml.safe_dump({
         "experiment_name": "seed000-command-local", "command": SEED_000_COMMAND, "max_retries": 0,
