@@ -40,6 +40,7 @@ fi
 """
 
 
+@pytest.mark.timeout(900)  # two attempts of a Ray cluster on 2 cores shared with other test workers
 def test_a_retried_ray_train_run_resumes_from_its_last_checkpoint(ray_cluster, air_home: Path, tmp_path: Path) -> None:
     workload = tmp_path / "w.yaml"
     workload.write_text(yaml.safe_dump({
@@ -48,7 +49,7 @@ def test_a_retried_ray_train_run_resumes_from_its_last_checkpoint(ray_cluster, a
         "compute": {"num_accelerators": 2, "accelerator_type": "CPU_1xCPU"},
         "env_variables": {"RAY_ADDRESS": ray_cluster.address}}))  # the command's own cluster, not this one
     proc = subprocess.run([sys.executable, "-m", "air.cli.main", "run", "-f", str(workload), "--watch"],
-                          capture_output=True, text=True, timeout=400, env={**os.environ, "AIR_HOME": str(air_home)})
+                          capture_output=True, text=True, timeout=840, env={**os.environ, "AIR_HOME": str(air_home)})
     run = RunStore().list_runs(statuses="all", limit=1)[0]
     paths = RunPaths(run.id)
     first, second = paths.node_log(0, 0).read_text(), paths.node_log(1, 0).read_text()

@@ -120,7 +120,7 @@ def test_a_stopped_supervisor_ends_its_processes_on_every_ray_node(ray_cluster, 
     assert len(tagged_processes_any_node(tag)) >= 4  # bash and sleep on each node
     store = RunStore()
     os.kill(store.get_run(run.id).supervisor_pid, signal.SIGTERM)  # type: ignore[attr-defined]
-    wait_for(lambda: store.get_run(run.id).status is RunStatus.INTERNAL_ERROR, "INTERNAL_ERROR", timeout=90)
+    wait_for(lambda: store.get_run(run.id).status is RunStatus.INTERNAL_ERROR, "INTERNAL_ERROR", timeout=240)
     wait_for(lambda: tagged_processes_any_node(tag) == [], "no process of the run on any node", timeout=60)
 
 

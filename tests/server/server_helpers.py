@@ -150,6 +150,20 @@ class AirServer:
         return str(wait_for(lambda: (s := self.run_status(run_id)) in statuses and s,
                             f"run {run_id} to be {'/'.join(statuses)}", timeout=timeout, interval=0.2))
 
+    def mlflow_socket(self) -> Path:
+        """The Unix socket the server's MLflow listens on (its `--uds`): ServerPaths.mlflow_socket, or a
+        0700 temporary folder's when that path is longer than a socket path may be (a deep tmp_path)."""
+        assert self.proc is not None
+        for process in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                argv = process.cmdline()
+            except psutil.Error:
+                continue
+            for arg in argv:
+                if arg.startswith("--uds "):
+                    return Path(arg.split(" ", 1)[1])
+        raise AssertionError("no MLflow process with --uds under the server")
+
     def sleeping_run(self, user: str, folder: Path, name: str) -> str:
         """A RUNNING run of `user` that sleeps until canceled, once its log says it sleeps (an isolated
         run cannot signal through the test's files)."""

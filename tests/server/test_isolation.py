@@ -167,13 +167,14 @@ def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: Ai
     # Every port a process of the server listens on (its MLflow's, its supervisors', alice's run's), the
     # server's own excepted, and the port MLflow once listened on: bob sweeps them for an MLflow without a token.
     sweep = sorted({c.laddr.port for c in _listening(server)} - {server.port} | {server.mlflow_port})
+    mlflow_socket = server.mlflow_socket()
     extra = textwrap.dedent(f"""
         secrets: {{BOB_KEY: keys/bob}}
         env_variables:
           SERVER_HOME: {server.home}
           ALICE_RUN: {alice_run}
           EXPECTED_KEY_REVERSED: {BOB_SECRET[::-1]}
-          MLFLOW_SOCKET: {server.home / "server" / "mlflow" / "mlflow.sock"}
+          MLFLOW_SOCKET: {mlflow_socket}
           SWEEP_PORTS: "{",".join(map(str, sweep))}"
     """)
     spec = _spec(tmp_path / "bob", "bob-exp", ATTACK, "python $CODE_SOURCE_PATH/main.py", extra)
@@ -189,14 +190,14 @@ def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: Ai
     assert attempts["mlflow_socket"] in ("PermissionError", "FileNotFoundError"), attempts
     knock = subprocess.run(["runuser", "-u", "air-bob", "--", "/usr/bin/python3", "-c",
                             "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])",
-                            str(server.home / "server" / "mlflow" / "mlflow.sock")],
+                            str(mlflow_socket)],
                            capture_output=True, text=True, timeout=60)
     assert knock.returncode != 0 and "PermissionError" in knock.stderr, knock.stderr
     swept = json.loads(next(ln.split("SWEEP ", 1)[1] for ln in lines if "SWEEP " in ln))
     assert swept["answered"] == [], swept
     # MLflow itself listens on no TCP port; its socket's folder is the server's (root's) alone
-    assert (server.home / "server" / "mlflow" / "mlflow.sock").exists()
-    folder = os.stat(server.home / "server" / "mlflow")
+    assert mlflow_socket.exists()
+    folder = os.stat(mlflow_socket.parent)
     assert folder.st_mode & 0o777 == 0o700 and folder.st_uid == 0, oct(folder.st_mode)
     assert not [c for c in _listening(server, mlflow_only=True)], _listening(server, mlflow_only=True)
     for what, got in attempts.items():
