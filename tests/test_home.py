@@ -80,7 +80,7 @@ def test_run_and_call_folders_are_rooted_in_air_home(tmp_path: Path) -> None:
     home = AirHome(tmp_path)
     run_id = "run-260101-0123abcd"
     assert RunPaths(run_id, home).folder == home.runs / run_id == RunPaths(run_id, tmp_path).folder
-    assert CallPaths(run_id, home).folder == home.calls / run_id
+    assert CallPaths(run_id, home).folder == home.runs / run_id  # one folder per run, a call's too
 
 
 def test_asking_for_names_creates_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -78,17 +78,17 @@ def where_things_went(func_name: str, wait_s: float = 30.0) -> str:
     from air.tracking import DEFAULT_CALL_EXPERIMENT, run_url, tracking_uri
 
     home = air_home()
-    # Every call is a run of kind `call` in the run store; its folder holds the rank logs.
+    # Every call is a run of kind `call` in the run store; its attempt's folder holds the rank logs.
     calls = [r for r in RunStore().list_runs(statuses="all", limit=50) if r.kind == "call" and r.run_name == func_name]
     lines = ["", f"Where things went (AIR_HOME={home}):"]
     link = None
     run_id = None
     if calls:
         run_id = calls[0].id
-        folder = CallPaths(run_id).folder
+        folder = CallPaths(run_id).attempt_dir(0)
         lines.append(f"  run:         {run_id} (a @distributed call)")
         lines.append(f"  rank logs:   {_shown(folder)}/rank_<N>.log")
-        env_file = CallPaths(run_id).mlflow_env
+        env_file = CallPaths(run_id).mlflow_env(0)
         deadline = time.monotonic() + wait_s
         while not env_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -131,7 +131,7 @@ def test_wrong_arguments_fail_before_anything_starts(air_home) -> None:
     fn = distributed(num_accelerators=2, accelerator_type="CPU")(train)
     with pytest.raises(TypeError, match=r"train\.distributed\(\)"):
         fn.distributed(0.1, 2, 3)
-    assert not (air_home / "calls").exists()
+    assert not (air_home / "runs").exists()  # no run was made
 
 
 def test_importing_air_does_not_import_torch_or_mlflow() -> None:

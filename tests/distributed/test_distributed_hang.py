@@ -27,7 +27,7 @@ def test_a_stopped_rank_in_an_all_reduce_loop_raises_hang_error_naming_it(pid_di
     assert "(it is stopped)" in str(exc)
     assert exc.stacks and "allreduce_until_stopped" in exc.stacks, exc.stacks  # py-spy read the stopped rank
     assert exc.stacks_path and Path(exc.stacks_path).read_text().strip() == exc.stacks.strip()
-    assert Path(exc.stacks_path).with_name("rank_0.stacks.txt").exists()  # every rank's stacks are kept
+    assert Path(exc.stacks_path).with_name("rank_0.txt").exists()  # every rank's stacks are kept (attempt_<a>/stacks/)
     assert took < HANG_TIMEOUT_S + 10, f"HangError {took:.1f} s after rank 1 stopped"
     pids = read_pids(pid_dir)
     assert len(pids) == 2 and alive(pids) == []

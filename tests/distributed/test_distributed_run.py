@@ -42,7 +42,7 @@ def test_every_line_reaches_the_caller_prefixed_and_the_rank_log(air_home: Path,
     for rank in (0, 1):
         assert sum(1 for line in out.splitlines() if line.startswith(f"[rank {rank}] out {rank} ")) == 50
         assert sum(1 for line in err.splitlines() if line.startswith(f"[rank {rank}] err {rank} ")) == 50
-    logs = sorted((air_home / "calls").glob("*/rank_*.log"))
+    logs = sorted((air_home / "runs").glob("*/attempt_0/rank_*.log"))
     assert [p.name for p in logs] == ["rank_0.log", "rank_1.log"]
     text = logs[1].read_text()
     assert "out 1 49" in text and "err 1 49" in text

@@ -29,7 +29,7 @@ def test_demo_ends_with_where_things_went(air_home: Path) -> None:
     logs = re.search(r"rank logs:\s+(\S+)/rank_<N>\.log", ending)
     assert logs, ending
     call_dir = Path(logs.group(1))
-    assert call_dir.parent == air_home / "calls"
+    assert call_dir.name == "attempt_0" and call_dir.parent.parent == air_home / "runs"  # runs/<id>/attempt_0
     assert "epoch 0: loss" in (call_dir / "rank_0.log").read_text()
 
     run = re.search(r"MLflow run:\s+([0-9a-f]{32}) \(experiment 'air-distributed'\) in (\S+)", ending)
@@ -43,7 +43,7 @@ def test_demo_ends_with_where_things_went(air_home: Path) -> None:
     shown_air = os.path.relpath(air, ROOT) if air.is_relative_to(ROOT) else str(air)
     assert f"AIR_HOME={air_home} {shown_air} list runs" in ending
     assert f"AIR_HOME={air_home} {shown_air} ui" in ending
-    run_id = call_dir.name  # a call's folder is named by its run id, which `air logs` takes
+    run_id = call_dir.parent.name  # a call's run folder is named by its run id, which `air logs` takes
     assert f"AIR_HOME={air_home} {shown_air} logs {run_id} --rank 0" in ending
     assert "/#/experiments/" in ending and run.group(1) in ending  # the run's link in the UI
     assert f"source {Path(shown_air).parent / 'activate'}" in ending

@@ -12,10 +12,10 @@ from air.runs.store import RunStore
 from proc_helpers import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
-from runs_helpers import submit, wait_terminal, write_workload  # noqa: E402
+from runs_helpers import submit, wait_terminal, write_workload
 
 
-def _client(air_home: Path):  # noqa: ANN202
+def _client(air_home: Path):
     """A client of the embedded store, created under air's lock (a recorder may be creating it too)."""
     import mlflow
 
@@ -132,7 +132,7 @@ def test_failed_call_is_marked_failed(air_home: Path) -> None:
         boom.distributed()
     client = _client(air_home)
 
-    def call_runs() -> list:  # noqa: ANN202
+    def call_runs() -> list:
         found = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
                  if "air.call" in r.data.tags and r.info.status != "RUNNING"]
         if not found or len(client.list_artifacts(found[0].info.run_id, "logs")) != 2:
@@ -187,7 +187,7 @@ def test_call_whose_ranks_never_use_mlflow_is_recorded_after_it_returns(tmp_path
     assert "mlflow imported by the caller: False" in out.stdout
     client = _client(air_home)
 
-    def recorded() -> list:  # noqa: ANN202
+    def recorded() -> list:
         try:
             runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
         except Exception:  # the recorder may be creating the store right now
@@ -228,7 +228,7 @@ def test_recorders_of_one_air_home_take_turns(tmp_path: Path, air_home: Path) ->
                     if "-> FLOCK" in line and line.split()[5] in recorders]
 
         wait_for(waiting_recorder, "the recorder to wait for the lock", timeout=30)
-        assert not list((air_home / "calls").glob("*/mlflow_env.json"))  # nothing recorded meanwhile
+        assert not list((air_home / "runs").glob("*/attempt_0/mlflow_env.json"))  # nothing recorded meanwhile
         fcntl.flock(held, fcntl.LOCK_UN)
-    wait_for(lambda: list((air_home / "calls").glob("*/mlflow_env.json")), "the recorder, once let through",
+    wait_for(lambda: list((air_home / "runs").glob("*/attempt_0/mlflow_env.json")), "the recorder, once let through",
              timeout=90)

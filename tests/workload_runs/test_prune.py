@@ -86,7 +86,9 @@ def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path,
         env={**os.environ, "AIR_TRACKING": "off"},
     )
     assert call.returncode == 0 and "[7]" in call.stdout, call.stderr
-    [call_dir] = (air_home / "calls").iterdir()
+    # A call is a run (kind `call`) with its own run folder: pruned by the same rule as the workloads.
+    [call_id] = [r.id for r in RunStore().list_runs(statuses="all", limit=None) if r.kind == "call"]
+    call_dir = RunPaths(call_id).folder
 
     def key_of(run_id: str) -> str:
         return json.loads(RunPaths(run_id).submission.read_text())["code_key"]
@@ -95,14 +97,14 @@ def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path,
     old_key, recent_key, active_key = key_of(old.id), key_of(recent.id), key_of(active_id)
     assert {old_key, recent_key, active_key} <= {p.name for p in snapshots.iterdir()}
     with sqlite3.connect(air_home / "runs.db") as db:  # the old run ended ten days ago
-        db.execute("UPDATE runs SET ended_at = ? WHERE id = ?", (TEN_DAYS_AGO, old.id))
+        db.execute("UPDATE runs SET ended_at = ? WHERE id IN (?, ?)", (TEN_DAYS_AGO, old.id, call_id))
     for path in (snapshots / old_key, snapshots / active_key, RunPaths(old.id).folder, call_dir):
         _age(path)
     before = _listing(air_home)
 
     dry = _prune("--dry-run")
     assert dry["dry_run"] is True
-    assert (dry["runs"], dry["calls"], dry["snapshots"]) == ([old.id], [call_dir.name], [old_key])
+    assert (sorted(dry["runs"]), dry["calls"], dry["snapshots"]) == (sorted([old.id, call_id]), [], [old_key])
     assert active_key in dry["kept_for_active_runs"] and dry["bytes"] > 0
     after = _listing(air_home)
     assert after == before  # a dry run deletes nothing
@@ -110,11 +112,11 @@ def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path,
     assert (
         text.returncode == 0
         and old.id in text.stdout
-        and "Would remove 1 run(s), 1 call(s), 1 snapshot(s)" in text.stderr
+        and "Would remove 2 run(s), 0 call(s), 1 snapshot(s)" in text.stderr
     )
 
     done = _prune()
-    assert (done["runs"], done["calls"], done["snapshots"]) == ([old.id], [call_dir.name], [old_key])
+    assert (sorted(done["runs"]), done["calls"], done["snapshots"]) == (sorted([old.id, call_id]), [], [old_key])
     assert (
         not RunPaths(old.id).folder.exists() and not call_dir.exists() and not (snapshots / old_key).exists()
     )

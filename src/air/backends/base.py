@@ -1,6 +1,6 @@
 """What a Backend does for a run: plan its shape, hold capacity, start an attempt's nodes, end them.
 
-The run controller (air/runs/controller.py) drives every run, a workload or a `remote=True` call,
+The run controller (air/runs/controller.py) drives every run, a workload or a call (local or remote),
 through these calls and knows nothing of where nodes run. `local` runs nodes as process trees on this
 machine with a slot ledger; `ray` runs each node through an agent actor on a distinct Ray node, inside
 one gang-scheduled placement group. Both start node processes with the same node launcher
@@ -49,6 +49,9 @@ class NodeProcess:
     log_path: Path | None = None
     cwd: str | None = None
     hide: tuple[str, ...] = ()
+    #: A file the process writes in the node's work folder once its work is done (a rank's result is
+    #: reported): however it ends after that is not a failure, so it does not end the other processes.
+    done_file: str | None = None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from air.backends.base import (
 )
 from air.backends.ray_shim import local_workload_ray_env
 from air.constants import TERMINATE_GRACE_S
-from air.errors import AirError, GPUTypeError, GPUValidationError, LaunchError
+from air.errors import AirError, GPUTypeError, GPUValidationError
 from air.files import atomic_write_bytes
 from air.home import AirHome
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
@@ -103,8 +103,8 @@ class LocalBackend:
 
     def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
                 should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
-        if self.ledger is None:
-            raise LaunchError("The local backend was built without a slot ledger, so it cannot hold slots.")
+        if self.ledger is None:  # a call inside a run's node: it runs on what its node holds, unclaimed
+            return self._inherited(run_id, accelerator, num_nodes)
         from air.config import load_config
 
         kind = "CPU" if accelerator.is_cpu else "GPU"
@@ -134,6 +134,13 @@ class LocalBackend:
                 last_note = time.monotonic()
             time.sleep(QUEUE_POLL_S)
         ids = [str(s) if accelerator.is_cpu else self.machine.gpus[s].physical_id for s in sorted(slots)]
+        per_node = tuple(tuple(ids[n * accelerator.per_node:(n + 1) * accelerator.per_node]) for n in range(num_nodes))
+        return Allocation(run_id, accelerator, num_nodes, per_node)
+
+    def _inherited(self, run_id: str, accelerator: AcceleratorType, num_nodes: int) -> Allocation:
+        """The first slots this process sees (its node's allocation: CUDA_VISIBLE_DEVICES, AIR_CPU_SLOTS)."""
+        wanted = accelerator.per_node * num_nodes
+        ids = [str(s) if accelerator.is_cpu else self.machine.gpus[s].physical_id for s in range(wanted)]
         per_node = tuple(tuple(ids[n * accelerator.per_node:(n + 1) * accelerator.per_node]) for n in range(num_nodes))
         return Allocation(run_id, accelerator, num_nodes, per_node)
 
@@ -180,10 +187,12 @@ class LocalBackend:
                     owners.append((node, index))
             warm = None
             preload = ordered[0].warm_preload
-            if preload is not None and python_can_fork():
-                warm = WarmStart(python=sys.executable, preload=tuple(preload), world_size=len(specs),
-                                 grace_s=TERMINATE_GRACE_S)
-            attempt = LocalAttempt(ordered, owners, work_dirs, held, on_line)
+            if preload is not None and python_can_fork():  # kept for this caller's next call (warm calls)
+                warm = WarmStart.for_launch(preload, [spec.env for spec in specs], grace_s=TERMINATE_GRACE_S,
+                                            store_port=port.port, keep=True)
+            done = {i: work_dirs[node] / proc.done_file for i, (node, index) in enumerate(owners)
+                    if (proc := ordered[node].processes[index]).done_file}
+            attempt = LocalAttempt(ordered, owners, work_dirs, held, on_line, done)
             attempt.launch = start_processes(specs, on_line=attempt.deliver, tag=tag, grace_s=TERMINATE_GRACE_S,
                                              warm=warm)
         except BaseException:
@@ -230,7 +239,8 @@ class LocalAttempt:
     master_addr = "127.0.0.1"
 
     def __init__(self, launches: Sequence[NodeLaunch], owners: Sequence[tuple[int, int]], work_dirs: Sequence[Path],
-                 held: contextlib.ExitStack, on_line: ProcLineCallback | None) -> None:
+                 held: contextlib.ExitStack, on_line: ProcLineCallback | None,
+                 done: dict[int, Path] | None = None) -> None:
         self.launch: Launch | None = None
         self.master_port = 0
         self._launches = list(launches)
@@ -238,6 +248,7 @@ class LocalAttempt:
         self._work_dirs = list(work_dirs)
         self._held = held
         self._on_line = on_line
+        self._done = done or {}
         self._exits: list[list[ProcessExit] | None] = [None] * len(launches)
         self._node_logs: dict[int, BinaryIO] = {}
         self._lock = threading.Lock()
@@ -251,7 +262,7 @@ class LocalAttempt:
                 fh = self._node_logs.get(node)
                 if fh is None:
                     launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-                    fh = self._node_logs[node] = open(launch.log_path, "ab", buffering=0)  # noqa: SIM115
+                    fh = self._node_logs[node] = open(launch.log_path, "ab", buffering=0)
                 fh.write((text + "\n").encode("utf-8", errors="replace"))
         if self._on_line is not None:
             self._on_line(launch.node_rank, proc, stream, text)
@@ -259,7 +270,8 @@ class LocalAttempt:
     def wait(self, *, timeout_s: float | None, should_stop: Callable[[], bool]) -> AttemptOutcome:
         assert self.launch is not None
         try:
-            result = self.launch.wait(timeout=timeout_s, fail_fast=True, should_stop=should_stop, poll_s=0.05)
+            result = self.launch.wait(timeout=timeout_s, fail_fast=True, should_stop=should_stop, poll_s=0.05,
+                                      is_failure=self._failed)
         finally:
             self._close()
         per_node: list[list[ProcessExit]] = [[] for _ in self._launches]
@@ -270,6 +282,11 @@ class LocalAttempt:
         return build_outcome([launch.node_rank for launch in self._launches], per_node,
                              ["127.0.0.1"] * len(self._launches), timed_out=result.timed_out,
                              stopped=result.interrupted)
+
+    def _failed(self, exit: ProcessExit) -> bool:
+        """A process that wrote its `done_file` failed nothing, however it ended afterwards."""
+        done = self._done.get(exit.index)
+        return done is None or not done.exists()
 
     def _close(self) -> None:
         self._held.close()

@@ -221,7 +221,7 @@ class NodeAgent:
         self._start_sentinel(tag)
         warm = None
         if warm_preload is not None and python_can_fork():
-            warm = WarmStart(python=sys.executable, preload=tuple(warm_preload), world_size=len(specs), grace_s=grace_s)
+            warm = WarmStart.for_launch(warm_preload, [spec.env for spec in specs], grace_s=grace_s)
         self._launch = start_processes(specs, on_line=self._on_line, tag=tag, grace_s=grace_s, warm=warm)
         self._thread = threading.Thread(target=self._wait, name="air-agent-wait", daemon=True)
         self._thread.start()
@@ -269,7 +269,7 @@ class NodeAgent:
         try:
             result = launch.wait(timeout=None, fail_fast=True, should_stop=self._stop.is_set)
             exits = list(result.exits)
-        except BaseException:  # noqa: BLE001 - reported to the submitting side as data
+        except BaseException:  # reported to the submitting side as data
             launch.terminate()
             exits = [ProcessExit(i, s.name, -9, time.time(), killed_by_launcher=True)
                      for i, s in enumerate(launch.specs)]

@@ -63,7 +63,7 @@ def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_acc
 def _result_bytes(outcome: tuple[str, Any]) -> bytes:
     try:
         return bytes(cloudpickle.dumps(outcome))
-    except Exception as exc:  # noqa: BLE001 - a value or error that does not pickle: say so instead
+    except Exception as exc:  # a value or error that does not pickle: say so instead
         kind, value = outcome
         what = "a rank's return value" if kind == "ok" else f"the error ({type(value).__name__}: {value})"
         return bytes(cloudpickle.dumps(("error", WorkloadFailureException(
@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
                       checkpoint_dir=checkpoint_dir)
         job.sandbox = sandbox
         outcome = ("ok", drive_call(store, job, int(request["max_retries"])))
-    except BaseException as exc:  # noqa: BLE001 - the rank's own exception (or air's) goes to the client
+    except BaseException as exc:  # the rank's own exception (or air's) goes to the client
         outcome = ("error", exc)
     atomic_write_bytes(paths.result, _result_bytes(outcome))
     return 0

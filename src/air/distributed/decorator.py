@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
-from air.distributed.shape import _UNSET, CallSettings, check_settings, resolve_local
+from air.distributed.shape import _UNSET, CallSettings, check_settings
 from air.distributed.world_of_one import run_as_world_of_one
 from air.errors import AirError, RuntimeConfigurationError
 
@@ -99,11 +99,9 @@ class DistributedFunction(Generic[P, R]):
                 from air.distributed.remote import run_remote
 
                 return run_remote(self.raw_func, call_args, call_kwargs, self._settings)
-            shape = resolve_local(self._settings)
-            from air.distributed.tracked import run_local_tracked
+            from air.distributed.local import run_local
 
-            return run_local_tracked(self.raw_func, call_args, call_kwargs, shape, self._settings.timeout,
-                                     hang_timeout_s=self._settings.hang_timeout)
+            return run_local(self.raw_func, call_args, call_kwargs, self._settings)
         except Exception as exc:
             if isinstance(exc, AirError) or hasattr(exc, "air_rank"):
                 # Lead with the root cause: the rank's traceback (its __cause__), not air's own frames.

@@ -45,6 +45,18 @@ def outcome_path(call_dir: Path, rank: int) -> Path:
     return call_dir / f"rank_{rank}.outcome"
 
 
+def done_path(call_dir: Path, rank: int) -> Path:
+    """Written by a rank once its successful result is reported: whatever happens to it afterwards (a
+    release that hangs, a crash on the way out) fails nothing."""
+    return call_dir / f"rank_{rank}.done"
+
+
+def hang_path(call_dir: Path, rank: int) -> Path:
+    """Where a rank's stacks go when releasing what its function left behind hangs (worker.release_guarded);
+    empty (then removed) while it does not."""
+    return call_dir / f"rank_{rank}.hang"
+
+
 def write_outcome(call_dir: Path, outcome: RankOutcome) -> None:
     """Atomic: a half-written outcome is never read."""
     data = pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)

@@ -21,7 +21,7 @@ from typing import Any
 import cloudpickle
 
 from air.constants import release_timeout_s
-from air.distributed.outcome import PAYLOAD_FILE, error, ok, write_outcome
+from air.distributed.outcome import PAYLOAD_FILE, done_path, error, hang_path, ok, write_outcome
 from air.launcher.zygote import exit_now, import_with_gc_off
 from air.settings import (
     AIR_LAUNCHER_PID,
@@ -85,8 +85,8 @@ def release_guarded(call_dir: Path, rank: int, leftovers: list[Any]) -> None:
     """Drop what the call left behind, under a native watchdog: if the release deadlocks (see
     _FrameKeeper), the process dumps every thread's stack to rank_<N>.hang and exits after
     release_timeout_s(). Its result is already reported, so the call still succeeds (with a warning)."""
-    hang_file = call_dir / f"rank_{rank}.hang"
-    with open(hang_file, "w") as fh:  # noqa: SIM115 - must stay open until the watchdog is cancelled
+    hang_file = hang_path(call_dir, rank)
+    with open(hang_file, "w") as fh:  # must stay open until the watchdog is cancelled
         faulthandler.dump_traceback_later(release_timeout_s(), exit=True, file=fh)
         try:
             if "torch.distributed" in sys.modules:
@@ -106,7 +106,7 @@ def _stacks_on_signal() -> None:
     if not path or not hasattr(signal, "SIGUSR2"):
         return
     try:
-        fh = open(path, "a")  # noqa: SIM115 - open for the life of the rank, as faulthandler needs
+        fh = open(path, "a")  # open for the life of the rank, as faulthandler needs
         faulthandler.register(signal.SIGUSR2, file=fh, all_threads=True)
     except (OSError, RuntimeError, ValueError):
         pass
@@ -143,7 +143,7 @@ def main(call_dir: Path) -> int:
     except SystemExit as exc:
         if exc.code not in (None, 0):
             failure.append(exc)
-    except BaseException as exc:  # noqa: BLE001 - every failure is this rank's outcome
+    except BaseException as exc:  # every failure is this rank's outcome
         failure.append(exc)
         sys.stderr.write(_user_traceback(exc))
     if failure:
@@ -153,6 +153,8 @@ def main(call_dir: Path) -> int:
         outcome = ok(rank, value)
         write_outcome(call_dir, outcome)
         code = 0 if outcome.ok else 1
+        if outcome.ok:
+            done_path(call_dir, rank).touch()
     leftovers: list[Any] = [*keeper.frames, *failure]
     del keeper, failure, func, args, kwargs, value  # the list above holds the only references now
     release_guarded(call_dir, rank, leftovers)

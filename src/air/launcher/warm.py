@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, BinaryIO
 
@@ -65,6 +65,21 @@ class WarmStart:
     call_env: tuple[str, ...] = ()
     #: The zygote (and so every child it forks) runs walled in (launcher/sandbox.py).
     sandbox: Sandbox | None = None
+
+    @classmethod
+    def for_launch(cls, preload: Sequence[str], envs: Sequence[Mapping[str, str]], *, grace_s: float,
+                   store_port: int | None = None, keep: bool = False) -> WarmStart:
+        """The one way a launch's warm start is made: this Python and sys.path, one fork per env in
+        `envs`; with torch preloaded and a `store_port`, the zygote hosts the rendezvous store there (as
+        torchrun's agent does, so no rank waits for rank 0 to open it). With `keep`, what the launch sets
+        (its keys that differ from this process's environment: ports, folders, ranks) is its `call_env`,
+        left out of the kept zygote's environment. Only `preload` (well-known third-party modules) is
+        ever imported there, so a user module edited between calls is imported afresh by the ranks."""
+        preload = tuple(preload)
+        call_env = tuple(sorted(k for k, v in envs[0].items() if os.environ.get(k) != v)) if keep and envs else ()
+        return cls(python=sys.executable, preload=preload, sys_path=tuple(p for p in sys.path if p),
+                   store_port=store_port if "torch" in preload else None, world_size=len(envs), grace_s=grace_s,
+                   keep=keep, call_env=call_env)
 
     def module_of(self, argv: Sequence[str]) -> tuple[str, list[str]]:
         if len(argv) < 3 or argv[0] != self.python or argv[1] != "-m":

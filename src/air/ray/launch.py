@@ -151,7 +151,7 @@ def _shutdown_driver() -> None:
     if ray is not None and ray.is_initialized():
         try:
             ray.shutdown()
-        except Exception:  # noqa: BLE001 - the cluster is being stopped anyway
+        except Exception:  # the cluster is being stopped anyway
             pass
 
 
@@ -170,7 +170,7 @@ def _wait_for_nodes(address: str, expected: int, auth: Any, timeout_s: float = R
         try:
             infos = client.get_all_node_info(timeout=5)
             alive = sum(1 for info in infos.values() if int(getattr(info, "state", 1)) == 0)
-        except Exception:  # noqa: BLE001 - the GCS may still be starting
+        except Exception:  # the GCS may still be starting
             alive = 0
         if alive >= expected:
             return alive
@@ -218,12 +218,12 @@ class RayLaunchFunction(DistributedFunction[P, R], Generic[P, R]):
 
                 boot = RayLaunchBootstrap(self.raw_func, token, None, None)
                 return run_remote(boot, call_args, call_kwargs, settings)
+            from air.distributed.local import run_local
             from air.distributed.shape import resolve_local
-            from air.distributed.tracked import run_local_tracked
 
             shape = resolve_local(settings)
             boot = RayLaunchBootstrap(self.raw_func, token, shape.accelerator.model, shape.accelerator.kind)
-            return run_local_tracked(boot, call_args, call_kwargs, shape, settings.timeout)
+            return run_local(boot, call_args, call_kwargs, settings)
         except Exception as exc:
             if isinstance(exc, AirError) or hasattr(exc, "air_rank"):
                 raise exc.with_traceback(None) from exc.__cause__

@@ -1,4 +1,5 @@
-"""The run controller: drives one run, a workload or a `remote=True` call, to a terminal state.
+"""The run controller: drives one run, a workload or a `@distributed` call (local or `remote=True`), to a
+terminal state.
 
 Modeled on Ray Train V2's controller: a loop of `step()`, each returning a `Transition` from one phase
 to the next::
@@ -12,7 +13,7 @@ decides retry or end, one `AttemptTracking` (air.tracking) records the attempt i
 between a workload and a call (how nodes are built, how an outcome is judged) is the `RunJob`'s.
 
 The same controller runs detached (`air run`'s supervisor process, air/runs/supervisor.py) and in the
-caller's process (a blocking `remote=True` call, air/distributed/remote.py). Every state change is a
+caller's process (a blocking call, local or `remote=True`, air/distributed/remote.py). Every state change is a
 compare-and-set in the run store; a cancel (`air cancel` moves the run to TERMINATING) is noticed at
 every step, and whatever happens, the allocation is released and no node process is left.
 """
@@ -276,14 +277,14 @@ class RunController:
         attempt.next_progress_check = now + self._progress_check_s
         try:
             silences = handle.silences()
-        except Exception as exc:  # noqa: BLE001 - a failed look never ends a run
+        except Exception as exc:  # a failed look never ends a run
             self.job.say(f"progress: could not read it: {exc}")
             return False
         label = self.job.process_label
         running = {s.node for s in silences}
         try:
             ended = handle.ended_nodes()
-        except Exception:  # noqa: BLE001 - a failed look never ends a run
+        except Exception:  # a failed look never ends a run
             ended = set()
         for node in ended - running:
             attempt.ended_at.setdefault(node, time.time())
@@ -392,7 +393,7 @@ class RunController:
     def _stop_queue(self) -> bool:
         try:
             return self.cancel_requested()
-        except Exception:  # noqa: BLE001 - the store is gone: stop waiting
+        except Exception:  # the store is gone: stop waiting
             return True
 
     def _move(self, new: RunStatus, expected: set[RunStatus]) -> bool:
@@ -472,7 +473,7 @@ class RunController:
                                else handle)
             if door is not None:  # on a server: the MLflow user is the run's air user, not the server's
                 handle.set_tags({"mlflow.user": self.store.get_run(self.run_id).user})
-        except Exception as exc:  # noqa: BLE001 - tracking never fails a run
+        except Exception as exc:  # tracking never fails a run
             tracking.warn(f"tracking: {exc}")
 
 

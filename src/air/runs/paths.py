@@ -19,8 +19,8 @@ from air.errors import UserInputError
 from air.home import AirHome
 
 RUN_ID_PREFIX = "run-"
-#: What a call's ranks run, in its call folder (or a remote node's work folder): the pickled function
-#: and arguments (`CallPaths.payload`; the ranks open it by this name).
+#: What a call's ranks run, in their node's work folder: the pickled function and arguments (the ranks
+#: open it by this name).
 CALL_PAYLOAD_FILE = "payload.pkl"
 RUN_ID_RE = re.compile(r"^run-[0-9]{6}-[0-9a-f]{8}$")
 #: What a user may type to name a run: a full id, a prefix of one, or the random part (or its prefix).
@@ -176,44 +176,37 @@ class RunPaths(_RunIdPaths):
         return f"RunPaths({self.folder})"
 
 
-class CallPaths(_RunIdPaths):
-    """Every file name of one `@distributed` call's folder, `$AIR_HOME/calls/<run_id>/` (the call is a run
-    of kind `call`, so its folder is named by its run id). The ranks, the caller and `air logs` ask here."""
+class CallPaths(RunPaths):
+    """A `@distributed` call's names in its run folder (a call is a run of kind `call`): its rank logs per
+    attempt, beside the node logs (`attempt_<a>/rank_<r>.log`), and what a call `air server` drives keeps."""
 
-    @property
-    def folder(self) -> Path:
-        """`$AIR_HOME/calls/<run_id>/`."""
-        return self.home.calls / self.run_id
-
-    def rank_log(self, rank: int) -> Path:
-        """`rank_<r>.log`: everything rank r printed."""
+    def rank_log(self, rank: int, attempt: int | None = None) -> Path:
+        """`attempt_<a>/rank_<r>.log`: everything rank r printed in attempt a (None: the latest attempt)."""
         if rank < 0:
             raise ValueError(f"rank must be >= 0, got {rank}")
-        return self.folder / f"rank_{rank}.log"
+        return self.attempt_dir(self._latest() if attempt is None else attempt) / f"rank_{rank}.log"
 
-    def rank_log_list(self, world_size: int) -> list[Path]:
-        """The log of every rank 0..world_size-1, whether written yet or not."""
-        return [self.rank_log(r) for r in range(world_size)]
+    def rank_log_list(self, world_size: int, attempt: int) -> list[Path]:
+        """The log of every rank 0..world_size-1 of `attempt`, whether written yet or not."""
+        return [self.rank_log(r, attempt) for r in range(world_size)]
 
-    def rank_logs(self) -> dict[int, Path]:
-        """Rank → log path for the rank logs that exist."""
-        return {r: self.rank_log(r) for r in sorted(_indices(self.folder, "rank_", ".log"))}
+    def rank_logs(self, attempt: int | None = None) -> dict[int, Path]:
+        """Rank → log path for the rank logs of `attempt` (None: the latest) that exist."""
+        folder = self.attempt_dir(self._latest() if attempt is None else attempt)
+        return {r: folder / f"rank_{r}.log" for r in sorted(_indices(folder, "rank_", ".log"))}
 
-    @property
-    def mlflow_env(self) -> Path:
-        """The call's MLflow environment for its ranks (written once the MLflow run exists)."""
-        return self.folder / "mlflow_env.json"
+    def mlflow_env(self, attempt: int) -> Path:
+        """The attempt's MLflow environment for its ranks (written once its MLflow run exists)."""
+        return self.attempt_dir(attempt) / "mlflow_env.json"
 
-    @property
-    def mlflow_request(self) -> Path:
+    def mlflow_request(self, attempt: int) -> Path:
         """Made by the first rank that imports mlflow: the caller then creates the MLflow run
-        (air/distributed/mlflow_gate.py finds it beside `mlflow_env`)."""
-        return self.folder / "mlflow_request"
+        (air/distributed/mlflow_gate.py looks for it beside `mlflow_env`)."""
+        return self.mlflow_env(attempt).with_name("mlflow_request")
 
-    @property
-    def mlflow_record_job(self) -> Path:
-        """What the detached MLflow recorder records (a call no rank asked MLflow about)."""
-        return self.folder / "mlflow_record.json"
+    def mlflow_record_job(self, attempt: int) -> Path:
+        """What the detached MLflow recorder records (an attempt no rank asked MLflow about)."""
+        return self.attempt_dir(attempt) / "mlflow_record.json"
 
     @property
     def request(self) -> Path:
@@ -235,15 +228,9 @@ class CallPaths(_RunIdPaths):
         """A call `air server` drives: every rank's value, or the error (pickled), for its client."""
         return self.folder / "result.pkl"
 
-    @staticmethod
-    def stacks_name(rank: int) -> str:
-        """`rank_<r>.stacks.txt`: a rank's Python stacks, saved when the call hung (in the call folder)."""
-        return f"rank_{rank}.stacks.txt"
-
-    def create(self) -> Path:
-        """Create the call folder (owner-only) and return it."""
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return self.folder
+    def _latest(self) -> int:
+        attempts = self.attempts()
+        return attempts[-1] if attempts else 0
 
     def __repr__(self) -> str:
         return f"CallPaths({self.folder})"

@@ -96,15 +96,16 @@ def run_page_url(run_id: str, pages_base: str | None = None) -> str | None:
 
 
 def run_folder(run: Run) -> Path:
-    """Where a run's files are: a local call's call folder, any other run's run folder."""
-    return CallPaths(run.id).folder if run.kind == "call" and run.backend == "local" else RunPaths(run.id).folder
+    """Where a run's files are (every run, a call too, has one folder)."""
+    return RunPaths(run.id).folder
 
 
 def call_rank_logs(run: Run) -> list[dict[str, Any]]:
-    """A call's rank logs, by rank: where `air logs ID --rank N` reads (and whether it exists yet)."""
+    """A call's rank logs of its latest attempt, by rank: where `air logs ID --rank N` reads (and whether
+    it exists yet)."""
     paths = CallPaths(run.id)
-    return [{"rank": r, "path": str(paths.rank_log(r)), "exists": paths.rank_log(r).exists()}
-            for r in range(run.num_accelerators)]
+    logs = paths.rank_log_list(run.num_accelerators, run.current_attempt or 0)
+    return [{"rank": r, "path": str(path), "exists": path.exists()} for r, path in enumerate(logs)]
 
 
 def progress_view(run: Run) -> list[dict[str, Any]]:
@@ -295,7 +296,7 @@ def capacity_view(store: RunStore) -> dict[str, Any]:
                     holder = store.get_run(run_id)
                     runs[run_id] = {"run_id": run_id, "status": holder.status.value, "user": holder.user,
                                     "experiment": holder.experiment, "slots": []}
-                except Exception:  # noqa: BLE001 - it ended and was pruned in between
+                except Exception:  # it ended and was pruned in between
                     runs[run_id] = {"run_id": run_id, "status": "?", "user": "", "experiment": "", "slots": []}
             runs[run_id]["slots"].append(index)
         total = max([capacity or 0, *(i + 1 for i in holders)])
@@ -318,7 +319,7 @@ def _named_pools(store: RunStore) -> dict[str, Any] | None:
 
     try:
         return pools_view(store) if load_config().pools else None
-    except Exception as exc:  # noqa: BLE001 - a bad config or an unreachable Ray cluster: say so, keep the page
+    except Exception as exc:  # a bad config or an unreachable Ray cluster: say so, keep the page
         return {"pools": [], "error": str(exc), "max_running_runs_per_user": None}
 
 
@@ -334,7 +335,7 @@ def pools_view(store: RunStore) -> dict[str, Any]:
     capacities = _capacities()
     try:
         gpu_model = discover().gpu_model or "GPU"
-    except Exception:  # noqa: BLE001 - no way to tell the model: say GPU
+    except Exception:  # no way to tell the model: say GPU
         gpu_model = "GPU"
     queued: dict[tuple[str | None, str], int] = {}
     for run in store.list_runs(statuses=[RunStatus.QUEUED], limit=None):
@@ -493,16 +494,13 @@ def masked_spec(run: Run) -> dict[str, Any]:
 
 
 def attempt_stacks(run: Run, attempt: int) -> list[dict[str, Any]]:
-    """The Python stacks air saved when an attempt hung (`attempt_<a>/stacks/node_<n>.txt`; a local call's
-    `rank_<r>.stacks.txt`), each `name` ("node 1") and masked `text`, in node order; [] when none were saved."""
+    """The Python stacks air saved when an attempt hung (`attempt_<a>/stacks/node_<n>.txt`, a call's
+    `rank_<r>.txt`), each `name` ("node 1") and masked `text`, in node order; [] when none were saved."""
     import re
 
     from air.errors import AirError
 
-    if run.kind == "call" and run.backend == "local":
-        found = sorted(CallPaths(run.id).folder.glob(CallPaths.stacks_name(0).replace("0", "*")))
-    else:
-        found = sorted(RunPaths(run.id).stacks(attempt, "node 0").parent.glob("*.txt"))
+    found = sorted(RunPaths(run.id).stacks(attempt, "node 0").parent.glob("*.txt"))
     if not found:
         return []
 

@@ -70,7 +70,7 @@ def start_call_run(
             run = mlflow_client.create_run(
                 exp_id, run_name=run_name or func_name, tags=clean_tags(run_tags, warn)
             )
-    except Exception as exc:  # noqa: BLE001 — tracking never fails a call
+    except Exception as exc:
         warn(
             f"tracking: could not create an MLflow run for {func_name} at {uri}: "
             f"{short_message(exc)}; the call runs without MLflow tracking"
@@ -87,7 +87,7 @@ def _parent_and_experiment(
     if parent is None and (env_run := os.environ.get("MLFLOW_RUN_ID")):
         try:
             parent = mlflow_client.get_run(env_run)
-        except Exception as exc:  # noqa: BLE001 — a stale MLFLOW_RUN_ID: log a top-level run
+        except Exception as exc:
             warn(f"tracking: not nesting under MLFLOW_RUN_ID={env_run}: {short_message(exc)}")
     if parent is not None:
         parent_id: str | None = parent.info.run_id
@@ -103,6 +103,6 @@ def _parent_and_experiment(
     if exp.tags.get(SHOW_LOGS_TAG) != "true":
         try:
             mlflow_client.set_experiment_tag(exp_id, SHOW_LOGS_TAG, "true")
-        except Exception as exc:  # noqa: BLE001 — the user's experiment; a tag is not worth failing
+        except Exception as exc:
             warn(f"tracking: could not tag experiment {exp_id}: {short_message(exc)}")
     return parent_id, exp_id
