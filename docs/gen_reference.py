@@ -100,7 +100,8 @@ def settings_page() -> str:
 
 #: What a route does, for the handlers without a docstring (a route in neither fails the docs build).
 _ROUTES: dict[str, str] = {
-    "GET /api/v1/health": "Liveness, without a token: `status`, `version` and the server's `isolation` mode.",
+    "GET /api/v1/health": "Liveness, without a token: `status`, `version`, `api_version` and the server's "
+    "`isolation` mode.",
     "GET /api/v1/whoami": "The token's user, whether an admin, and the token's id.",
     "GET /api/v1/runs": "The runs one may view, newest first (`air list runs`): active ones unless `all_status`, "
     "one's own unless `all_users`.",
@@ -172,7 +173,10 @@ def api_page() -> str:
         "403 for an action one's level does not allow). Errors are `{\"error\": {code, kind, message, hint, "
         "exit_code}}` with a 4xx (bad input: a malformed spec, a body over its bound, a path leaving the "
         "snapshot, an id that is not a run) or a 5xx, and change nothing. Beside the API the server serves its "
-        "pages under `/ui` (`/` leads there) and MLflow under `/mlflow` (see [Who can read what](../access.md)).\n\n"
+        "pages under `/ui` (`/` leads there) and MLflow under `/mlflow` (see [Who can read what](../access.md)). "
+        "Every answer states the API version the server speaks in its `X-Air-Api-Version` header (today 1); air's "
+        "clients refuse a server that states another. Bodies, answers and stream events are the pydantic models "
+        "of `air.client.models`; the [Python SDK](../sdk.md) reads them.\n\n"
         "| method | route | query | what it does |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
 

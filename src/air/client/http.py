@@ -1,4 +1,5 @@
-"""The HTTP client of `air server`: JSON requests, NDJSON streams, errors as air errors.
+"""The HTTP client of `air server`: JSON requests, NDJSON streams, errors as air errors; every answer's
+API version is checked (air.client.models.API_VERSION).
 
 Which server: AIR_SERVER_URL + AIR_TOKEN (scripts, CI) win; else a profile `{backend: server, url,
 token_path}` chosen as usual (`-p`, AIR_PROFILE, default_profile). Standard library only (urllib), so a
@@ -18,6 +19,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from air.client.models import (
+    API_VERSION,
+    API_VERSION_HEADER,
+    ErrorEvent,
+    Health,
+    LinesEvent,
+    NewAttemptEvent,
+    RunEvent,
+    decode_event,
+)
 from air.constants import SERVER_REQUEST_TIMEOUT_S
 from air.errors import AirError, UserInputError
 from air.settings import AIR_SERVER_URL, AIR_TOKEN
@@ -34,10 +45,18 @@ class RemoteError(AirError):
         self.code, self.kind, self.exit_code, self.http_status = code, kind, exit_code, http_status
 
 
+class ApiVersionError(RemoteError):
+    """The server speaks another API version than this client: nothing it answers can be trusted to read."""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint, code="API_VERSION_MISMATCH", kind="USER", exit_code=2)
+
+
 class ServerClient:
     """One server and one user's token."""
 
-    def __init__(self, url: str, token: str, *, timeout: float = SERVER_REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, url: str, token: str, *, timeout: float = SERVER_REQUEST_TIMEOUT_S,
+                 api_version: int = API_VERSION) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise UserInputError(f"The air server URL {url!r} is not an http(s) URL.",
@@ -45,6 +64,8 @@ class ServerClient:
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        #: The API version this client speaks; an answer that states another is an ApiVersionError.
+        self.api_version = api_version
 
     def __repr__(self) -> str:
         return f"ServerClient({self.url!r})"
@@ -66,8 +87,10 @@ class ServerClient:
             headers["Content-Type"] = "application/octet-stream"
         request = urllib.request.Request(self.url + API + path + query, data=data, method=method, headers=headers)
         try:
-            return urllib.request.urlopen(request, timeout=timeout or self.timeout)  # noqa: S310 - http(s) checked
+            response = urllib.request.urlopen(request, timeout=timeout or self.timeout)
         except urllib.error.HTTPError as exc:
+            if exc.headers.get(API_VERSION_HEADER) not in (None, str(self.api_version)):
+                raise self._version_error(exc.headers.get(API_VERSION_HEADER)) from None
             raise _error_from(exc) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -76,6 +99,29 @@ class ServerClient:
                     "Is `air server start` running there? Check AIR_SERVER_URL or the profile's url.")
             raise RemoteError(f"Cannot reach the air server at {self.url}: {reason}.", code="UNAVAILABLE",
                               kind="TRANSIENT", hint=hint) from None
+        spoken = response.headers.get(API_VERSION_HEADER)
+        if spoken != str(self.api_version):
+            response.close()
+            raise self._version_error(spoken)
+        return response
+
+    def _version_error(self, spoken: str | None) -> ApiVersionError:
+        """The server speaks another API version (or none: an air from before versioned APIs)."""
+        from air import __version__
+
+        server_air = "an unknown air version"
+        try:  # best effort: which air the server runs, to say which client fits it
+            request = urllib.request.Request(self.url + API + "/health", headers={"Accept": "application/json"})
+            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+                server_air = f"air {json.loads(answer.read()).get('version')}"
+        except (OSError, ValueError, AttributeError):
+            pass
+        what = f"API version {spoken}" if spoken else "no API version (it predates versioned APIs)"
+        return ApiVersionError(
+            f"The air server at {self.url} ({server_air}) speaks {what}; this client (air {__version__}) speaks "
+            f"API version {self.api_version}.",
+            hint=f"Use an air client of the server's version here (pip install air-runtime matching {server_air}), "
+            "or ask the server's admin to run the same air version as its clients.")
 
     def call(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
              data: bytes | None = None) -> Any:
@@ -109,11 +155,15 @@ class ServerClient:
     def post(self, path: str, body: Any = None) -> Any:
         return self.call("POST", path, body=body if body is not None else {})
 
-    def stream(self, path: str, **params: Any) -> Iterator[dict[str, Any]]:
-        """An NDJSON stream, one decoded object per line, until the server ends it (or goes away: the
-        caller sees the stream end early). An `{"error": ...}` line (a failure after the stream began)
-        is raised as a RemoteError."""
-        with self._request("GET", path, params=params, timeout=None) as response:
+    def health(self) -> Health:
+        """`GET /health` (also checks the API version, as every request does)."""
+        return Health.model_validate(self.get("/health"))
+
+    def events(self, run_id: str, **params: Any) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent]:
+        """A run's follow stream (`GET /runs/{id}/follow`) as typed events (air.client.models.decode_event),
+        until the server ends it (or goes away: the caller sees the stream end early). An error line (a
+        failure after the stream began) is raised as a RemoteError."""
+        with self._request("GET", f"/runs/{run_id}/follow", params=params, timeout=None) as response:
             while True:
                 try:
                     raw = response.readline()
@@ -121,12 +171,11 @@ class ServerClient:
                     return
                 if not raw:
                     return
-                if not raw.strip():
-                    continue
-                item = json.loads(raw)
-                if "error" in item and len(item) == 1:
-                    raise _error_from_body(item, None)
-                yield item
+                event = decode_event(raw)
+                if isinstance(event, ErrorEvent):
+                    raise _error_from_body(event.model_dump(), None)
+                if event is not None:
+                    yield event
 
 
 def _param(value: Any) -> str:
@@ -185,4 +234,4 @@ def server_client(profile: str | None = None) -> ServerClient | None:
     return ServerClient(str(chosen.url), token)
 
 
-__all__ = ["API", "RemoteError", "ServerClient", "server_client"]
+__all__ = ["API", "ApiVersionError", "RemoteError", "ServerClient", "server_client"]

@@ -37,9 +37,9 @@ from air.backends.base import (
     NodeLaunch,
     NodeProcess,
 )
-from air.constants import CANCEL_CHECK_S
-from air.distributed.local import rank_env, serialize_call, warm_enabled
-from air.distributed.outcome import PAYLOAD_FILE, outcome_path, read_outcome, resolve
+from air.constants import CANCEL_CHECK_S, release_timeout_s
+from air.distributed.local import OMP_NOTE, rank_env, serialize_call, warm_enabled
+from air.distributed.outcome import PAYLOAD_FILE, done_path, hang_path, outcome_path, read_outcome, resolve
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
@@ -105,13 +105,15 @@ def drive_call(store: RunStore, job: CallJob, max_retries: int) -> list[Any]:
     run_id, backend = job.run_id, job.backend
     store.set_supervisor(run_id, os.getpid())  # this process drives the run: if it dies, reconcile ends it
     job.max_restarts = max_retries
+    job.store = store
     controller = RunController(run_id, job, backend, store, RetryPolicy(max_retries), cancel_check_s=CANCEL_CHECK_S)
-    job.on_wait(f"run {run_id}: {job.world} rank(s) on {job.num_nodes} node(s) of {job.accelerator.name} "
-                f"({getattr(backend, 'address', backend.name)})")
+    if not job.local:  # a local call says nothing unless it waits (its ranks' lines are what the caller sees)
+        job.tell(f"run {run_id}: {job.world} rank(s) on {job.num_nodes} node(s) of {job.accelerator.name} "
+                 f"({getattr(backend, 'address', backend.name)})")
     try:
         status = controller.run()
     except KeyboardInterrupt:
-        job.on_wait(f"run {run_id} canceled; every rank was ended")
+        job.tell(f"run {run_id} canceled; every rank was ended")
         raise
     except BaseException as exc:
         _end_internal(store, run_id, exc)
@@ -133,7 +135,7 @@ def _end_internal(store: RunStore, run_id: str, exc: BaseException) -> None:
         if not store.get_run(run_id).status.is_terminal():
             store.transition(run_id, RunStatus.INTERNAL_ERROR, reason=f"The call failed: {type(exc).__name__}: {exc}"[:500],
                              failure_class=FailureClass.INFRASTRUCTURE)
-    except Exception as store_exc:  # noqa: BLE001 - the user's error matters more
+    except Exception as store_exc:  # the user's error matters more
         sys.stderr.write(f"[air] run store: {type(store_exc).__name__}: {store_exc}\n")
 
 
@@ -159,12 +161,15 @@ def plan_shape(backend: Backend, settings: CallSettings) -> tuple[AcceleratorTyp
 
 
 class CallJob:
-    """A call's attempts for the run controller: N rank processes per node, judged by their outcomes."""
+    """A call's attempts for the run controller: N rank processes per node, judged by their outcomes.
+
+    `local`: a local call (the caller's own ranks on this machine): lines read `[rank r] ...`, and its
+    MLflow run is made only if a rank uses MLflow (LazyCallTracking), so the call does not wait for it."""
 
     def __init__(self, run_id: str, backend: Backend, accelerator: AcceleratorType, num_nodes: int,
                  payload: bytes, name: str, timeout_s: float | None, echo: bool, extra_env: dict[str, str],
                  preload: tuple[str, ...], *, hang_timeout_s: float | None = None,
-                 checkpoint_dir: str | None = None) -> None:
+                 checkpoint_dir: str | None = None, local: bool = False) -> None:
         self.run_id = run_id
         self.hang_timeout_s = hang_timeout_s
         self.checkpoint_dir = checkpoint_dir
@@ -184,10 +189,15 @@ class CallJob:
         self.max_restarts = 0
         #: Under `air server`: the view every rank runs in, as the caller's account (air.runs.isolation).
         self.sandbox: Sandbox | None = None
-        paths = CallPaths(run_id)
-        self.call_dir = paths.create()  # `air logs ID --rank N` reads its rank logs
-        self.log_paths = paths.rank_log_list(self.world)
+        self.local = local
+        #: The run store the run is driven through (drive_call sets it): where a queued call reads its reason.
+        self.store: RunStore | None = None
+        self.paths = CallPaths(run_id)
+        #: The attempt's folder (its rank logs, which `air logs ID --rank N` reads; the ranks' outcomes).
+        self.call_dir = self.paths.attempt_dir(0)
+        self.log_paths = self.paths.rank_log_list(self.world, 0)
         self._echo_lock = threading.Lock()
+        self._width = len(str(self.world - 1))
 
     def process_label(self, node: int, process: int) -> str:
         return f"rank {node * self.per_node + process}"
@@ -196,29 +206,51 @@ class CallJob:
         """The controller's progress lines: in the debug log only (the caller sees results and errors)."""
         _log.debug("%s", text)
 
-    def on_wait(self, text: str) -> None:
-        """Lines the caller sees on stderr: waiting for capacity, tracking warnings, the run's id."""
+    def tell(self, text: str) -> None:
+        """Lines the caller sees on stderr: tracking warnings, the run's id."""
         if self.echo:
             sys.stderr.write(f"[air] {text}\n")
             sys.stderr.flush()
+
+    def on_wait(self, text: str) -> None:
+        """The backend's "waiting for capacity" note, told as `air run --watch` tells a queued run's: the
+        slots it needs, its place in line and which runs hold them."""
+        reason = None
+        if self.store is not None:
+            try:
+                from air.runs.queue import queue_info
+
+                info = queue_info(self.store, self.store.get_run(self.run_id))
+                reason = info.reason if info is not None else None
+            except Exception as exc:
+                _log.debug("could not describe the queue: %s", exc)
+        self.tell(f"run {self.run_id} ({self.name}) is queued: {reason}" if reason else f"run {self.run_id}: {text}")
 
     def on_line(self, node: int, index: int, stream: str, text: str) -> None:
         if not self.echo:
             return
         out = sys.stderr if stream == "stderr" else sys.stdout
+        rank = node * self.per_node + index
+        prefix = f"[rank {rank:>{self._width}}]" if self.local else f"[node {node} rank {rank}]"
         with self._echo_lock:
             try:
-                out.write(f"[node {node} rank {node * self.per_node + index}] {text}\n")
+                out.write(f"{prefix} {text}\n")
                 out.flush()
             except (ValueError, OSError):
                 pass
 
     def attempt_log(self, attempt: int, node_logs: dict[int, Path]) -> Callable[[str], None]:
-        return self.on_wait
+        return self.tell
 
     def tracking(self, attempt: int, warn: Callable[[str], None]) -> AttemptTracking:
-        return AttemptTracking.for_call(func_name=self.name, attempt=attempt, warn=warn,
-                                        tags={"air.run_id": self.run_id, "air.backend": self.backend.name})
+        tags = {"air.run_id": self.run_id, "air.backend": self.backend.name}
+        if self.local:
+            from air.distributed.tracked import LazyCallTracking
+
+            tags.update({"air.call": self.run_id, "air.accelerator_type": self.accelerator.name,
+                         "air.num_accelerators": str(self.world), "air.num_nodes": str(self.num_nodes)})
+            return LazyCallTracking(self.run_id, attempt, self.name, tags, warn)
+        return AttemptTracking.for_call(func_name=self.name, attempt=attempt, warn=warn, tags=tags)
 
     def rank_logs(self) -> dict[int, Path]:
         return dict(enumerate(self.log_paths))
@@ -233,6 +265,10 @@ class CallJob:
             raise SetupFailure(message, RuntimeConfigurationError(
                 message, hint="Install the same Python, cloudpickle and torch versions on the cluster's "
                 "nodes as here (or run from an environment that matches the cluster)."))
+        self.call_dir = self.paths.create_attempt(attempt)
+        self.log_paths = self.paths.rank_log_list(self.world, attempt)
+        if self.local and self.echo and self.per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+            self.tell(OMP_NOTE)
         base = {
             AIR_SYS_PATH: json.dumps([p for p in sys.path if p]), AIR_CALL_DIR: NODE_DIR,
             "NUM_NODES": str(self.num_nodes), AIR_RUN_ID: self.run_id,
@@ -248,6 +284,8 @@ class CallJob:
                 if os.environ.get(key):
                     base[key] = os.environ[key]
         base.update(self.extra_env)
+        if self.local and "OMP_NUM_THREADS" in os.environ:  # the caller's own choice (rank_env keeps it)
+            base["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
         # The run's MLflow credential is masked in the ranks' logs like a secret.
         hide = (base["MLFLOW_TRACKING_TOKEN"],) if base.get("MLFLOW_TRACKING_TOKEN") else ()
         launches = []
@@ -260,7 +298,8 @@ class CallJob:
                                gpu_ids=None, accelerator_kind=self.accelerator.kind, run_id=self.run_id,
                                restart_count=attempt, max_restarts=self.max_restarts, num_nodes=self.num_nodes)
                 procs.append(NodeProcess(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", "air.distributed.worker", NODE_DIR],
-                                         env=env, log_path=self.log_paths[rank], cwd=os.getcwd(), hide=hide))
+                                         env=env, log_path=self.log_paths[rank], cwd=os.getcwd(), hide=hide,
+                                         done_file=done_path(self.call_dir, rank).name))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],
                                        files={PAYLOAD_FILE: self.payload},
                                        warm_preload=self.preload if self.warm else None, sandbox=self.sandbox))
@@ -271,15 +310,17 @@ class CallJob:
         """Every rank's outcome, fetched from its node: the values, or the rank's own exception."""
         exits: list[ProcessExit] = []
         for node in range(self.num_nodes):
-            names = [outcome_path(self.call_dir, node * self.per_node + local).name for local in range(self.per_node)]
+            ranks = [node * self.per_node + local for local in range(self.per_node)]
+            names = [outcome_path(self.call_dir, r).name for r in ranks] + [hang_path(self.call_dir, r).name for r in ranks]
             for name, data in handle.fetch_files(node, names).items():
-                if data is not None:
+                if data:
                     atomic_write_bytes(self.call_dir / name, data, durable=False)
             for proc in handle.process_exits(node) or []:
                 exits.append(ProcessExit(node * self.per_node + proc.index, proc.name, proc.returncode,
                                          proc.ended_at, proc.killed_by_launcher))
         try:
             outcomes = [read_outcome(self.call_dir, rank) for rank in range(self.world)]
+            self._warn_about_hung_releases()
             known = {e.index for e in exits}
             exits += [ProcessExit(r, f"rank {r}", None, None, True) for r in range(self.world) if r not in known]
             exits.sort(key=lambda e: e.index)
@@ -294,16 +335,28 @@ class CallJob:
             try:
                 values = resolve(outcomes, LaunchResult(exits, None, timed_out=outcome.timed_out), self.log_paths,
                                  timeout_s=self.timeout_s)
-            except BaseException as exc:  # noqa: BLE001 - the rank's own exception, rebuilt: raised here
+            except BaseException as exc:  # the rank's own exception, rebuilt: raised here
                 if outcome.timed_out:
                     return AttemptVerdict.failed(f"Ran past its timeout of {self.timeout_s:g} s.",
                                                  FailureClass.TIMEOUT, exc)
                 first = str(exc).splitlines()[0] if str(exc) else ""
-                return AttemptVerdict.failed(f"{type(exc).__name__}: {first}"[:500], FailureClass.USER_CODE, exc)
+                rank = getattr(exc, "air_rank", None)
+                who = f"Rank {rank}: " if rank is not None and not first.lower().startswith(f"rank {rank}") else ""
+                return AttemptVerdict.failed(f"{who}{type(exc).__name__}: {first}"[:500], FailureClass.USER_CODE, exc)
             return AttemptVerdict(True, values=values)
         finally:
             for rank in range(self.world):
                 outcome_path(self.call_dir, rank).unlink(missing_ok=True)
+
+    def _warn_about_hung_releases(self) -> None:
+        for rank in range(self.world):
+            hang = hang_path(self.call_dir, rank)
+            if hang.exists():
+                self.tell(
+                    f"rank {rank} reported its result, then hung for {release_timeout_s():g} s releasing what the "
+                    "function left behind and was ended (its result stands). This is torch's process-group "
+                    "destructor deadlocking, typically after destroy_process_group() while a DDP model is still "
+                    f"alive: delete the model first. Stacks: {hang}")
 
 
 __all__ = ["CallJob", "drive_call", "plan_shape", "run_remote"]

@@ -14,10 +14,12 @@ from typing import Any
 import cloudpickle
 
 from air.client import RemoteError, ServerClient
+from air.client.models import CallAnswer, CallRequest, LinesEvent, Run, RunEvent
 from air.distributed.local import serialize_call
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
+from air.runs.states import RunStatus
 
 #: How often the client asks whether a call it lost the log stream of has ended (seconds).
 _POLL_S = 0.5
@@ -37,20 +39,21 @@ def call_through_server(client: ServerClient, func: Callable[..., Any], args: Se
     from air.config import remote_pool_id, use_reserved_pool
 
     payload = serialize_call(func, args, kwargs)
-    answer = client.post("/calls", {
-        "payload_b64": base64.b64encode(payload).decode(), "name": getattr(func, "__name__", "fn"),
-        "num_accelerators": settings.num_accelerators, "accelerator_type": settings.accelerator_type,
-        "timeout": settings.timeout, "hang_timeout": settings.hang_timeout, "max_retries": max_retries,
-        "preload": list(preload_for(func, args, kwargs)),
-        "experiment": os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed",
-        "use_reserved_pool": use_reserved_pool(), "pool": remote_pool_id()})
-    run_id = answer["run_id"]
+    request = CallRequest(
+        payload_b64=base64.b64encode(payload).decode(), name=str(getattr(func, "__name__", "fn"))[:200],
+        num_accelerators=settings.num_accelerators, accelerator_type=settings.accelerator_type,
+        timeout=settings.timeout, hang_timeout=settings.hang_timeout, max_retries=max_retries,
+        preload=list(preload_for(func, args, kwargs)),
+        experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed",
+        use_reserved_pool=use_reserved_pool(), pool=remote_pool_id())
+    answer = CallAnswer.model_validate(client.post("/calls", request.model_dump(mode="json")))
+    run_id = answer.run_id
     if echo:
-        sys.stderr.write(f"[air] run {run_id}: {answer['world']} rank(s) on {answer['num_nodes']} node(s), "
+        sys.stderr.write(f"[air] run {run_id}: {answer.world} rank(s) on {answer.num_nodes} node(s), "
                          f"driven by {client.url}\n")
     try:
         _stream(client, run_id, echo)
-        while client.get(f"/runs/{run_id}")["status"] not in _TERMINAL:
+        while not Run.model_validate(client.get(f"/runs/{run_id}")).is_terminal:
             time.sleep(_POLL_S)
         data = _result(client, run_id)
     except KeyboardInterrupt:
@@ -60,9 +63,6 @@ def call_through_server(client: ServerClient, func: Callable[..., Any], args: Se
     if kind == "ok":
         return list(value)
     raise value if isinstance(value, BaseException) else WorkloadFailureException(str(value))
-
-
-_TERMINAL = {"SUCCESS", "FAILED", "TIMEDOUT", "CANCELED", "INTERNAL_ERROR"}
 
 
 class _QueueSayer:
@@ -76,15 +76,15 @@ class _QueueSayer:
         self.last_line_at: float | None = None
         self.said: str | None = None
 
-    def see(self, status: str | None) -> None:
+    def see(self, status: RunStatus) -> None:
         now = time.monotonic()
-        if status != "QUEUED" or now < self.next_look:
+        if status is not RunStatus.QUEUED or now < self.next_look:
             return
         self.next_look = now + _QUEUE_LOOK_S
         if self.last_line_at is not None and now - self.last_line_at < _QUEUE_LINE_EVERY_S:
             return
         try:
-            queue = self.client.get(f"/runs/{self.run_id}").get("queue") or {}
+            queue = Run.model_validate(self.client.get(f"/runs/{self.run_id}")).queue or {}
         except RemoteError:
             return  # a failed look says nothing; the stream goes on
         reason = queue.get("reason")
@@ -99,12 +99,12 @@ def _stream(client: ServerClient, run_id: str, echo: bool) -> None:
     """Every rank's lines, `[rank r]`-prefixed, until the run ends (or the stream breaks); while the
     call is queued, why it waits."""
     queue = _QueueSayer(client, run_id)
-    for item in client.stream(f"/runs/{run_id}/follow"):
-        if echo and isinstance(item.get("run"), dict):
-            queue.see(item["run"].get("status"))
-        if echo and "lines" in item:
-            for line in item["lines"]:
-                sys.stdout.write(f"[{item['label']} {item['index']}] {line}\n")
+    for item in client.events(run_id):
+        if echo and isinstance(item, RunEvent):
+            queue.see(item.run.status)
+        if echo and isinstance(item, LinesEvent):
+            for line in item.lines:
+                sys.stdout.write(f"[{item.label} {item.index}] {line}\n")
             sys.stdout.flush()
 
 

@@ -16,8 +16,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from air import __version__
+from air.client.models import API_VERSION, API_VERSION_HEADER, Health
 from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.store import RunStore
 from air.server.tokens import Principal, verify_token
@@ -123,8 +125,9 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
         # The walls around runs (air.server.isolation); an app made without `air server start` has none.
         # and its MLflow's state (starting, ready, failed; off: none of its own), air.server.mlflow_server.
         mlflow = getattr(app.state, "mlflow_state", None)
-        return {"status": "ok", "version": __version__, "isolation": getattr(app.state, "isolation", "") or "none",
-                "mlflow": mlflow.as_json() if mlflow is not None else {"state": "off"}}
+        return Health(status="ok", version=__version__, api_version=API_VERSION,
+                      isolation=getattr(app.state, "isolation", "") or "none",
+                      mlflow=mlflow.as_json() if mlflow is not None else {"state": "off"}).model_dump(mode="json")
 
     @app.get(API + "/whoami")
     def whoami(who: Caller) -> dict[str, Any]:
@@ -135,7 +138,30 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
     app.include_router(calls_router, prefix=API, dependencies=[Depends(principal)])
     _mount_pages(app)
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(ApiVersionHeader)
     return app
+
+
+class ApiVersionHeader:
+    """Every answer says which API version the server speaks (`X-Air-Api-Version`): a client checks it on
+    each answer, so a server of another version is a clear error, not a misread field (pure ASGI, so
+    streamed answers are not buffered)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                header = (API_VERSION_HEADER.lower().encode(), str(API_VERSION).encode())
+                message = {**message, "headers": [*message.get("headers", []), header]}
+            await send(message)
+
+        await self.app(scope, receive, stamped)
 
 
 def _mount_pages(app: FastAPI) -> None:
@@ -181,5 +207,5 @@ def _mount_pages(app: FastAPI) -> None:
     app.mount(PAGES, pages)
 
 
-__all__ = ["API", "PAGES", "AuthError", "Caller", "create_app", "error_body", "pages_base", "principal", "store_of",
+__all__ = ["API", "PAGES", "ApiVersionHeader", "AuthError", "Caller", "create_app", "error_body", "pages_base", "principal", "store_of",
            "token_still_valid"]

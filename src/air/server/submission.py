@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from air.client.models import DryRunAnswer, SubmitAnswer, SubmitRequest, parse_request
 from air.errors import UserInputError
 from air.runs.store import RunStore
 from air.server.tokens import Principal
@@ -27,11 +28,9 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: An
 
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
         raise UserInputError("The submit body must be an object with 'spec' (the workload, as a mapping).")
-    spec_data: dict[str, Any] = dict(body["spec"])
-    manifest = body.get("snapshot")
-    key = body.get("idempotency_key")
-    if key is not None and (not isinstance(key, str) or not 0 < len(key.strip()) <= 64):
-        raise UserInputError("idempotency_key must be 1 to 64 characters.")
+    request = parse_request(SubmitRequest, body, "submit request")
+    spec_data: dict[str, Any] = dict(request.spec)
+    manifest = request.snapshot.model_dump(exclude_none=True) if request.snapshot is not None else None
     environment = spec_data.get("environment")
     if isinstance(environment, dict) and isinstance(environment.get("dependencies"), str):
         raise UserInputError("environment.dependencies must reach the server as a list of requirements.",
@@ -40,23 +39,18 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: An
         raise UserInputError("A spec with code_source needs its 'snapshot' manifest, and only such a spec has one.")
     source = "the submitted workload"
     paths.root.mkdir(parents=True, exist_ok=True)
-    if manifest is not None:  # validate everything against a folder that exists, then build
+    if manifest is not None:  # validate everything against a folder that exists, then build (it checks first)
         check_groups(parse_workload(_spec_with_root(spec_data, str(paths.root)), source=source, base_dir=paths.root))
-        from air.server.uploads import _check_manifest
-
-        _check_manifest(manifest)
         spec_data = _spec_with_root(spec_data, str(build_snapshot(paths, manifest)))
     spec = check_groups(parse_workload(spec_data, source=source, base_dir=paths.root))
-    use_reserved = body.get("use_reserved_pool")
-    if use_reserved is not None and not isinstance(use_reserved, bool):
-        raise UserInputError("use_reserved_pool must be true, false or null (the submitter's "
-                             "DATABRICKS_USE_RESERVED_GPU_POOL).")
-    prepared = prepare_spec(spec, None, secret_store=paths.user_secrets(who.user), use_reserved=use_reserved)
-    token = key or spec.idempotency_token
-    if body.get("dry_run"):
-        return {"status": "DRY_RUN_OK", "plan": prepared.plan.describe()}
+    prepared = prepare_spec(spec, None, secret_store=paths.user_secrets(who.user),
+                            use_reserved=request.use_reserved_pool)
+    token = request.idempotency_key or spec.idempotency_token
+    if request.dry_run:
+        return DryRunAnswer(status="DRY_RUN_OK", plan=prepared.plan.describe()).model_dump(mode="json")
     run, existing = submit(prepared, idempotency_key=f"{who.user}:{token}" if token else None, store=store,
                            user=who.user)
     plan = prepared.plan
-    return {"run_id": run.id, "status": run.status.value, "existing": existing, "num_nodes": plan.num_nodes,
-            "per_node": plan.per_node, "accelerator": plan.accelerator, "experiment": plan.experiment}
+    return SubmitAnswer(run_id=run.id, status=run.status, existing=existing, num_nodes=plan.num_nodes,
+                        per_node=plan.per_node, accelerator=plan.accelerator,
+                        experiment=plan.experiment).model_dump(mode="json")

@@ -1,0 +1,305 @@
+"""The client contract of `air server`, as data: request bodies, answers and follow-stream events.
+
+One module for every side of the wire: the server's routes parse request bodies with these models, the
+CLI, `@distributed(remote=True)` and the SDK (`air.Client`) read answers and events with them, and
+`decode_event` is the one reader of a follow stream's lines. `API_VERSION` is what this air speaks; the
+server states it in `GET /api/v1/health` and in the `X-Air-Api-Version` header of every answer, and the
+client refuses a server that states another (air.client.http).
+
+Bounds: a body reaches these models only after `air.bounds.json_loads_bounded` (size, depth, 64-bit
+integers); numeric limits here are air.bounds' (`MAX_RETRIES`, `MAX_NUM_ACCELERATORS`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
+
+from air.bounds import MAX_NUM_ACCELERATORS, MAX_RETRIES
+from air.errors import UserInputError
+from air.runs.states import FailureClass, RunStatus
+
+#: The version of the API this air speaks (the `/api/v1` routes and these models). Raised when a route or
+#: a model changes in a way an older client cannot read.
+API_VERSION = 1
+#: The answer header that carries the server's API version.
+API_VERSION_HEADER = "X-Air-Api-Version"
+
+
+class _Request(BaseModel):
+    """A request body: unknown fields are an error (a typo is not silently dropped)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Answer(BaseModel):
+    """An answer: fields a newer server adds are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+_RequestT = TypeVar("_RequestT", bound=_Request)
+
+
+def parse_request(model: type[_RequestT], body: Any, what: str) -> _RequestT:
+    """A request body as `model`, or a UserInputError (400) that names every wrong field and the fields
+    the request takes."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+                             for e in exc.errors()[:5])
+        fields = ", ".join(model.model_fields)
+        raise UserInputError(f"Malformed {what}: {problems}.", hint=f"A {what} takes: {fields}.") from None
+
+
+# ---- requests ---------------------------------------------------------------------------------------
+
+
+class SnapshotFile(_Request):
+    """One entry of a code snapshot: a file (by its content's sha256) or a symbolic link (its target)."""
+
+    path: str
+    mode: str
+    sha256: str | None = None
+    target: str | None = None
+
+
+class SnapshotManifest(_Request):
+    """The code snapshot a submit names: its blobs are uploaded before (`PUT /blobs/{sha256}`)."""
+
+    name: str
+    files: list[SnapshotFile]
+
+
+class SubmitRequest(_Request):
+    """`POST /runs`: a workload (validated by the server as `air run` validates YAML) and its snapshot."""
+
+    spec: dict[str, Any]
+    snapshot: SnapshotManifest | None = None
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=64, pattern=r"\S")] | None = None
+    dry_run: bool = False
+    #: The submitter's DATABRICKS_USE_RESERVED_GPU_POOL (None: not set).
+    use_reserved_pool: bool | None = None
+
+
+class CallRequest(_Request):
+    """`POST /calls`: a pickled `@distributed(remote=True)` call and its shape."""
+
+    payload_b64: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(max_length=200)] = "fn"
+    num_accelerators: Annotated[int, Field(gt=0, le=MAX_NUM_ACCELERATORS)]
+    accelerator_type: Annotated[str, Field(min_length=1, max_length=200)]
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    hang_timeout: Annotated[float, Field(gt=0)] | None = None
+    max_retries: Annotated[int, Field(ge=0, le=MAX_RETRIES)] = 0
+    preload: list[Annotated[str, Field(max_length=200)]] = []
+    experiment: Annotated[str, Field(min_length=1, max_length=200)] = "air-distributed"
+    use_reserved_pool: bool | None = None
+    pool: str | None = None
+
+
+class BlobsMissingRequest(_Request):
+    """`POST /blobs/missing`: which of these sha256 digests the server lacks."""
+
+    digests: list[str]
+
+
+# ---- answers ----------------------------------------------------------------------------------------
+
+
+def _rfc3339(value: _dt.datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(_dt.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Run(_Answer):
+    """A run as the API, `air get run --json` and `air.Client` show it (the hosted product's field names).
+
+    `get` answers carry more (`mlflow_url`, `page_url`, `attempt_list`, `queue`, ...): they are kept as
+    extra fields (`run.model_extra`)."""
+
+    run_id: str
+    status: RunStatus
+    experiment_name: str
+    run_name: str | None = None
+    #: "workload" (a YAML) or "call" (a `@distributed` call).
+    kind: str = "workload"
+    user: str = ""
+    accelerator_type: str
+    num_accelerators: int
+    num_nodes: int
+    #: 0-based index of the latest attempt (what `air logs --retry` takes); None before the first.
+    attempt_number: int | None = None
+    termination_reason: str | None = None
+    failure_class: FailureClass | None = None
+    submitted_at: _dt.datetime | None = None
+    started_at: _dt.datetime | None = None
+    ended_at: _dt.datetime | None = None
+    duration_seconds: float | None = None
+    mlflow_run_id: str | None = None
+    mlflow_url: str | None = None
+    page_url: str | None = None
+    pool: str | None = None
+    backend: str = "local"
+    #: Why a QUEUED run waits (position, slots, holders, `reason`); None when it does not wait.
+    queue: dict[str, Any] | None = None
+
+    @field_serializer("submitted_at", "started_at", "ended_at")
+    def _times(self, value: _dt.datetime | None) -> str | None:
+        return _rfc3339(value)
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the run has ended (it changes no more)."""
+        return self.status.is_terminal()
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RunStatus.SUCCESS
+
+
+class RunList(_Answer):
+    """`GET /runs`."""
+
+    runs: list[Run]
+
+
+class SubmitAnswer(_Answer):
+    """`POST /runs`: the run made (or the existing one, for a replayed idempotency key) and its shape."""
+
+    run_id: str
+    status: RunStatus
+    existing: bool
+    num_nodes: int
+    per_node: int
+    accelerator: str
+    experiment: str
+
+
+class DryRunAnswer(_Answer):
+    """`POST /runs` with `dry_run`: the plan, nothing created."""
+
+    status: Literal["DRY_RUN_OK"]
+    plan: dict[str, Any]
+
+
+class CallAnswer(_Answer):
+    """`POST /calls`: the call's run."""
+
+    run_id: str
+    num_nodes: int
+    world: int
+    status: RunStatus
+
+
+class CancelAnswer(_Answer):
+    """`POST /runs/{id}/cancel`."""
+
+    run_id: str
+    status: RunStatus
+
+
+class BlobsMissingAnswer(_Answer):
+    missing: list[str]
+
+
+class Health(_Answer):
+    """`GET /api/v1/health` (no token needed)."""
+
+    status: str
+    version: str
+    api_version: int
+    isolation: str = "none"
+    mlflow: dict[str, Any] = {}
+
+
+class ErrorBody(_Answer):
+    """What an error answer (and the last line of a failed stream) carries."""
+
+    code: str = "INTERNAL_ERROR"
+    kind: str = "INTERNAL"
+    message: str = ""
+    hint: str | None = None
+    exit_code: int | None = None
+
+
+# ---- follow-stream events (`GET /runs/{id}/follow`, NDJSON) -----------------------------------------
+
+
+class RunEvent(_Answer):
+    """The run as it is now (one at every poll of the follower)."""
+
+    run: Run
+
+
+class LinesEvent(_Answer):
+    """New lines of one log (`label` "node" or "rank", its `index`) of attempt `attempt`, secrets masked."""
+
+    lines: list[str]
+    label: str
+    index: int
+    attempt: int | None = None
+
+
+class NewAttemptEvent(_Answer):
+    """The run moved on to another attempt: the lines that follow are that attempt's."""
+
+    new_attempt: int
+    previous: int | None = None
+
+
+class ErrorEvent(_Answer):
+    """A failure after the stream began (a revoked token, a grant taken back): the stream's last line."""
+
+    error: ErrorBody
+
+
+Event = RunEvent | LinesEvent | NewAttemptEvent | ErrorEvent
+
+#: Which model a stream line is, by the key only it has.
+_EVENT_KEYS: tuple[tuple[str, type[BaseModel]], ...] = (
+    ("run", RunEvent), ("lines", LinesEvent), ("new_attempt", NewAttemptEvent), ("error", ErrorEvent))
+
+
+def decode_event(line: bytes | str) -> Event | None:
+    """One line of a follow stream as its event; None for a blank line or a kind of event this client
+    does not know (a newer server's: skipped, not fatal). The one reader of follow streams."""
+    if not line.strip():
+        return None
+    data = json.loads(line)
+    if isinstance(data, dict):
+        for key, model in _EVENT_KEYS:
+            if key in data:
+                return model.model_validate(data)  # type: ignore[return-value]
+    return None
+
+
+def event_from(item: Any) -> RunEvent | LinesEvent | NewAttemptEvent:
+    """What `air.runs.follow` yields on the run's machine (a store `Run`, `Lines`, `NewAttempt`) as the
+    event a client reads: the server streams it, the SDK yields it when it follows a run locally."""
+    from air.runs.follow import Lines, NewAttempt
+    from air.runs.views import run_dict
+
+    if isinstance(item, Lines):
+        return LinesEvent(lines=item.lines, label=item.source.label, index=item.source.index, attempt=item.attempt)
+    if isinstance(item, NewAttempt):
+        return NewAttemptEvent(new_attempt=item.attempt, previous=item.previous)
+    return RunEvent(run=Run.model_validate(run_dict(item)))
+
+
+def encode_event(event: Event) -> bytes:
+    """One event as a line of the stream."""
+    return event.model_dump_json().encode() + b"\n"
+
+
+__all__ = [
+    "API_VERSION", "API_VERSION_HEADER", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
+    "CancelAnswer", "DryRunAnswer", "ErrorBody", "ErrorEvent", "Event", "Health", "LinesEvent", "NewAttemptEvent",
+    "Run", "RunEvent", "RunList", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "decode_event",
+    "encode_event", "event_from", "parse_request",
+]

@@ -1,0 +1,268 @@
+"""`air.Client`: the Python SDK of air runs, mirroring the CLI (`air run`, `get run`, `list runs`, `logs`,
+`cancel`) with typed answers (`air.client.models.Run` and the follow events).
+
+One class for both places a run can live: with a server (arguments, else AIR_SERVER_URL + AIR_TOKEN, else
+a `server` profile) every method is a request of the versioned API; without one it works on this
+machine's run store (AIR_HOME) through the same library calls the CLI makes. The answers are the same
+models either way, so code written against one runs against the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from air.client.http import ServerClient, server_client
+from air.client.models import (
+    BlobsMissingAnswer,
+    CancelAnswer,
+    DryRunAnswer,
+    LinesEvent,
+    NewAttemptEvent,
+    Run,
+    RunEvent,
+    RunList,
+    SnapshotManifest,
+    SubmitAnswer,
+    SubmitRequest,
+    event_from,
+)
+from air.errors import AirError, UserInputError
+from air.runs.states import RunStatus
+
+if TYPE_CHECKING:
+    from air.runs.store import RunStore
+    from air.workload.spec import WorkloadSpec
+
+#: Seconds between two looks at a run's status while `wait` waits.
+WAIT_POLL_S = 0.5
+
+class RunWaitTimeout(AirError, TimeoutError):
+    """`Client.wait` gave up before the run ended (the run goes on)."""
+
+    code = "TIMEOUT"
+    kind = "TIMEOUT"
+
+
+class Client:
+    """Submit, inspect, follow and cancel air runs, on an air server or on this machine.
+
+    `Client()` picks the place as the `air` command does: AIR_SERVER_URL + AIR_TOKEN, else the profile
+    (`profile=`, AIR_PROFILE, `default_profile`) when its backend is `server`, else this machine's
+    AIR_HOME. `Client(url, token)` names a server directly."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, *, profile: str | None = None) -> None:
+        if (url is None) != (token is None):
+            raise UserInputError("Client(url, token): give both (an air server) or neither (AIR_SERVER_URL + "
+                                 "AIR_TOKEN, a server profile, or this machine).")
+        self.profile = profile
+        self.server: ServerClient | None = ServerClient(url, token) if url and token else server_client(profile)
+        self._store: RunStore | None = None
+
+    def __repr__(self) -> str:
+        return f"Client({self.server.url!r})" if self.server else "Client(local)"
+
+    @property
+    def store(self) -> RunStore:
+        """This machine's run store (only without a server)."""
+        if self._store is None:
+            from air.runs.store import RunStore
+
+            self._store = RunStore()
+        return self._store
+
+    # -- submit -----------------------------------------------------------------------------------------
+
+    def submit(self, workload: str | os.PathLike[str] | Mapping[str, Any], *, overrides: Sequence[str] = (),
+               idempotency_key: str | None = None) -> Run:
+        """Submit a workload (a YAML path, or its fields as a mapping; `overrides` as `--override`); the run
+        as it is just after (QUEUED or PENDING). A replayed `idempotency_key` returns the existing run."""
+        _check_key(idempotency_key)
+        spec = _load(workload, overrides)
+        if self.server is not None:
+            answer = submit_to_server(self.server, spec, idempotency_key=idempotency_key, dry_run=False)
+            assert isinstance(answer, SubmitAnswer)
+            return self.get(answer.run_id)
+        from air.config import use_reserved_pool
+        from air.runs.submit import prepare_spec, submit
+
+        run, _ = submit(prepare_spec(spec, self.profile, use_reserved=use_reserved_pool()),
+                        idempotency_key=idempotency_key)
+        return self.get(run.id)
+
+    def plan(self, workload: str | os.PathLike[str] | Mapping[str, Any], *,
+             overrides: Sequence[str] = ()) -> dict[str, Any]:
+        """What `air run --dry-run` prints (nodes, commands, environment, snapshot); creates nothing."""
+        spec = _load(workload, overrides)
+        if self.server is not None:
+            answer = submit_to_server(self.server, spec, idempotency_key=None, dry_run=True)
+            assert isinstance(answer, DryRunAnswer)
+            return answer.plan
+        from air.config import use_reserved_pool
+        from air.runs.submit import prepare_spec
+
+        return prepare_spec(spec, self.profile, use_reserved=use_reserved_pool()).plan.describe()
+
+    # -- read -------------------------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> Run:
+        """One run, with what `air get run` shows (attempts, MLflow link, queue place) as extra fields."""
+        if self.server is not None:
+            return Run.model_validate(self.server.get(f"/runs/{run_id}"))
+        from air.runs.views import run_detail
+
+        return Run.model_validate(run_detail(self.store, self.store.get_run(run_id)))
+
+    def list(self, *, status: str | RunStatus | Iterable[str | RunStatus] | None = None, all_status: bool = False,
+             experiment: str | None = None, all_users: bool = False, limit: int = 20) -> list[Run]:
+        """Runs, newest first: the active ones, those of `status`, or every one (`all_status`); through a
+        server yours only unless `all_users`."""
+        from air.runs.states import statuses
+
+        named = [status] if isinstance(status, str | RunStatus) else list(status or ())
+        wanted = statuses(named)  # an unknown name is a UserInputError here, not on the server
+        if self.server is not None:
+            answer = self.server.get("/runs", status=[s.value for s in sorted(wanted)] or None, all_status=all_status,
+                                     experiment=experiment, all_users=all_users, limit=limit)
+            return RunList.model_validate(answer).runs
+        from air.runs.views import run_dict
+
+        found = self.store.list_runs(statuses="all" if all_status else (wanted or None), limit=limit,
+                                     experiment_glob=experiment)
+        return [Run.model_validate(run_dict(r)) for r in found]
+
+    def logs(self, run_id: str, *, node: int | None = None, rank: int | None = None, attempt: int | None = None,
+             tail: int | None = None) -> str:
+        """The last lines of the run's logs (`air logs --no-follow`): every node's (or rank's), each line
+        `[node N] `-prefixed when there is more than one log, or the one asked for. Secrets masked."""
+        events = self._events(run_id, live=False, node=node, rank=rank, attempt=attempt, tail=tail)
+        chunks = [e for e in events if isinstance(e, LinesEvent)]
+        several = len({(c.label, c.index) for c in chunks}) > 1
+        return "".join(f"[{c.label} {c.index}] {line}\n" if several else f"{line}\n"
+                       for c in chunks for line in c.lines)
+
+    def follow(self, run_id: str, *, node: int | None = None, rank: int | None = None,
+               attempt: int | None = None, tail: int | None = None) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent]:
+        """The run's events until it ends (`air logs --follow`): its state at every poll (`RunEvent`), new
+        log lines (`LinesEvent`) and retries (`NewAttemptEvent`)."""
+        return self._events(run_id, live=True, node=node, rank=rank, attempt=attempt, tail=tail)
+
+    def _events(self, run_id: str, *, live: bool, **where: int | None) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent]:
+        if self.server is not None:
+            return self.server.events(run_id, live=live, **where)
+        from air.runs.follow import follow, snapshot_lines
+        from air.runs.views import attempt_index, log_masker
+
+        run = self.store.get_run(run_id)
+        mask = log_masker(run)
+        if live:
+            items: Iterable[Any] = follow(run.id, store=self.store, mask=mask, **where)
+        else:
+            index = attempt_index(self.store, run, where["attempt"])
+            items = [run, *snapshot_lines(run, index, node=where["node"], rank=where["rank"], tail=where["tail"],
+                                          mask=mask)]
+        return (event_from(item) for item in items)
+
+    # -- act --------------------------------------------------------------------------------------------
+
+    def cancel(self, run_id: str) -> Run:
+        """Cancel the run (TERMINATING, then CANCELED once every process is gone); the run after."""
+        if self.server is not None:
+            CancelAnswer.model_validate(self.server.post(f"/runs/{run_id}/cancel"))
+        else:
+            from air.runs.cancel import cancel_run, canceled_by, local_user
+
+            cancel_run(self.store, self.store.get_run(run_id).id, reason=canceled_by(local_user()))
+        return self.get(run_id)
+
+    def wait(self, run_id: str, timeout: float | None = None, *, poll_s: float = WAIT_POLL_S) -> Run:
+        """Block until the run ends; the ended run. `RunWaitTimeout` after `timeout` seconds (the run goes on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            run = self.get(run_id)
+            if run.is_terminal:
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunWaitTimeout(f"Run {run_id} is still {run.status.value} after {timeout:g} s.",
+                                     hint=f"Wait longer, or follow it: air logs {run_id} --follow")
+            time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+
+
+# ---- submitting to a server (the CLI's `air run` through a server uses it too) --------------------------
+
+
+def _check_key(key: str | None) -> None:
+    if key is not None and not 0 < len(key.strip()) <= 64:
+        raise UserInputError("The idempotency key must be 1 to 64 characters.")
+
+
+def _load(workload: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str]) -> WorkloadSpec:
+    """A workload validated here, with the errors `air run` gives (a YAML path, or its fields)."""
+    from air.workload.loading import load_workload, parse_workload
+
+    if isinstance(workload, Mapping):
+        return parse_workload(workload, source="the workload given to air.Client", overrides=overrides)
+    return load_workload(os.fspath(workload), overrides)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def upload_snapshot(client: ServerClient, snapshot: Any) -> SnapshotManifest:
+    """Ship a planned snapshot: build it here (content-addressed, cached), ask the server which blobs it
+    lacks, upload those; returns the manifest the submit names."""
+    from air.workload.snapshot import MODE_LINK
+    from air.workload.snapshot_store import materialize_snapshot
+
+    folder = materialize_snapshot(snapshot)
+    files: list[dict[str, Any]] = []
+    local: dict[str, Path] = {}
+    for entry in snapshot.entries:
+        path = folder / entry.path
+        if entry.mode == MODE_LINK:
+            files.append({"path": entry.path, "mode": entry.mode, "target": os.readlink(path)})
+            continue
+        digest = _sha256(path)
+        local[digest] = path
+        files.append({"path": entry.path, "mode": entry.mode, "sha256": digest})
+    missing = BlobsMissingAnswer.model_validate(client.post("/blobs/missing", {"digests": sorted(local)})).missing
+    for digest in missing:
+        client.call("PUT", f"/blobs/{digest}", data=local[digest].read_bytes())
+    return SnapshotManifest.model_validate({"name": snapshot.name, "files": files})
+
+
+def submit_to_server(client: ServerClient, spec: WorkloadSpec, *, idempotency_key: str | None,
+                     dry_run: bool) -> SubmitAnswer | DryRunAnswer:
+    """A workload validated here submitted to the server: a requirements file's lines sent as a list, its
+    code snapshot uploaded (only the blobs the server lacks)."""
+    from air.config import use_reserved_pool
+    from air.workload.snapshot import plan_snapshot
+
+    data = spec.to_yaml_dict()
+    deps = (data.get("environment") or {}).get("dependencies")
+    if isinstance(deps, str):  # a requirements file here: send its lines
+        lines = [ln.strip() for ln in Path(deps).read_text(encoding="utf-8").splitlines()]
+        data["environment"]["dependencies"] = [ln for ln in lines if ln and not ln.startswith("#")]
+    manifest = None
+    if spec.code_source is not None:
+        snap = spec.code_source.snapshot
+        git = snap.git
+        snapshot = plan_snapshot(Path(snap.root_path), snap.include_paths,
+                                 git_branch=git.branch if git else None, git_commit=git.commit if git else None)
+        manifest = upload_snapshot(client, snapshot)
+    request = SubmitRequest(spec=data, snapshot=manifest, idempotency_key=idempotency_key, dry_run=dry_run,
+                            use_reserved_pool=use_reserved_pool())
+    answer = client.post("/runs", request.model_dump(mode="json"))
+    return DryRunAnswer.model_validate(answer) if dry_run else SubmitAnswer.model_validate(answer)
+
+
+__all__ = ["Client", "RunWaitTimeout", "submit_to_server", "upload_snapshot"]
