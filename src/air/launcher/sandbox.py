@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from air.settings import AIR_HOME
+
 BWRAP = "/usr/bin/bwrap"
 SETPRIV = "/usr/bin/setpriv"
 #: What every view shows read-only (a symlink such as /lib -> usr/lib stays a symlink).
@@ -65,6 +67,9 @@ class Sandbox:
     #: A process namespace of its own (bwrap without an account: the same uid must not reach the
     #: server's processes through /proc). Only for commands that need no host pid (workload nodes).
     own_pids: bool = False
+    #: The AIR_HOME the processes see (a folder in the scratch): the server's is not in the view, so air
+    #: used inside a node (a nested `@distributed` call, `air` commands) keeps its state there.
+    air_home: str | None = None
     label: str = field(default="", compare=False)
 
     @property
@@ -76,10 +81,13 @@ class Sandbox:
         the account: nothing else in the view is its own."""
         home = Path(self.scratch)
         (home / "tmp").mkdir(parents=True, exist_ok=True)
+        if self.air_home:
+            Path(self.air_home).mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(home, 0o700)
         if self.account is None:
             return
-        for path in [str(home), str(home / "tmp"), *self.writable, *extra_writable]:
+        for path in [str(home), str(home / "tmp"), *([self.air_home] if self.air_home else []), *self.writable,
+                     *extra_writable]:
             _give(Path(path), self.account)
 
     def wrap(self, argv: Sequence[str], *, cwd: str | None = None, extra_writable: Iterable[str] = ()) -> list[str]:
@@ -114,6 +122,8 @@ class Sandbox:
         for path, how in sorted(binds, key=lambda b: (b[0].count("/"), b[0])):
             args += [how, path, path]
         args += ["--setenv", "HOME", self.scratch, "--setenv", "TMPDIR", os.path.join(self.scratch, "tmp")]
+        if self.air_home:
+            args += ["--setenv", AIR_HOME, self.air_home]
         if self.account is not None:
             args += ["--setenv", "USER", self.account.name, "--setenv", "LOGNAME", self.account.name]
         inside = cwd if cwd and any(cwd == p or cwd.startswith(p.rstrip("/") + "/") for p, _ in binds) else self.scratch

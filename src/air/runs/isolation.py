@@ -73,12 +73,14 @@ def _outside(paths: Iterable[str], home: Path) -> list[str]:
 
 
 def run_sandbox(store: RunStore, run_id: str, user: str, *, read_only: Iterable[str] = (),
-                writable: Iterable[str] = (), python: str | None = None, own_pids: bool = False) -> Sandbox | None:
+                writable: Iterable[str] = (), python: str | None = None, own_pids: bool = False,
+                private_home: bool = False) -> Sandbox | None:
     """The sandbox of run `run_id` of `user`, or None when this process runs without isolation.
 
     `read_only`: the run's own inputs (code, command, environment); `writable`: its checkpoint folder.
     `own_pids`: a process namespace of its own where there is no account (workload nodes only: a call's
-    ranks check their launcher's pid)."""
+    ranks check their launcher's pid). `private_home`: the processes' AIR_HOME is a folder of the scratch
+    (workload nodes: air used inside them, such as a nested `@distributed` call, keeps its state there)."""
     mode = isolation_mode()
     if mode is None:
         return None
@@ -91,7 +93,8 @@ def run_sandbox(store: RunStore, run_id: str, user: str, *, read_only: Iterable[
     for path in rw:
         Path(path).mkdir(parents=True, exist_ok=True, mode=0o700)
     return Sandbox(scratch=str(scratch), read_only=tuple(ro), writable=tuple(rw), account=account,
-                   own_pids=own_pids and account is None, label=f"{mode} as {account.name if account else user}")
+                   own_pids=own_pids and account is None, air_home=str(scratch / "air-home") if private_home else None,
+                   label=f"{mode} as {account.name if account else user}")
 
 
 __all__ = ["BWRAP", "MODES", "NONE", "UNIX_USER", "account_for", "isolation_mode", "python_roots", "run_sandbox"]

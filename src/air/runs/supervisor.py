@@ -127,7 +127,7 @@ class WorkloadJob:
             info = queue_info(self.store, self.store.get_run(self.run_id))
             if info is not None:
                 self.say(f"queued: {info.reason}")
-        except Exception as exc:  # noqa: BLE001 - a message must never stop the run
+        except Exception as exc:  # a message must never stop the run
             _log.debug("could not describe the queue: %s", exc)
 
     def resolve_secrets(self) -> None:
@@ -152,7 +152,7 @@ class WorkloadJob:
             tags = attempt_tags(run_id=self.run_id, attempt=attempt, accelerator_type=plan.accelerator,
                                 num_accelerators=plan.num_accelerators, num_nodes=plan.num_nodes,
                                 git_commit=str(plan.git["commit"]) if plan.git and plan.git.get("commit") else None)
-        except Exception as exc:  # noqa: BLE001 - tracking must never fail a run
+        except Exception as exc:  # tracking must never fail a run
             warn(f"tracking: off for this attempt: {exc}")
             return AttemptTracking(None, attempt, warn)
         return AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
@@ -234,7 +234,7 @@ class WorkloadJob:
                   str(AirHome(create=False).bin)]
         return run_sandbox(self.store, self.run_id, self.store.get_run(self.run_id).user,
                            read_only=[str(p) for p in inputs if p], writable=[self.checkpoint_dir or ""],
-                           python=plan.base_python, own_pids=True)
+                           python=plan.base_python, own_pids=True, private_home=True)
 
     def judge(self, attempt: int, handle: AttemptHandle, outcome: AttemptOutcome,
               node_logs: dict[int, Path]) -> AttemptVerdict:
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         supervisor = Supervisor(run_id, store)
         status = supervisor.run()
         return 0 if status is RunStatus.SUCCESS else 1
-    except BaseException as exc:  # noqa: BLE001 - whatever happens, the run ends and its processes go
+    except BaseException as exc:  # whatever happens, the run ends and its processes go
         redactor = supervisor.job.redactor if supervisor is not None else Redactor([])
         detail = redactor.mask_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         sys.stderr.write(detail)  # supervisor.log
@@ -340,7 +340,7 @@ def _reap_remote_nodes(supervisor: Supervisor | None, run_id: str, within_s: flo
     def reap() -> None:
         try:
             backend.reap(process_tag(run_id))
-        except Exception:  # noqa: BLE001 - best effort, see above
+        except Exception:  # best effort, see above
             traceback.print_exc()
 
     worker = threading.Thread(target=reap, name="air-reap-remote", daemon=True)
@@ -359,7 +359,7 @@ def spawn(run_id: str) -> int:
     import subprocess
 
     paths = RunPaths(run_id)
-    log = open(paths.supervisor_log, "ab")  # noqa: SIM115 - handed to the child
+    log = open(paths.supervisor_log, "ab")  # handed to the child
     try:
         proc = subprocess.Popen([sys.executable, "-m", "air.runs.supervisor", run_id], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True, close_fds=True,
