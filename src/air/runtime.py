@@ -86,8 +86,15 @@ def get_node_rank() -> int:
     return _env_int("NODE_RANK", 0)
 
 
+def get_replica_rank() -> int:
+    """Which replica of the job this process belongs to (REPLICA_RANK): 0 in every air run, which has one
+    replica (its nodes and ranks are one world); the hosted product sets it when a job runs replicas."""
+    return _env_int("REPLICA_RANK", 0)
+
+
 def get_node_ip() -> str:
-    """An address of this node other nodes can reach (MASTER_ADDR of node 0 is the same kind)."""
+    """An address of this node other nodes can reach (MASTER_ADDR of node 0 is the same kind): the
+    address of the interface that routes outward (the hosted product reads eth0's), else 127.0.0.1."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.connect(("10.255.255.255", 1))
@@ -197,4 +204,4 @@ def newest_checkpoint(base: Path) -> Path | None:
 
 
 __all__ = ["checkpoint_dir", "default_backend", "heartbeat", "is_resumed", "latest_checkpoint", "get_global_rank", "get_local_rank", "get_local_world_size", "get_node_ip",
-           "get_node_rank", "get_world_size"]
+           "get_node_rank", "get_replica_rank", "get_world_size"]

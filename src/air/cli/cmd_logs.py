@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import click
 from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import stderr
-from air.errors import AirError, NotFoundError
+from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.follow import FollowEvent, Lines
 from air.runs.paths import RunPaths
 from air.runs.store import Run, RunStore
@@ -46,6 +47,11 @@ from air.runs.views import attempt_index, log_masker
     "(default: 10000 per log).",
 )
 @click.option(
+    "--minutes", default=None, type=click.IntRange(min=1), metavar="N",
+    help="Only the lines written in the last N minutes (to the second; from the line times air keeps beside "
+    "each log). Not with --tail.",
+)
+@click.option(
     "--follow/--no-follow",
     "follow",
     default=None,
@@ -66,12 +72,18 @@ def logs(
     rank: int | None,
     attempt: int | None,
     tail: int | None,
+    minutes: int | None,
     follow: bool | None,
     download_to: str | None,
 ) -> None:
     """Print a run's logs: every node's (a workload) or rank's (a @distributed call); follows an active run."""
     from air.cli.remote import remote
     from air.cli.watch import print_follow, several_logs
+
+    if minutes is not None and (tail is not None or download_to):
+        raise UserInputError("--minutes chooses lines by time; it goes with neither --tail nor --download-to.",
+                             hint=f"Use one: air logs {run_id} --minutes {minutes}   or   --tail N")
+    since = None if minutes is None else time.time() - minutes * 60
 
     json_mode = settings().json
     client = remote()
@@ -93,10 +105,14 @@ def logs(
                    "(secret values masked by the server)")
             return
         live = _follows(run, follow, attempt)
-        events = follow_remote(client, run.id, node=node, rank=rank, attempt=attempt, tail=tail, live=live)
+        events = follow_remote(client, run.id, node=node, rank=rank, attempt=attempt, tail=tail, live=live,
+                               **({"minutes": minutes} if minutes is not None else {}))
         seen: set[tuple[str, int]] = set()
         last = print_follow(_noting(events, seen), json_mode=json_mode, prefixed=several_logs(run, node, rank))
-        _say_empty(last or run, attempt, node, rank, seen, local=False)
+        if minutes is not None:
+            _say_none_since(minutes, seen)
+        else:
+            _say_empty(last or run, attempt, node, rank, seen, local=False)
         return
     from air.runs.follow import log_sources, logs_are_per_rank, snapshot_lines
     from air.runs.paths import CallPaths
@@ -130,13 +146,23 @@ def logs(
     if _follows(run, follow, attempt):
         from air.runs.follow import follow as follow_run
 
-        events = follow_run(run.id, store=store, node=node, rank=rank, attempt=attempt, tail=tail, mask=mask)
+        events = follow_run(run.id, store=store, node=node, rank=rank, attempt=attempt, tail=tail, mask=mask,
+                            since=since)
     else:
-        events = iter(snapshot_lines(run, shown_attempt, node=node, rank=rank, tail=tail, mask=mask))
+        events = iter(snapshot_lines(run, shown_attempt, node=node, rank=rank, tail=tail, mask=mask, since=since))
     printed: set[tuple[str, int]] = set()
     last = print_follow(_noting(events, printed), json_mode=json_mode, prefixed=several_logs(run, node, rank))
+    if minutes is not None:
+        _say_none_since(minutes, printed)
+        return
     ended = last or store.get_run(run.id)
     _say_empty(ended, attempt_index(store, ended, attempt), node, rank, printed, local=True)
+
+
+def _say_none_since(minutes: int, seen: set[tuple[str, int]]) -> None:
+    """`--minutes` that matched nothing says so (on stderr), rather than printing nothing."""
+    if not seen:
+        stderr(f"(No log lines in the last {minutes} minute{'s' if minutes != 1 else ''}.)")
 
 
 def _never_started(run: Run) -> bool:

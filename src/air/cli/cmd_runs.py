@@ -134,25 +134,43 @@ def list_() -> None:
     """List objects."""
 
 
+#: `air list runs --filter KEY=VALUE`: each key and what its value is.
+FILTER_KEYS = {
+    "status": "a run state (repeatable, or comma-separated: status=FAILED,TIMEDOUT)",
+    "user": "who submitted it, exactly",
+    "experiment": "a case-insensitive glob (qwen*)",
+    "accelerator_type": "a case-insensitive substring (H100, GPU_8xH100)",
+    "num_accelerators": "a positive integer",
+}
+_FILTER_HINT = "Filters: " + "; ".join(f"{k}=… {v}" for k, v in FILTER_KEYS.items()) + "."
+
+
 def _filters(values: tuple[str, ...]) -> dict[str, Any]:
+    """`--filter KEY=VALUE`s as RunStore.list_runs keywords (status → `statuses`); a repeated key other
+    than status must repeat the same value (a run has one user, one experiment…)."""
     out: dict[str, Any] = {}
     for item in values:
         key, sep, value = item.partition("=")
-        key = key.strip().lower()
+        key, value = key.strip().lower(), value.strip()
         if not sep or not value:
-            raise UserInputError(f"--filter {item!r} must look like KEY=VALUE.",
-                                 hint="Keys: experiment=GLOB, accelerator_type=TEXT, num_accelerators=N.")
-        if key == "experiment":
-            out["experiment_glob"] = value
-        elif key == "accelerator_type":
-            out["accelerator_type"] = value
-        elif key == "num_accelerators":
+            raise UserInputError(f"--filter {item!r} must look like KEY=VALUE.", hint=_FILTER_HINT)
+        if key not in FILTER_KEYS:
+            raise UserInputError(f"Unknown filter key {key!r}; the valid keys are {', '.join(FILTER_KEYS)}.",
+                                 hint=_FILTER_HINT)
+        if key == "status":
+            out["statuses"] = out.get("statuses", frozenset()) | parse_statuses(
+                v for v in (p.strip() for p in value.split(",")) if v)
+            continue
+        name = {"experiment": "experiment_glob"}.get(key, key)
+        parsed: Any = value
+        if key == "num_accelerators":
             if not value.isdigit() or int(value) <= 0:
                 raise UserInputError(f"--filter num_accelerators must be a positive integer, got {value!r}.")
-            out["num_accelerators"] = int(value)
-        else:
-            raise UserInputError(f"Unknown filter {key!r}.",
-                                 hint="Keys: experiment=GLOB, accelerator_type=TEXT, num_accelerators=N.")
+            parsed = int(value)
+        if name in out and out[name] != parsed:
+            raise UserInputError(f"--filter {key}= is given twice ({out[name]!r} and {parsed!r}); a run matches "
+                                 "one.", hint="Give that key once (only status= takes several values).")
+        out[name] = parsed
     return out
 
 
@@ -161,7 +179,8 @@ def _filters(values: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--status", "status_names", multiple=True, metavar="STATUS", help="Only runs in these states.")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="At most this many runs.")
 @click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
-              help="experiment=GLOB, accelerator_type=TEXT (substring), num_accelerators=N. Repeatable.")
+              help="status=STATE, user=NAME, experiment=GLOB, accelerator_type=TEXT (substring), "
+              "num_accelerators=N. Repeatable; every filter must match.")
 @click.option("--all-users", "all_users", is_flag=True,
               help="Through an air server: everyone's runs (default: yours), with a USER column.")
 @common
@@ -170,8 +189,10 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
     """Runs, newest first."""
     from air.cli.remote import remote
 
-    wanted: Any = "all" if all_status else (parse_statuses(status_names) if status_names else None)
     where = _filters(filters)
+    named = (parse_statuses(status_names) if status_names else frozenset()) | where.pop("statuses", frozenset())
+    wanted: Any = named or ("all" if all_status else None)  # a status filter narrows --all-status
+    with_user = all_users or "user" in where
     client = remote()
 
     def fetch(wanted: Any, all_status: bool, limit: int) -> list[dict[str, Any]]:
@@ -180,12 +201,12 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
                 "/runs", all_users=all_users, all_status=all_status, limit=limit,
                 status=sorted(s.value for s in wanted) if isinstance(wanted, frozenset) else None,
                 experiment=where.get("experiment_glob"), accelerator_type=where.get("accelerator_type"),
-                num_accelerators=where.get("num_accelerators"))["runs"])
+                num_accelerators=where.get("num_accelerators"), user=where.get("user"))["runs"])
         store = RunStore()
         return [{**run_dict(r), "queue": queue_dict(store, r)}
                 for r in store.list_runs(statuses=wanted, limit=limit, **where)]
 
-    runs = fetch(wanted, all_status, limit)
+    runs = fetch(wanted, all_status and not named, limit)
     if settings().json:
         envelope({"runs": runs})
         return
@@ -193,10 +214,10 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
         recent = fetch("all", True, RECENT_WHEN_IDLE)
         if recent:
             print("No active runs. The most recently ended:")
-            print_runs(recent, all_status=True, with_user=all_users)
+            print_runs(recent, all_status=True, with_user=with_user)
             print("\nEvery run: air list runs --all-status")
             return
-    print_runs(runs, all_status=all_status, with_user=all_users)
+    print_runs(runs, all_status=all_status or bool(named), with_user=with_user)
 
 
 #: `air list runs` with nothing active shows this many of the most recently ended runs instead.

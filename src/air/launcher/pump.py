@@ -21,6 +21,14 @@ from typing import IO, cast
 from air.launcher.redact import Redactor
 
 MAX_LINE = 64 * 1024
+#: Beside each log file, `<log>.times`: "OFFSET EPOCH_SECOND" at the first line of every second in which
+#: lines were written, so `air logs --minutes N` finds where the last N minutes begin (to the second).
+TIMES_SUFFIX = ".times"
+
+
+def times_path(log: str | os.PathLike[str]) -> str:
+    """The time marks kept beside a log file."""
+    return os.fspath(log) + TIMES_SUFFIX
 
 #: on_line(source_index, stream, text): stream is "stdout" or "stderr"; text has no trailing newline.
 LineCallback = Callable[[int, str, str], None]
@@ -38,6 +46,7 @@ class OutputPump:
         self._open = 0
         self._stop = threading.Event()
         self._exit_fds = 0
+        self._marks: dict[int, tuple[int, IO[bytes] | None]] = {}
 
     def add(self, source: int, stream: str, pipe: IO[bytes], log: IO[bytes],
             redactor: Redactor | None = None) -> None:
@@ -92,10 +101,35 @@ class OutputPump:
             raw = redactor.mask_bytes(raw)
         line = raw if raw.endswith(b"\n") else raw + b"\n"
         with self._lock:
+            offset = log.tell()
             log.write(line)
             log.flush()
+            self._mark_time(log, offset)
         if self._on_line is not None:
             self._on_line(source, stream, line[:-1].decode("utf-8", errors="replace").rstrip("\r"))
+
+    def _mark_time(self, log: IO[bytes], offset: int) -> None:
+        """The first line of a new second: note its offset in the log's time marks (a failure to write
+        them costs `--minutes` its precision, never a line of the log)."""
+        second = int(time.time())
+        last, marks = self._marks.get(id(log), (-1, None))
+        if second == last:
+            return
+        try:
+            if marks is None and isinstance(getattr(log, "name", None), str):
+                marks = open(times_path(log.name), "ab")
+            if marks is not None:
+                marks.write(b"%d %d\n" % (offset, second))
+                marks.flush()
+        except OSError:
+            marks = None
+        self._marks[id(log)] = (second, marks)
+
+    def _close_marks(self) -> None:
+        for _, marks in self._marks.values():
+            if marks is not None:
+                marks.close()
+        self._marks.clear()
 
     def _drain(self, fd: int, buf: bytearray) -> bool:
         """Read what is there now into `buf`; True at EOF."""
@@ -186,6 +220,8 @@ class OutputPump:
             else:
                 _pipe(key).close()
         self._selector.close()
+        with self._lock:
+            self._close_marks()
 
     def _exited(self, key: selectors.SelectorKey) -> None:
         _, source, on_exit = key.data

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from air.errors import NotFoundError, UserInputError
-from air.runs.logtail import LineCursor, tail_lines
+from air.runs.logtail import LineCursor, lines_since, tail_lines
 from air.runs.paths import CallPaths, RunPaths
 from air.runs.store import Run, RunStore
 
@@ -83,7 +83,7 @@ def log_sources(run: Run, attempt: int, *, node: int | None = None, rank: int | 
                 hint=f"Ranks are numbered 0 to {world - 1}.",
             )
         paths = CallPaths(run.id)
-        return [LogSource("rank", r, paths.rank_log(r)) for r in ([rank] if rank is not None else range(world))]
+        return [LogSource("rank", r, paths.rank_log(r, attempt)) for r in ([rank] if rank is not None else range(world))]
     if rank is not None:
         raise UserInputError(
             f"Run {run.id} is a workload: its logs are per node, not per rank.",
@@ -106,10 +106,11 @@ def _masked(source: LogSource, lines: list[str], mask: Callable[[str], str], att
 
 
 def snapshot_lines(
-    run: Run, attempt: int, *, node: int | None, rank: int | None, tail: int | None, mask: Callable[[str], str]
+    run: Run, attempt: int, *, node: int | None, rank: int | None, tail: int | None, mask: Callable[[str], str],
+    since: float | None = None,
 ) -> list[Lines]:
-    """`air logs` without following: the last lines of each log of `attempt` that exists. NotFoundError
-    when none does."""
+    """`air logs` without following: the last lines of each log of `attempt` that exists (with `since`,
+    only those written from then on: `--minutes`). NotFoundError when none does."""
     sources = log_sources(run, attempt, node=node, rank=rank)
     present = [s for s in sources if s.path is not None and s.path.exists()]
     if not present:
@@ -118,7 +119,8 @@ def snapshot_lines(
             f"No log for {what} of attempt {attempt} of run {run.id}"
             + (f" ({run.status.value})." if run.is_terminal else " yet.")
         )
-    return [_masked(s, tail_lines(s.path, tail if tail is not None else DEFAULT_TAIL), mask, attempt)
+    limit = tail if tail is not None else DEFAULT_TAIL
+    return [_masked(s, tail_lines(s.path, limit) if since is None else lines_since(s.path, since, limit), mask, attempt)
             for s in present if s.path is not None]
 
 
@@ -131,6 +133,7 @@ def follow(
     attempt: int | None = None,
     tail: int | None = None,
     mask: Callable[[str], str] | None = None,
+    since: float | None = None,
 ) -> Iterator[FollowEvent]:
     """The run's log lines as they are written, until it ends; the last run it yields is the run as it ended.
 
@@ -144,6 +147,7 @@ def follow(
     current: int | None = None
     cursors: list[tuple[LogSource, LineCursor]] | None = None
     last_reconcile = time.monotonic()
+    started_at_time = False
 
     def pump(final: bool) -> Iterator[Lines]:
         for source, cursor in cursors or []:
@@ -160,7 +164,11 @@ def follow(
             current = attempt if attempt is not None else run.current_attempt
             cursors = [(s, LineCursor(s.path)) for s in log_sources(run, current, node=node, rank=rank)
                        if s.path is not None]
-            if tail is not None:
+            if since is not None and not started_at_time:
+                started_at_time = True  # the first attempt followed starts at `since`; a retry from its start
+                for _, cursor in cursors:
+                    cursor.start_at_time(since)
+            elif tail is not None:
                 for source, cursor in cursors:
                     lines = cursor.start_at_tail(tail)
                     if lines:

@@ -27,16 +27,16 @@ def tail_lines(path: Path | str, n: int, *, block_size: int = TAIL_BLOCK_BYTES) 
         return _tail(f, end, n, block_size)
 
 
-def _tail(f: BinaryIO, end: int, n: int, block_size: int) -> list[str]:
-    """The last `n` lines of `f[:end]`."""
-    if end <= 0:
+def _tail(f: BinaryIO, end: int, n: int, block_size: int, start: int = 0) -> list[str]:
+    """The last `n` lines of `f[start:end]`."""
+    if end <= start:
         return []
     chunks: list[bytes] = []
     newlines = 0
     pos = end
     trailing = 0  # 1 when the data ends with a newline: that one terminates the last line
-    while pos > 0:
-        size = min(block_size, pos)
+    while pos > start:
+        size = min(block_size, pos - start)
         pos -= size
         f.seek(pos)
         chunk = f.read(size)
@@ -82,6 +82,37 @@ def complete_tail(path: Path | str, n: int) -> tuple[list[str], int]:
         return [], 0
 
 
+def offset_since(path: Path | str, since: float) -> int:
+    """Where the lines written at or after `since` (epoch seconds, to the second) begin in a log: read from
+    the time marks the launcher keeps beside it (`<log>.times`). A log without marks (written by an older
+    air) counts as written at its last change: all of it if that is after `since`, else none of it."""
+    from air.launcher.pump import times_path
+
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return 0
+    cutoff = int(since)
+    try:
+        with open(times_path(path), "rb") as marks:
+            for mark in marks:
+                fields = mark.split()
+                if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) >= cutoff:
+                    return min(int(fields[0]), size)
+    except FileNotFoundError:
+        return 0 if os.path.getmtime(path) >= since else size
+    return size
+
+
+def lines_since(path: Path | str, since: float, limit: int) -> list[str]:
+    """The lines of a log written at or after `since` (see `offset_since`), at most the last `limit`."""
+    offset = offset_since(path, since)
+    if limit <= 0:
+        return []
+    with open(path, "rb") as f:
+        return _tail(f, f.seek(0, os.SEEK_END), limit, TAIL_BLOCK_BYTES, start=offset)
+
+
 class LineCursor:
     """Complete lines appended to a file since the last read (a partial last line waits); never blocks, so
     one poll loop can read several files (every node's log, the supervisor's). A file that does not exist
@@ -97,6 +128,10 @@ class LineCursor:
         """Start with the last `n` complete lines (returned) instead of the beginning."""
         lines, self.offset = complete_tail(self.path, n)
         return lines
+
+    def start_at_time(self, since: float) -> None:
+        """Start with the lines written at or after `since` (`air logs --minutes N --follow`)."""
+        self.offset = offset_since(self.path, since)
 
     def read(self, final: bool = False) -> list[str]:
         """New complete lines; with `final`, also the last one without its newline."""
@@ -116,4 +151,4 @@ class LineCursor:
         return [line.decode("utf-8", errors="replace") for line in lines]
 
 
-__all__ = ["LineCursor", "complete_tail", "tail_lines"]
+__all__ = ["LineCursor", "complete_tail", "lines_since", "offset_since", "tail_lines"]

@@ -18,10 +18,19 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from air.bounds import MAX_JSON_BYTES, MAX_QUERY_INT, json_loads_bounded
+from air.client.models import (
+    BlobsMissingAnswer,
+    BlobsMissingRequest,
+    CancelAnswer,
+    ErrorEvent,
+    encode_event,
+    event_from,
+    parse_request,
+)
 from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.access import Level
-from air.runs.follow import FollowEvent, Lines, NewAttempt, follow, log_sources, snapshot_lines
+from air.runs.follow import FollowEvent, follow, log_sources, snapshot_lines
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run
@@ -76,14 +85,15 @@ OptionalQueryInt = Annotated[int | None, Query(le=MAX_QUERY_INT, ge=-MAX_QUERY_I
 def list_runs(request: Request, who: Caller, all_users: bool = False,
               all_status: bool = False, status: Annotated[list[str] | None, Query()] = None, limit: QueryInt = 20,
               experiment: str | None = None, accelerator_type: str | None = None,
-              num_accelerators: OptionalQueryInt = None) -> dict[str, Any]:
+              num_accelerators: OptionalQueryInt = None, user: str | None = None) -> dict[str, Any]:
+    """`user`: that user's runs (those the caller may see), whatever `all_users` says."""
     store = store_of(request)
     if limit <= 0 or limit > 100_000:
         raise UserInputError(f"limit must be 1 to 100000, got {limit}.")
     wanted: Any = "all" if all_status else (parse_statuses(tuple(status)) if status else None)
     policy = current_policy()
     viewer = viewer_for(who, policy)
-    runs = store.list_runs(statuses=wanted, limit=limit, user=None if all_users else who.user,
+    runs = store.list_runs(statuses=wanted, limit=limit, user=user or (None if all_users else who.user),
                            experiment_glob=experiment, accelerator_type=accelerator_type,
                            num_accelerators=num_accelerators, visible_to=policy.list_filter(viewer))
     runs = [r for r in runs if policy.allows(viewer, r)]  # the SQL filter's reading, checked by the rule itself
@@ -151,23 +161,13 @@ def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, Any]:
     reason = canceled_by(who.user, admin=who.admin, owner=run.user)
     if not run.is_terminal:
         record(store, who.user, RUN_CANCEL, run.id, {"owner": run.user, "via": "api", "reason": reason})
-    return {"run_id": run.id, "status": cancel(store, run.id, reason=reason).value}
-
-
-def _encode(item: FollowEvent) -> bytes:
-    if isinstance(item, Run):
-        data: dict[str, Any] = {"run": run_dict(item)}
-    elif isinstance(item, Lines):
-        data = {"lines": item.lines, "label": item.source.label, "index": item.source.index, "attempt": item.attempt}
-    elif isinstance(item, NewAttempt):
-        data = {"new_attempt": item.attempt, "previous": item.previous}
-    return json.dumps(data).encode() + b"\n"
+    return CancelAnswer(run_id=run.id, status=cancel(store, run.id, reason=reason)).model_dump(mode="json")
 
 
 @router.get("/runs/{run_id}/follow")
 def follow_run(request: Request, run_id: str, who: Caller, node: OptionalQueryInt = None,
                rank: OptionalQueryInt = None, attempt: OptionalQueryInt = None, tail: OptionalQueryInt = None,
-               live: bool = True) -> StreamingResponse:
+               live: bool = True, minutes: OptionalQueryInt = None) -> StreamingResponse:
     """A run's events as NDJSON (`{"run": ...}`, `{"lines": [...], "label", "index", "attempt"}`,
     `{"new_attempt": N, "previous": M}`) until it ends; `live=0`: the last lines of each log, once.
     Problems found before streaming are plain 4xx answers."""
@@ -175,17 +175,19 @@ def follow_run(request: Request, run_id: str, who: Caller, node: OptionalQueryIn
 
     store = store_of(request)
     run = readable_run(store, run_id, who)
-    for value, what in ((node, "node"), (rank, "rank"), (attempt, "attempt"), (tail, "tail")):
+    for value, what in ((node, "node"), (rank, "rank"), (attempt, "attempt"), (tail, "tail"), (minutes, "minutes")):
         if value is not None and value < 0:
             raise UserInputError(f"{what} must be 0 or more, got {value}.")
+    since = None if minutes is None else time.time() - minutes * 60  # the clock of the machine with the logs
     mask = log_masker(run)
     if live:
         log_sources(run, run.current_attempt or 0, node=node, rank=rank)  # a wrong --node is a 4xx now
         events: Iterator[FollowEvent] = follow(run.id, store=store, node=node, rank=rank, attempt=attempt,
-                                               tail=tail, mask=mask)
+                                               tail=tail, mask=mask, since=since)
     else:
         index = attempt_index(store, run, attempt)
-        first: list[FollowEvent] = [run, *snapshot_lines(run, index, node=node, rank=rank, tail=tail, mask=mask)]
+        first: list[FollowEvent] = [run, *snapshot_lines(run, index, node=node, rank=rank, tail=tail, mask=mask,
+                                                               since=since)]
         events = iter(first)
 
     stopping = getattr(request.app.state, "stopping", None)
@@ -201,13 +203,13 @@ def follow_run(request: Request, run_id: str, who: Caller, node: OptionalQueryIn
                         revoked = AuthError("The token this stream was opened with is no longer valid "
                                             "(revoked).", status=401,
                                             hint="Ask an admin for a new one: air server token create NAME")
-                        yield json.dumps(error_body(revoked)).encode() + b"\n"
+                        yield encode_event(ErrorEvent.model_validate(error_body(revoked)))
                         return
                     readable_run(store, run.id, who)  # a grant taken back while following: a 404 line, no more
                     checked = time.monotonic()
-                yield _encode(item)
+                yield encode_event(event_from(item))
         except AirError as exc:  # after the answer began: the last line says what went wrong
-            yield json.dumps(error_body(exc)).encode() + b"\n"
+            yield encode_event(ErrorEvent.model_validate(error_body(exc)))
 
     return StreamingResponse(body(), media_type="application/x-ndjson")
 
@@ -257,9 +259,8 @@ def download_log(request: Request, run_id: str, label: str, index: int, who: Cal
 
 @router.post("/blobs/missing")
 async def blobs_missing(request: Request) -> dict[str, Any]:
-    body = await json_body(request)
-    digests = body.get("digests") if isinstance(body, dict) else None
-    return {"missing": missing_blobs(_paths(request), digests if isinstance(digests, list) else None)}  # type: ignore[arg-type]
+    asked = parse_request(BlobsMissingRequest, await json_body(request), "blob question")
+    return BlobsMissingAnswer(missing=missing_blobs(_paths(request), asked.digests)).model_dump(mode="json")
 
 
 @router.put("/blobs/{digest}")

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from air.bounds import MAX_YAML_DEPTH, YamlBoundError, compose_bounded
+from air.bounds import MAX_BASE_FILES, MAX_BASES_DEPTH, MAX_YAML_DEPTH, YamlBoundError, compose_bounded
 from air.errors import UserInputError
 from air.workload.schema import model_at, unknown_key_message
 from air.workload.spec import WorkloadSpec
@@ -37,6 +37,8 @@ class Problem:
     message: str
     line: int | None = None
     override: str | None = None
+    #: The base file (`_bases_`) the line is in; None: the workload file itself.
+    file: str | None = None
 
     def render(self, source: str) -> str:
         where = f"{dotted(self.loc)}: " if self.loc else ""
@@ -44,6 +46,8 @@ class Problem:
         if self.override:
             shown = self.override if len(self.override) <= 200 else f"{self.override[:150]}… ({len(self.override)} characters)"
             text += f" (from --override {shown})"
+        elif self.line and self.file:
+            text += f" (line {self.line} of {self.file})"
         elif self.line:
             text += f" (line {self.line})"
         return text
@@ -58,7 +62,11 @@ class WorkloadSpecError(UserInputError):
         super().__init__("\n".join(p.render(source) for p in self.problems), hint=hint)
 
 
-def _problems_from(exc: ValidationError, lines: Mapping[tuple[str, ...], int]) -> list[Problem]:
+#: Where a key was written: its line, and the base file (`_bases_`) it is in (None: the workload file).
+Where = tuple[int, str | None]
+
+
+def _problems_from(exc: ValidationError, lines: Mapping[tuple[str, ...], Where]) -> list[Problem]:
     """Turn pydantic's errors into our problems: paths cleaned up, messages in the user's words."""
     problems: list[Problem] = []
     for err in exc.errors(include_url=False):
@@ -69,7 +77,8 @@ def _problems_from(exc: ValidationError, lines: Mapping[tuple[str, ...], int]) -
         message = _describe(err, loc)
         if "[key]" in err["loc"]:  # the name of a map entry is wrong, not its value
             message = f"the key {message}"
-        problems.append(Problem(loc, message, line=_line_of(loc, lines)))
+        line, file = _line_of(loc, lines) or (None, None)
+        problems.append(Problem(loc, message, line=line, file=file))
     return problems
 
 
@@ -104,7 +113,7 @@ def _missing_message(loc: tuple[str | int, ...]) -> str:
     return message
 
 
-def _line_of(loc: Sequence[str | int], lines: Mapping[tuple[str, ...], int]) -> int | None:
+def _line_of(loc: Sequence[str | int], lines: Mapping[tuple[str, ...], Where]) -> Where | None:
     key = tuple(str(s) for s in loc)
     for end in range(len(key), 0, -1):
         if key[:end] in lines:
@@ -292,6 +301,134 @@ def _resolve_dependencies(environment: dict[str, Any], base_dir: Path) -> list[P
     return []
 
 
+# ---- _bases_: composing a workload from base files ------------------------------------------------
+
+
+@dataclass
+class Composed:
+    """A workload file with its `_bases_` merged in: the data, where each key was written, the problems
+    found while reading (duplicate keys), and the base files in the order they were merged."""
+
+    data: dict[str, Any]
+    lines: dict[tuple[str, ...], Where]
+    problems: list[Problem]
+    bases: list[Path]
+
+
+@dataclass
+class _Budget:
+    """What composing one workload may read, all files together (the YAML may come from anyone)."""
+
+    files: int = 0
+    bytes: int = 0
+
+
+def compose_workload(path: Path, shown: str) -> Composed:
+    """Read a workload file and merge its `_bases_` (recursively): bases in order, each later one and then
+    the file itself winning over earlier ones. Mappings merge key by key; anything else (a list, a string,
+    null) replaces what a base had. Relative paths in a base resolve against that base's folder.
+
+    Raises `UserInputError` for a cycle (naming it), a missing or unreadable base, or a composition past
+    the bounds (MAX_BASES_DEPTH levels, MAX_BASE_FILES files, MAX_YAML_BYTES in all)."""
+    return _compose(path, shown, chain=(), budget=_Budget())
+
+
+def _compose(path: Path, shown: str, *, chain: tuple[Path, ...], budget: _Budget) -> Composed:
+    data, raw_lines, problems = _read_yaml(path, shown)
+    budget.files += 1
+    budget.bytes += path.stat().st_size
+    if budget.bytes > MAX_YAML_BYTES:
+        raise UserInputError(
+            f"{shown}: the workload and its _bases_ are {budget.bytes} bytes together, more than {MAX_YAML_BYTES}",
+            hint="Keep data in the code snapshot (code_source), not in the workload's files.",
+        )
+    own = None if not chain else _short(path, chain[0].parent)
+    lines: dict[tuple[str, ...], Where] = {k: (v, own) for k, v in raw_lines.items()}
+    problems = [Problem(p.loc, p.message, p.line, p.override, own) for p in problems]
+    chain = (*chain, path)
+    if "_bases_" not in data:
+        return Composed(data, lines, problems, [])
+    listed = data.pop("_bases_")
+    line = raw_lines.get(("_bases_",))
+    where = f" (line {line})" if line else ""
+    if not isinstance(listed, list) or not all(isinstance(b, str) and b.strip() for b in listed):
+        raise UserInputError(
+            f"{shown}: _bases_ must be a list of YAML file paths, got {show_value(listed)}{where}",
+            hint="e.g. _bases_: [base.yaml, ../shared/gpu.yaml] (relative to this file's folder)",
+        )
+    if len(chain) > MAX_BASES_DEPTH:
+        raise UserInputError(
+            f"{shown}: _bases_ nest deeper than {MAX_BASES_DEPTH} levels: "
+            + " -> ".join(_short(p, chain[0].parent) for p in chain),
+            hint="Flatten the bases: a base may list several bases of its own.",
+        )
+    merged: dict[str, Any] = {}
+    merged_lines: dict[tuple[str, ...], Where] = {}
+    bases: list[Path] = []
+    for index, given in enumerate(listed):
+        base, why = _expand(given.strip(), path.parent)
+        if base is None:
+            raise UserInputError(f"{shown}: _bases_[{index}]: {why}{where}")
+        if base in chain:
+            cycle = [*chain[chain.index(base):], base]
+            raise UserInputError(
+                f"{shown}: _bases_ form a cycle: " + " -> ".join(_short(p, chain[0].parent) for p in cycle),
+                hint="A file cannot be its own base; remove one of these _bases_ entries.",
+            )
+        if not base.is_file():
+            state = "is not a file" if base.exists() else "does not exist"
+            raise UserInputError(
+                f"{shown}: _bases_[{index}]: base file {base} {state} (from {given.strip()!r}, relative to "
+                f"{path.parent}){where}",
+                hint="Base paths are relative to the folder of the file that lists them.",
+            )
+        if budget.files >= MAX_BASE_FILES:
+            raise UserInputError(
+                f"{shown}: the workload's _bases_ name more than {MAX_BASE_FILES} files in all",
+                hint="Merge some of the bases into one file.",
+            )
+        part = _compose(base, _short(base, chain[0].parent), chain=chain, budget=budget)
+        _rebase_paths(part.data, base.parent)
+        merged = _merge(merged, part.data)
+        merged_lines.update(part.lines)
+        problems += part.problems
+        bases += [*part.bases, base]
+    merged_lines.update(lines)
+    return Composed(_merge(merged, data), merged_lines, problems, bases)
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`top` over `base`: mappings merge key by key (recursively); any other value replaces."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _rebase_paths(data: dict[str, Any], folder: Path) -> None:
+    """A base's relative paths (root_path, a requirements file) made absolute against its own folder, so
+    they mean the same wherever it is included; what cannot be expanded is left for the checks."""
+    code_source = data.get("code_source")
+    snapshot = code_source.get("snapshot") if isinstance(code_source, dict) else None
+    environment = data.get("environment")
+    for block, key in ((snapshot, "root_path"), (environment, "dependencies")):
+        if isinstance(block, dict) and isinstance(block.get(key), str) and block[key].strip():
+            path, _ = _expand(block[key].strip(), folder)
+            if path is not None:
+                block[key] = str(path)
+
+
+def _short(path: Path, folder: Path) -> str:
+    """A file as messages name it: relative to the workload's folder when inside it."""
+    try:
+        return str(path.relative_to(folder))
+    except ValueError:
+        return str(path)
+
+
 # ---- entry points -----------------------------------------------------------------------------------
 
 
@@ -305,6 +442,13 @@ def parse_workload(
     """Validate workload data already in memory (a stored spec, a generated one); `source` names it in
     messages, and relative paths resolve against base_dir (default: the working directory)."""
     base = Path(os.path.abspath(base_dir if base_dir is not None else os.getcwd()))
+    if "_bases_" in data:
+        raise UserInputError(
+            f"{source}: _bases_ names files, and this workload came without them: bases are merged where the "
+            "YAML file is read",
+            hint="Submit with `air run -f FILE` (it merges the bases, here or before sending to an air server), "
+                 "or send the merged workload (`air run -f FILE --dry-run` shows it).",
+        )
     return _validate(data, source, base, overrides, lines={}, problems=[])
 
 
@@ -316,9 +460,11 @@ def load_workload(path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSp
     """
     shown = str(path)
     source = Path(os.path.abspath(os.path.expanduser(shown)))
-    data, lines, problems = _read_yaml(source, shown)
-    spec = _validate(data, shown, source.parent, overrides, lines=lines, problems=problems)
+    composed = compose_workload(source, shown)
+    spec = _validate(composed.data, shown, source.parent, overrides, lines=composed.lines,
+                     problems=composed.problems)
     spec._source_path = source
+    spec._bases = tuple(composed.bases)
     return spec
 
 
@@ -328,7 +474,7 @@ def _validate(
     base_dir: Path,
     overrides: Sequence[str],
     *,
-    lines: Mapping[tuple[str, ...], int],
+    lines: Mapping[tuple[str, ...], Where],
     problems: list[Problem],
 ) -> WorkloadSpec:
     """Overrides, then paths, then the model; all their problems in one error, in file order."""
@@ -343,7 +489,7 @@ def _validate(
         problems += _problems_from(exc, lines)
     if problems or spec is None:
         problems = [_mark_override(p, overridden) for p in _dedupe(problems)]
-        problems.sort(key=lambda p: (p.line is None, p.line or 0))
+        problems.sort(key=lambda p: (p.line is None, p.file is not None, p.file or "", p.line or 0))
         raise WorkloadSpecError(source, problems, hint=_hint_for(problems))
     spec._source_dir = base_dir
     return spec
@@ -371,4 +517,4 @@ def _dedupe(problems: Sequence[Problem]) -> list[Problem]:
     return out
 
 
-__all__ = ["Problem", "WorkloadSpecError", "load_workload", "parse_workload"]
+__all__ = ["Composed", "Problem", "WorkloadSpecError", "compose_workload", "load_workload", "parse_workload"]

@@ -53,6 +53,8 @@ class RunPlan:
     environment_state: str | None = None
     #: The pool it would wait in (config.yaml `pools:`); None: no pools configured (the whole machine).
     pool: str | None = None
+    #: The `_bases_` files merged into the workload, in merge order (the dry run names them).
+    bases: list[str] = field(default_factory=list)
     # Filled at submit, when the run exists:
     run_id: str | None = None
     code_path: str | None = None
@@ -97,6 +99,7 @@ class RunPlan:
             for n in range(self.num_nodes)
         ]
         return {
+            **({"bases": self.bases} if self.bases else {}),
             "experiment_name": self.experiment, "mlflow_run_name": self.run_name,
             "profile": self.profile, "backend": self.backend,
             "compute": {"accelerator_type": self.accelerator, "num_accelerators": self.num_accelerators,
@@ -141,6 +144,7 @@ def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address
         hang_timeout_minutes=spec.hang_timeout_minutes, profile=profile, backend=backend, backend_address=backend_address,
         dependencies=deps, dependencies_base_dir=str(spec.source_dir or Path.cwd()),
         environment_version=version, base_python=base_python, environment_state=state,
+        bases=[str(b) for b in spec.bases],
     )
     if snapshot_plan is not None:
         plan.code_root = str(snapshot_plan.root_path)

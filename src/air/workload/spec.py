@@ -396,6 +396,7 @@ class WorkloadSpec(_Section):
 
     _source_path: Path | None = PrivateAttr(default=None)
     _source_dir: Path | None = PrivateAttr(default=None)
+    _bases: tuple[Path, ...] = PrivateAttr(default=())
 
     @field_validator("experiment_name")
     @classmethod
@@ -491,6 +492,11 @@ class WorkloadSpec(_Section):
     def source_path(self) -> Path | None:
         """The YAML file this spec was read from (absolute), or None when built from a dict."""
         return self._source_path
+
+    @property
+    def bases(self) -> tuple[Path, ...]:
+        """The `_bases_` files merged into this spec, in merge order (empty when there were none)."""
+        return self._bases
 
     @property
     def source_dir(self) -> Path | None:

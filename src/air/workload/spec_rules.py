@@ -67,17 +67,17 @@ HOSTED_ONLY_KEYS: dict[str, str] = {
     "mlflow_experiment_directory": f"{_UNSUPPORTED}; experiments live in the MLflow tracking store "
     "(MLFLOW_TRACKING_URI)",
     "mlflow_artifact_location": f"{_UNSUPPORTED}; artifacts go where the MLflow tracking store puts them",
-    "usage_policy_name": _UNSUPPORTED,
-    "usage_policy_id": _UNSUPPORTED,
+    **{k: f"{_UNSUPPORTED}; there is no billing policy here: limits are the pools and the per-user limit of "
+       "config.yaml (`air get pools`)" for k in ("usage_policy_name", "usage_policy_id")},
     "priority": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
     "job_type": f"{_UNSUPPORTED}; every workload runs its 'command'",
     "udp": f"{_UNSUPPORTED}; run batch inference from 'command'",
-    "_bases_": f"{_UNSUPPORTED}; YAML composition is not supported, use --override",
+    "_bases_": "names base files, which only `air run -f FILE` can read: it merges them before submitting",
     "compute.provisioned_capacity_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
     "compute.priority_class": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
     "environment.docker_image": f"{_UNSUPPORTED}; air builds a uv environment from 'dependencies'",
-    "environment.custom_image_tag": _UNSUPPORTED,
-    "environment.unity_catalog_image": _UNSUPPORTED,
+    **{f"environment.{k}": f"{_UNSUPPORTED}; runs use no container image: list packages in "
+       "'environment.dependencies' (a cached uv environment)" for k in ("custom_image_tag", "unity_catalog_image")},
     "code_source.snapshot.remote_volume": f"{_UNSUPPORTED}; snapshots are stored under AIR_HOME",
     "code_source.snapshot.git.remote": f"{_UNSUPPORTED}; pin a local branch or a commit",
 }
