@@ -55,7 +55,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("air.cli.cmd_logs", "logs"), "cancel": ("air.cli.cmd_cancel", "cancel"),
     "env": ("air.cli.cmd_env", "env"), "secrets": ("air.cli.cmd_secrets", "secrets"), "ui": ("air.cli.cmd_ui", "ui"),
     "prune": ("air.cli.cmd_prune", "prune"), "server": ("air.cli.cmd_server", "server"),
-    "login": ("air.cli.cmd_login", "login"),
+    "login": ("air.cli.cmd_login", "login"), "subscribe": ("air.cli.cmd_subscribe", "subscribe"),
 }
 #: Other names of a subcommand (not listed in --help).
 _ALIASES: dict[str, str] = {"gc": "prune"}
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         from air.runs.schema import store_error
 
         _report(store_error(AirHome(create=False).runs_db, exc), json_mode=json_mode, verbose=verbose)
-    except Exception as exc:  # noqa: BLE001 - an unexpected failure: short message, traceback with -v
+    except Exception as exc:  # an unexpected failure: short message, traceback with -v
         if json_mode:
             error_envelope(None, f"{type(exc).__name__}: {exc}")
         else:
