@@ -135,7 +135,7 @@ def ray_cluster() -> Iterator[RayTestCluster]:
     def join(**kwargs: object) -> None:
         try:
             cluster.add_node(**kwargs)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
+        except BaseException as exc:  # re-raised below
             errors.append(exc)
 
     threads = [threading.Thread(target=join, kwargs={"num_cpus": 2}),

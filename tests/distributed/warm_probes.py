@@ -62,7 +62,7 @@ def leaves_a_deadlocking_object_behind() -> int:
 
 
 def leaves_an_unclosed_file(path: str) -> int:
-    out = open(f"{path}.{os.environ['RANK']}", "w")  # noqa: SIM115 - closed by its release, as in CPython
+    out = open(f"{path}.{os.environ['RANK']}", "w")  # closed by its release, as in CPython
     out.write("written before return, flushed when released")
     return 1
 

@@ -14,9 +14,9 @@ from env_fixtures import offline_uv_fixture, uv_cache_fixture, wheelhouse_fixtur
 from air.environments import ensure_environment, parse_dependencies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
-from runs_helpers import air, submit, wait_status, wait_terminal, write_workload  # noqa: E402
+from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths  # noqa: E402
+from air.runs.paths import RunPaths
 
 
 def test_env_list_prints_a_table_of_cached_environments(tmp_path: Path, wheelhouse: Path) -> None:

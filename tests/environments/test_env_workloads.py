@@ -8,10 +8,10 @@ from pathlib import Path
 from env_fixtures import offline_uv_fixture, uv_cache_fixture, wheelhouse_fixture  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
-from runs_helpers import air, submit, wait_terminal, write_workload  # noqa: E402
+from runs_helpers import air, submit, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths  # noqa: E402
-from air.runs.store import RunStore  # noqa: E402
+from air.runs.paths import RunPaths
+from air.runs.store import RunStore
 
 
 def test_workload_imports_its_dependency_and_the_second_run_reuses_it(tmp_path: Path, wheelhouse: Path,

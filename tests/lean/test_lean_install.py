@@ -9,7 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
-from runs_helpers import air, submit, wait_terminal, write_workload  # noqa: E402
+from runs_helpers import air, submit, wait_terminal, write_workload
 
 #: What the full `mlflow` distribution pulls in (~500 MB) and the lean install must not.
 HEAVY = ("pandas", "scipy", "sklearn", "pyarrow", "matplotlib")

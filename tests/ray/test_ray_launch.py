@@ -124,7 +124,7 @@ def test_accelerator_type_and_fractional_gpus_schedule_on_the_nodes_that_adverti
         try:
             trainer("A100").fit()
             refused = None
-        except Exception as exc:  # noqa: BLE001 - shown to the test
+        except Exception as exc:  # shown to the test
             refused = f"{type(exc).__name__}: {exc}"
         return {"resources": ray.cluster_resources(), "refused": refused}
 

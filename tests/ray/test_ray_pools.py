@@ -10,9 +10,9 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import AirServer, running_server  # noqa: E402
+from server_helpers import AirServer, running_server
 
-from proc_helpers import wait_for  # noqa: E402
+from proc_helpers import wait_for
 
 
 def submit(server: AirServer, folder: Path, name: str, nodes: int, gate: Path, user: str = "alice") -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import AirServer, running_server  # noqa: E402
+from server_helpers import AirServer, running_server
 
 
 def test_ray_nodes_log_to_the_servers_mlflow(ray_cluster, tmp_path: Path,  # type: ignore[no-untyped-def]

@@ -26,9 +26,9 @@ from air.runs.paths import RunPaths
 from air.runs.store import RunStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
-from runs_helpers import air, wait_terminal, write_workload  # noqa: E402
+from runs_helpers import air, wait_terminal, write_workload
 
-from secret_leaks import LEAKY_PROGRAM, LEAKY_REASON  # noqa: E402
+from secret_leaks import LEAKY_PROGRAM, LEAKY_REASON
 
 KIB = 1024
 

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # seed_helpers, for conftest's own imports
 
-from seed_helpers import SEED002  # noqa: E402
+from seed_helpers import SEED002
 
 if TYPE_CHECKING:
     from conftest import RayTestCluster  # tests/conftest.py's (this file is a conftest too)

@@ -51,7 +51,7 @@ def losses(lines: Iterable[str], pattern: str = r"step (\d+): loss ([0-9.]+)") -
     return [found[k] for k in sorted(found)]
 
 
-def processes_with_env(key: str, predicate) -> list[int]:  # noqa: ANN001
+def processes_with_env(key: str, predicate) -> list[int]:
     """PIDs of live processes whose environment has `key` with a value that satisfies `predicate`."""
     found = []
     for proc in psutil.process_iter():

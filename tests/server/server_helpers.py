@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from proc_helpers import alive, wait_for  # noqa: E402
+from proc_helpers import alive, wait_for
 
 AIR = [sys.executable, "-m", "air.cli.main"]
 

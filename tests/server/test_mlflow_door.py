@@ -26,7 +26,7 @@ import pytest
 from server_helpers import AIR, AirServer, running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from proc_helpers import wait_for  # noqa: E402
+from proc_helpers import wait_for
 
 #: Every run here is private: bob may not even see alice's runs.
 PRIVATE = "server:\n  default_visibility: private\n"
@@ -153,7 +153,7 @@ def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirSe
                                          data=b"forged", method="PUT",
                                          headers={"Authorization": f"Bearer {credential}"})
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=60)  # noqa: S310 - the test's own server
+            urllib.request.urlopen(request, timeout=60)  # the test's own server
         assert refused.value.code in (400, 403, 404), path
     # Bob's own token cannot see alice's private run either (404: its existence is not told).
     status, raw = door(server, "GET", "/get-artifact", token=bob, query=node_log)
@@ -193,7 +193,7 @@ def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirSe
     # Its own artifacts go up through the door (proxied: nothing is written into the server's folders by
     # the node) and bob reads them back with his own token.
     own = f"{server.url}/mlflow/api/2.0/mlflow-artifacts/artifacts/{experiment}/{bob_node['run']}/artifacts/note.txt"
-    with urllib.request.urlopen(urllib.request.Request(own, data=b"bob's note", method="PUT", headers={  # noqa: S310
+    with urllib.request.urlopen(urllib.request.Request(own, data=b"bob's note", method="PUT", headers={
             "Authorization": f"Bearer {credential}"}), timeout=60) as answer:
         assert answer.status == 200
     status, raw = door(server, "GET", "/get-artifact", token=bob, query={"run_uuid": bob_node["run"], "path": "note.txt"})
@@ -366,14 +366,14 @@ def test_mlflow_ui_through_the_door_with_the_pages_login(private_server: AirServ
     mlflow_run = detail["mlflow_run_id"]
     cookie = {"Cookie": f"air_session={session['value']}", "Content-Type": "application/json"}
     reads = urllib.request.Request(f"{server.url}/mlflow{api('runs/get')}?run_id={mlflow_run}", headers=cookie)
-    with urllib.request.urlopen(reads, timeout=60) as answer:  # noqa: S310 - the test's own server
+    with urllib.request.urlopen(reads, timeout=60) as answer:  # the test's own server
         assert json.loads(answer.read())["run"]["info"]["run_id"] == mlflow_run
     body = json.dumps({"run_id": mlflow_run, "key": "forged", "value": 1.0, "timestamp": 0, "step": 0}).encode()
     for origin in ({}, {"Origin": "https://evil.example"}):
         forged = urllib.request.Request(f"{server.url}/mlflow{api('runs/log-metric')}", data=body,
                                         headers={**cookie, **origin})
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(forged, timeout=60)  # noqa: S310
+            urllib.request.urlopen(forged, timeout=60)
         assert refused.value.code == 403
 
 
@@ -414,12 +414,12 @@ def test_the_door_is_behind_the_servers_tls(tmp_path: Path) -> None:
         assert status == 200 and [m["value"] for m in json.loads(raw)["metrics"]] == [0.25], raw
         plain = f"http://127.0.0.1:{server.port}/mlflow/api/2.0/mlflow/runs/get?run_id={mlflow_run}"
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
-            urllib.request.urlopen(plain, timeout=30)  # noqa: S310 - the test's own loopback server
+            urllib.request.urlopen(plain, timeout=30)  # the test's own loopback server
         request = urllib.request.Request(server.url + "/mlflow/api/2.0/mlflow/experiments/search?max_results=5",
                                          headers={"Authorization": f"Bearer {server.tokens['alice']}",
                                                   "Host": "air.team.example"})
         context = ssl.create_default_context(cafile=str(cert))
-        with urllib.request.urlopen(request, timeout=60, context=context) as answer:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=60, context=context) as answer:
             assert answer.status == 200 and "experiments" in json.loads(answer.read())
 
 

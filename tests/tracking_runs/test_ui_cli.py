@@ -19,7 +19,7 @@ import pytest
 from proc_helpers import alive, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
-from runs_helpers import air, submit, wait_terminal, write_workload  # noqa: E402
+from runs_helpers import air, submit, wait_terminal, write_workload
 
 #: A UI start imports MLflow in several processes: tens of seconds on a loaded 2-core machine.
 READY_TIMEOUT_S = 240

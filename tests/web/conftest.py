@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
-from server_helpers import AIR, AirServer, running_server  # noqa: E402
-from web_helpers import free_port, headless_chromium  # noqa: E402
+from server_helpers import AIR, AirServer, running_server
+from web_helpers import free_port, headless_chromium
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from web_helpers import free_port
 from proc_helpers import alive, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking_runs"))
-from test_ui_cli import UI, port_is_free  # noqa: E402
+from test_ui_cli import UI, port_is_free
 
 
 def test_air_ui_serves_the_pages_beside_mlflow(tmp_path: Path, air_home: Path, cpu_slots: None) -> None:

@@ -24,7 +24,7 @@ from air.runs.paths import RunPaths
 from proc_helpers import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import AirServer  # noqa: E402
+from server_helpers import AirServer
 
 #: Pages and runs start slowly on a loaded 2-core machine.
 PAGE_TIMEOUT_S = 120

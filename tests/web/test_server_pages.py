@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import AIR, AirServer  # noqa: E402
-from web_helpers import headless_chromium, http_get, runs_rows, text_of  # noqa: E402
+from server_helpers import AIR, AirServer
+from web_helpers import headless_chromium, http_get, runs_rows, text_of
 
-from proc_helpers import alive, wait_for  # noqa: E402
+from proc_helpers import alive, wait_for
 
 #: Pages and runs start slowly on a loaded 2-core machine.
 PAGE_TIMEOUT_S = 90

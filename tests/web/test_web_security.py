@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-from server_helpers import AIR, AirServer, running_server  # noqa: E402
-from web_helpers import free_port, headless_chromium, text_of  # noqa: E402
+from server_helpers import AIR, AirServer, running_server
+from web_helpers import free_port, headless_chromium, text_of
 
-from proc_helpers import wait_for  # noqa: E402
+from proc_helpers import wait_for
 
 #: Pages and runs start slowly on a loaded 2-core machine.
 PAGE_TIMEOUT_S = 90
@@ -51,7 +51,7 @@ class Attacker:
         self.pages = pages
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            def do_GET(self) -> None:  # the stdlib's name
                 body = pages.get(self.path)
                 self.send_response(200 if body is not None else 404)
                 self.send_header("Content-Type", "text/html; charset=utf-8")

@@ -50,7 +50,7 @@ def test_a_silent_node_is_ended_as_hung_with_its_stacks_and_nothing_left(tmp_pat
     assert any(p["name"] == "node 1" and p["silent_s"] >= 14 for p in progress), progress
 
 
-def RunStore_attempt(run_id: str) -> dict[str, object]:  # noqa: N802 - reads like the store's record
+def RunStore_attempt(run_id: str) -> dict[str, object]:  # reads like the store's record
     from air.runs.store import RunStore
 
     attempt = RunStore().list_attempts(run_id)[0]

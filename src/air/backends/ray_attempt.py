@@ -72,7 +72,7 @@ class RayAttempt:
         fh = self._files.get(path)
         if fh is None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in _close_files
+            fh = open(path, "ab", buffering=0)  # closed in _close_files
             self._files[path] = fh
         return fh
 
@@ -248,7 +248,7 @@ class RayAttempt:
             if launch.node_rank == node and index not in self._lost:
                 try:
                     return str(_ray().get(self._agents[index].stacks.remote(process), timeout=60))
-                except Exception as exc:  # noqa: BLE001 - the report goes on without these stacks
+                except Exception as exc:  # the report goes on without these stacks
                     return f"(no stacks: {exc})"
         return f"(no node {node})"
 

@@ -76,7 +76,7 @@ class RayCapacity:
         """One process drives one Ray cluster: refuse to silently use another one."""
         try:
             current = ray.get_runtime_context().gcs_address
-        except Exception:  # noqa: BLE001
+        except Exception:
             return
         if self.address == "auto" or not current:
             return

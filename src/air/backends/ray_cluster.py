@@ -123,7 +123,7 @@ def refresh_auth() -> None:
         try:
             raylet.Config.initialize("")
             raylet.AuthenticationTokenLoader.instance().reset_cache()
-        except Exception:  # noqa: BLE001 - older Ray without these: nothing was cached
+        except Exception:  # older Ray without these: nothing was cached
             pass
 
 

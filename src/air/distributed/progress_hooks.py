@@ -64,7 +64,7 @@ _AFTER_IMPORT: dict[str, Callable[[Any], None]] = {
 def _apply(fullname: str, module: Any) -> None:
     try:
         _AFTER_IMPORT[fullname](module)
-    except Exception:  # noqa: BLE001 - progress notes never break mlflow or torch
+    except Exception:  # progress notes never break mlflow or torch
         pass
 
 

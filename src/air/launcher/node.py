@@ -158,7 +158,7 @@ class Launch:
     def _open_logs(self) -> None:
         for spec in self.specs:
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._logs.append(open(spec.log_path, "ab", buffering=0))  # noqa: SIM115 - closed in terminate
+            self._logs.append(open(spec.log_path, "ab", buffering=0))  # closed in terminate
 
     def _sandbox(self, spec: ProcessSpec) -> Sandbox | None:
         """The spec's sandbox, which may also write the launch's heartbeat slots; its folders made ready."""

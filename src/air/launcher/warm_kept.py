@@ -69,7 +69,7 @@ class KeptZygote:
                     env={**env, TAG_SLOT_ENV: "x" * TAG_SLOT_LEN}, cwd=cwd, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                     pass_fds=[theirs.fileno()])
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller below
+            except BaseException as exc:  # raised in the caller below
                 started["error"] = exc
             finally:
                 ready.set()

@@ -83,7 +83,7 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
 
 def _reopen_stdio() -> None:
     """Fresh sys.std* over fds 0-2 (now the child's own), unbuffered like PYTHONUNBUFFERED=1."""
-    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 - lives as long as the process
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # lives as long as the process
     for fd, name in ((1, "stdout"), (2, "stderr")):
         stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
                                   line_buffering=True, write_through=True)
@@ -97,7 +97,7 @@ def _reseed() -> None:
     if numpy is not None:
         try:
             numpy.random.seed()
-        except Exception:  # noqa: BLE001 - a numpy without the legacy global generator
+        except Exception:  # a numpy without the legacy global generator
             pass
 
 
@@ -110,7 +110,7 @@ def _apply_thread_count() -> None:
         return
     try:
         torch.set_num_threads(int(wanted))
-    except Exception:  # noqa: BLE001 - a torch without it: the rank runs with the zygote's count
+    except Exception:  # a torch without it: the rank runs with the zygote's count
         pass
 
 
@@ -163,7 +163,7 @@ def _run_child(proc: dict[str, Any], zygote_pid: int, close_fds: list[int], go_f
             code = 0
         except SystemExit as exc:
             code = _exit_code(exc)
-        except BaseException:  # noqa: BLE001 - printed as python -m would
+        except BaseException:  # printed as python -m would
             traceback.print_exc()
             code = 1
     finally:
@@ -178,18 +178,18 @@ def exit_now(code: int) -> None:
         import threading
 
         threading._shutdown()  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     try:
         import atexit
 
         atexit._run_exitfuncs()
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     os._exit(code)
 
@@ -204,7 +204,7 @@ def _host_store(store: dict[str, Any]) -> object | None:
         return TCPStore(host_name=store["host"], port=int(store["port"]), world_size=int(store["world_size"]),
                         is_master=True, timeout=timedelta(seconds=float(store.get("timeout_s", 1800))),
                         wait_for_workers=False)
-    except Exception as exc:  # noqa: BLE001 - the ranks then open it themselves (rank 0), as without air
+    except Exception as exc:  # the ranks then open it themselves (rank 0), as without air
         sys.stderr.write(f"air: warm start: rendezvous store not opened here ({exc}); rank 0 opens it\n")
         return None
 
@@ -224,7 +224,7 @@ def _sweep(grace_s: float) -> None:
         from air.launcher.procs import reap_tag
 
         reap_tag(tag, grace_s=grace_s)
-    except Exception:  # noqa: BLE001 - best effort on the way out
+    except Exception:  # best effort on the way out
         pass
 
 
@@ -385,13 +385,13 @@ def _lead(plan: dict[str, Any], fds: list[int], zygote_pid: int, control_fd: int
             _status(status_fd, f"note {note}")
         code = _launch(plan, status_fd, [])
         _status(status_fd, f"done {code}")
-    except BaseException:  # noqa: BLE001 - reported in the first process's log
+    except BaseException:  # reported in the first process's log
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         os._exit(code)  # as a one-shot zygote leaves: the store and preloaded modules need no teardown
 

@@ -102,7 +102,7 @@ class RayMetricsMonitor:
                 from air.tracking.store import tracking_uri
 
                 self.tracking_uri = tracking_uri()
-            except Exception:  # noqa: BLE001 - plain MLflow default
+            except Exception:  # plain MLflow default
                 pass
         return MlflowClient(self.tracking_uri)
 
@@ -155,7 +155,7 @@ class RayMetricsMonitor:
     def _run_is_running(self, client: MlflowClient) -> bool:
         try:
             return client.get_run(self.run_id).info.status == "RUNNING"
-        except Exception:  # noqa: BLE001 - unknown: keep going
+        except Exception:  # unknown: keep going
             return True
 
     def _loop(self) -> None:
@@ -168,7 +168,7 @@ class RayMetricsMonitor:
                     return
                 self.log_sample(client)
                 self.last_error = None
-            except Exception as exc:  # noqa: BLE001 - metrics never fail a run
+            except Exception as exc:  # metrics never fail a run
                 if self.last_error is None:
                     _log.warning("RayMetricsMonitor: %s: %s", type(exc).__name__, exc)
                 self.last_error = f"{type(exc).__name__}: {exc}"

@@ -33,7 +33,7 @@ class MlflowReportCallback(ReportCallback):
                 from air.tracking.store import tracking_uri
 
                 self.tracking_uri = tracking_uri()
-            except Exception:  # noqa: BLE001 - MLflow's own default
+            except Exception:  # MLflow's own default
                 self.tracking_uri = None
         self.reports = 0
         self._failed = False
@@ -56,7 +56,7 @@ class MlflowReportCallback(ReportCallback):
             now = int(time.time() * 1000)
             MlflowClient(self.tracking_uri).log_batch(
                 self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
-        except Exception as exc:  # noqa: BLE001 - tracking never fails training; warn once
+        except Exception as exc:  # tracking never fails training; warn once
             self._failed = True
             _log.warning("air: could not log ray.train.report metrics to MLflow run %s: %s", self.run_id, exc)
 
@@ -79,7 +79,7 @@ class AirTrainCallback(TrainContextCallback):
             from air.runtime import heartbeat
 
             heartbeat()
-        except Exception:  # noqa: BLE001 - progress notes never fail training
+        except Exception:  # progress notes never fail training
             pass
         yield
 

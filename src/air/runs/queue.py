@@ -77,7 +77,7 @@ def slots_wanted(run: Run) -> int:
 
     try:
         return parse_accelerator_type(run.accelerator_type).per_node * run.num_nodes
-    except Exception:  # noqa: BLE001 - an odd stored type must not break `air list runs`
+    except Exception:  # an odd stored type must not break `air list runs`
         return run.num_accelerators
 
 
@@ -88,7 +88,7 @@ def local_capacity(kind: str) -> int | None:
 
     try:
         return cpu_slots() if kind == "CPU" else len(discover().gpus)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -122,7 +122,7 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
         capacity = local_capacity(kind)
     try:
         pool_slots = None if capacity is None else set(config.pool_slots(run.pool, kind, capacity))
-    except Exception:  # noqa: BLE001 - its pool was removed from the config: say what we can
+    except Exception:  # its pool was removed from the config: say what we can
         pool_slots = None
     holders_by_slot = {i: h for i, h in store.slot_holders(kind).items() if pool_slots is None or i in pool_slots}
     counts: dict[str, int] = {}
@@ -139,7 +139,7 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
     for holder_id, count in counts.items():
         try:
             status = store.get_run(holder_id).status.value
-        except Exception:  # noqa: BLE001 - it ended and was removed in between
+        except Exception:  # it ended and was removed in between
             continue
         holders.append(Holder(holder_id, status, count))
     holders.sort(key=lambda h: h.run_id)

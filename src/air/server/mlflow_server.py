@@ -339,7 +339,7 @@ class _Starter:
                     self.proc = subprocess.Popen(guard_argv(argv), env={**os.environ, AIR_PROCESS_TAG: self.tag},
                                                  start_new_session=True, stdin=subprocess.DEVNULL, stdout=out,
                                                  stderr=out)
-        except Exception as exc:  # noqa: BLE001 - said as `failed`; the API keeps serving
+        except Exception as exc:  # said as `failed`; the API keeps serving
             self._say("failed", f"MLflow could not be started: {exc}{where}.")
             return
         hold = os.environ.get(AIR_MLFLOW_HOLD)

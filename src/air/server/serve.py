@@ -74,7 +74,7 @@ def _housekeeping(store: Any, stopping: threading.Event) -> None:
         _reap_detached(known)
         try:
             reconcile(store)
-        except Exception as exc:  # noqa: BLE001 - a failed check is tried again at the next tick
+        except Exception as exc:  # a failed check is tried again at the next tick
             _log.warning("could not check run supervisors: %s", exc)
 
 

@@ -70,7 +70,7 @@ def start_attempt_run(
             run = mlflow_client.create_run(
                 exp.experiment_id, run_name=run_name or experiment_name, tags=run_tags
             )
-    except Exception as exc:  # noqa: BLE001 — tracking never fails a run
+    except Exception as exc:
         warn(
             f"tracking: could not create an MLflow run in experiment {experiment_name!r} at "
             f"{uri}: {short_message(exc)}; the attempt runs without MLflow tracking"

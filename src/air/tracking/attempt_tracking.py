@@ -39,7 +39,7 @@ class AttemptTracking:
             from air.tracking.attempt import start_attempt_run
 
             handle = start_attempt_run(experiment, run_name, tags=tags, params=params, warn=warn)
-        except Exception as exc:  # noqa: BLE001 - tracking must never fail a run
+        except Exception as exc:  # tracking must never fail a run
             warn(f"tracking: off for this attempt: {exc}")
             handle = None
         return cls(handle, attempt, warn)
@@ -54,7 +54,7 @@ class AttemptTracking:
             from air.tracking.call import start_call_run
 
             handle = start_call_run(func_name, tags=tags, warn=warn)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             warn(f"tracking: {type(exc).__name__}: {exc}")
             handle = None
         return cls(handle, attempt, warn)
@@ -77,7 +77,7 @@ class AttemptTracking:
                                                gpu_indices=gpus, warn=self.warn)
                 sampler.start()
                 self.samplers.append(sampler)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.warn(f"tracking: no system metrics: {exc}")
 
     def end(self, status: str, reason: str | None = None, *, node_logs: Mapping[int, Path] | None = None,
@@ -86,7 +86,7 @@ class AttemptTracking:
         for sampler in self.samplers:
             try:
                 sampler.stop()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         self.samplers = []
         handle, self.handle = self.handle, None
@@ -99,5 +99,5 @@ class AttemptTracking:
                 if path.is_file():
                     handle.log_rank_log(path, rank)
             handle.end(status, reason)
-        except Exception as exc:  # noqa: BLE001 - tracking never fails a run
+        except Exception as exc:  # tracking never fails a run
             self.warn(f"tracking: {type(exc).__name__}: {exc}")

@@ -139,7 +139,7 @@ class TrackingHandle:
         try:
             with http_limits(self.tracking_uri, timeout_s):
                 func()
-        except Exception as exc:  # noqa: BLE001 — tracking never fails a run
+        except Exception as exc:
             self._failures += 1
             self.warn(f"tracking: could not {what}: {short_message(exc)}")
             if self._failures >= MAX_CONSECUTIVE_FAILURES:

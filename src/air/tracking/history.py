@@ -29,7 +29,7 @@ def metric_histories(
             stride = max(1, -(-len(points) // max_points))
             out[key] = [(float(step), float(value), at / 1000.0) for step, at, value in points[::stride]]
         return out
-    except Exception:  # noqa: BLE001 - no store, a deleted run: the page shows no charts
+    except Exception:  # no store, a deleted run: the page shows no charts
         return {}
 
 

@@ -250,7 +250,7 @@ def os_user() -> str:
 
     try:
         return getpass.getuser()
-    except Exception:  # noqa: BLE001 — no passwd entry in some containers
+    except Exception:
         return "unknown"
 
 

@@ -78,7 +78,7 @@ class SystemMetricsSampler:
                 import pynvml
 
                 pynvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
             self._nvml = False
 
@@ -128,7 +128,7 @@ class SystemMetricsSampler:
             stopping = self._stop.wait(self.interval_s)
             try:
                 metrics = self.sample()
-            except Exception as exc:  # noqa: BLE001 — e.g. a GPU fell off the bus
+            except Exception as exc:
                 self.warn(f"tracking: system metrics of node {self.node_rank} stopped: {exc}")
                 return
             self._log(metrics)
@@ -144,7 +144,7 @@ class SystemMetricsSampler:
         try:
             with http_limits(self.tracking_uri):
                 client(self.tracking_uri).log_batch(self.run_id, metrics=batch)
-        except Exception as exc:  # noqa: BLE001 — metrics are never worth failing a run
+        except Exception as exc:
             self._failed = True
             self.warn(f"tracking: system metrics of node {self.node_rank} stopped: {short_message(exc)}")
             return
@@ -156,7 +156,7 @@ class SystemMetricsSampler:
             import pynvml
 
             pynvml.nvmlInit()
-        except Exception:  # noqa: BLE001 — no driver, no library: CPU metrics only
+        except Exception:
             return
         self._nvml = True
         try:
@@ -164,7 +164,7 @@ class SystemMetricsSampler:
             if indices is None:
                 indices = list(range(pynvml.nvmlDeviceGetCount()))
             self._gpus = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self.warn(f"tracking: no GPU metrics for node {self.node_rank}: {short_message(exc)}")
             self._gpus = []
 

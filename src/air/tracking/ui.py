@@ -57,7 +57,7 @@ def ui_command(
     if is_embedded(uri):
         try:
             prepare_store(uri)
-        except Exception:  # noqa: BLE001 — `mlflow ui` reports a broken store better than we can
+        except Exception:
             pass
         argv += ["--default-artifact-root", artifact_root().as_uri()]
     if workers is not None:
@@ -111,7 +111,7 @@ def tracking_ref_url(path: Path) -> str | None:
         if not uri.startswith("sqlite"):
             return f"{uri.rstrip('/')}/#/experiments/{info['experiment_id']}/runs/{info['run_id']}"
         return run_url(info["run_id"], info["experiment_id"], base=ui_base_url(store=uri))
-    except Exception:  # noqa: BLE001 - a missing or broken note only means no link
+    except Exception:  # a missing or broken note only means no link
         return None
 
 
@@ -295,11 +295,11 @@ def wait_for_tracking_server(timeout_s: float = TRACKING_START_WAIT_S) -> bool:
         if os.environ.get("MLFLOW_TRACKING_SERVER_CERT_PATH"):
             context = ssl.create_default_context(cafile=os.environ["MLFLOW_TRACKING_SERVER_CERT_PATH"])
         elif os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
-            context = ssl._create_unverified_context()  # noqa: S323 - what MLflow's own switch means
+            context = ssl._create_unverified_context()  # what MLflow's own switch means
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            with urllib.request.urlopen(request, timeout=10, context=context) as answer:  # noqa: S310 - http(s) only
+            with urllib.request.urlopen(request, timeout=10, context=context) as answer:  # http(s) only
                 return bool(answer.status == 200)
         except urllib.error.HTTPError as exc:
             if exc.code != 503 or b"starting" not in exc.read(4096):
