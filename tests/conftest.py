@@ -172,10 +172,14 @@ def ray_cluster() -> Iterator[RayTestCluster]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests on the session's Ray cluster run last, together (tests/ray, then the seeds'): tests that
     start Ray clusters of their own (ray_launch, workloads that run `ray start`) run before it exists, so
-    its idle processes do not slow them down on a small machine. Under pytest-xdist (`make test` runs
-    `-n`), they are one group, so one worker starts the session's cluster and the others never do."""
+    its idle processes do not slow them down on a small machine. Under pytest-xdist (`make test
+    TEST_WORKERS=3`), every test that starts Ray (the session's cluster or its own) is in one group, on one
+    worker: a Ray node gives up after 30 s if its raylet has not registered, which two Ray clusters starting
+    at once on 2 busy cores can exceed."""
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
-            if "ray_cluster" in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group("ray_cluster"))
+            path = Path(str(item.fspath))
+            if ("ray_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("ray") is not None
+                    or path.parent.name in ("ray", "seeds")):
+                item.add_marker(pytest.mark.xdist_group("ray"))
