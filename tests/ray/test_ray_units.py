@@ -27,6 +27,18 @@ def test_head_port_is_moved_and_missing_ports_are_filled() -> None:
     assert notes and "6379 -> 41000" in notes[0]
 
 
+def test_the_ports_filled_in_are_distinct_and_leave_the_given_ones_alone() -> None:
+    """Ray refuses two components on one port (a run failed on "runtime_env_agent is trying to use a port
+    number ... used by other components" when two picks got the same released port back)."""
+    env = {"AIR_RAY_HEAD_PORT": "41000", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "41001"}
+    for _ in range(30):
+        args, _ = rewrite_start(["--head", "--port=6379", "--metrics-export-port=9000"], env)
+        ports = [int(a.split("=", 1)[1]) for a in args if a.startswith("--") and a.split("=", 1)[0].endswith("-port")
+                 and "worker" not in a]
+        assert len(ports) == len(set(ports)) == 9, args  # 8 components + the GCS
+        assert 41000 in ports and 9000 in ports and 41001 not in ports, args
+
+
 def test_a_joining_node_follows_the_moved_head_port_and_keeps_given_ports() -> None:
     env = {"AIR_RAY_HEAD_PORT": "41000", "MASTER_ADDR": "10.0.0.5"}
     args, _ = rewrite_start(["--address", "10.0.0.5:6379", "--metrics-export-port", "9000", "--block"], env)

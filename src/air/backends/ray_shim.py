@@ -151,11 +151,18 @@ def _set_option(args: list[str], name: str, value: str) -> list[str]:
     return [*out, f"--{name}={value}"]
 
 
-def _free_port() -> int:
+def _free_ports(count: int, avoid: set[int]) -> list[int]:
+    """`count` distinct free ports, none in `avoid`. Each is held reserved until all are picked: a port
+    released at once can be the kernel's next answer too (Ray refuses two components on one port)."""
     from air.launcher import reserve_port
 
-    with reserve_port("0.0.0.0") as reservation:
-        return reservation.port
+    picked: list[int] = []
+    with contextlib.ExitStack() as held:
+        while len(picked) < count:
+            reservation = held.enter_context(reserve_port("0.0.0.0"))
+            if reservation.port not in avoid and reservation.port not in picked:
+                picked.append(reservation.port)
+    return picked
 
 
 def rewrite_start(args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], list[str]]:
@@ -181,9 +188,11 @@ def rewrite_start(args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str
             if host and host in {master, "127.0.0.1", "localhost"} and port not in (head_port, master_port):
                 out = _set_option(out, "address", f"{host}:{head_port}")
                 notes.append(f"joining {host}:{head_port} ({AIR_RAY_HEAD_PORT}) instead of port {port}")
-    for name in _PORT_OPTIONS + (_HEAD_PORT_OPTIONS if head else ()):
-        if name not in given:
-            out = _set_option(out, name, str(_free_port()))
+    missing = [name for name in _PORT_OPTIONS + (_HEAD_PORT_OPTIONS if head else ()) if name not in given]
+    taken = {int(p) for p in (head_port, master_port) if p and p.isdigit()}
+    taken |= {int(v) for _, v in given.values() if isinstance(v, str) and v.isdigit()}
+    for name, free in zip(missing, _free_ports(len(missing), taken), strict=True):
+        out = _set_option(out, name, str(free))
     if "min-worker-port" not in given and "worker-port-list" not in given:
         out = _set_option(out, "min-worker-port", "0")
         out = _set_option(out, "max-worker-port", "0")
