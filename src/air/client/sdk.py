@@ -245,20 +245,15 @@ def submit_to_server(client: ServerClient, spec: WorkloadSpec, *, idempotency_ke
     """A workload validated here submitted to the server: a requirements file's lines sent as a list, its
     code snapshot uploaded (only the blobs the server lacks)."""
     from air.config import use_reserved_pool
-    from air.workload.snapshot import plan_snapshot
+    from air.workload.snapshot import plan_spec_snapshot
 
     data = spec.to_yaml_dict()
     deps = (data.get("environment") or {}).get("dependencies")
     if isinstance(deps, str):  # a requirements file here: send its lines
         lines = [ln.strip() for ln in Path(deps).read_text(encoding="utf-8").splitlines()]
         data["environment"]["dependencies"] = [ln for ln in lines if ln and not ln.startswith("#")]
-    manifest = None
-    if spec.code_source is not None:
-        snap = spec.code_source.snapshot
-        git = snap.git
-        snapshot = plan_snapshot(Path(snap.root_path), snap.include_paths,
-                                 git_branch=git.branch if git else None, git_commit=git.commit if git else None)
-        manifest = upload_snapshot(client, snapshot)
+    snapshot = plan_spec_snapshot(spec)
+    manifest = upload_snapshot(client, snapshot) if snapshot is not None else None
     request = SubmitRequest(spec=data, snapshot=manifest, idempotency_key=idempotency_key, dry_run=dry_run,
                             use_reserved_pool=use_reserved_pool())
     answer = client.post("/runs", request.model_dump(mode="json"))

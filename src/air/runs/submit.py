@@ -77,14 +77,9 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
             "of Ray nodes.",
             hint="Add pools with ray_labels (nodes started with `ray start --labels KEY=VALUE`), or leave "
             "compute.pool and DATABRICKS_USE_RESERVED_GPU_POOL unset.")
-    snapshot = None
-    if spec.code_source is not None:
-        from air.workload.snapshot import plan_snapshot
+    from air.workload.snapshot import plan_spec_snapshot
 
-        snap = spec.code_source.snapshot
-        git = snap.git
-        snapshot = plan_snapshot(Path(snap.root_path), snap.include_paths,
-                                 git_branch=git.branch if git else None, git_commit=git.commit if git else None)
+    snapshot = plan_spec_snapshot(spec)
     plan = make_plan(spec, profile=profile_name, backend=backend_name, backend_address=address, snapshot_plan=snapshot)
     if spec.secrets:
         from air.workload.secrets import resolve_secrets

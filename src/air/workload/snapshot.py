@@ -25,9 +25,12 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from air.errors import UserInputError
+
+if TYPE_CHECKING:
+    from air.workload.spec import WorkloadSpec
 from air.home import AirHome
 from air.workload.snapshot_git import (
     _find_repo,
@@ -223,6 +226,17 @@ def plan_snapshot(
     entries = _restrict(_git_tree_entries(root, tree, notes), includes, root, commit=commit)
     prov = GitProvenance(repo_root=repo_root, subdir=subdir, commit=commit, branch=branch, dirty=False)
     return _plan(root, name, "git", entries, includes, prov, tree, notes)
+
+
+def plan_spec_snapshot(spec: WorkloadSpec) -> SnapshotPlan | None:
+    """The snapshot a workload's `code_source` names (None without one): what `air run` plans locally and
+    what the SDK uploads to a server."""
+    if spec.code_source is None:
+        return None
+    snap = spec.code_source.snapshot
+    git = snap.git
+    return plan_snapshot(Path(snap.root_path), snap.include_paths,
+                         git_branch=git.branch if git else None, git_commit=git.commit if git else None)
 
 
 def _plan(
