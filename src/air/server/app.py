@@ -16,7 +16,6 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from air import __version__
 from air.client.models import API_VERSION, API_VERSION_HEADER, Health
@@ -137,31 +136,10 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
     app.include_router(secrets_router, prefix=API, dependencies=[Depends(principal)])
     app.include_router(calls_router, prefix=API, dependencies=[Depends(principal)])
     _mount_pages(app)
-    app.add_middleware(SecurityHeaders)
-    app.add_middleware(ApiVersionHeader)
+    # every answer says which API version the server speaks: a client checks it on each answer, so a
+    # server of another version is a clear error, not a misread field
+    app.add_middleware(SecurityHeaders, extra=[(API_VERSION_HEADER.lower(), str(API_VERSION))])
     return app
-
-
-class ApiVersionHeader:
-    """Every answer says which API version the server speaks (`X-Air-Api-Version`): a client checks it on
-    each answer, so a server of another version is a clear error, not a misread field (pure ASGI, so
-    streamed answers are not buffered)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def stamped(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                header = (API_VERSION_HEADER.lower().encode(), str(API_VERSION).encode())
-                message = {**message, "headers": [*message.get("headers", []), header]}
-            await send(message)
-
-        await self.app(scope, receive, stamped)
 
 
 def _mount_pages(app: FastAPI) -> None:
@@ -207,5 +185,5 @@ def _mount_pages(app: FastAPI) -> None:
     app.mount(PAGES, pages)
 
 
-__all__ = ["API", "PAGES", "ApiVersionHeader", "AuthError", "Caller", "create_app", "error_body", "pages_base", "principal", "store_of",
+__all__ = ["API", "PAGES", "AuthError", "Caller", "create_app", "error_body", "pages_base", "principal", "store_of",
            "token_still_valid"]

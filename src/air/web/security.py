@@ -10,6 +10,8 @@ MLflow's UI, may need its own policy).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: What every page and API answer may load: only this site's own files.
@@ -30,16 +32,18 @@ HSTS = ("strict-transport-security", "max-age=31536000")
 
 
 class SecurityHeaders:
-    """ASGI middleware: adds HEADERS (and HSTS under TLS) to every HTTP answer, streams included."""
+    """ASGI middleware: adds HEADERS (and HSTS under TLS), and `extra` (the server's API version), to every
+    HTTP answer, streams included (pure ASGI, so streamed answers are not buffered)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, extra: Sequence[tuple[str, str]] = ()) -> None:
         self.app = app
+        self.extra = list(extra)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        extra = [*HEADERS, HSTS] if scope.get("scheme") == "https" else list(HEADERS)
+        extra = [*HEADERS, HSTS, *self.extra] if scope.get("scheme") == "https" else [*HEADERS, *self.extra]
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
