@@ -54,3 +54,30 @@ def test_a_remote_call_through_the_server_returns_every_ranks_value(server: AirS
                              capture_output=True, text=True, timeout=300)
     assert nowhere.returncode != 0 and "RESULT" not in nowhere.stdout
     assert "Unknown pool 'nowhere' (from DATABRICKS_REMOTE_GPU_POOL_ID)" in nowhere.stderr, nowhere.stderr
+
+
+DISTRIBUTOR = textwrap.dedent("""
+    import json, os
+    from air.torch_distributor import TorchDistributor
+
+    def train(base):
+        print(f"training on rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}", flush=True)
+        return {"rank": int(os.environ["RANK"]), "loss": base / (1 + int(os.environ["RANK"]))}
+
+    print("RESULT " + json.dumps(TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(train, 8.0)))
+""")
+
+
+def test_torch_distributor_elsewhere_runs_through_the_server(server: AirServer, tmp_path: Path) -> None:
+    """`local_mode=False` goes where `remote=True` calls go: the server runs both processes as one call
+    run of the caller, and `run` returns rank 0's value, as pyspark's does."""
+    script = tmp_path / "distributor.py"
+    script.write_text(DISTRIBUTOR)
+    done = subprocess.run([sys.executable, str(script)], env=server.env("alice"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
+    assert json.loads(result.removeprefix("RESULT ")) == {"rank": 0, "loss": 8.0}
+    assert "training on rank 1 of 2" in done.stdout
+    runs = server.air_json("alice", "list", "runs", "--all-status")["runs"]
+    assert (runs[0]["kind"], runs[0]["status"], runs[0]["user"]) == ("call", "SUCCESS", "alice")
