@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import pickle
+import resource
 import subprocess
 import sys
 import textwrap
@@ -28,13 +29,19 @@ from air.environments import (
     prune_environments,
     use_environment,
 )
-from air.environments.build import _build
-from air.environments.cache import _Lock
+from air.environments.build import build_environment
+from air.environments.cache import BuildLock
 from air.environments.key import _identity_memo
 from air.errors import EnvironmentBuildError
 from proc_helpers import wait_for
 
 BASE = Path(sys.executable)
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process and of the children it has waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def offline(wheelhouse: Path, *packages: str) -> list[str]:
@@ -78,11 +85,13 @@ def test_command_imports_installed_and_base_packages_then_hits_the_cache(tmp_pat
 
     assert cache_state(deps, BASE) == "cached"
     _identity_memo.clear()  # as in a fresh process
-    started = time.perf_counter()
+    # CPU seconds of this process and of any child it waits for: what a cache hit costs, which a loaded
+    # machine does not stretch as it stretches wall time
+    started = cpu_seconds()
     again = ensure_environment(deps, BASE, log=lines.append)
-    elapsed = time.perf_counter() - started
+    elapsed = cpu_seconds() - started
     assert again.cache_hit and again.path == env.path
-    assert elapsed < 0.3, f"a cache hit took {elapsed:.3f}s"
+    assert elapsed < 0.3, f"a cache hit took {elapsed:.3f} s of CPU"
 
     [info] = list_environments()
     assert info.key == env.key and info.state == "ready" and not info.in_use
@@ -139,7 +148,7 @@ def test_a_waiting_run_gets_the_environment_while_the_builder_still_holds_it(
     lines = offline(wheelhouse, "airtest-other")
     deps = parse_dependencies(lines, tmp_path)
     key = environment_key(deps, BASE)
-    lock = _Lock(key)
+    lock = BuildLock(key)
     lock.acquire(fcntl.LOCK_EX)
     log_file = tmp_path / "waiter.log"
     program = (
@@ -155,7 +164,7 @@ def test_a_waiting_run_gets_the_environment_while_the_builder_still_holds_it(
     try:
         wait_for(lambda: log_file.exists() and "waiting for another run" in log_file.read_text(),
                  "the second run to wait for the build", timeout=60)
-        _build(deps, BASE, key, envs_dir() / key, log=lambda line: None)
+        build_environment(deps, BASE, key, envs_dir() / key, log=lambda line: None)
         lock.convert(fcntl.LOCK_SH)
         out, _ = waiter.communicate(timeout=60)
         assert out.strip() == "True" and waiter.returncode == 0
