@@ -130,7 +130,7 @@ def main() -> int:
                         help="also time whole remote=True calls of a DDP job, warm vs cold rank start")
     parser.add_argument("--only-remote-call", action="store_true", help="skip the submit-latency part")
     args = parser.parse_args()
-    from air.ray.cluster import RayAuth, start_ray_node, use_auth
+    from air.backends.ray_cluster import RayAuth, start_ray_node, use_auth
 
     started = []
     address, dashboard = args.address, args.dashboard

@@ -111,7 +111,7 @@ def bench_submit(envs: dict[str, dict[str, str]], work: Path, reps: int) -> dict
 def bench_ray_job(work: Path, reps: int) -> list[float] | None:
     from bench_ray_submit import bench_job_cli
 
-    from air.ray.cluster import RayAuth, start_ray_node, use_auth
+    from air.backends.ray_cluster import RayAuth, start_ray_node, use_auth
 
     auth = RayAuth.new_token()
     head = start_ray_node(head=True, num_cpus=2, object_store_memory=100 * 1024 * 1024, auth=auth,

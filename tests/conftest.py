@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # Ray is imported by the fixture only: the lean install runs this conftest without it
-    from air.ray.cluster import RayAuth, RayNode
+    from air.backends.ray_cluster import RayAuth, RayNode
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +97,7 @@ class RayTestCluster:
     nodes: list[RayNode] = field(default_factory=list)
 
     def add_node(self, **kwargs: object) -> RayNode:
-        from air.ray.cluster import start_ray_node
+        from air.backends.ray_cluster import start_ray_node
 
         node = start_ray_node(head=False, address=self.address, auth=self.auth,
                               object_store_memory=RAY_OBJECT_STORE, **kwargs)  # type: ignore[arg-type]
@@ -123,7 +123,7 @@ def ray_cluster() -> Iterator[RayTestCluster]:
     advertising fake GPUs (2 x "H100", 2 CPUs). Every node has its own ports and temp dir and token
     authentication with a session token, so it never collides with other Ray clusters on the machine;
     teardown stops exactly these nodes' processes (never `ray stop`) and checks none is left."""
-    from air.ray.cluster import RayAuth, start_ray_node, use_auth
+    from air.backends.ray_cluster import RayAuth, start_ray_node, use_auth
 
     auth = RayAuth.new_token()
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")}

@@ -30,6 +30,7 @@ from air.runtime import (
     get_node_rank,
     get_replica_rank,
     get_world_size,
+    ray_init,
 )
 
 __version__ = "0.1.0"
@@ -54,5 +55,5 @@ __all__ = [
     "AirError", "Client", "DistributedFunction", "GPUTypeError", "GPUValidationError", "HangError", "LocalExecutionTimeoutError",
     "RankFailedError", "RayMetricsMonitor", "RuntimeConfigurationError", "SerializationError", "UserInputError",
     "WorkloadFailureException", "distributed", "get_global_rank", "get_local_rank", "get_local_world_size",
-    "get_node_ip", "get_node_rank", "get_replica_rank", "get_world_size", "ray_launch",
+    "get_node_ip", "get_node_rank", "get_replica_rank", "get_world_size", "ray_init", "ray_launch",
 ]

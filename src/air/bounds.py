@@ -40,6 +40,8 @@ MAX_SECRET_BYTES = 64 << 10
 MAX_SECRETS_PER_USER = 1000
 #: Entries of a run's `permissions` (each a user or group and a level), in a workload or an API body.
 MAX_PERMISSION_ENTRIES = 1000
+#: Child runs one `for_each` sweep may expand to (items, or grid combinations).
+MAX_SWEEP_ITEMS = 1000
 #: A workload's `_bases_`: how deep bases may nest, and how many files one workload may read in all.
 MAX_BASES_DEPTH = 8
 MAX_BASE_FILES = 32

@@ -48,6 +48,13 @@ CANCEL_WAIT_S: float = 30.0
 #: How long `air cancel` waits for a supervisor that has not started yet (no pid recorded) to appear.
 CANCEL_NO_SUPERVISOR_S: float = 5.0
 
+#: How often the admission loop looks whether the store changed (a run ended, one was queued): one cheap
+#: `PRAGMA data_version` read; a pass over the queue runs only when it did (air/runs/admission.py).
+ADMISSION_POLL_S: float = 0.05
+
+#: The admission loop's pass over the queue even when nothing seemed to change (a safety tick, seconds).
+ADMISSION_TICK_S: float = 2.0
+
 #: How long `ray_launch`'s head waits for every node to join before running the driver anyway.
 RAY_JOIN_TIMEOUT_S: float = _float_env(AIR_RAY_JOIN_TIMEOUT_S, 120.0)
 

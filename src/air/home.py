@@ -122,6 +122,17 @@ class AirHome:
         return self.root / "tokens"
 
     @property
+    def admission_lock(self) -> Path:
+        """Held (flock) by the one admission loop of this AIR_HOME (air/runs/admission.py): `air server`'s
+        thread, or the detached local loop `air run` starts while runs are queued."""
+        return self.root / "admission.lock"
+
+    @property
+    def admission_log(self) -> Path:
+        """What the detached local admission loop did (which runs it admitted, its errors)."""
+        return self.root / "admission.log"
+
+    @property
     def bin(self) -> Path:
         """`bin/`: the `ray` shim local workload nodes find first on their PATH."""
         return self.root / "bin"

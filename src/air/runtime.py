@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from air.errors import RuntimeConfigurationError
-from air.settings import AIR_ACCELERATOR_KIND, AIR_CHECKPOINT_DIR, AIR_HEARTBEAT_FILE, AIR_RESUMED
+from air.settings import (
+    AIR_ACCELERATOR_KIND,
+    AIR_CHECKPOINT_DIR,
+    AIR_HEARTBEAT_FILE,
+    AIR_RAY_HEAD_PORT,
+    AIR_RESUMED,
+)
 
 #: A heartbeat writes its slot at most this often; calls in between cost one clock read.
 HEARTBEAT_EVERY_S = 0.5
@@ -101,6 +107,44 @@ def get_node_ip() -> str:
             return str(sock.getsockname()[0])
     except OSError:
         return "127.0.0.1"
+
+
+def ray_init(*args: Any, **kwargs: Any) -> Any:
+    """Connect this process to the Ray cluster of the air run it runs in (`ray.init(address="auto")`: the
+    cluster the workload's `ray start --head` started, found through the run's own RAY_TMPDIR, or
+    `ray_launch`'s), print the URL of that cluster's dashboard and return Ray's context. Arguments go to
+    `ray.init`. Outside a Ray workload a RuntimeConfigurationError says so (no stray local Ray is started)."""
+    if not (os.environ.get("RAY_ADDRESS") or os.environ.get(AIR_RAY_HEAD_PORT)):
+        raise RuntimeConfigurationError(
+            "ray_init() connects to the Ray cluster of the air run it runs in, and this process is not in a Ray "
+            "workload (neither RAY_ADDRESS nor the run's Ray head port is set).",
+            hint="Call it from a workload whose command starts Ray on node 0 (`ray start --head`) before this "
+            "script, or in a function run by ray_launch; anywhere else call ray.init() yourself.")
+    import ray
+
+    if not args:
+        kwargs.setdefault("address", "auto")
+    try:
+        context = ray.init(*args, **kwargs)
+    except ConnectionError as exc:
+        raise RuntimeConfigurationError(
+            f"ray_init(): the Ray cluster of this run is not running: {exc}",
+            hint="Start it first: `ray start --head` on node 0 in the workload's command, before the script that "
+            "calls ray_init().") from exc
+    url = _dashboard_url(getattr(context, "dashboard_url", None))
+    print(f"Ray dashboard: {url}" if url else "Ray dashboard: none (the head was started without one)", flush=True)
+    return context
+
+
+def _dashboard_url(address: str | None) -> str | None:
+    """`host:port` as Ray reports it, as a link: a dashboard bound to every interface is reached at this
+    node's address (`get_node_ip`), not 0.0.0.0."""
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]"):
+        host = get_node_ip()
+    return f"http://{host}:{port}" if "://" not in address else address
 
 
 def default_backend() -> str:
@@ -204,4 +248,4 @@ def newest_checkpoint(base: Path) -> Path | None:
 
 
 __all__ = ["checkpoint_dir", "default_backend", "heartbeat", "is_resumed", "latest_checkpoint", "get_global_rank", "get_local_rank", "get_local_world_size", "get_node_ip",
-           "get_node_rank", "get_replica_rank", "get_world_size"]
+           "get_node_rank", "get_replica_rank", "get_world_size", "ray_init"]

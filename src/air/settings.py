@@ -166,6 +166,10 @@ AIR_CHECKPOINT_DIR = _run(
     "A folder (or URI) that outlives the run's attempts, for checkpoints; the same in every attempt, node and rank.",
 )
 AIR_RESUMED = _run("AIR_RESUMED", "`1` in a retried attempt (AIR_ATTEMPT > 0): resume from AIR_CHECKPOINT_DIR.")
+AIR_SWEEP_INDEX = _run(
+    "AIR_SWEEP_INDEX", "In a child run of a `for_each` sweep: its item's index (0-based, in the order of the items)."
+)
+AIR_SWEEP_RUN_ID = _run("AIR_SWEEP_RUN_ID", "In a child run of a `for_each` sweep: the sweep's (the parent's) run id.")
 AIR_NODE_SLOTS = _run(
     "AIR_NODE_SLOTS",
     "The slots of this machine a local node holds (comma-separated), for a workload that starts Ray.",

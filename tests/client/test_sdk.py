@@ -24,7 +24,7 @@ import air
 from air.client import ApiVersionError
 from air.client.models import API_VERSION, API_VERSION_HEADER, LinesEvent, RunEvent
 from air.client.sdk import RunWaitTimeout
-from air.runs.states import RunStatus
+from air.runs.states import AttemptStatus, RunStatus
 from proc_helpers import wait_for
 
 SPEC: dict[str, Any] = {"experiment_name": "sdk", "compute": {"num_accelerators": 1, "accelerator_type": "CPU_1xCPU"},
@@ -65,7 +65,8 @@ def test_a_run_end_to_end(client: air.Client, tmp_path: Path) -> None:
     assert (got.run_id, got.status, got.attempt_number, got.experiment_name) == (
         run.run_id, RunStatus.SUCCESS, 0, "sdk-e2e")
     assert got.ended_at is not None and got.started_at is not None and got.ended_at >= got.started_at
-    assert got.model_extra and got.model_extra["attempt_list"][0]["status"] == "SUCCESS", got.model_extra
+    assert [a.status for a in got.attempt_list] == [AttemptStatus.SUCCESS], got.attempt_list  # typed, not a dict
+    assert got.folder and got.model_dump(mode="json")["attempt_list"][0]["status"] == "SUCCESS"
 
     assert run.run_id in [r.run_id for r in client.list(all_status=True)]
     assert run.run_id in [r.run_id for r in client.list(status="success")]

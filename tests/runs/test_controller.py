@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from air.accelerators import AcceleratorType, cpu_type
-from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLaunch, NodeProcess
+from air.backends.base import Allocation, AttemptOutcome, NodeExit, NodeLaunch
 from air.errors import LaunchError
-from air.launcher.node import ProcessExit
+from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.progress import Silence
 from air.runs.controller import AttemptVerdict, Phase, RunController, SetupFailure
 from air.runs.paths import RunPaths
@@ -318,7 +318,7 @@ def test_node_process_is_plain_data() -> None:
     """What crosses the Ray boundary pickles as is (no dicts)."""
     import pickle
 
-    launch = NodeLaunch(0, [NodeProcess("rank 0", ["python"], {"A": "1"}, Path("/tmp/x.log"))], Path("/tmp/n.log"),
+    launch = NodeLaunch(0, [ProcessSpec("rank 0", ["python"], {"A": "1"}, Path("/tmp/x.log"))], Path("/tmp/n.log"),
                         files={"payload.pkl": b"x"}, warm_preload=("torch",))
     assert pickle.loads(pickle.dumps(launch)) == launch
 

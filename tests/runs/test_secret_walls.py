@@ -124,7 +124,9 @@ def test_the_pump_masks_a_value_that_straddles_a_64_kib_piece(tmp_path: Path) ->
     assert secret.encode() not in written and secret[:8].encode() not in written
     pieces, end = written.rsplit(b"\n", 2)[0], written.rsplit(b"\n", 2)[1]
     assert pieces.replace(b"\n", b"") == line_bytes.replace(s, b"***") and end == b"the end"
-    assert written.count(b"\n") > 2  # it was written in pieces, not held whole
+    # Written in pieces before the rest arrived (waited for above), and stored as one line (issue 25: the
+    # log no longer cuts a long line every MAX_LINE bytes; readers bound what they show of it).
+    assert written.count(b"\n") == 2
     assert "".join(lines[:-1]) == line_bytes.replace(s, b"***").decode() and secret not in "".join(lines)
 
 

@@ -40,7 +40,7 @@ def test_run_status_members_and_terminal_set() -> None:
 
 def test_attempt_status() -> None:
     assert [s.value for s in AttemptStatus] == [
-        "RUNNING", "SUCCESS", "FAILED", "TIMEDOUT", "CANCELED", "INTERNAL_ERROR",
+        "RUNNING", "SUCCESS", "FAILED", "TIMEDOUT", "CANCELED", "INTERNAL_ERROR", "PREEMPTED",
     ]
     assert [s for s in AttemptStatus if not s.is_terminal()] == [AttemptStatus.RUNNING]
     assert ATTEMPT_TRANSITIONS[AttemptStatus.RUNNING] == {s for s in AttemptStatus if s.is_terminal()}
@@ -170,3 +170,14 @@ def test_a_hang_is_retried_within_max_retries_and_its_own_budget() -> None:
     assert verdict.decision is RetryDecision.FAIL and verdict.message.startswith("Hung (no progress)")
     assert one.decide(1, FailureClass.USER_CODE).decision is RetryDecision.RETRY  # other classes keep theirs
     assert FailureClass.HANG.run_status.value == "FAILED"
+
+
+def test_priority_classes_rank_and_read_back() -> None:
+    """Issue 26: the stored rank orders the queue (higher first); a rank reads back as its class, and a row
+    older than priorities (None) is NORMAL."""
+    from air.runs.states import PriorityClass
+
+    assert [c.rank for c in (PriorityClass.BEST_EFFORT, PriorityClass.NORMAL, PriorityClass.CRITICAL)] == [0, 100, 200]
+    assert [PriorityClass.from_rank(r) for r in (None, 0, 99, 100, 150, 200, 299)] == [
+        PriorityClass.NORMAL, PriorityClass.BEST_EFFORT, PriorityClass.BEST_EFFORT, PriorityClass.NORMAL,
+        PriorityClass.NORMAL, PriorityClass.CRITICAL, PriorityClass.CRITICAL]

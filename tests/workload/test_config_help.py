@@ -66,7 +66,7 @@ def test_leaf_field_page() -> None:
 
 def test_topics_are_the_sections() -> None:
     assert topics() == ["", "compute", "environment", "code_source", "code_source.snapshot",
-                        "code_source.snapshot.git"]
+                        "code_source.snapshot.git", "for_each"]
 
 
 @pytest.mark.parametrize(

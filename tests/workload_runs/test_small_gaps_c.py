@@ -1,4 +1,4 @@
-"""The hosted product's small gaps (issue 26, part C), through the real CLI on this machine:
+"""The hosted product's small gaps (issue 26), through the real CLI on this machine:
 `air list runs --filter status=/user=`, `air list pools`, `air logs --minutes N` and the line times it
 reads, and the runtime helpers."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
-from air.launcher.node import ProcessExit
+from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.progress import Silence
 from air.launcher.sandbox import Sandbox
 from air.settings import AIR_AGENT_DIR
@@ -27,32 +27,6 @@ from air.settings import AIR_AGENT_DIR
 #: on_line(node_rank, process_index, stream, text): every line a node's process prints, as it arrives
 #: (also written to its logs).
 ProcLineCallback = Callable[[int, int, str, str], None]
-
-#: Placeholders in argv/env/cwd values that the backend replaces, on the node, with that node's work
-#: folder (where `NodeLaunch.files` are put) and with the node's Python.
-NODE_DIR = "@AIR_NODE_DIR@"
-NODE_PYTHON = "@AIR_NODE_PYTHON@"
-
-
-@dataclass(frozen=True)
-class NodeProcess:
-    """One process of a node. `log_path` is on the submitting side (None: the node's log only). `hide`:
-    the secret values in its environment, masked in its output where the node writes it (air.launcher.redact).
-
-    The backend adds what only placement decides: MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES and
-    AIR_PROCESS_TAG. `cwd` is used when the launch has none (and only if it exists on the node).
-    """
-
-    name: str
-    argv: Sequence[str]
-    env: dict[str, str]
-    log_path: Path | None = None
-    cwd: str | None = None
-    hide: tuple[str, ...] = ()
-    #: A file the process writes in the node's work folder once its work is done (a rank's result is
-    #: reported): however it ends after that is not a failure, so it does not end the other processes.
-    done_file: str | None = None
-
 
 @dataclass(frozen=True)
 class NodeLaunch:
@@ -66,7 +40,7 @@ class NodeLaunch:
     """
 
     node_rank: int
-    processes: Sequence[NodeProcess]
+    processes: Sequence[ProcessSpec]
     log_path: Path
     cwd: Path | str | None = None
     files: Mapping[str, bytes] = field(default_factory=dict)
@@ -79,8 +53,8 @@ class NodeLaunch:
     def command(cls, node_rank: int, argv: Sequence[str], env: dict[str, str], log_path: Path,
                 cwd: Path | None = None, hide: Sequence[str] = ()) -> NodeLaunch:
         """A workload node: one command (`bash ...`) whose output is the node log (`hide`: its secrets)."""
-        return cls(node_rank, [NodeProcess(f"node {node_rank}", list(argv), env, hide=tuple(hide))], log_path, cwd,
-                   ray_shim=True)
+        return cls(node_rank, [ProcessSpec(f"node {node_rank}", list(argv), env, hide=tuple(hide), node=node_rank)],
+                   log_path, cwd, ray_shim=True)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,8 +22,6 @@ from typing import BinaryIO
 
 from air.accelerators import AcceleratorType, MachineAccelerators, discover, normalize_model
 from air.backends.base import (
-    NODE_DIR,
-    NODE_PYTHON,
     Allocation,
     AttemptOutcome,
     NodeLaunch,
@@ -173,17 +170,15 @@ class LocalBackend:
                     atomic_write_bytes(work / name, data, durable=False)
                 slots = allocation.slots_per_node[launch.node_rank]
                 for index, proc in enumerate(launch.processes):
-                    env = {k: _expand(v, work) for k, v in {**_node_environment(launch), **proc.env}.items()}
-                    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)})
+                    env = {**_node_environment(launch), **proc.env,
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port.port)}
                     env["CUDA_VISIBLE_DEVICES"] = "" if allocation.accelerator.is_cpu else ",".join(slots)
                     if launch.ray_shim:
                         env[AIR_NODE_SLOTS] = ",".join(slots)
                         env.pop("RAY_ADDRESS", None)  # some other cluster, not the one the node command starts
                         env.update(ray_env)
-                    cwd = launch.cwd or (_expand(proc.cwd, work) if proc.cwd else None)
-                    specs.append(ProcessSpec(proc.name, [_expand(a, work) for a in proc.argv], env,
-                                             proc.log_path or launch.log_path, Path(cwd) if cwd else None,
-                                             hide=proc.hide, sandbox=_with_work(launch.sandbox, work)))
+                    specs.append(proc.on_node(work, env, proc.log_path or launch.log_path, cwd=launch.cwd,
+                                              sandbox=_with_work(launch.sandbox, work)))
                     owners.append((node, index))
             warm = None
             preload = ordered[0].warm_preload
@@ -193,7 +188,8 @@ class LocalBackend:
             done = {i: work_dirs[node] / proc.done_file for i, (node, index) in enumerate(owners)
                     if (proc := ordered[node].processes[index]).done_file}
             attempt = LocalAttempt(ordered, owners, work_dirs, held, on_line, done)
-            attempt.launch = start_processes(specs, on_line=attempt.deliver, tag=tag, grace_s=TERMINATE_GRACE_S,
+            attempt.launch = start_processes(specs, on_line=attempt.deliver if attempt.delivers else None, tag=tag,
+                                             grace_s=TERMINATE_GRACE_S,
                                              warm=warm)
         except BaseException:
             held.close()
@@ -228,10 +224,6 @@ def _with_work(sandbox: Sandbox | None, work: Path) -> Sandbox | None:
     return dataclasses.replace(sandbox, writable=(*sandbox.writable, str(work)))
 
 
-def _expand(value: str, work: Path) -> str:
-    return value.replace(NODE_DIR, str(work)).replace(NODE_PYTHON, sys.executable)
-
-
 class LocalAttempt:
     """A started attempt on this machine: one Launch with every process of every node, and what it
     holds while it runs (its MASTER_PORT and Ray head port reserved, the nodes' RAY_TMPDIRs)."""
@@ -252,6 +244,14 @@ class LocalAttempt:
         self._exits: list[list[ProcessExit] | None] = [None] * len(launches)
         self._node_logs: dict[int, BinaryIO] = {}
         self._lock = threading.Lock()
+
+    @property
+    def delivers(self) -> bool:
+        """Whether `deliver` has anything to do: a caller wants lines, or a process logs apart from its node.
+        Otherwise the pump writes each node's log in blocks and no line goes through Python (issue 25)."""
+        launches = self._launches
+        return self._on_line is not None or any(
+            launches[node].processes[proc].log_path not in (None, launches[node].log_path) for node, proc in self._owners)
 
     def deliver(self, index: int, stream: str, text: str) -> None:
         """A line of spec `index` (already in its own log): also into its node's log, then to on_line."""
@@ -277,7 +277,7 @@ class LocalAttempt:
         per_node: list[list[ProcessExit]] = [[] for _ in self._launches]
         for e in result.exits:
             node, proc = self._owners[e.index]
-            per_node[node].append(ProcessExit(proc, e.name, e.returncode, e.ended_at, e.killed_by_launcher))
+            per_node[node].append(dataclasses.replace(e, index=proc))
         self._exits = list(per_node)
         return build_outcome([launch.node_rank for launch in self._launches], per_node,
                              ["127.0.0.1"] * len(self._launches), timed_out=result.timed_out,

@@ -27,14 +27,14 @@ import tarfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from air.backends.base import NODE_DIR, NODE_PYTHON, NodeProcess, node_work_root
+from air.backends.base import node_work_root
 from air.constants import TERMINATE_GRACE_S
 from air.files import atomic_write_bytes
-from air.launcher.node import ProcessExit
+from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.procs import reap_tag as reap_launch_tag
 from air.launcher.procs import tagged_processes
 from air.settings import AIR_LAUNCHER_PID, AIR_PATH_PREFIX, AIR_PROCESS_TAG, AIR_RAY_NODE
@@ -188,17 +188,14 @@ class NodeAgent:
             env["PATH"] = prefix + os.pathsep + env.get("PATH", os.defpath)
         return env
 
-    def _expand(self, value: str) -> str:
-        return value.replace(NODE_DIR, str(self.root / "work")).replace(NODE_PYTHON, sys.executable)
-
-    def start(self, procs: Sequence[NodeProcess], tag: str, grace_s: float = TERMINATE_GRACE_S,
+    def start(self, procs: Sequence[ProcessSpec], tag: str, grace_s: float = TERMINATE_GRACE_S,
               warm_preload: Sequence[str] | None = None) -> list[int]:
         """Start this node's processes at once (the backend placed them: env and cwd final but for
         NODE_DIR/NODE_PYTHON). Returns their PIDs.
 
         With `warm_preload` (not None) and where this node can fork, they are forked from one zygote that
         imported those modules once; their PIDs are then not known yet (the forks come a moment later)."""
-        from air.launcher import ProcessSpec, WarmStart, start_processes
+        from air.launcher import WarmStart, start_processes
         from air.launcher.warm import python_can_fork
 
         if self._thread is not None and self._thread.is_alive():
@@ -208,15 +205,10 @@ class NodeAgent:
         self._result = None
         logs = self.root / "logs" / f"launch_{self._attempt}"
         specs = []
-        for index, proc in enumerate(procs):
-            env = {k: self._expand(v) for k, v in self._node_env(proc.env).items()}
-            env.setdefault(AIR_LAUNCHER_PID, str(os.getpid()))
-            cwd = self._expand(proc.cwd) if proc.cwd else None
-            if cwd and not Path(cwd).is_dir():
-                cwd = None
-            specs.append(ProcessSpec(name=proc.name, argv=[self._expand(a) for a in proc.argv], env=env,
-                                     log_path=logs / f"proc_{index}.log", cwd=Path(cwd) if cwd else None,
-                                     hide=tuple(proc.hide)))  # its secrets: masked here, on the node
+        for index, proc in enumerate(procs):  # its secrets (`hide`): masked here, on the node
+            spec = proc.on_node(self.root / "work", {AIR_LAUNCHER_PID: str(os.getpid()), **self._node_env(proc.env)},
+                                logs / f"proc_{index}.log")
+            specs.append(spec if spec.cwd is None or Path(spec.cwd).is_dir() else replace(spec, cwd=None))
         tag = node_tag(tag, self.node_rank)
         self._start_sentinel(tag)
         warm = None
@@ -271,7 +263,7 @@ class NodeAgent:
             exits = list(result.exits)
         except BaseException:  # reported to the submitting side as data
             launch.terminate()
-            exits = [ProcessExit(i, s.name, -9, time.time(), killed_by_launcher=True)
+            exits = [ProcessExit(i, s.name, -9, time.time(), killed_by_launcher=True, node=s.node, rank=s.rank)
                      for i, s in enumerate(launch.specs)]
         for reservation in self._ports:
             reservation.release()

@@ -12,8 +12,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from air.backends.base import (
     Allocation,
@@ -24,13 +25,10 @@ from air.backends.base import (
     first_failure,
 )
 from air.backends.ray_agent import NodePoll
-from air.backends.ray_capacity import _ray
+from air.backends.ray_capacity import import_ray
 from air.constants import TERMINATE_GRACE_S
 from air.launcher.node import ProcessExit
 from air.launcher.progress import Silence
-
-if TYPE_CHECKING:
-    from air.backends.ray_backend import RayBackend, _Held
 
 _log = logging.getLogger("air.backends.ray")
 
@@ -38,13 +36,24 @@ _log = logging.getLogger("air.backends.ray")
 SUSPECT_AFTER_S = 3.0
 
 
+@dataclass
+class Held:
+    """What the Ray backend holds for one allocation: the placement group and one agent per bundle (an
+    attempt starts its nodes through those agents)."""
+
+    pg: Any
+    agents: list[Any]
+    infos: list[dict[str, Any]]
+    bundle: dict[str, float]
+    code: dict[str, tuple[str, Any]] = field(default_factory=dict)  # cwd → (key, object ref of its tar.gz)
+
+
 class RayAttempt:
     """A started attempt on Ray nodes: `wait()` pumps lines and watches exits and node health."""
 
-    def __init__(self, backend: RayBackend, allocation: Allocation, held: _Held, launches: Sequence[NodeLaunch], *,
+    def __init__(self, allocation: Allocation, held: Held, launches: Sequence[NodeLaunch], *,
                  tag: str, on_line: ProcLineCallback | None, poll_wait_s: float, master_addr: str,
                  master_port: int) -> None:
-        self.backend = backend
         self.allocation = allocation
         self.tag = tag
         self.master_addr = master_addr
@@ -104,7 +113,7 @@ class RayAttempt:
     # -- health ---------------------------------------------------------------------------------------
 
     def _node_dead(self, node: int) -> bool:
-        ray = _ray()
+        ray = import_ray()
         node_id = self._infos[node]["node_id"]
         try:
             for entry in ray.nodes():
@@ -156,7 +165,7 @@ class RayAttempt:
         """Ask every node not yet asked (and not ended or lost) for its lines, deliver the replies that
         came back within 0.1 s, and check the health of nodes slow to answer. `pending`: node → (poll
         reference, when it was asked), kept across rounds."""
-        ray = _ray()
+        ray = import_ray()
         for node, agent in enumerate(self._agents):
             if node in pending or node in self._lost or self._exits[node] is not None:
                 continue
@@ -176,7 +185,7 @@ class RayAttempt:
         from ray.exceptions import RayActorError
 
         try:
-            self._deliver(node, _ray().get(ref))
+            self._deliver(node, import_ray().get(ref))
         except RayActorError as exc:
             if self._node_dead(node):
                 self._mark_lost(node)
@@ -210,7 +219,7 @@ class RayAttempt:
             if self._terminated:
                 return
             self._terminated = True
-        ray = _ray()
+        ray = import_ray()
         live = [n for n in range(len(self._agents)) if n not in self._lost]
         refs = {n: self._agents[n].terminate.remote() for n in live}
         for node, ref in refs.items():
@@ -247,7 +256,7 @@ class RayAttempt:
         for index, launch in enumerate(self._launches):
             if launch.node_rank == node and index not in self._lost:
                 try:
-                    return str(_ray().get(self._agents[index].stacks.remote(process), timeout=60))
+                    return str(import_ray().get(self._agents[index].stacks.remote(process), timeout=60))
                 except Exception as exc:  # the report goes on without these stacks
                     return f"(no stacks: {exc})"
         return f"(no node {node})"
@@ -256,7 +265,7 @@ class RayAttempt:
         """Files the node's processes wrote in its work folder (e.g. rank outcomes)."""
         if node in self._lost:
             return dict.fromkeys(names)
-        ray = _ray()
+        ray = import_ray()
         try:
             return ray.get(self._agents[node].read_files.remote(list(names)), timeout=300)
         except Exception:

@@ -24,17 +24,14 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from air.accelerators import AcceleratorType
 from air.backends.base import (
-    NODE_DIR,
-    NODE_PYTHON,
     Allocation,
     NodeLaunch,
-    NodeProcess,
     ProcLineCallback,
     SlotLedger,
 )
@@ -44,25 +41,13 @@ from air.backends.ray_agent import (
     reap_tag,
     tagged_processes_any_node,
 )
-from air.backends.ray_attempt import RayAttempt
-from air.backends.ray_capacity import RayCapacity, _ray
+from air.backends.ray_attempt import Held, RayAttempt
+from air.backends.ray_capacity import RayCapacity, import_ray
 from air.backends.ray_cluster import RayAuth, refresh_auth
 from air.backends.ray_shim import workload_ray_env
 from air.constants import ADMIT_POLL_S, POLL_WAIT_S, TERMINATE_GRACE_S, WAIT_REPORT_S
 from air.errors import AirError, LaunchError
 from air.settings import AIR_PATH_PREFIX
-
-
-@dataclass
-class _Held:
-    """What the backend holds for one allocation: the placement group and one agent per bundle."""
-
-    pg: Any
-    agents: list[Any]
-    infos: list[dict[str, Any]]
-    bundle: dict[str, float]
-    code: dict[str, tuple[str, Any]] = field(default_factory=dict)  # cwd → (key, object ref of its tar.gz)
-
 
 _AGENT_CLASS: Any = None  # ray.remote(NodeAgent), made once per process
 
@@ -88,7 +73,7 @@ class RayBackend(RayCapacity):
         self.poll_wait_s = poll_wait_s
         self.agent_start_timeout_s = agent_start_timeout_s
         self.wait_report_s = wait_report_s
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         self._lock = threading.Lock()
         #: The run store, where a run's pool is read (None: any node; set by `backend_for`).
         self.ledger: SlotLedger | None = None
@@ -151,7 +136,7 @@ class RayBackend(RayCapacity):
     def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
                 should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
         """Reserve the placement group (gang: all bundles or none), then start one agent per bundle."""
-        ray = _ray()
+        ray = import_ray()
         from ray.util.placement_group import placement_group, remove_placement_group
 
         if not self._admitted(run_id, should_stop, on_wait):
@@ -187,7 +172,7 @@ class RayBackend(RayCapacity):
             node = by_id.get(info["node_id"], {})
             info["address"] = self._node_address(node) if node else info["ip"]
         with self._lock:
-            self._held[run_id] = _Held(pg=pg, agents=agents, infos=infos, bundle=bundle)
+            self._held[run_id] = Held(pg=pg, agents=agents, infos=infos, bundle=bundle)
         slots = tuple(tuple(i["gpu_ids"]) if not accelerator.is_cpu else tuple(str(s) for s in range(accelerator.per_node))
                       for i in infos)
         return Allocation(run_id=run_id, accelerator=accelerator, num_nodes=num_nodes, slots_per_node=slots,
@@ -197,7 +182,7 @@ class RayBackend(RayCapacity):
 
     def _new_agent(self, pg: Any, index: int, run_id: str, accelerator: AcceleratorType,
                    bundle: Mapping[str, float]) -> Any:
-        ray = _ray()
+        ray = import_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         global _AGENT_CLASS
@@ -212,7 +197,7 @@ class RayBackend(RayCapacity):
         return actor.remote(run_id, index)
 
     def _agent_infos(self, agents: Sequence[Any], should_stop: Callable[[], bool]) -> list[dict[str, Any]] | None:
-        ray = _ray()
+        ray = import_ray()
         refs = [a.info.remote() for a in agents]
         deadline = time.monotonic() + self.agent_start_timeout_s
         while True:
@@ -233,7 +218,7 @@ class RayBackend(RayCapacity):
                 )
 
     def _drop(self, agents: Sequence[Any], pg: Any) -> None:
-        ray = _ray()
+        ray = import_ray()
         from ray.util.placement_group import remove_placement_group
 
         for agent in agents:
@@ -258,7 +243,7 @@ class RayBackend(RayCapacity):
                 lines.append(f"node {rank} ({info['address']}): " + ", ".join(diffs))
         return lines
 
-    def _get(self, allocation: Allocation) -> _Held:
+    def _get(self, allocation: Allocation) -> Held:
         with self._lock:
             held = self._held.get(allocation.run_id)
         if held is None:
@@ -275,7 +260,7 @@ class RayBackend(RayCapacity):
         `ray_shim` also gets what a hand-started Ray needs (`air.backends.ray_shim.workload_ray_env`: a `ray`
         shim first on PATH, RAY_TMPDIR, AIR_RAY_HEAD_PORT, a per-attempt auth token, RAY_ADDRESS
         removed); these override what the launch's env holds."""
-        ray = _ray()
+        ray = import_ray()
         held = self._get(allocation)
         self._ensure_agents(allocation, held)
         if len(launches) != len(held.agents):
@@ -304,9 +289,9 @@ class RayBackend(RayCapacity):
                 if original and cwd is not None and cwd != original:
                     env = {k: (cwd + v[len(original):] if v == original or v.startswith(original + "/") else v)
                            for k, v in env.items()}
-                procs.append(NodeProcess(proc.name, list(proc.argv), env, None, cwd or proc.cwd, hide=proc.hide))
+                procs.append(replace(proc, env=env, log_path=None, cwd=cwd or proc.cwd))
             starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S, launch.warm_preload))
-        attempt = RayAttempt(self, allocation, held, launches, tag=tag, on_line=on_line,
+        attempt = RayAttempt(allocation, held, launches, tag=tag, on_line=on_line,
                              poll_wait_s=self.poll_wait_s, master_addr=node0["ip"], master_port=master_port)
         try:
             ray.get(starts, timeout=120)
@@ -315,9 +300,9 @@ class RayBackend(RayCapacity):
             raise LaunchError(f"The node processes could not be started: {exc}") from exc
         return attempt
 
-    def _with_ray_shim(self, held: _Held, launches: Sequence[NodeLaunch], *, head_port: int) -> list[NodeLaunch]:
+    def _with_ray_shim(self, held: Held, launches: Sequence[NodeLaunch], *, head_port: int) -> list[NodeLaunch]:
         """Each `ray_shim` node's processes with what a hand-started Ray needs on that node."""
-        ray = _ray()
+        ray = import_ray()
         dirs = ray.get([a.ray_workload_dirs.remote() for a in held.agents], timeout=60)
         auth = RayAuth.new_token()
         out = []
@@ -343,9 +328,9 @@ class RayBackend(RayCapacity):
             out.append(replace(launch, processes=procs))
         return out
 
-    def _ensure_agents(self, allocation: Allocation, held: _Held) -> None:
+    def _ensure_agents(self, allocation: Allocation, held: Held) -> None:
         """Agents die with their node; a retry after a lost node gets new ones in the rescheduled bundle."""
-        ray = _ray()
+        ray = import_ray()
         from ray.util.placement_group import placement_group_table
 
         pings = [a.ping.remote() for a in held.agents]
@@ -380,10 +365,10 @@ class RayBackend(RayCapacity):
             info["address"] = self._node_address(node) if node else info["ip"]
             held.infos[index] = info
 
-    def _place_code(self, run_id: str, held: _Held, launches: Sequence[NodeLaunch]) -> list[str | None]:
+    def _place_code(self, run_id: str, held: Held, launches: Sequence[NodeLaunch]) -> list[str | None]:
         """Each node's working folder: the path itself where the node has it, else an unpacked copy
         shipped once per run through the object store."""
-        ray = _ray()
+        ray = import_ray()
         wanted = [str(launch.cwd) if launch.cwd else None for launch in launches]
         checks = {i: held.agents[i].has_path.remote(cwd) for i, cwd in enumerate(wanted) if cwd}
         present = {i: ray.get(ref, timeout=60) for i, ref in checks.items()}
@@ -405,7 +390,7 @@ class RayBackend(RayCapacity):
         return placed
 
     def release(self, allocation: Allocation) -> None:
-        ray = _ray()
+        ray = import_ray()
         if self.ledger is not None:
             self.ledger.release_slots(allocation.run_id)  # its admission (the per-user limit counts it)
         with self._lock:
@@ -419,7 +404,7 @@ class RayBackend(RayCapacity):
 
     def reap(self, tag: str) -> int:
         """End leftover processes tagged `tag` on every alive node of the cluster."""
-        ray = _ray()
+        ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         task = ray.remote(num_cpus=0, max_retries=0)(reap_tag)
@@ -450,4 +435,4 @@ def _tar_folder(folder: Path) -> bytes:
     return buf.getvalue()
 
 
-__all__ = ["NODE_DIR", "NODE_PYTHON", "NodeLaunch", "NodeProcess", "RayAttempt", "RayBackend", "tagged_processes_any_node"]
+__all__ = ["NodeLaunch", "RayAttempt", "RayBackend", "tagged_processes_any_node"]

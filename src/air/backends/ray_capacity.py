@@ -22,7 +22,7 @@ _log = logging.getLogger("air.backends.ray")
 ACCELERATOR_SHARE = 0.001
 
 
-def _ray() -> Any:
+def import_ray() -> Any:
     import ray
 
     return ray
@@ -44,7 +44,7 @@ class RayCapacity:
                 hint="Set profiles.NAME.address in $AIR_HOME/config.yaml to the cluster's GCS address (host:port). "
                 "air does not guess: on a shared machine 'auto' may find someone else's cluster.",
             )
-        ray = _ray()
+        ray = import_ray()
         if ray.is_initialized():
             self._check_same_cluster(ray)
             return
@@ -90,7 +90,7 @@ class RayCapacity:
 
     def _alive_nodes(self) -> list[dict[str, Any]]:
         self.connect()
-        return [n for n in _ray().nodes() if n.get("Alive")]
+        return [n for n in import_ray().nodes() if n.get("Alive")]
 
     @staticmethod
     def _node_address(node: Mapping[str, Any]) -> str:

@@ -29,8 +29,10 @@ def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
         )
     client = remote()
     if client is not None:  # --all: your own active runs
-        targets = ([r["id"] for r in client.get("/runs", limit=100_000)["runs"]] if all_runs
-                   else [client.get(f"/runs/{i}")["id"] for i in run_ids])
+        from air.client.models import CancelAnswer, Run, RunList
+
+        targets = ([r.run_id for r in RunList.model_validate(client.get("/runs", limit=100_000)).runs] if all_runs
+                   else [Run.model_validate(client.get(f"/runs/{i}")).run_id for i in run_ids])
     else:
         store = RunStore()
         targets = active_run_ids(store) if all_runs else [store.get_run(i).id for i in run_ids]
@@ -42,7 +44,8 @@ def cancel(run_ids: tuple[str, ...], all_runs: bool, yes: bool) -> int:
             raise UserInputError(f"Refusing to cancel {len(targets)} run(s) without confirmation.", hint="Add -y.")
         click.confirm(f"Cancel {len(targets)} active run(s)?", abort=True)
     if client is not None:
-        results = {run_id: client.post(f"/runs/{run_id}/cancel")["status"] for run_id in targets}
+        results = {run_id: CancelAnswer.model_validate(client.post(f"/runs/{run_id}/cancel")).status.value
+                   for run_id in targets}
     else:
         results = {run_id: outcome.value for run_id, outcome in cancel_runs(store, targets, reason=canceled_by(local_user())).items()}
     if settings().json:

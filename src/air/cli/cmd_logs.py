@@ -91,8 +91,9 @@ def logs(
         from air.cli.remote import follow_remote
         from air.runs.views import run_from_dict
 
-        run = run_from_dict(client.get(f"/runs/{run_id}"))
-        if _never_started(run):
+        shown = client.get(f"/runs/{run_id}")
+        run = run_from_dict(shown)
+        if _a_sweep(run.id, bool(shown.get("is_sweep"))) or _never_started(run):
             return
         if download_to:
             listed = client.get(f"/runs/{run.id}/logs", attempt=attempt)
@@ -116,10 +117,11 @@ def logs(
         return
     from air.runs.follow import log_sources, logs_are_per_rank, snapshot_lines
     from air.runs.paths import CallPaths
+    from air.runs.sweep import is_sweep_spec
 
     store = RunStore()
     run = store.get_run(run_id)
-    if _never_started(run):
+    if _a_sweep(run.id, is_sweep_spec(run.spec_yaml)) or _never_started(run):
         return
     if run.current_attempt is None and follow is False:
         raise NotFoundError(
@@ -163,6 +165,14 @@ def _say_none_since(minutes: int, seen: set[tuple[str, int]]) -> None:
     """`--minutes` that matched nothing says so (on stderr), rather than printing nothing."""
     if not seen:
         stderr(f"(No log lines in the last {minutes} minute{'s' if minutes != 1 else ''}.)")
+
+
+def _a_sweep(run_id: str, is_sweep: bool) -> bool:
+    """A `for_each` sweep runs nothing itself: its tasks are runs with their own logs; say where."""
+    if is_sweep:
+        stderr(f"Run {run_id} is a for_each sweep: it has no logs of its own; each task is a run with its own "
+               f"(air get run {run_id} lists them; then air logs TASK_RUN_ID)")
+    return is_sweep
 
 
 def _never_started(run: Run) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
@@ -13,15 +13,13 @@ from air.errors import UserInputError
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import RunStore
-from air.runs.views import (
-    attempt_from_dict,
-    duration_text,
-    queue_dict,
-    quiet_summary,
-    run_detail,
-    run_dict,
-    run_from_dict,
-)
+from air.runs.views import duration_text, quiet_summary, run_detail, run_dict, run_summary
+
+if TYPE_CHECKING:
+    from air.client.models import Run, RunDetail
+
+#: What `RunStore.list_runs` takes as `statuses`: these, every run ("all"), or the active ones (None).
+Statuses = frozenset[RunStatus] | Literal["all"] | None
 
 
 @click.group()
@@ -45,7 +43,9 @@ def get_run(run_id: str) -> None:
     if settings().json:
         envelope(detail)
         return
-    print_run_detail(detail, ui_hint=client is None)
+    from air.client.models import RunDetail
+
+    print_run_detail(RunDetail.model_validate(detail), ui_hint=client is None)
 
 
 @get.command("pools")
@@ -79,54 +79,73 @@ def _slot_ranges(slots: list[int]) -> str:
     return ",".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in spans) or "-"
 
 
-def print_run_detail(detail: dict[str, Any], *, ui_hint: bool = True) -> None:
-    """`air get run` from `run_detail`'s dict (this machine's store or a server's answer alike)."""
-    run = run_from_dict(detail)
-    attempts = [attempt_from_dict(a) for a in detail.get("attempt_list") or []]
-    link = detail.get("mlflow_url")
-    queue = detail.get("queue")
+def print_run_detail(run: RunDetail, *, ui_hint: bool = True) -> None:
+    """`air get run` (this machine's store or a server's answer alike)."""
     pairs = [
-        ("Run", run.id), ("Status", run.status.value), *([("Waiting", queue["reason"])] if queue else []),
-        ("Experiment", run.experiment), ("MLflow run name", run.run_name or run.experiment),
+        ("Run", run.run_id), ("Status", run.status.value),
+        *([("Waiting", run.queue["reason"])] if run.queue else []),
+        ("Experiment", run.experiment_name), ("MLflow run name", run.run_name or run.experiment_name),
         ("Accelerators", shape_text(run.num_nodes, run.accelerator_type, run.num_accelerators)),
         ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), *([("Pool", run.pool)] if run.pool else []),
         ("User", run.user or "-"),
         ("Submitted", fmt_time(run.submitted_at)), ("Started", fmt_time(run.started_at)),
-        ("Ended", fmt_time(run.ended_at)), ("Duration", duration_text(run.duration_seconds())),
-        ("Attempts", f"{run.attempt_count} (retries: {max(run.attempt_count - 1, 0)})"),
+        ("Ended", fmt_time(run.ended_at)), ("Duration", duration_text(run.duration_seconds)),
+        ("Attempts", f"{run.attempts} (retries: {run.retries}"
+                     + (f", preempted: {run.preemptions}" if run.preemptions else "") + ")"),
+        ("Priority", run.priority_class),
     ]
-    if run.termination_reason and not run.status.value == "SUCCESS":
+    if run.termination_reason and not run.ok:
         pairs.append(("Termination reason", run.termination_reason))
-    quiet = quiet_summary(detail.get("progress") or []) if not run.status.is_terminal() else None
+    quiet = quiet_summary(run.progress) if not run.is_terminal else None
     if quiet:
         pairs.append(("Progress", quiet))
-    if detail.get("checkpoint_dir"):
-        pairs.append(("Checkpoints", detail["checkpoint_dir"]))
-        pairs.append(("Last checkpoint", detail.get("latest_checkpoint") or "-"))
+    if run.checkpoint_dir:
+        pairs.append(("Checkpoints", run.checkpoint_dir))
+        pairs.append(("Last checkpoint", run.latest_checkpoint or "-"))
     if run.failure_class:
         pairs.append(("Failure class", run.failure_class.value))
     pairs.append(("MLflow run", run.mlflow_run_id or "-"))
-    if link:
-        pairs.append(("MLflow UI", f"{link}   (start the UI with: air ui)" if ui_hint else link))
-    if detail.get("page_url"):
-        pairs.append(("Page", str(detail["page_url"])))
+    if run.mlflow_url:
+        pairs.append(("MLflow UI", f"{run.mlflow_url}   (start the UI with: air ui)" if ui_hint else run.mlflow_url))
+    if run.page_url:
+        pairs.append(("Page", run.page_url))
     if run.kind == "call":
         pairs.insert(1, ("Kind", f"call of {run.run_name or 'a function'} (@distributed)"))
-    pairs.append(("Folder", str(detail.get("folder"))))
+    pairs.append(("Folder", str(run.folder)))
+    if run.sweep_parent:
+        pairs.insert(1, ("Sweep", f"task {run.sweep_parent['index']} of sweep {run.sweep_parent['run_id']}"))
     print_fields(pairs)
+    if run.sweep:
+        _print_sweep(run.run_id, run.sweep)
+        return
     if run.kind == "call":
         print()
-        print_table(["RANK", "LOG"], [[str(r["rank"]), r["path"] + ("" if r["exists"] else "  (not written)")]
-                                      for r in detail.get("rank_logs") or []])
+        print_table(["RANK", "LOG"], [[str(r.rank), r.path + ("" if r.exists else "  (not written)")]
+                                      for r in run.rank_logs])
         if run.backend == "local":
-            print(f"\nLogs: air logs {run.id} [--rank N]")
+            print(f"\nLogs: air logs {run.run_id} [--rank N]")
             return
-    if attempts:
+    if run.attempt_list:
         print()
         print_table(["ATTEMPT", "STATUS", "STARTED", "DURATION", "REASON", "MLFLOW RUN"], [
             [str(a.index), a.status.value, fmt_time(a.started_at), duration_text(a.duration_seconds()),
-             a.termination_reason or "", a.mlflow_run_id or ""] for a in attempts], wrap=("REASON",))
-        print(f"\nLogs: air logs {run.id} [--node N] [--retry A]")
+             a.termination_reason or "", a.mlflow_run_id or ""] for a in run.attempt_list], wrap=("REASON",))
+        print(f"\nLogs: air logs {run.run_id} [--node N] [--retry A]")
+
+
+def _print_sweep(run_id: str, sweep: dict[str, Any]) -> None:
+    """A sweep's counts and its tasks (one child run each)."""
+    print()
+    print_fields([("Total", str(sweep["total"])), ("Completed", str(sweep["completed"])),
+                  ("Succeeded", str(sweep["succeeded"])), ("Failed", str(sweep["failed"])),
+                  ("Active", str(sweep["active"])), ("Not started", str(sweep["pending"])),
+                  ("Max concurrent", str(sweep.get("max_concurrent") or "all"))])
+    print()
+    print_table(["TASK", "RUN", "STATUS", "PARAMETERS", "STARTED", "DURATION", "REASON"], [
+        [str(t["index"]), t["run_id"] or "-", t["status"], t["parameters_text"], fmt_time(t["started_at_epoch"]),
+         duration_text(t["duration_seconds"]), t["termination_reason"] or ""] for t in sweep["tasks"]],
+        wrap=("REASON",))
+    print(f"\nA task: air get run RUN / air logs RUN   Cancel the sweep and its tasks: air cancel {run_id}")
 
 
 @click.group("list")
@@ -162,7 +181,7 @@ def _filters(values: tuple[str, ...]) -> dict[str, Any]:
                 v for v in (p.strip() for p in value.split(",")) if v)
             continue
         name = {"experiment": "experiment_glob"}.get(key, key)
-        parsed: Any = value
+        parsed: str | int = value
         if key == "num_accelerators":
             if not value.isdigit() or int(value) <= 0:
                 raise UserInputError(f"--filter num_accelerators must be a positive integer, got {value!r}.")
@@ -191,11 +210,11 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
 
     where = _filters(filters)
     named = (parse_statuses(status_names) if status_names else frozenset()) | where.pop("statuses", frozenset())
-    wanted: Any = named or ("all" if all_status else None)  # a status filter narrows --all-status
+    wanted: Statuses = named or ("all" if all_status else None)  # a status filter narrows --all-status
     with_user = all_users or "user" in where
     client = remote()
 
-    def fetch(wanted: Any, all_status: bool, limit: int) -> list[dict[str, Any]]:
+    def fetch(wanted: Statuses, all_status: bool, limit: int) -> list[dict[str, Any]]:
         if client is not None:
             return list(client.get(
                 "/runs", all_users=all_users, all_status=all_status, limit=limit,
@@ -203,46 +222,50 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
                 experiment=where.get("experiment_glob"), accelerator_type=where.get("accelerator_type"),
                 num_accelerators=where.get("num_accelerators"), user=where.get("user"))["runs"])
         store = RunStore()
-        return [{**run_dict(r), "queue": queue_dict(store, r)}
-                for r in store.list_runs(statuses=wanted, limit=limit, **where)]
+        listed = store.list_runs(statuses=wanted, limit=limit, **where)
+        if not settings().json:  # the table shows no queue reason: each costs a walk of the line ahead
+            return [{**run_dict(r), "queue": None} for r in listed]
+        return [run_summary(store, r) for r in listed]
 
     runs = fetch(wanted, all_status and not named, limit)
     if settings().json:
         envelope({"runs": runs})
         return
+    from air.client.models import RunList
+
     if not runs and wanted is None:  # nothing active: say so, and show what ended last
-        recent = fetch("all", True, RECENT_WHEN_IDLE)
+        recent = RunList.model_validate({"runs": fetch("all", True, RECENT_WHEN_IDLE)}).runs
         if recent:
             print("No active runs. The most recently ended:")
             print_runs(recent, all_status=True, with_user=with_user)
             print("\nEvery run: air list runs --all-status")
             return
-    print_runs(runs, all_status=all_status or bool(named), with_user=with_user)
+    print_runs(RunList.model_validate({"runs": runs}).runs, all_status=all_status or bool(named), with_user=with_user)
 
 
 #: `air list runs` with nothing active shows this many of the most recently ended runs instead.
 RECENT_WHEN_IDLE = 5
 
 
-def print_runs(runs: list[dict[str, Any]], *, all_status: bool, with_user: bool = False) -> None:
-    """`air list runs` from `run_dict`s (this machine's store or a server's answer alike)."""
+def print_runs(runs: list[Run], *, all_status: bool, with_user: bool = False) -> None:
+    """`air list runs` (this machine's store or a server's answer alike)."""
     if not runs:
         print("No runs." if all_status else "No active runs. (--all-status shows ended runs too)")
         return
-    records = [run_from_dict(r) for r in runs]
     header = ["RUN", "KIND", "STATUS", "EXPERIMENT", "ACCELERATORS", "SUBMITTED", "DURATION", "ATTEMPTS"]
-    rows = [[r.id, r.kind, r.status.value, r.experiment, shape_text(r.num_nodes, r.accelerator_type, r.num_accelerators),
-             fmt_time(r.submitted_at), duration_text(r.duration_seconds()), str(r.attempt_count)] for r in records]
+    rows = [[r.run_id, "sweep" if r.is_sweep else r.kind, r.status.value, r.experiment_name,
+             shape_text(r.num_nodes, r.accelerator_type, r.num_accelerators), fmt_time(r.submitted_at),
+             duration_text(r.duration_seconds), str(r.attempts)] for r in runs]
     if with_user:
         header.insert(1, "USER")
-        for row, r in zip(rows, records, strict=True):
+        for row, r in zip(rows, runs, strict=True):
             row.insert(1, r.user or "-")
     print_table(header, rows)
-    waiting = [(r["id"], r.get("queue")) for r in runs if r["status"] == RunStatus.QUEUED.value]
+    waiting = [r for r in runs if r.status is RunStatus.QUEUED]
     if waiting:
         print("\nWaiting:")
-        for run_id, queue in waiting:
-            print(f"  {run_id}  {queue['reason'] if queue else 'QUEUED'}")
+        for r in waiting:
+            print(f"  {r.run_id}  {r.queue['reason'] if r.queue else 'QUEUED'}")
 
 
 list_.add_command(get_pools, "pools")  # `air list pools` is `air get pools`: both read naturally

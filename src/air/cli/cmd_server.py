@@ -56,16 +56,19 @@ def server() -> None:
               "can read the others' secrets and the server's store). Without it, runs are isolated where the "
               "machine allows (root: a Unix account per user and a bubblewrap view; else bubblewrap), and a "
               "server that cannot isolate refuses to serve more than one user.")
+@click.option("--critical-users", default="", metavar="USER,...",
+              help="Who besides admins may submit compute.priority_class: CRITICAL (it goes first and preempts "
+              "BEST_EFFORT runs of its pool). Default: admins only.")
 @common
 def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_url: str | None, tls_cert: Path | None,
-          tls_key: Path | None, single_trust_domain: bool) -> None:
+          tls_key: Path | None, single_trust_domain: bool, critical_users: str) -> None:
     """Serve in the foreground until Ctrl-C or SIGTERM; runs keep running when it stops."""
     # Said before anything heavy is imported (FastAPI, MLflow): the start takes a while on a loaded machine.
     will_mlflow = mlflow and mlflow_port != 0 and not os.environ.get("MLFLOW_TRACKING_URI")
     stderr(f"air server: starting on {'https' if tls_cert else 'http'}://{host}:{port}"
            + ("; MLflow starts beside it (a minute or more; the API answers before)" if will_mlflow else "") + " ...")
     _need_server_extra()
-    from air.cli.cmd_ui import _check_port
+    from air.cli.cmd_ui import check_port
     from air.home import air_home
     from air.server.serve import check_server_home, serve
     from air.server.uploads import ServerPaths
@@ -75,7 +78,7 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
 
         public_url = check_public_url(public_url)
     profile = check_server_home()
-    _check_port(host, port)
+    check_port(host, port)
     if mlflow_port == 0:
         mlflow = False
     elif mlflow_port is not None:
@@ -103,7 +106,8 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
                    "are not tracked until the server is restarted (or start it with --no-mlflow).")
 
     serve(host, port, mlflow=mlflow, tls_cert=tls_cert, tls_key=tls_key, on_ready=ready, public=public_url,
-          single_trust_domain=single_trust_domain, on_mlflow=mlflow_changed)
+          single_trust_domain=single_trust_domain, on_mlflow=mlflow_changed,
+          critical_users=frozenset(u.strip() for u in critical_users.split(",") if u.strip()))
     stderr("air server stopped (runs keep running; start it again to serve them).")
     if "ray" in sys.modules:  # Ray's core worker can abort the interpreter's own teardown (SIGABRT after
         sys.stdout.flush()   # a clean stop); everything is written and closed by now: leave without it

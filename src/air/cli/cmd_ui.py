@@ -52,7 +52,7 @@ def _free_port_near(host: str, port: int) -> int | None:
     return None
 
 
-def _check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int) -> None:
     """A busy port is an error that says so and how to pick another, before anything is started."""
     from air.tracking.ui import running_ui
 
@@ -199,8 +199,8 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
         _require_pages()
     else:
         require_ui_server()
-        _check_port(host, port)
-    _check_port(host, pages_port)
+        check_port(host, port)
+    check_port(host, pages_port)
     stderr(f"air ui: starting air's pages on http://{host}:{pages_port}"
            + ("" if remote else f" and MLflow's UI on http://{host}:{port} (a minute or more)") + " ...")
     # After the check: the pages need Starlette, uvicorn and Jinja2, which the `ui` extra brings.

@@ -5,11 +5,12 @@ Printing itself is shared with the local commands (one printing path)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from air.client import ServerClient, server_client
-from air.client.models import Event, LinesEvent, NewAttemptEvent, RunEvent
+from air.client.models import Event, LinesEvent, NewAttemptEvent, RunEvent, SkippedEvent
 from air.errors import UserInputError
 from air.runs.follow import FollowEvent, Lines, LogSource, NewAttempt
 from air.runs.views import run_from_dict
@@ -45,6 +46,9 @@ def follow_events(events: Iterable[Event]) -> Iterator[FollowEvent]:
             yield Lines(LogSource(item.label, item.index), item.lines, item.attempt)
         elif isinstance(item, NewAttemptEvent):
             yield NewAttempt(item.new_attempt, item.previous)
+        elif isinstance(item, SkippedEvent):  # this follower fell behind the run's output: said, not silent
+            sys.stderr.write(f"air: {item.skipped} line(s) skipped: this follower read more slowly than the run "
+                             "wrote (air logs ID shows them).\n")
 
 
 def follow_remote(client: ServerClient, run_id: str, **params: Any) -> Iterator[FollowEvent]:

@@ -22,6 +22,7 @@ from air.runs.store import Run, RunStore
 
 if TYPE_CHECKING:
     from air.client import ServerClient
+    from air.client.models import RunDetail
 
 #: How often the queue is looked at again while a run waits (seconds).
 QUEUE_EVERY_S = 1.0
@@ -183,13 +184,16 @@ class RemoteWatchExtras(WatchExtras):
         super().__init__(run_id, json_mode=json_mode, verbose=verbose, store=None)
         self.client = client
 
+    def _detail(self, run: Run) -> RunDetail:
+        from air.client.models import RunDetail
+
+        return RunDetail.model_validate(self.client.get(f"/runs/{run.id}"))
+
     def queue_now(self, run: Run) -> dict[str, Any] | None:
-        queue = self.client.get(f"/runs/{run.id}").get("queue")
-        return dict(queue) if queue else None
+        return self._detail(run).queue
 
     def progress_now(self, run: Run) -> list[dict[str, Any]]:
-        return list(self.client.get(f"/runs/{run.id}").get("progress") or [])
+        return self._detail(run).progress
 
     def node_ended_now(self, run: Run) -> str | None:
-        ended = self.client.get(f"/runs/{run.id}").get("node_ended")
-        return str(ended) if ended else None
+        return self._detail(run).node_ended

@@ -27,6 +27,7 @@ from air.client.models import (
     LinesEvent,
     NewAttemptEvent,
     RunEvent,
+    SkippedEvent,
     decode_event,
 )
 from air.constants import SERVER_REQUEST_TIMEOUT_S
@@ -159,7 +160,8 @@ class ServerClient:
         """`GET /health` (also checks the API version, as every request does)."""
         return Health.model_validate(self.get("/health"))
 
-    def events(self, run_id: str, **params: Any) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent]:
+    def events(self, run_id: str,
+               **params: Any) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
         """A run's follow stream (`GET /runs/{id}/follow`) as typed events (air.client.models.decode_event),
         until the server ends it (or goes away: the caller sees the stream end early). An error line (a
         failure after the stream began) is raised as a RemoteError."""

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 
 from air.bounds import MAX_NUM_ACCELERATORS, MAX_RETRIES
 from air.errors import UserInputError
-from air.runs.states import FailureClass, RunStatus
+from air.runs.states import AttemptStatus, FailureClass, RunStatus
 
 #: The version of the API this air speaks (the `/api/v1` routes and these models). Raised when a route or
 #: a model changes in a way an older client cannot read.
@@ -135,6 +135,9 @@ class Run(_Answer):
     num_nodes: int
     #: 0-based index of the latest attempt (what `air logs --retry` takes); None before the first.
     attempt_number: int | None = None
+    #: How many attempts the run has made.
+    attempts: int = 0
+    profile: str | None = None
     termination_reason: str | None = None
     failure_class: FailureClass | None = None
     submitted_at: _dt.datetime | None = None
@@ -146,8 +149,16 @@ class Run(_Answer):
     page_url: str | None = None
     pool: str | None = None
     backend: str = "local"
+    #: `compute.priority_class`: BEST_EFFORT, NORMAL or CRITICAL (orders its pool's queue).
+    priority_class: str = "NORMAL"
+    #: Attempts after the first that a failure caused (preempted attempts are not retries).
+    retries: int = 0
+    #: Attempts of it that a CRITICAL run preempted.
+    preemptions: int = 0
     #: Why a QUEUED run waits (position, slots, holders, `reason`); None when it does not wait.
     queue: dict[str, Any] | None = None
+    #: A `for_each` sweep's parent run (its children are ordinary runs).
+    is_sweep: bool = False
 
     @field_serializer("submitted_at", "started_at", "ended_at")
     def _times(self, value: _dt.datetime | None) -> str | None:
@@ -161,6 +172,51 @@ class Run(_Answer):
     @property
     def ok(self) -> bool:
         return self.status is RunStatus.SUCCESS
+
+
+class Attempt(_Answer):
+    """One attempt of a run, as `air get run` lists it (`attempt_list`; times in epoch seconds)."""
+
+    index: int
+    status: AttemptStatus
+    started_at: float
+    ended_at: float | None = None
+    termination_reason: str | None = None
+    failure_class: FailureClass | None = None
+    mlflow_run_id: str | None = None
+
+    def duration_seconds(self) -> float:
+        """Its length so far (to now while it runs)."""
+        import time
+
+        return max(0.0, (self.ended_at if self.ended_at is not None else time.time()) - self.started_at)
+
+
+class RankLog(_Answer):
+    """Where a call's rank log is (`air logs ID --rank N` reads it) and whether it is written yet."""
+
+    rank: int
+    path: str
+    exists: bool
+
+
+class RunDetail(Run):
+    """`GET /runs/{id}`, `air get run` and `air.Client.get`: the run with its attempts, folder, how quiet
+    its nodes are, its checkpoints and (a call) its rank logs (air.runs.views.run_detail makes it)."""
+
+    attempt_list: list[Attempt] = []
+    folder: str | None = None
+    #: Each node process of the current attempt and how long it has been quiet (views.progress_view).
+    progress: list[dict[str, Any]] = []
+    node_ended: str | None = None
+    checkpoint_dir: str | None = None
+    latest_checkpoint: str | None = None
+    rank_logs: list[RankLog] = []
+    #: A sweep's counts (total, completed, succeeded, failed, active, pending), max_concurrent and `tasks`
+    #: (index, parameters, run_id, status, times); None for any other run (air.runs.sweep.sweep_view).
+    sweep: dict[str, Any] | None = None
+    #: A sweep child's parent: {"run_id", "index"}; None for any other run.
+    sweep_parent: dict[str, Any] | None = None
 
 
 class RunList(_Answer):
@@ -232,7 +288,8 @@ class ErrorBody(_Answer):
 
 
 class RunEvent(_Answer):
-    """The run as it is now (one at every poll of the follower)."""
+    """The run as it is now: at every poll of a local follow; through a server, when it changed (and every
+    few seconds), the last one as the run ended."""
 
     run: Run
 
@@ -253,17 +310,25 @@ class NewAttemptEvent(_Answer):
     previous: int | None = None
 
 
+class SkippedEvent(_Answer):
+    """This follower fell behind (it read more slowly than the run wrote): `skipped` lines were left out
+    here, and the stream goes on with the newest ones. A follower that keeps up never gets one."""
+
+    skipped: int
+
+
 class ErrorEvent(_Answer):
     """A failure after the stream began (a revoked token, a grant taken back): the stream's last line."""
 
     error: ErrorBody
 
 
-Event = RunEvent | LinesEvent | NewAttemptEvent | ErrorEvent
+Event = RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent | ErrorEvent
 
 #: Which model a stream line is, by the key only it has.
 _EVENT_KEYS: tuple[tuple[str, type[BaseModel]], ...] = (
-    ("run", RunEvent), ("lines", LinesEvent), ("new_attempt", NewAttemptEvent), ("error", ErrorEvent))
+    ("run", RunEvent), ("lines", LinesEvent), ("new_attempt", NewAttemptEvent), ("skipped", SkippedEvent),
+    ("error", ErrorEvent))
 
 
 def decode_event(line: bytes | str) -> Event | None:
@@ -298,8 +363,8 @@ def encode_event(event: Event) -> bytes:
 
 
 __all__ = [
-    "API_VERSION", "API_VERSION_HEADER", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
+    "API_VERSION", "API_VERSION_HEADER", "Attempt", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
     "CancelAnswer", "DryRunAnswer", "ErrorBody", "ErrorEvent", "Event", "Health", "LinesEvent", "NewAttemptEvent",
-    "Run", "RunEvent", "RunList", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "decode_event",
+    "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "decode_event",
     "encode_event", "event_from", "parse_request",
 ]

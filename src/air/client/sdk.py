@@ -24,8 +24,10 @@ from air.client.models import (
     LinesEvent,
     NewAttemptEvent,
     Run,
+    RunDetail,
     RunEvent,
     RunList,
+    SkippedEvent,
     SnapshotManifest,
     SubmitAnswer,
     SubmitRequest,
@@ -36,6 +38,7 @@ from air.runs.states import RunStatus
 
 if TYPE_CHECKING:
     from air.runs.store import RunStore
+    from air.workload.snapshot import SnapshotPlan
     from air.workload.spec import WorkloadSpec
 
 #: Seconds between two looks at a run's status while `wait` waits.
@@ -109,13 +112,13 @@ class Client:
 
     # -- read -------------------------------------------------------------------------------------------
 
-    def get(self, run_id: str) -> Run:
-        """One run, with what `air get run` shows (attempts, MLflow link, queue place) as extra fields."""
+    def get(self, run_id: str) -> RunDetail:
+        """One run, with what `air get run` shows (attempts, MLflow link, queue place, folder)."""
         if self.server is not None:
-            return Run.model_validate(self.server.get(f"/runs/{run_id}"))
+            return RunDetail.model_validate(self.server.get(f"/runs/{run_id}"))
         from air.runs.views import run_detail
 
-        return Run.model_validate(run_detail(self.store, self.store.get_run(run_id)))
+        return RunDetail.model_validate(run_detail(self.store, self.store.get_run(run_id)))
 
     def list(self, *, status: str | RunStatus | Iterable[str | RunStatus] | None = None, all_status: bool = False,
              experiment: str | None = None, all_users: bool = False, limit: int = 20) -> list[Run]:
@@ -129,11 +132,11 @@ class Client:
             answer = self.server.get("/runs", status=[s.value for s in sorted(wanted)] or None, all_status=all_status,
                                      experiment=experiment, all_users=all_users, limit=limit)
             return RunList.model_validate(answer).runs
-        from air.runs.views import run_dict
+        from air.runs.views import run_summary
 
         found = self.store.list_runs(statuses="all" if all_status else (wanted or None), limit=limit,
                                      experiment_glob=experiment)
-        return [Run.model_validate(run_dict(r)) for r in found]
+        return [Run.model_validate(run_summary(self.store, r)) for r in found]
 
     def logs(self, run_id: str, *, node: int | None = None, rank: int | None = None, attempt: int | None = None,
              tail: int | None = None) -> str:
@@ -146,12 +149,15 @@ class Client:
                        for c in chunks for line in c.lines)
 
     def follow(self, run_id: str, *, node: int | None = None, rank: int | None = None,
-               attempt: int | None = None, tail: int | None = None) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent]:
+               attempt: int | None = None, tail: int | None = None
+               ) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
         """The run's events until it ends (`air logs --follow`): its state at every poll (`RunEvent`), new
-        log lines (`LinesEvent`) and retries (`NewAttemptEvent`)."""
+        log lines (`LinesEvent`) and retries (`NewAttemptEvent`); through a server, `SkippedEvent` when this
+        reader fell behind and lines were left out."""
         return self._events(run_id, live=True, node=node, rank=rank, attempt=attempt, tail=tail)
 
-    def _events(self, run_id: str, *, live: bool, **where: int | None) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent]:
+    def _events(self, run_id: str, *, live: bool,
+                **where: int | None) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
         if self.server is not None:
             return self.server.events(run_id, live=live, **where)
         from air.runs.follow import follow, snapshot_lines
@@ -217,7 +223,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def upload_snapshot(client: ServerClient, snapshot: Any) -> SnapshotManifest:
+def upload_snapshot(client: ServerClient, snapshot: SnapshotPlan) -> SnapshotManifest:
     """Ship a planned snapshot: build it here (content-addressed, cached), ask the server which blobs it
     lacks, upload those; returns the manifest the submit names."""
     from air.workload.snapshot import MODE_LINK

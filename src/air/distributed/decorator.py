@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
-from air.distributed.shape import _UNSET, CallSettings, check_settings
+from air.distributed.shape import UNSET, CallSettings, check_settings
 from air.distributed.world_of_one import run_as_world_of_one
 from air.errors import AirError, RuntimeConfigurationError
 
@@ -67,9 +67,9 @@ class DistributedFunction(Generic[P, R]):
         )
 
     def with_overrides(self, num_accelerators: int | None = None, accelerator_type: str | None = None,
-                       remote: bool | None = None, timeout: float | None | object = _UNSET, *,
+                       remote: bool | None = None, timeout: float | None | object = UNSET, *,
                        gpus: int | None = None, gpu_type: str | None = None,
-                       hang_timeout: float | None | object = _UNSET) -> DistributedFunction[P, R]:
+                       hang_timeout: float | None | object = UNSET) -> DistributedFunction[P, R]:
         """A copy with some settings changed (re-validated); `timeout=None` (`hang_timeout=None`) disables it."""
         s = self._settings
         if num_accelerators is None and gpus is None:
@@ -77,8 +77,8 @@ class DistributedFunction(Generic[P, R]):
         if accelerator_type is None and gpu_type is None:
             accelerator_type = s.accelerator_type
         settings = check_settings(num_accelerators, accelerator_type, s.remote if remote is None else remote,
-                                  s.timeout if timeout is _UNSET else timeout, gpus, gpu_type,
-                                  hang_timeout=s.hang_timeout if hang_timeout is _UNSET else hang_timeout)
+                                  s.timeout if timeout is UNSET else timeout, gpus, gpu_type,
+                                  hang_timeout=s.hang_timeout if hang_timeout is UNSET else hang_timeout)
         return DistributedFunction(self.raw_func, settings)
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -19,7 +19,7 @@ import cloudpickle
 from air.constants import ECHO_WINDOW_S
 from air.errors import AirError, LocalExecutionTimeoutError, RankFailedError, SerializationError
 from air.files import atomic_write_bytes
-from air.launcher.node import LaunchResult, read_tail
+from air.launcher.node import ProcessExit, read_tail
 from air.runs.paths import CALL_PAYLOAD_FILE
 
 
@@ -142,20 +142,21 @@ def _rebuild_exception(outcome: RankOutcome, world_size: int, log_path: Path, sa
 
 def resolve(
     outcomes: Sequence[RankOutcome | None],
-    launch: LaunchResult,
+    exits: Sequence[ProcessExit],
     log_paths: Sequence[Path],
     *,
+    timed_out: bool,
     timeout_s: float | None,
-    rank_of_index: Sequence[int] | None = None,
+    interrupted: bool = False,
 ) -> list[Any]:
-    """The caller's result: every rank's value in rank order, or the root-cause exception."""
+    """The caller's result: every rank's value in rank order, or the root-cause exception. `exits`: the
+    rank processes' exits as the backend returns them (each names its global `rank`)."""
     world_size = len(outcomes)
-    ranks = list(rank_of_index) if rank_of_index is not None else list(range(world_size))
     errors = [o for o in outcomes if o is not None and not o.ok]
     # A rank that died without reporting (exit, signal) is a root-cause candidate too, unless air killed
     # it during teardown. The earliest event wins: peers of a dead rank fail a moment *after* it.
-    deaths = [e for e in launch.exits
-              if e.returncode not in (None, 0) and outcomes[e.index] is None and not e.killed_by_launcher]
+    deaths = [e for e in exits if e.rank is not None and e.returncode not in (None, 0)
+              and outcomes[e.rank] is None and not e.killed_by_launcher]
     first_error = min(errors, key=lambda o: o.raised_at) if errors else None
     first_death = min(deaths, key=lambda e: e.ended_at or float("inf")) if deaths else None
     if first_error is not None and (
@@ -163,10 +164,10 @@ def resolve(
         same = sorted(o.rank for o in errors
                       if o.exc_type == first_error.exc_type and o.exc_message == first_error.exc_message)
         raise _rebuild_exception(first_error, world_size, log_paths[first_error.rank], same)
-    if first_death is not None:
-        rank = ranks[first_death.index]
+    if first_death is not None and first_death.rank is not None:
+        rank = first_death.rank
         tail = read_tail(log_paths[rank], 30)
-        echoes = sorted(ranks[o.rank] for o in errors)
+        echoes = sorted(o.rank for o in errors)
         raise RankFailedError(
             f"Rank {rank} of {world_size} died without a Python exception ({first_death.describe()})."
             + (f"\nLast lines of its log ({log_paths[rank]}):\n{tail}" if tail else f"\nIts log: {log_paths[rank]} (empty)")
@@ -176,14 +177,14 @@ def resolve(
             hint="All other ranks were ended. SIGKILL often means the machine ran out of memory; SIGSEGV a crash "
             "in native code.",
         )
-    if launch.timed_out:
+    if timed_out:
         raise LocalExecutionTimeoutError(
             f"The call ran past its timeout of {timeout_s:g} s; all {world_size} ranks were ended.",
             hint=f"Rank logs: {log_paths[0].parent}. Pass a larger timeout= (or timeout=None) to "
             "@distributed or with_overrides().",
         )
-    missing = [r for r, o in zip(ranks, outcomes, strict=True) if o is None]
-    if missing or launch.interrupted:
+    missing = [r for r, o in enumerate(outcomes) if o is None]
+    if missing or interrupted:
         raise RankFailedError(
             f"{_group(missing).capitalize()} ended without reporting a result.",
             rank=missing[0] if missing else None, log_path=str(log_paths[missing[0]]) if missing else None,

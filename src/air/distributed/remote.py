@@ -29,13 +29,10 @@ from typing import Any
 from air.accelerators import AcceleratorType
 from air.backends import Backend, backend_for
 from air.backends.base import (
-    NODE_DIR,
-    NODE_PYTHON,
     Allocation,
     AttemptHandle,
     AttemptOutcome,
     NodeLaunch,
-    NodeProcess,
 )
 from air.constants import CANCEL_CHECK_S, release_timeout_s
 from air.distributed.local import OMP_NOTE, rank_env, serialize_call, warm_enabled
@@ -44,7 +41,7 @@ from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
 from air.files import atomic_write_bytes
-from air.launcher.node import LaunchResult, ProcessExit
+from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec
 from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
@@ -297,9 +294,9 @@ class CallJob:
                                local_world_size=self.per_node, node_rank=node, master_addr="", master_port=0,
                                gpu_ids=None, accelerator_kind=self.accelerator.kind, run_id=self.run_id,
                                restart_count=attempt, max_restarts=self.max_restarts, num_nodes=self.num_nodes)
-                procs.append(NodeProcess(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", "air.distributed.worker", NODE_DIR],
+                procs.append(ProcessSpec(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", "air.distributed.worker", NODE_DIR],
                                          env=env, log_path=self.log_paths[rank], cwd=os.getcwd(), hide=hide,
-                                         done_file=done_path(self.call_dir, rank).name))
+                                         node=node, rank=rank, done_file=done_path(self.call_dir, rank).name))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],
                                        files={PAYLOAD_FILE: self.payload},
                                        warm_preload=self.preload if self.warm else None, sandbox=self.sandbox))
@@ -315,15 +312,10 @@ class CallJob:
             for name, data in handle.fetch_files(node, names).items():
                 if data:
                     atomic_write_bytes(self.call_dir / name, data, durable=False)
-            for proc in handle.process_exits(node) or []:
-                exits.append(ProcessExit(node * self.per_node + proc.index, proc.name, proc.returncode,
-                                         proc.ended_at, proc.killed_by_launcher))
+            exits += handle.process_exits(node) or []
         try:
             outcomes = [read_outcome(self.call_dir, rank) for rank in range(self.world)]
             self._warn_about_hung_releases()
-            known = {e.index for e in exits}
-            exits += [ProcessExit(r, f"rank {r}", None, None, True) for r in range(self.world) if r not in known]
-            exits.sort(key=lambda e: e.index)
             if outcome.stopped:
                 return AttemptVerdict.failed("Canceled by the user (air cancel).", FailureClass.CANCEL,
                                              WorkloadFailureException(f"Run {self.run_id} was canceled; every rank "
@@ -333,8 +325,7 @@ class CallJob:
                 return AttemptVerdict.failed(reason, FailureClass.INFRASTRUCTURE,
                                              WorkloadFailureException(f"Run {self.run_id} failed: {reason}"))
             try:
-                values = resolve(outcomes, LaunchResult(exits, None, timed_out=outcome.timed_out), self.log_paths,
-                                 timeout_s=self.timeout_s)
+                values = resolve(outcomes, exits, self.log_paths, timed_out=outcome.timed_out, timeout_s=self.timeout_s)
             except BaseException as exc:  # the rank's own exception, rebuilt: raised here
                 if outcome.timed_out:
                     return AttemptVerdict.failed(f"Ran past its timeout of {self.timeout_s:g} s.",

@@ -22,7 +22,7 @@ from air.accelerators import (
 )
 from air.errors import GPUTypeError, GPUValidationError, RuntimeConfigurationError
 
-_UNSET = object()
+UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class LocalShape:
 
 
 def check_settings(num_accelerators: object = None, accelerator_type: object = None, remote: object = False,
-                   timeout: object = _UNSET, gpus: object = None, gpu_type: object = None,
+                   timeout: object = UNSET, gpus: object = None, gpu_type: object = None,
                    default_timeout: float | None = None, *, hang_timeout: object = None) -> CallSettings:
     """Validate types and the two spellings; knows nothing about the machine yet."""
     if gpus is not None and num_accelerators is not None:
@@ -65,7 +65,7 @@ def check_settings(num_accelerators: object = None, accelerator_type: object = N
         raise RuntimeConfigurationError(f"accelerator_type must be a string such as 'H100' or 'CPU', got {kind!r}.")
     if not isinstance(remote, bool):
         raise RuntimeConfigurationError(f"remote must be True or False, got {remote!r}.")
-    if timeout is _UNSET:
+    if timeout is UNSET:
         timeout = default_timeout
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not math.isfinite(timeout) or timeout <= 0):

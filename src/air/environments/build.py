@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from air.environments.dependencies import Dependency, DependencySet, canonical_name, without_hashes
-from air.environments.key import _interpreter_identity
+from air.environments.key import interpreter_identity
 from air.environments.layout import (
-    _COMPLETE,
-    _EXCLUDES,
-    _LAYER_PTH,
-    _META,
-    _REQUIREMENTS,
-    _SCHEMA,
+    COMPLETE,
+    EXCLUDES,
+    LAYER_PTH,
+    META,
+    REQUIREMENTS,
+    SCHEMA,
 )
 from air.errors import EnvironmentBuildError
 from air.files import atomic_write_text
@@ -48,7 +48,7 @@ _MAX_INSTALL_ROUNDS = 5
 Log = Callable[[str], None]
 
 
-def _build(deps: DependencySet, base: Path, key: str, path: Path, log: Log) -> None:
+def build_environment(deps: DependencySet, base: Path, key: str, path: Path, log: Log) -> None:
     """Build at the final path (a venv holds absolute paths), marker last; remove everything on failure."""
     started = time.monotonic()
     if path.exists():
@@ -67,9 +67,9 @@ def _build(deps: DependencySet, base: Path, key: str, path: Path, log: Log) -> N
         log(f"air: {linked} of the base's scripts (torchrun, ray, …) run with this environment")
         meta = {
             "key": key,
-            "schema": _SCHEMA,
+            "schema": SCHEMA,
             "base_python": str(base),
-            "base_version": _interpreter_identity(base)["version"],
+            "base_version": interpreter_identity(base)["version"],
             "dependencies": deps.lines(),
             "source": str(deps.source) if deps.source else None,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -77,8 +77,8 @@ def _build(deps: DependencySet, base: Path, key: str, path: Path, log: Log) -> N
             "satisfied_by_base": satisfied,
             "excluded_from_base": excluded,
         }
-        atomic_write_text(path / _META, json.dumps(meta, indent=2))
-        atomic_write_text(path / _COMPLETE, key)
+        atomic_write_text(path / META, json.dumps(meta, indent=2))
+        atomic_write_text(path / COMPLETE, key)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
@@ -261,7 +261,7 @@ def _layer_base(base: Path, path: Path, log: Log) -> _Layer:
     site_packages = found[0]
     site_dirs = tuple(d for d in info["site_dirs"] if os.path.isdir(d))
     pth = "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in site_dirs) if site_dirs else ""
-    (site_packages / _LAYER_PTH).write_text(pth + "\n")
+    (site_packages / LAYER_PTH).write_text(pth + "\n")
     log(f"air: layered on {len(site_dirs)} site folder(s) of {base}")
     base_dists = {d["name"]: _Dist(d["name"], d["version"], False, d["path"]) for d in info["dists"]}
     return _Layer(site_packages, base_dists, info["markers"], Path(info["scripts"]))
@@ -366,13 +366,13 @@ def _install(deps: DependencySet, path: Path, layer: _Layer, log: Log, uv: str) 
     rebuild = ["--reinstall"] if any(d.name is None for d in local) else []
     rebuild += [arg for d in local if d.name for arg in ("--reinstall-package", d.name)]
     for round_number in range(_MAX_INSTALL_ROUNDS):
-        (path / _EXCLUDES).write_text("".join(f"{name} ; python_version < '0'\n" for name in sorted(excluded)))
+        (path / EXCLUDES).write_text("".join(f"{name} ; python_version < '0'\n" for name in sorted(excluded)))
         requirements = [d.line for d in plain if d.name is None or d.name not in excluded] + sorted(set(extra_lines))
-        (path / _REQUIREMENTS).write_text("".join(f"{line}\n" for line in requirements))
+        (path / REQUIREMENTS).write_text("".join(f"{line}\n" for line in requirements))
         common = [uv, "pip", "install", "--python", str(path / "bin" / "python"), *options,
-                  *(rebuild if round_number == 0 else []), "--overrides", str(path / _EXCLUDES)]
+                  *(rebuild if round_number == 0 else []), "--overrides", str(path / EXCLUDES)]
         if requirements:
-            _run([*common, "-r", str(path / _REQUIREMENTS)], log, deps, what="install the dependencies",
+            _run([*common, "-r", str(path / REQUIREMENTS)], log, deps, what="install the dependencies",
                  only=[d for d in plain if d.name is None or d.name not in excluded])
         if round_number == 0:
             for number, dep in enumerate(scoped):

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from air.environments.build import Log, _build
+from air.environments.build import Log, build_environment
 from air.environments.dependencies import DependencySet
 from air.environments.key import environment_key
-from air.environments.layout import _COMPLETE, _LAST_USED, envs_dir
+from air.environments.layout import COMPLETE, LAST_USED, envs_dir
 
 CacheState = Literal["cached", "will build"]
 
@@ -47,12 +47,12 @@ def _env_for(key: str, cache_hit: bool) -> Environment:
     return Environment(path=path, bin_dir=path / "bin", python=path / "bin" / "python", key=key, cache_hit=cache_hit)
 
 
-def _is_complete(path: Path) -> bool:
-    return (path / _COMPLETE).is_file()
+def is_complete(path: Path) -> bool:
+    return (path / COMPLETE).is_file()
 
 
 def _touch_last_used(path: Path) -> None:
-    marker = path / _LAST_USED
+    marker = path / LAST_USED
     try:
         os.utime(marker)
     except FileNotFoundError:
@@ -64,10 +64,10 @@ def _touch_last_used(path: Path) -> None:
 
 def cache_state(deps: DependencySet, base_python: Path | str) -> CacheState:
     """What `--dry-run` reports: is the environment for these dependencies ready, or would a run build it?"""
-    return "cached" if _is_complete(envs_dir(create=False) / environment_key(deps, base_python)) else "will build"
+    return "cached" if is_complete(envs_dir(create=False) / environment_key(deps, base_python)) else "will build"
 
 
-class _Lock:
+class BuildLock:
     """An flock on `envs/.locks/<key>.lock`: exclusive to build or remove, shared while a node uses it.
 
     The lock file may be unlinked by `prune` while it holds the lock; a process that then gets the lock
@@ -142,13 +142,13 @@ def use_environment(deps: DependencySet, base_python: Path | str, *, log: Log) -
             lock.release()
 
 
-def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bool) -> tuple[Environment, _Lock | None]:
+def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bool) -> tuple[Environment, BuildLock | None]:
     """Find or build the environment. Waiting is done with a shared lock, which is granted as soon as no
     one builds or prunes, even while runs hold the environment; only a builder asks for the exclusive one."""
     base = Path(os.path.abspath(base_python))
     key = environment_key(deps, base)
     path = envs_dir() / key
-    if not hold and _is_complete(path):  # the hot path: one stat, one utime
+    if not hold and is_complete(path):  # the hot path: one stat, one utime
         _touch_last_used(path)
         _log.info("environment %s: cache hit (%s)", key, path)
         return _env_for(key, cache_hit=True), None
@@ -160,9 +160,9 @@ def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bo
             waited.append(True)
 
     while True:
-        lock = _Lock(key)
+        lock = BuildLock(key)
         lock.acquire(fcntl.LOCK_SH, on_wait=on_wait)
-        if _is_complete(path):
+        if is_complete(path):
             _touch_last_used(path)
             _log.info("environment %s: cache hit (%s)", key, path)
             if waited:
@@ -176,21 +176,21 @@ def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bo
             time.sleep(0.01)  # someone else got there first: wait for them with the shared lock
             continue
         try:
-            built = not _is_complete(path)  # complete: built by another run between our two locks
+            built = not is_complete(path)  # complete: built by another run between our two locks
             if built:
                 from air.progress import spinner
 
                 _log.info("environment %s: not cached; building it on %s", key, base)
                 started = time.monotonic()
                 with spinner(f"building environment {key} ({len(deps.dependencies)} dependencies) …"):
-                    _build(deps, base, key, path, log)
+                    build_environment(deps, base, key, path, log)
                 _log.info("environment %s: built in %.1f s", key, time.monotonic() - started)
             _touch_last_used(path)
             if not hold:
                 lock.release()
                 return _env_for(key, cache_hit=not built), None
             lock.convert(fcntl.LOCK_SH)  # not atomic: make sure nobody pruned it in between
-            if _is_complete(path):
+            if is_complete(path):
                 return _env_for(key, cache_hit=not built), lock
         except BaseException:
             lock.release()

@@ -24,7 +24,7 @@ from air.environments.dependencies import (
     canonical_name,
     without_hashes,
 )
-from air.environments.layout import _SCHEMA, envs_dir
+from air.environments.layout import SCHEMA, envs_dir
 from air.errors import UserInputError
 from air.files import atomic_write_text
 
@@ -48,7 +48,7 @@ def identity():
 _identity_memo: dict[tuple[str, int, int], dict[str, Any]] = {}
 
 
-def _interpreter_identity(python: Path) -> dict[str, Any]:
+def interpreter_identity(python: Path) -> dict[str, Any]:
     """Full version and platform of `python`: in process when it is our own interpreter, else probed once."""
     try:
         st = python.stat()
@@ -110,9 +110,9 @@ def environment_key(deps: DependencySet, base_python: Path | str) -> str:
     base = Path(os.path.abspath(base_python))
     digests = _Digests()
     material: dict[str, Any] = {
-        "schema": _SCHEMA,
+        "schema": SCHEMA,
         "base": str(base),
-        "interpreter": _interpreter_identity(base),
+        "interpreter": interpreter_identity(base),
         "options": [[o.flag, _option_material(o, digests)] for o in deps.options],
         # Plain entries are a set (order does not change uv's answer); per-entry ones install in order.
         "dependencies": sorted(_dependency_material(d, digests) for d in deps.dependencies if not d.flags),

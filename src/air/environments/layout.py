@@ -7,15 +7,15 @@ from pathlib import Path
 from air.home import AirHome
 
 #: Bump when the folder layout or the key material changes: old entries then simply stop matching.
-_SCHEMA = 1
+SCHEMA = 1
 
 # Files inside an environment folder, beside the venv's own bin/, lib/, pyvenv.cfg.
-_COMPLETE = ".air-complete"  # written last: the environment is ready
-_LAST_USED = ".air-last-used"  # mtime = last time a run used it
-_META = "air-env.json"  # what it was built from
-_REQUIREMENTS = "air-requirements.txt"  # what uv was asked to install
-_EXCLUDES = "air-excludes.txt"  # base packages uv was told to leave alone (as overrides)
-_LAYER_PTH = "_air_base_layer.pth"  # puts the base interpreter's site folders behind ours
+COMPLETE = ".air-complete"  # written last: the environment is ready
+LAST_USED = ".air-last-used"  # mtime = last time a run used it
+META = "air-env.json"  # what it was built from
+REQUIREMENTS = "air-requirements.txt"  # what uv was asked to install
+EXCLUDES = "air-excludes.txt"  # base packages uv was told to leave alone (as overrides)
+LAYER_PTH = "_air_base_layer.pth"  # puts the base interpreter's site folders behind ours
 
 
 def envs_dir(*, create: bool = True) -> Path:

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from air.environments.cache import _is_complete, _Lock
-from air.environments.layout import _COMPLETE, _LAST_USED, _META, envs_dir
+from air.environments.cache import BuildLock, is_complete
+from air.environments.layout import COMPLETE, LAST_USED, META, envs_dir
 from air.errors import UserInputError
 from air.files import folder_size
 
@@ -43,7 +43,7 @@ def _mtime(path: Path) -> datetime | None:
 
 def _info(path: Path, state: Literal["ready", "building", "incomplete"], in_use: bool) -> EnvInfo:
     try:
-        meta = json.loads((path / _META).read_text())
+        meta = json.loads((path / META).read_text())
     except (OSError, ValueError):
         meta = {}
     created = meta.get("created")
@@ -52,7 +52,7 @@ def _info(path: Path, state: Literal["ready", "building", "incomplete"], in_use:
         path=path,
         size_bytes=folder_size(path),
         created=datetime.fromisoformat(created) if created else _mtime(path),
-        last_used=_mtime(path / _LAST_USED) or _mtime(path / _COMPLETE),
+        last_used=_mtime(path / LAST_USED) or _mtime(path / COMPLETE),
         dependencies=list(meta.get("dependencies", [])),
         base_python=meta.get("base_python"),
         state=state,
@@ -68,10 +68,10 @@ def list_environments() -> list[EnvInfo]:
     """Every cached environment, most recently used first; `in_use` is true while a run holds it."""
     infos = []
     for path in _entries():
-        lock = _Lock(path.name)
+        lock = BuildLock(path.name)
         free = lock.acquire(fcntl.LOCK_EX, blocking=False)
         lock.release()
-        complete = _is_complete(path)
+        complete = is_complete(path)
         state: Literal["ready", "building", "incomplete"] = (
             "ready" if complete else "incomplete" if free else "building"
         )
@@ -102,12 +102,12 @@ def prune_environments(
     for path in _entries():
         if path.name in keep:
             continue
-        lock = _Lock(path.name)
+        lock = BuildLock(path.name)
         if not lock.acquire(fcntl.LOCK_EX, blocking=False):
             continue  # being built, or held by a running node
         try:
-            complete = _is_complete(path)
-            last_used = (path / _LAST_USED) if (path / _LAST_USED).exists() else (path / _COMPLETE)
+            complete = is_complete(path)
+            last_used = (path / LAST_USED) if (path / LAST_USED).exists() else (path / COMPLETE)
             stale = cutoff is not None and (not last_used.exists() or last_used.stat().st_mtime < cutoff)
             if not complete or all_unused or stale:
                 info = _info(path, "ready" if complete else "incomplete", in_use=False)
@@ -115,7 +115,7 @@ def prune_environments(
                     removed.append(info)
                     continue
                 with contextlib.suppress(FileNotFoundError):
-                    (path / _COMPLETE).unlink()  # first: a reader never trusts a half-removed folder
+                    (path / COMPLETE).unlink()  # first: a reader never trusts a half-removed folder
                 shutil.rmtree(path, ignore_errors=True)
                 with contextlib.suppress(FileNotFoundError):
                     lock.path.unlink()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -38,30 +39,61 @@ def _started(process: ProcessHandle) -> TypeGuard[Waitable]:
     return process.pid is not None
 
 
+#: Placeholders in a process's argv, env and cwd values that the backend replaces, on the node, with that
+#: node's work folder (where `NodeLaunch.files` are put) and with the node's Python (`ProcessSpec.on_node`).
+NODE_DIR = "@AIR_NODE_DIR@"
+NODE_PYTHON = "@AIR_NODE_PYTHON@"
+
+
 @dataclass(frozen=True)
 class ProcessSpec:
-    """One process to start. `name` is how logs and errors call it ("rank 3", "node 1"). `hide`: secret
-    values it was given, masked in its output before any line is written (see redact.py)."""
+    """One process to start, from the run controller to the node launcher. `name` is how logs and errors
+    call it ("rank 3", "node 1"); `node` and `rank` where it sits in the run (`rank`: a call's global rank,
+    None for a workload's node command). `hide`: secret values it was given, masked in its output before
+    any line is written (see redact.py).
+
+    As the controller plans it, `log_path` may be None (the node's log only) and values may hold NODE_DIR
+    and NODE_PYTHON; the backend adds what only placement decides (MASTER_ADDR, MASTER_PORT,
+    CUDA_VISIBLE_DEVICES) and `on_node` makes it final where it runs."""
 
     name: str
     argv: Sequence[str]
     env: dict[str, str]
-    log_path: Path
-    cwd: Path | None = None
+    log_path: Path | None = None
+    cwd: Path | str | None = None
     hide: tuple[str, ...] = ()
     #: Run it walled in (launcher/sandbox.py): a filesystem view, as another account where one is given.
     sandbox: Sandbox | None = None
+    node: int = 0
+    rank: int | None = None
+    #: A file the process writes in the node's work folder once its work is done (a rank's result is
+    #: reported): however it ends after that is not a failure, so it does not end the other processes.
+    done_file: str | None = None
+
+    def on_node(self, work: Path, env: dict[str, str], log_path: Path, *, cwd: Path | str | None = None,
+                sandbox: Sandbox | None = None) -> ProcessSpec:
+        """This process as it starts on a node whose work folder is `work`: `env` (the node's and its own,
+        merged by the backend), its log, and NODE_DIR/NODE_PYTHON replaced in argv, env and cwd."""
+        def expand(value: str) -> str:
+            return value.replace(NODE_DIR, str(work)).replace(NODE_PYTHON, sys.executable)
+
+        cwd = cwd or self.cwd
+        return replace(self, argv=[expand(a) for a in self.argv], env={k: expand(v) for k, v in env.items()},
+                       log_path=log_path, cwd=Path(expand(str(cwd))) if cwd else None, sandbox=sandbox)
 
 
 @dataclass(frozen=True)
 class ProcessExit:
-    """How one process ended: exit code (None while running) or the signal that killed it."""
+    """How one process ended: exit code (None while running) or the signal that killed it. `index`: its
+    place among its node's processes; `node` and `rank` as its ProcessSpec says."""
 
     index: int
     name: str
     returncode: int | None
     ended_at: float | None
     killed_by_launcher: bool = False
+    node: int = 0
+    rank: int | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -104,6 +136,9 @@ class Launch:
 
     def __init__(self, specs: Sequence[ProcessSpec], *, on_line: LineCallback | None, tag: str,
                  grace_s: float, warm: WarmStart | None = None) -> None:
+        unlogged = [spec.name for spec in specs if spec.log_path is None]
+        if unlogged:  # before anything is opened or started
+            raise ValueError(f"No log file for {', '.join(unlogged)}: a backend gives one (ProcessSpec.on_node).")
         self.specs = list(specs)
         self.tag = tag
         self.grace_s = grace_s
@@ -119,18 +154,12 @@ class Launch:
         #: Progress per process: the time of its last line (noted here) or heartbeat (its slot).
         self._last_line = [0.0] * len(self.specs)
         self._heartbeats = HeartbeatSlots(len(self.specs))
-        self._pump = OutputPump(self._noted(on_line))
+        self._pump = OutputPump(on_line, on_output=self._noted)
         self._redactors = [Redactor(spec.hide) if spec.hide else None for spec in self.specs]
 
-    def _noted(self, on_line: LineCallback | None) -> LineCallback:
-        last = self._last_line
-
-        def note(index: int, stream: str, text: str) -> None:
-            last[index] = time.time()
-            if on_line is not None:
-                on_line(index, stream, text)
-
-        return note
+    def _noted(self, index: int) -> None:
+        """Process `index` wrote output (once per block the pump reads, not per line)."""
+        self._last_line[index] = time.time()
 
     def _env(self, index: int) -> dict[str, str]:
         """Spec `index`'s environment with what the launch adds: its tag and heartbeat slot."""
@@ -143,20 +172,28 @@ class Launch:
         return dump_tree_stacks(self.popens[index].pid, self._heartbeats.paths[index] + ".stacks")
 
     def last_progress(self, index: int) -> float:
-        """Wall-clock time of process `index`'s last line or heartbeat (its start if neither yet)."""
-        return max(self.started_at, self._last_line[index], self._heartbeats.read(index))
+        """Wall-clock time of process `index`'s last line or heartbeat (its start if neither yet; a forked
+        process starts when it is forked, not while the zygote imported what it preloads)."""
+        popen = self.popens[index] if index < len(self.popens) else None
+        began = popen.started_at if isinstance(popen, ForkedProcess) and popen.started_at else self.started_at
+        return max(began, self._last_line[index], self._heartbeats.read(index))
 
     def silences(self, now: float | None = None) -> list[tuple[int, float, bool]]:
-        """(index, seconds without progress, stopped?) of every process still running."""
+        """(index, seconds without progress, stopped?) of every process still running. A process the zygote
+        has not forked yet is not silent, it does not exist: a zygote stuck importing is the call's
+        timeout's to end, not a hang of the rank."""
         now = time.time() if now is None else now
         out = []
         for index, popen in enumerate(self.popens):
+            if isinstance(popen, ForkedProcess) and popen.pid is None:
+                continue
             if popen.poll() is None:
                 out.append((index, max(now - self.last_progress(index), 0.0), is_stopped(popen.pid)))
         return out
 
     def _open_logs(self) -> None:
         for spec in self.specs:
+            assert spec.log_path is not None  # checked in __init__
             spec.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._logs.append(open(spec.log_path, "ab", buffering=0))  # closed in terminate
 
@@ -236,8 +273,9 @@ class Launch:
                 ended = popen.ended_at if isinstance(popen, ForkedProcess) else None
                 self._ended_at[index] = ended or now
             killed = self._running_at_teardown is not None and index in self._running_at_teardown
-            exits.append(ProcessExit(index, self.specs[index].name, code, self._ended_at.get(index),
-                                     killed_by_launcher=killed))
+            spec = self.specs[index]
+            exits.append(ProcessExit(index, spec.name, code, self._ended_at.get(index), killed_by_launcher=killed,
+                                     node=spec.node, rank=spec.rank))
         return exits
 
     def wait(self, *, timeout: float | None = None, fail_fast: bool = True,

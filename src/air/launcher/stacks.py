@@ -5,6 +5,9 @@ that is itself stopped (SIGSTOP) or stuck in native code. Without py-spy, a rank
 (air/distributed/worker.py) has registered faulthandler on SIGUSR2 writing to its AIR_STACKS_FILE;
 the file exists only once that handler is in place, so no other process is ever sent the signal
 (SIGUSR2 would kill it).
+
+A hang report wants the stacks of every process of an attempt; `collect` takes them all at once under
+one deadline, so a report costs one py-spy timeout, not one per process.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
@@ -24,6 +29,10 @@ import psutil
 PY_SPY_TIMEOUT_S = 15.0
 #: How long a faulthandler dump is waited for.
 FAULTHANDLER_WAIT_S = 2.0
+#: How long a hang report waits for the stacks of all its processes together (`collect`).
+STACKS_DEADLINE_S = PY_SPY_TIMEOUT_S + 10.0
+
+K = TypeVar("K")
 
 
 def py_spy() -> str | None:
@@ -101,9 +110,32 @@ def dump_tree_stacks(pid: int | None, stacks_file: str | None = None) -> str:
         threads = [threading.Thread(target=spy, args=(i,), daemon=True) for i in range(len(procs))]
         for thread in threads:
             thread.start()
+        deadline = time.monotonic() + PY_SPY_TIMEOUT_S + 5  # one deadline for them all
         for thread in threads:
-            thread.join(PY_SPY_TIMEOUT_S + 5)
+            thread.join(max(0.0, deadline - time.monotonic()))
     return "\n\n".join(f"pid {p.pid}: {_describe(p)}\n{text}" for p, text in zip(procs, texts, strict=True))
 
 
-__all__ = ["dump_tree_stacks", "py_spy"]
+def collect(tasks: Mapping[K, Callable[[], str]], deadline_s: float = STACKS_DEADLINE_S) -> dict[K, str]:
+    """Run every stacks task at once (one thread each) and return what each gave within one deadline; a
+    task that failed or was still running says so in its text (the report goes on without it)."""
+    results: dict[K, str] = {}
+
+    def run(key: K, task: Callable[[], str]) -> None:
+        try:
+            results[key] = task()
+        except Exception as exc:  # one process's stacks never stop the report
+            results[key] = f"(no stacks: {type(exc).__name__}: {exc})"
+
+    threads = [threading.Thread(target=run, args=(key, task), name="air-stacks", daemon=True)
+               for key, task in tasks.items()]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + deadline_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    late = f"(no stacks: not collected within {deadline_s:g} s, with every other process's)"
+    return {key: results.get(key, late) for key in tasks}
+
+
+__all__ = ["collect", "dump_tree_stacks", "py_spy"]

@@ -21,16 +21,13 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, BinaryIO
+from typing import IO, BinaryIO, Protocol
 
 import psutil
 
 from air.constants import LEADER_EXIT_WAIT_S, _float_env
 from air.launcher.sandbox import Sandbox
 from air.settings import AIR_LAUNCHER_PID, AIR_WARM_IDLE_S
-
-if TYPE_CHECKING:
-    from air.launcher.warm_kept import KeptZygote
 
 #: Environment keys a forked child sets for itself (never inherited from the zygote's environment).
 _PER_CHILD = (AIR_LAUNCHER_PID,)
@@ -98,10 +95,13 @@ class ForkedProcess:
         self.pid: int | None = None
         self.returncode: int | None = None
         self.ended_at: float | None = None
+        #: When it was forked (wall clock): a hang clock starts here, not while the zygote imported.
+        self.started_at: float | None = None
         self._done = threading.Event()
 
     def started(self, pid: int) -> None:
         self.pid = pid
+        self.started_at = time.time()
 
     def ended(self, returncode: int, when: float) -> None:
         if self.returncode is None:
@@ -121,11 +121,21 @@ class ForkedProcess:
         return f"ForkedProcess(index={self.index}, pid={self.pid}, returncode={self.returncode})"
 
 
+class KeptLeaders(Protocol):
+    """What a leader asks of the kept zygote that forked it (air.launcher.warm_kept.KeptZygote)."""
+
+    def exit_code(self, timeout: float) -> int | None: ...
+
+    def finished(self) -> None: ...
+
+    def end(self) -> None: ...
+
+
 class LeaderHandle(ForkedProcess):
     """The process a kept zygote forked to run one launch: its pid comes on the launch's status pipe
     (`leader`), its exit code just before it leaves (`done`); the pipe's end means it is gone."""
 
-    def __init__(self, kept: KeptZygote) -> None:
+    def __init__(self, kept: KeptLeaders) -> None:
         super().__init__(-1)
         self.kept = kept
         self.done_code: int | None = None

@@ -56,6 +56,9 @@ class RayLaunchBootstrap:
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:
             return None
         from air.backends.ray_cluster import RayAuth, start_ray_node, use_auth
+        from air.distributed.mlflow_gate import use_mlflow
+
+        use_mlflow(wait=False)  # a lazily made call run is made while the Ray node starts (_node_monitor waits)
 
         node_rank = int(os.environ.get("NODE_RANK", "0"))
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -133,7 +136,13 @@ class RayLaunchBootstrap:
 
 
 def _node_monitor(port: int, head: bool = False) -> Any:
-    """This node's RayMetricsMonitor, started, when the call has an MLflow run (and metrics are on)."""
+    """This node's RayMetricsMonitor, started, when the call has an MLflow run (and metrics are on).
+
+    A call tracked lazily gets its run here even if the function never imports mlflow: Ray's metrics and
+    Ray Train's reports (air.ray.train_callback, which reads MLFLOW_RUN_ID when `fit()` starts) are use."""
+    from air.distributed.mlflow_gate import use_mlflow
+
+    use_mlflow()
     if not os.environ.get("MLFLOW_RUN_ID") or os.environ.get(AIR_RAY_METRICS, "1") == "0":
         return None
     from air.ray.metrics import RayMetricsMonitor

@@ -26,7 +26,7 @@ class MlflowReportCallback(ReportCallback):
     set; the callback then runs in the Train controller, possibly on another node)."""
 
     def __init__(self) -> None:
-        self.run_id = os.environ.get("MLFLOW_RUN_ID")
+        self.run_id = os.environ.get("MLFLOW_RUN_ID") or _active_run_id()
         self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
         if self.run_id and not self.tracking_uri:
             try:
@@ -59,6 +59,17 @@ class MlflowReportCallback(ReportCallback):
         except Exception as exc:  # tracking never fails training; warn once
             self._failed = True
             _log.warning("air: could not log ray.train.report metrics to MLflow run %s: %s", self.run_id, exc)
+
+
+def _active_run_id() -> str | None:
+    """The driver's active MLflow run: MLflow's `start_run` (also implied by a first `mlflow.log_metric`)
+    takes MLFLOW_RUN_ID out of the environment, so a driver that logged before `fit()` has only this."""
+    mlflow = sys.modules.get("mlflow")
+    try:
+        run = mlflow.active_run() if mlflow is not None else None
+    except Exception:  # no fluent state worth using
+        return None
+    return str(run.info.run_id) if run is not None else None
 
 
 class AirTrainCallback(TrainContextCallback):

@@ -42,22 +42,47 @@ def local_user() -> str:
 
 def cancel_run(store: RunStore, run_id: str, *, reason: str = CANCEL_REASON) -> RunStatus:
     """End one run and every process it started; returns its final (or current terminal) status.
-    `reason`: its termination reason (`canceled_by(...)` names who asked)."""
+    `reason`: its termination reason (`canceled_by(...)` names who asked). A `for_each` sweep's children
+    go with it: its supervisor cancels them, and so does this, for a sweep whose supervisor is gone."""
+    status = _cancel_one(store, run_id, reason=reason)
+    _cancel_sweep_children(store, store.get_run(run_id).id, reason)
+    return status
+
+
+def _cancel_sweep_children(store: RunStore, run_id: str, reason: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from air.runs.sweep import child_run, child_run_ids
+
+    active = [c for c in child_run_ids(store, run_id) if (child := child_run(store, c)) and not child.is_terminal]
+    if active:
+        with ThreadPoolExecutor(max_workers=min(len(active), 16)) as pool:
+            list(pool.map(lambda c: _cancel_one(store, c, reason=reason), active))
+
+
+def _cancel_one(store: RunStore, run_id: str, *, reason: str) -> RunStatus:
     from air.launcher import reap_tag
 
     run = store.get_run(run_id)
     if run.is_terminal:
         return run.status
+    if run.status is RunStatus.QUEUED and run.supervisor_pid is None:  # a row waiting for admission: no process
+        try:  # (a supervisor the admission loop starts meanwhile finds its run CANCELED, its slots released)
+            return store.transition(run.id, RunStatus.CANCELED, reason=reason, failure_class=FailureClass.CANCEL,
+                                    expected_from=RunStatus.QUEUED).status
+        except StatusConflictError:
+            return _cancel_one(store, run_id, reason=reason)
     try:
-        store.transition(
-            run.id,
-            RunStatus.TERMINATING,
-            reason=reason,
-            failure_class=FailureClass.CANCEL,
-            expected_from=run.status,
-        )
+        if run.status is not RunStatus.TERMINATING:  # (already: another cancel is under way; wait with it)
+            store.transition(
+                run.id,
+                RunStatus.TERMINATING,
+                reason=reason,
+                failure_class=FailureClass.CANCEL,
+                expected_from=run.status,
+            )
     except StatusConflictError:
-        return cancel_run(store, run_id, reason=reason)
+        return _cancel_one(store, run_id, reason=reason)
     started = time.monotonic()
     deadline = started + CANCEL_WAIT_S
     while time.monotonic() < deadline:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -33,9 +34,10 @@ from typing import Any, Protocol
 from air.accelerators import AcceleratorType
 from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, Backend, NodeLaunch, ProcLineCallback
 from air.constants import PROGRESS_CHECK_S
-from air.errors import HangError
+from air.errors import HangError, NotFoundError
 from air.files import atomic_write_text
 from air.launcher.progress import find_hang, quiet_for
+from air.launcher.stacks import collect as collect_stacks
 from air.runs.credentials import door_url, node_tracking_env
 from air.runs.credentials import revoke as revoke_credentials
 from air.runs.paths import RunPaths, process_tag
@@ -151,6 +153,9 @@ class _Attempt:
     outcome: AttemptOutcome | None = None
     verdict: AttemptVerdict | None = None
     hang: AttemptVerdict | None = None  # set by the hang check; wins over how the nodes then ended
+    #: The CRITICAL run that asked for this attempt's slots (runs/preemption.py), once seen; its nodes are
+    #: then ended and the run goes back to the queue, unless they had all succeeded already.
+    preempted_by: str | None = None
     next_progress_check: float = 0.0
     #: Nodes seen with a running process, and when each was first seen with none (its command ended
     #: while others still ran: "node 0 ended; node 1 still running").
@@ -178,6 +183,7 @@ class RunController:
         self._clock = clock
         self._next_cancel_check = 0.0
         self._cancel_seen = False
+        self._preempt_seen: str | None = None
         self._allocation: Allocation | None = None
         self._attempt: _Attempt | None = None
 
@@ -214,7 +220,9 @@ class RunController:
 
     # -- phases -------------------------------------------------------------------------------------
     def _acquire(self) -> Phase:
-        if not self._move(RunStatus.QUEUED, {RunStatus.PENDING, RunStatus.WAITING_FOR_RETRY}):
+        # A workload is queued by `air run` and its supervisor started once admitted (runs/admission.py).
+        queued = self.store.get_run(self.run_id).status is RunStatus.QUEUED
+        if not queued and not self._move(RunStatus.QUEUED, {RunStatus.PENDING, RunStatus.WAITING_FOR_RETRY}):
             return self._end_canceled()
         allocation = self.backend.acquire(self.run_id, self.job.accelerator, self.job.num_nodes,
                                           should_stop=self._stop_queue, on_wait=self.job.on_wait)
@@ -238,7 +246,7 @@ class RunController:
             path.touch()
         air_log = self.job.attempt_log(index, node_logs)
         tracking = self.job.tracking(index, air_log)
-        self._record_tracking(index, tracking)
+        tracking.when_ready(lambda: self._record_tracking(index, tracking))  # (a workload's: made in the background)
         attempt = self._attempt = _Attempt(index, node_logs, tracking, contextlib.ExitStack())
         try:
             node_env = node_tracking_env(self.store, self.run_id, tracking.env())
@@ -259,7 +267,7 @@ class RunController:
         handle = attempt.handle
 
         def should_stop() -> bool:
-            return self.cancel_requested() or self._hung(attempt, handle)
+            return self.cancel_requested() or self._preempted(attempt) or self._hung(attempt, handle)
 
         attempt.outcome = handle.wait(timeout_s=self.job.timeout_s, should_stop=should_stop)
         attempt.held.close()  # the environment is free once the nodes ended
@@ -296,9 +304,9 @@ class RunController:
         if hang is None:
             return False
         stacks_of = {}
-        for silence in silences:
-            name = label(silence.node, silence.process)
-            text = handle.stacks(silence.node, silence.process)
+        texts = collect_stacks({label(s.node, s.process): functools.partial(handle.stacks, s.node, s.process)
+                                for s in silences})  # all at once, under one deadline
+        for name, text in texts.items():
             path = self.paths.stacks(attempt.index, name)
             atomic_write_text(path, text + "\n")
             stacks_of[name] = (text, path)
@@ -316,11 +324,31 @@ class RunController:
         attempt.hang = AttemptVerdict.failed(reason, FailureClass.HANG, error)
         return True
 
+    def _preempted(self, attempt: _Attempt) -> bool:
+        """A CRITICAL run asked for this attempt's slots (seen by `cancel_requested`'s read of the run)."""
+        if attempt.preempted_by is None and self._preempt_seen is not None:
+            try:
+                waiting = self.store.get_run(self._preempt_seen).status is RunStatus.QUEUED
+            except NotFoundError:
+                waiting = False
+            if not waiting:  # the CRITICAL run was canceled (or started) meanwhile: keep running
+                self._clear_preemption()
+                return False
+            attempt.preempted_by = self._preempt_seen
+            self.job.say(f"attempt {attempt.index}: preempted by CRITICAL run {attempt.preempted_by}; ending it")
+        return attempt.preempted_by is not None
+
     def _finish(self) -> Phase:
         attempt = self._attempt
         assert attempt is not None
         try:
             verdict = attempt.verdict or attempt.hang
+            if (verdict is None and attempt.preempted_by is not None and attempt.outcome is not None
+                    and not attempt.outcome.ok and not self.cancel_requested(force=True)):
+                requeued = self._requeue_preempted(attempt, attempt.preempted_by)
+                self.status = None if requeued else RunStatus.CANCELED
+                return Phase.ACQUIRE if requeued else Phase.DONE
+            self._clear_preemption()  # a mark (seen or not) is void: the attempt ended by itself first
             if verdict is None:
                 assert attempt.outcome is not None and attempt.handle is not None
                 verdict = self.job.judge(attempt.index, attempt.handle, attempt.outcome, attempt.node_logs)
@@ -358,7 +386,8 @@ class RunController:
         if canceled:
             self._to_canceled(reason, failure_class)
             return RunStatus.CANCELED
-        decision = self.policy.decide(index, failure_class)
+        # Preempted attempts are not retries: the budget counts the others.
+        decision = self.policy.decide(index - self.store.get_run(self.run_id).preemptions, failure_class)
         if decision.decision is RetryDecision.RETRY and not self.cancel_requested(force=True):
             try:
                 self.store.transition(self.run_id, RunStatus.WAITING_FOR_RETRY,
@@ -377,6 +406,35 @@ class RunController:
         self.job.say(str(final))
         return final
 
+    def _requeue_preempted(self, attempt: _Attempt, by: str) -> bool:
+        """The attempt was ended for a CRITICAL run: record it PREEMPTED (not a failure) and put the run
+        back in the queue at its old place (through WAITING_FOR_RETRY, as a retry goes, but counted as a
+        preemption, not a retry). False when a cancel got there first (the run is then CANCELED)."""
+        from air.runs.preemption import requeued
+
+        reason = (f"Preempted by CRITICAL run {by}: back in the queue at its place; it resumes from "
+                  "AIR_CHECKPOINT_DIR (not counted against max_retries)")
+        self.job.say(f"attempt {attempt.index} ended: {reason}")
+        self.store.finish_attempt(self.run_id, attempt.index, AttemptStatus.PREEMPTED, reason=reason)
+        attempt.tracking.end("KILLED", reason, node_logs=attempt.node_logs, rank_logs=self.job.rank_logs())
+        try:
+            self.store.transition(self.run_id, RunStatus.WAITING_FOR_RETRY, reason=reason,
+                                  expected_from={RunStatus.RUNNING})
+        except StatusConflictError:
+            self._end_canceled()
+            return False
+        with self.store.writer() as conn:
+            requeued(conn, self.run_id)
+        self._preempt_seen = None
+        return True
+
+    def _clear_preemption(self) -> None:
+        from air.runs.preemption import clear_request
+
+        with self.store.writer() as conn:
+            clear_request(conn, self.run_id)
+        self._preempt_seen = None
+
     # -- cancel -------------------------------------------------------------------------------------
     def cancel_requested(self, force: bool = False) -> bool:
         """The run was asked to end (`air cancel` moved it to TERMINATING, or ended it while queued).
@@ -387,7 +445,9 @@ class RunController:
         if not force and now < self._next_cancel_check:
             return False
         self._next_cancel_check = now + self._cancel_check_s
-        self._cancel_seen = self.store.get_run(self.run_id).status in (RunStatus.TERMINATING, RunStatus.CANCELED)
+        run = self.store.get_run(self.run_id)
+        self._cancel_seen = run.status in (RunStatus.TERMINATING, RunStatus.CANCELED)
+        self._preempt_seen = run.preempted_by if run.status is RunStatus.RUNNING else None
         return self._cancel_seen
 
     def _stop_queue(self) -> bool:

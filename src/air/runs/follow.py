@@ -22,6 +22,11 @@ from air.runs.store import Run, RunStore
 
 POLL_S = 0.2
 RECONCILE_EVERY_S = 2.0
+#: How many times `Following.join` reads on to meet the follow's position in a log that keeps growing.
+JOIN_ROUNDS = 1000
+#: Blocks (logtail.READ_BYTES each) a follow reads of one log per step at most; the rest at the next step.
+#: Two (1 MiB): a MiB of 2-byte lines is already half a million strings (~30 MB) held by one step.
+STEP_BLOCKS = 2
 #: Lines `air logs` shows of a log when no --tail is given.
 DEFAULT_TAIL = 10000
 
@@ -47,6 +52,9 @@ class Lines:
     source: LogSource
     lines: list[str]
     attempt: int | None = None
+    #: The byte offset in the log just after these lines: where a reader that stops here resumes (a page's
+    #: Last-Event-ID). None where not known.
+    resume_at: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,8 +109,20 @@ def log_sources(run: Run, attempt: int, *, node: int | None = None, rank: int | 
     ]
 
 
-def _masked(source: LogSource, lines: list[str], mask: Callable[[str], str], attempt: int | None) -> Lines:
-    return Lines(source, [mask(line) for line in lines], attempt)
+def _masked(source: LogSource, lines: list[str], mask: Callable[[str], str], attempt: int | None,
+            cursor: LineCursor | None = None) -> Lines:
+    return Lines(source, [mask(line) for line in lines], attempt, None if cursor is None else cursor.resume_offset)
+
+
+def _read_on(cursor: LineCursor, final: bool, limit: int | None = None) -> list[str]:
+    """What a cursor reads now, one bounded block after another: all there is, or (`limit`) at most that
+    many blocks (the rest at the next step, so that one step stays short)."""
+    lines = cursor.read(final=final)
+    blocks = 1
+    while cursor.behind and (limit is None or blocks < limit):
+        lines += cursor.read(final=final)
+        blocks += 1
+    return lines
 
 
 def snapshot_lines(
@@ -124,6 +144,119 @@ def snapshot_lines(
             for s in present if s.path is not None]
 
 
+class Following:
+    """One follow of a run, one poll at a time: `step()` reads the run and the lines appended since the last
+    step. `follow` loops over it here; `air server` runs one per followed run and fans its events out to
+    every follower (air.server.fanout), where `join` starts a newcomer exactly at its position.
+
+    Follows the current attempt (and the next one after a retry), unless `attempt` pins one: then it is
+    `done` when that attempt is no longer the current one. `tail` starts every attempt followed at its last
+    `tail` lines, `since` the first one at the lines written from then on; `from_end` starts an attempt
+    that is already under way at the first step at its end (a server's reader: followers catch up with
+    `join`). Otherwise an attempt is followed from its first line.
+    """
+
+    def __init__(self, run_id: str, *, store: RunStore, node: int | None = None, rank: int | None = None,
+                 attempt: int | None = None, tail: int | None = None, mask: Callable[[str], str] | None = None,
+                 since: float | None = None, from_end: bool = False) -> None:
+        self.run_id, self.store, self.node, self.rank, self.attempt = run_id, store, node, rank, attempt
+        self.tail, self.since, self.from_end = tail, since, from_end
+        self.mask: Callable[[str], str] = mask or (lambda text: text)
+        self.current: int | None = None
+        self.cursors: list[tuple[LogSource, LineCursor]] | None = None
+        self.run: Run | None = None
+        self.done = False
+        self._first_step = True
+        self._started_at_time = False
+        self._last_reconcile = time.monotonic()
+
+    @property
+    def behind(self) -> bool:
+        """Some log has more than the last step read: step again without waiting."""
+        return any(cursor.behind for _, cursor in self.cursors or [])
+
+    def _pump(self, final: bool) -> list[Lines]:
+        out = []
+        for source, cursor in self.cursors or []:
+            # bounded also when final: `step` stays not `done` while a log is `behind` (memory, issue 25)
+            lines = _read_on(cursor, final, STEP_BLOCKS)
+            if lines:
+                out.append(_masked(source, lines, self.mask, self.current, cursor))
+        return out
+
+    def step(self) -> list[FollowEvent]:
+        """One poll: a new attempt's start (the old one's last lines, `NewAttempt`), the run as it is now,
+        the lines appended since. After the step that sets `done`, there is nothing more to read."""
+        from air.runs.reconcile import reconcile
+
+        first_step, self._first_step = self._first_step, False
+        events: list[FollowEvent] = []
+        run = self.store.get_run(self.run_id)
+        if (run.current_attempt is not None and run.current_attempt != self.current
+                and (self.attempt is None or self.current is None)):
+            if self.cursors is not None:
+                events += self._pump(final=True)
+                while self.behind:  # the old attempt's log has ended: read it to its end first
+                    events += self._pump(final=True)
+                events.append(NewAttempt(run.current_attempt, self.current))
+            self.current = self.attempt if self.attempt is not None else run.current_attempt
+            self.cursors = [(s, LineCursor(s.path))
+                            for s in log_sources(run, self.current, node=self.node, rank=self.rank)
+                            if s.path is not None]
+            if self.since is not None and not self._started_at_time:
+                self._started_at_time = True  # the first attempt followed starts at `since`; a retry from its start
+                for _, cursor in self.cursors:
+                    cursor.start_at_time(self.since)
+            elif self.tail is not None or (self.from_end and first_step):
+                for source, cursor in self.cursors:
+                    lines = cursor.start_at_tail(self.tail if self.tail is not None else 0)
+                    if lines:
+                        events.append(_masked(source, lines, self.mask, self.current, cursor))
+        self.done = run.is_terminal or (self.attempt is not None and run.current_attempt not in (None, self.attempt))
+        self.run = run
+        events.append(run)
+        events += self._pump(final=self.done)
+        if self.behind:  # a read takes a bounded block (LineCursor.max_bytes): not done until all is read
+            self.done = False
+        if not self.done and time.monotonic() - self._last_reconcile > RECONCILE_EVERY_S:
+            reconcile(self.store)
+            self._last_reconcile = time.monotonic()
+        return events
+
+    def join(self, *, tail: int | None, since: float | None, offset: int | None = None,
+             rounds: int = JOIN_ROUNDS) -> tuple[list[Lines], list[Lines]]:
+        """A newcomer's first lines, read up to exactly where this follow is, so that from then on it needs
+        only what `step` reads: (lines this follow read meanwhile, for those already following; the
+        newcomer's lines). The newcomer starts at byte `offset` (a page resuming), or at `since`, or its last
+        `tail` lines, or the attempt's first line. Call between steps (never during one)."""
+        ours: list[Lines] = []
+        theirs: list[Lines] = []
+        for source, cursor in self.cursors or []:
+            mine = LineCursor(cursor.path)
+            lines = []
+            if offset is not None:
+                mine.offset = max(0, offset)
+            elif since is not None:
+                mine.start_at_time(since)
+            elif tail is not None:
+                lines = mine.start_at_tail(tail)
+            lines += _read_on(mine, self.done)
+            # Both read to the end of the file: whichever is behind reads on until both stopped at the same
+            # byte (they differ only when the log grew between two reads, a few microseconds).
+            for _ in range(rounds):
+                if mine.offset == cursor.offset:
+                    break
+                if mine.offset < cursor.offset:
+                    lines += _read_on(mine, self.done)
+                else:
+                    caught = _read_on(cursor, self.done)
+                    if caught:
+                        ours.append(_masked(source, caught, self.mask, self.current, cursor))
+            if lines:
+                theirs.append(_masked(source, lines, self.mask, self.current, mine))
+        return ours, theirs
+
+
 def follow(
     run_id: str,
     *,
@@ -141,48 +274,15 @@ def follow(
     stops when that attempt is no longer the current one. Runs whose supervisor died are ended
     meanwhile (reconcile), so this ends too.
     """
-    from air.runs.reconcile import reconcile
-
-    mask = mask or (lambda text: text)
-    current: int | None = None
-    cursors: list[tuple[LogSource, LineCursor]] | None = None
-    last_reconcile = time.monotonic()
-    started_at_time = False
-
-    def pump(final: bool) -> Iterator[Lines]:
-        for source, cursor in cursors or []:
-            lines = cursor.read(final=final)
-            if lines:
-                yield _masked(source, lines, mask, current)
-
+    following = Following(run_id, store=store, node=node, rank=rank, attempt=attempt, tail=tail, mask=mask,
+                          since=since)
     while True:
-        run = store.get_run(run_id)
-        if run.current_attempt is not None and run.current_attempt != current and (attempt is None or current is None):
-            if cursors is not None:
-                yield from pump(final=True)
-                yield NewAttempt(run.current_attempt, current)
-            current = attempt if attempt is not None else run.current_attempt
-            cursors = [(s, LineCursor(s.path)) for s in log_sources(run, current, node=node, rank=rank)
-                       if s.path is not None]
-            if since is not None and not started_at_time:
-                started_at_time = True  # the first attempt followed starts at `since`; a retry from its start
-                for _, cursor in cursors:
-                    cursor.start_at_time(since)
-            elif tail is not None:
-                for source, cursor in cursors:
-                    lines = cursor.start_at_tail(tail)
-                    if lines:
-                        yield _masked(source, lines, mask, current)
-        done = run.is_terminal or (attempt is not None and run.current_attempt not in (None, attempt))
-        yield run
-        yield from pump(final=done)
-        if done:
+        yield from following.step()
+        if following.done:
             return
-        if time.monotonic() - last_reconcile > RECONCILE_EVERY_S:
-            reconcile(store)
-            last_reconcile = time.monotonic()
-        time.sleep(POLL_S)
+        if not following.behind:
+            time.sleep(POLL_S)
 
 
-__all__ = ["FollowEvent", "Lines", "LogSource", "NewAttempt", "follow", "log_sources", "logs_are_per_rank",
+__all__ = ["FollowEvent", "Following", "Lines", "LogSource", "NewAttempt", "follow", "log_sources", "logs_are_per_rank",
            "snapshot_lines"]

@@ -1,7 +1,10 @@
-"""The slot ledger: this machine's accelerator slots, handed out first in first out to QUEUED runs.
+"""The slot ledger: this machine's accelerator slots, handed out to QUEUED runs in queue order.
 
+Queue order, per pool, is one rule: higher `priority_class` first, then first in first out (`queue_seq`).
 One table (`slot_claims`, whose primary key is the guarantee: one slot, one run); every claim is one
 write transaction, so two runs can never take the same slot, and "why does it wait" reads the same rule.
+A CRITICAL run that is next but finds its pool full asks BEST_EFFORT runs to give their slots back in
+the same transaction (preemption.py).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import NamedTuple
 
 from air.errors import GPUValidationError, NotFoundError
 from air.runs.schema import StoreDatabase
-from air.runs.states import RunStatus, StatusConflictError
+from air.runs.states import PriorityClass, RunStatus, StatusConflictError
 
 SLOT_KINDS = ("GPU", "CPU")
 #: The claim kind of a run admitted to ask Ray for its nodes (`try_admit`); one per run, keyed by queue_seq.
@@ -29,15 +32,27 @@ class _QueueRow(NamedTuple):
     user: str
     #: The slot kind its accelerator type takes ('GPU' or 'CPU').
     kind: str
+    #: Its priority class's rank (states.PriorityClass.rank): higher goes first.
+    priority: int
 
 
 def _queue_row(conn: sqlite3.Connection, run_id: str) -> _QueueRow:
     row = conn.execute(
-        "SELECT status, backend, queue_seq, pool, user, accelerator_type FROM runs WHERE id = ?", (run_id,)
+        "SELECT status, backend, queue_seq, pool, user, accelerator_type, priority FROM runs WHERE id = ?", (run_id,)
     ).fetchone()
     if row is None:
         raise NotFoundError(f"Run {run_id} not found.")
-    return _QueueRow(RunStatus(row[0]), row[1], row[2], row[3], row[4], str(row[5]).split("_", 1)[0].upper())
+    return _QueueRow(RunStatus(row[0]), row[1], row[2], row[3], row[4], str(row[5]).split("_", 1)[0].upper(),
+                     PriorityClass.NORMAL.rank if row[6] is None else int(row[6]))
+
+
+def _ahead_params(row: _QueueRow, user_limit: int | None) -> list[object]:
+    """The parameters `SlotLedger._ahead_sql` takes for the run of `row`, in its order."""
+    params: list[object] = [RunStatus.QUEUED.value, row.priority, row.priority, row.queue_seq, row.backend,
+                            row.kind + "\\_%", row.pool]
+    if user_limit is not None:
+        params.append(user_limit)
+    return params
 
 
 class SlotLedger(StoreDatabase):
@@ -48,9 +63,11 @@ class SlotLedger(StoreDatabase):
         """Claim `count` of this machine's `capacity` slots of `kind` ('GPU' or 'CPU') for a QUEUED run;
         only among `slots` (the run's pool) when given.
 
-        Strictly first in first out per pool: a run gets slots only when no run that entered the queue
-        before it (same kind, backend and pool) is still waiting without slots, even if enough slots are
-        free for this one. With `user_limit`, a run whose user already holds that many runs' slots
+        Strictly in queue order per pool (higher priority class first, then first in first out): a run
+        gets slots only when no run ahead of it (same kind, backend and pool) is still waiting without
+        slots, even if enough slots are free for this one. A CRITICAL run that is next but lacks free
+        slots asks BEST_EFFORT runs of its pool to give theirs back (preemption.py) and gets them on a
+        later try. With `user_limit`, a run whose user already holds that many runs' slots
         waits, and does not hold up other users' runs behind it. Returns the slot indices (lowest free first), or None: not its turn or not enough
         free yet; try again later. A run that already holds slots gets them back (and one that gave
         them back while still QUEUED waits again, at its old place). A run no longer
@@ -71,7 +88,8 @@ class SlotLedger(StoreDatabase):
             )
         now = self._clock()
         with self._write() as conn:
-            status, backend, queue_seq, pool, user, _ = _queue_row(conn, run_id)
+            row = _queue_row(conn, run_id)
+            status, user = row.status, row.user
             held = [r[0] for r in conn.execute(
                 "SELECT slot_index FROM slot_claims WHERE run_id = ? ORDER BY slot_index", (run_id,)
             )]
@@ -84,26 +102,34 @@ class SlotLedger(StoreDatabase):
                 )
             if user_limit is not None and self._running_of(conn, user) >= user_limit:
                 return None
-            if self._waiting_ahead(conn, kind, backend, queue_seq, pool, user_limit, stop_at_one=True):
+            if self._waiting_ahead(conn, row._replace(kind=kind), user_limit, stop_at_one=True):
                 return None
             used = {r[0] for r in conn.execute("SELECT slot_index FROM slot_claims WHERE slot_kind = ?", (kind,))}
             free = [i for i in allowed if i not in used]
             if len(free) < count:
+                if row.priority >= PriorityClass.CRITICAL.rank:
+                    from air.runs.preemption import request_preemption
+
+                    request_preemption(conn, run_id, kind=kind, backend=row.backend, pool=row.pool,
+                                       allowed=allowed, needed=count - len(free))
                 return None
             chosen = free[:count]
             conn.executemany(
                 "INSERT INTO slot_claims (slot_kind, slot_index, run_id, claimed_at) VALUES (?, ?, ?, ?)",
                 [(kind, i, run_id, now) for i in chosen],
             )
+            # A preemption asked of an earlier holding of it is void: it holds these slots afresh.
+            conn.execute("UPDATE runs SET preempted_by = NULL WHERE id = ? AND preempted_by IS NOT NULL", (run_id,))
             return chosen
 
     def try_admit(self, run_id: str, *, user_limit: int | None = None) -> bool:
-        """Let a QUEUED run of a backend that places runs itself (Ray) go ask for its nodes: strictly first
-        in first out per pool (no earlier run of its kind, backend and pool still QUEUED, admitted or not,
-        unless its user is at the limit) and within `user_limit`. An admitted run holds one claim of kind
+        """Let a QUEUED run of a backend that places runs itself (Ray) go ask for its nodes: strictly in
+        queue order per pool (no run ahead of it of its kind, backend and pool still QUEUED, admitted or
+        not, unless its user is at the limit) and within `user_limit`. (No preemption here: Ray places.) An admitted run holds one claim of kind
         RUN (counted by the per-user limit) until it ends or `release_slots`."""
         with self._write() as conn:
-            status, backend, queue_seq, pool, user, kind = _queue_row(conn, run_id)
+            row = _queue_row(conn, run_id)
+            status, queue_seq, user = row.status, row.queue_seq, row.user
             if conn.execute("SELECT 1 FROM slot_claims WHERE run_id = ?", (run_id,)).fetchone():
                 return True
             if status is not RunStatus.QUEUED:
@@ -111,8 +137,7 @@ class SlotLedger(StoreDatabase):
                                           run_id=run_id, current=status.value)
             if user_limit is not None and self._running_of(conn, user) >= user_limit:
                 return False
-            if self._waiting_ahead(conn, kind, backend, queue_seq, pool, user_limit, stop_at_one=True,
-                                   admitted_wait=True):
+            if self._waiting_ahead(conn, row, user_limit, stop_at_one=True, admitted_wait=True):
                 return False
             conn.execute("INSERT INTO slot_claims (slot_kind, slot_index, run_id, claimed_at) VALUES (?, ?, ?, ?)",
                          (ADMITTED, queue_seq or 0, run_id, self._clock()))
@@ -133,11 +158,13 @@ class SlotLedger(StoreDatabase):
 
     @staticmethod
     def _ahead_sql(select: str, user_limit: int | None, admitted_wait: bool = False) -> str:
-        """QUEUED runs of one kind, backend and pool that entered the queue earlier and hold no slots
-        (`admitted_wait`: Ray's, admitted or not: until placed, they still wait) and, with a per-user
-        limit, whose user is under it: a user at the limit holds up no one."""
+        """QUEUED runs of one kind, backend and pool ahead in the queue (a higher priority class, or the
+        same one and entered the queue earlier) that hold no slots (`admitted_wait`: Ray's, admitted or
+        not: until placed, they still wait) and, with a per-user limit, whose user is under it: a user at
+        the limit holds up no one. Parameters: `_ahead_params`."""
         sql = (
-            f"SELECT {select} FROM runs r WHERE r.status = ? AND r.queue_seq < ? "
+            f"SELECT {select} FROM runs r WHERE r.status = ? "
+            "AND (r.priority > ? OR (r.priority = ? AND r.queue_seq < ?)) "
             "AND r.backend = ? AND r.accelerator_type LIKE ? ESCAPE '\\' AND r.pool IS ? "
             + ("AND NOT EXISTS (SELECT 1 FROM slot_claims c WHERE c.run_id = r.id)" if not admitted_wait else "")
         )
@@ -148,18 +175,15 @@ class SlotLedger(StoreDatabase):
 
     @classmethod
     def _waiting_ahead(
-        cls, conn: sqlite3.Connection, kind: str, backend: str, queue_seq: int | None, pool: str | None,
-        user_limit: int | None, *, stop_at_one: bool, admitted_wait: bool = False,
+        cls, conn: sqlite3.Connection, row: _QueueRow, user_limit: int | None, *, stop_at_one: bool,
+        admitted_wait: bool = False,
     ) -> int:
-        """How many runs wait ahead (`_ahead_sql`)."""
-        if queue_seq is None:
+        """How many runs wait ahead of the run of `row` (`_ahead_sql`)."""
+        if row.queue_seq is None:
             return 0
         sql = ("SELECT COUNT(*) FROM (" + cls._ahead_sql("1", user_limit, admitted_wait)
                + (" LIMIT 1)" if stop_at_one else ")"))
-        params: list[object] = [RunStatus.QUEUED.value, queue_seq, backend, kind + "\\_%", pool]
-        if user_limit is not None:
-            params.append(user_limit)
-        return int(conn.execute(sql, params).fetchone()[0])
+        return int(conn.execute(sql, _ahead_params(row, user_limit)).fetchone()[0])
 
     def queue_position(self, run_id: str, *, user_limit: int | None = None) -> int | None:
         """How many runs wait ahead of this QUEUED run (0: next). None if it is not waiting."""
@@ -167,23 +191,20 @@ class SlotLedger(StoreDatabase):
         row = _queue_row(conn, run_id)
         if row.status is not RunStatus.QUEUED or self.claimed_slots(run_id):
             return None
-        return self._waiting_ahead(conn, row.kind, row.backend, row.queue_seq, row.pool, user_limit,
-                                   stop_at_one=False)
+        return self._waiting_ahead(conn, row, user_limit, stop_at_one=False)
 
     def queued_ahead(self, run_id: str, *, user_limit: int | None = None, admitted_wait: bool = False) -> list[str]:
-        """Ids of the runs this QUEUED run waits behind (same slot kind, backend and pool, entered the
-        queue earlier, no slots yet, their user under `user_limit`), first in line first. Empty when it
+        """Ids of the runs this QUEUED run waits behind (same slot kind, backend and pool, ahead in the
+        queue: higher priority class or entered earlier, no slots yet, their user under `user_limit`),
+        first in line first. Empty when it
         is next, holds slots or is not QUEUED. The same rule as `try_claim_slots`'s FIFO check, so "why
         does it wait" never disagrees with it."""
         conn = self._conn()
         row = _queue_row(conn, run_id)
         if row.status is not RunStatus.QUEUED or row.queue_seq is None or self.claimed_slots(run_id):
             return []
-        params: list[object] = [RunStatus.QUEUED.value, row.queue_seq, row.backend, row.kind + "\\_%", row.pool]
-        if user_limit is not None:
-            params.append(user_limit)
-        sql = self._ahead_sql("r.id", user_limit, admitted_wait) + " ORDER BY r.queue_seq"
-        return [r[0] for r in conn.execute(sql, params)]
+        sql = self._ahead_sql("r.id", user_limit, admitted_wait) + " ORDER BY r.priority DESC, r.queue_seq"
+        return [r[0] for r in conn.execute(sql, _ahead_params(row, user_limit))]
 
     def release_slots(self, run_id: str) -> list[int]:
         """Give back every slot the run holds (idempotent); returns the indices released."""

@@ -23,17 +23,22 @@ def supervisor_alive(run: Run, *, tolerance_s: float = 1.0) -> bool | None:
     """
     if run.supervisor_pid is None or run.supervisor_started_at is None:
         return None
+    return process_alive(run.supervisor_pid, run.supervisor_started_at, tolerance_s=tolerance_s)
+
+
+def process_alive(pid: int, started_at: float, *, tolerance_s: float = 1.0) -> bool:
+    """Is process `pid` running and the one created at `started_at` (not a reused pid)?"""
     import psutil
 
     try:
-        proc = psutil.Process(run.supervisor_pid)
+        proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        return abs(proc.create_time() - run.supervisor_started_at) <= tolerance_s
+        return abs(proc.create_time() - started_at) <= tolerance_s
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return False
     except psutil.AccessDenied:
         return True  # it exists and we cannot tell more: never declare a supervisor dead on a guess
 
 
-__all__ = ["process_create_time", "supervisor_alive"]
+__all__ = ["process_alive", "process_create_time", "supervisor_alive"]

@@ -118,6 +118,12 @@ class RunPaths(_RunIdPaths):
         """The supervisor's pid (the store also keeps pid and create time; this is for humans and ps)."""
         return self.folder / "supervisor.pid"
 
+    @property
+    def submit_environ(self) -> Path:
+        """The environment `air run` was typed in (owner-only, 0600): the supervisor the admission loop starts
+        later gets it, as it would have when `air run` started it (a node's environment is built from it)."""
+        return self.folder / "environ.json"
+
     def attempt_dir(self, attempt: int) -> Path:
         """`attempt_<a>/`: one folder per attempt (0-based), so a retry never overwrites earlier logs."""
         if attempt < 0:
@@ -133,6 +139,15 @@ class RunPaths(_RunIdPaths):
     def tracking(self, attempt: int) -> Path:
         """`attempt_<a>/tracking.json`: the attempt's MLflow run (id, experiment, store), for `air get` links."""
         return self.attempt_dir(attempt) / "tracking.json"
+
+    def mlflow_env(self, attempt: int) -> Path:
+        """The attempt's MLflow variables for its nodes or ranks (written once its MLflow run exists)."""
+        return self.attempt_dir(attempt) / "mlflow_env.json"
+
+    def mlflow_hook(self, attempt: int) -> Path:
+        """`attempt_<a>/mlflow_hook/`: the `sitecustomize.py` first on a workload node's PYTHONPATH that hands
+        its processes the attempt's MLflow run (air/tracking/node_hook.py)."""
+        return self.attempt_dir(attempt) / "mlflow_hook"
 
     def progress(self, attempt: int) -> Path:
         """`attempt_<a>/progress.json`: how long each node process has been quiet (the run controller)."""
@@ -194,10 +209,6 @@ class CallPaths(RunPaths):
         """Rank → log path for the rank logs of `attempt` (None: the latest) that exist."""
         folder = self.attempt_dir(self._latest() if attempt is None else attempt)
         return {r: folder / f"rank_{r}.log" for r in sorted(_indices(folder, "rank_", ".log"))}
-
-    def mlflow_env(self, attempt: int) -> Path:
-        """The attempt's MLflow environment for its ranks (written once its MLflow run exists)."""
-        return self.attempt_dir(attempt) / "mlflow_env.json"
 
     def mlflow_request(self, attempt: int) -> Path:
         """Made by the first rank that imports mlflow: the caller then creates the MLflow run

@@ -10,7 +10,7 @@ A run on a Ray cluster has no local ledger: Ray's placement group decides, and t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from air.runs.states import RunStatus
@@ -48,7 +48,7 @@ class QueueInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """The `queue` object of `--json` output."""
-        data = asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}  # (asdict deep-copies 5,000 ids ahead)
         data["ahead"] = list(self.ahead)
         data["holders"] = [asdict(h) for h in self.holders]
         data["claimed"] = list(self.claimed)

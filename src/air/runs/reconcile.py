@@ -1,4 +1,4 @@
-"""Nothing stays RUNNING forever: any `air` command checks that each active run's supervisor lives.
+"""Nothing stays RUNNING forever: any `air` command checks that each supervised run's supervisor lives.
 
 A supervisor that died (kill -9, OOM killer, a reboot) cannot end its own run. The next `air` command
 finds it: the recorded PID is gone or belongs to another process (create time differs), so the run's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from air.runs.liveness import supervisor_alive
+from air.runs.liveness import process_alive
 from air.runs.paths import process_tag
 from air.runs.records import Run
 from air.runs.states import FailureClass, RunStatus, StatusConflictError
@@ -21,31 +21,58 @@ SUPERVISOR_START_GRACE_S = 60.0
 
 
 def reconcile(store: RunStore, *, now: float | None = None) -> list[str]:
-    """End runs whose supervisor is gone; returns their ids. Cheap when nothing is wrong."""
+    """End runs whose supervisor is gone; returns their ids. Cheap when nothing is wrong: only runs that
+    have (or should have) a supervisor are read, a few columns each (`_supervised`); a QUEUED run waiting
+    for the admission loop has none and is not dead (5,000 of them cost one index probe)."""
     from air.launcher import reap_tag
 
     now = time.time() if now is None else now
     ended: list[str] = []
-    for run in store.list_runs(statuses=RunStatus.active(), limit=None):
-        if supervisor_alive(run) is True:
+    for run_id, status, pid, started_at, submitted_at in _supervised(store):
+        if pid is not None and started_at is not None and process_alive(pid, started_at):
             continue
-        if run.supervisor_pid is None:
-            if now - run.submitted_at < SUPERVISOR_START_GRACE_S:
+        if pid is None:
+            if now - submitted_at < SUPERVISOR_START_GRACE_S:
                 continue
             reason = "The supervisor never started"
-        else:
+        run = store.get_run(run_id)
+        if pid is not None:
             who = "caller of the @distributed call" if run.kind == "call" else "supervisor"
-            reason = f"The {who} (pid {run.supervisor_pid}) died unexpectedly"
+            reason = f"The {who} (pid {pid}) died unexpectedly"
         killed = reap_tag(process_tag(run.id), subtags=True) if run.backend == "local" else _reap_remote(run)
         if killed:
             reason += f"; {killed} leftover process(es) of the run were ended"
         try:
             store.transition(run.id, RunStatus.INTERNAL_ERROR, reason=reason,
-                             failure_class=FailureClass.INFRASTRUCTURE, expected_from=run.status)
+                             failure_class=FailureClass.INFRASTRUCTURE, expected_from=RunStatus(status))
             ended.append(run.id)
         except StatusConflictError:
             continue  # it moved meanwhile: someone else is handling it
+        _end_mlflow_runs(store, run)
     return ended
+
+
+def _end_mlflow_runs(store: RunStore, run: Run) -> None:
+    """The dead supervisor's attempts' MLflow runs end FAILED too (off this command's path: tracking/ended.py)."""
+    from air.runs.paths import RunPaths
+    from air.tracking.ended import end_orphaned, refs_of
+
+    paths = RunPaths(run.id)
+    end_orphaned(refs_of((a.mlflow_run_id, paths.tracking(a.index)) for a in store.list_attempts(run.id)),
+                 "FAILED", log=paths.supervisor_log)
+
+
+def _supervised(store: RunStore) -> list[tuple[str, str, int | None, float | None, float]]:
+    """(id, status, supervisor pid, its create time, submitted_at) of the active runs that have a supervisor
+    or should have one by now: every active state but QUEUED, and QUEUED runs with a supervisor (a retry, a
+    call waiting in its caller, an admitted run acquiring). Both halves are index range reads."""
+    others = sorted(s.value for s in RunStatus.active() - {RunStatus.QUEUED})
+    sql = (f"SELECT id, status, supervisor_pid, supervisor_started_at, submitted_at FROM runs WHERE status IN "
+           f"({', '.join('?' for _ in others)}) UNION ALL "
+           "SELECT id, status, supervisor_pid, supervisor_started_at, submitted_at FROM runs "
+           "WHERE status = ? AND supervisor_pid IS NOT NULL")
+    rows = store.reader().execute(sql, (*others, RunStatus.QUEUED.value))
+    return [(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
 
 
 def _reap_remote(run: Run) -> int:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
-from air.runs.states import AttemptStatus, FailureClass, RunStatus
+from air.runs.states import AttemptStatus, FailureClass, PriorityClass, RunStatus
 
 #: What a run is: a workload YAML (`air run`), or a `@distributed` call (local, or remote=True).
 RUN_KINDS = ("workload", "call")
@@ -22,7 +22,7 @@ _RUN_COLUMNS = (
     "id", "experiment", "run_name", "status", "accelerator_type", "num_accelerators", "num_nodes",
     "backend", "profile", "spec", "submitted_at", "started_at", "ended_at", "termination_reason",
     "failure_class", "idempotency_key", "supervisor_pid", "supervisor_started_at", "mlflow_run_id",
-    "user", "kind", "current_attempt", "pool", "permissions",
+    "user", "kind", "current_attempt", "pool", "permissions", "priority", "preempted_by", "preemptions",
 )
 _RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS) + " FROM runs"
 _ATTEMPT_SELECT = (
@@ -63,6 +63,12 @@ class Run:
     #: Who else may see or act on it (the workload's `permissions`), as access.grants_to_json wrote it:
     #: JSON `[{"user"|"group": NAME, "level": CAN_…}]`; None: none given (the server's default applies).
     permissions: str | None = None
+    #: Where it stands in its pool's queue (`compute.priority_class`; stored as its rank).
+    priority_class: PriorityClass = PriorityClass.NORMAL
+    #: The CRITICAL run that asked it to give its slots back (runs/preemption.py); None: not asked.
+    preempted_by: str | None = None
+    #: Attempts of it that were preempted: they are not retries (see `retries`).
+    preemptions: int = 0
 
     @property
     def is_terminal(self) -> bool:
@@ -72,6 +78,11 @@ class Run:
     def attempt_count(self) -> int:
         """Attempts started so far (retries = attempt_count - 1)."""
         return 0 if self.current_attempt is None else self.current_attempt + 1
+
+    @property
+    def retries(self) -> int:
+        """Attempts after the first that a failure caused: preempted attempts are not counted."""
+        return max(self.attempt_count - 1 - self.preemptions, 0)
 
     @property
     def slot_kind(self) -> str:
@@ -128,7 +139,8 @@ class CreateRunResult(NamedTuple):
 def _run_from_row(row: Sequence[Any]) -> Run:
     (id_, experiment, run_name, status, accelerator_type, num_accelerators, num_nodes, backend, profile,
      spec, submitted_at, started_at, ended_at, termination_reason, failure_class, idempotency_key,
-     supervisor_pid, supervisor_started_at, mlflow_run_id, user, kind, current_attempt, pool, permissions) = row
+     supervisor_pid, supervisor_started_at, mlflow_run_id, user, kind, current_attempt, pool, permissions,
+     priority, preempted_by, preemptions) = row
     return Run(
         id=id_, experiment=experiment, run_name=run_name, status=RunStatus(status),
         accelerator_type=accelerator_type, num_accelerators=num_accelerators, num_nodes=num_nodes,
@@ -138,7 +150,8 @@ def _run_from_row(row: Sequence[Any]) -> Run:
         idempotency_key=idempotency_key, supervisor_pid=supervisor_pid,
         supervisor_started_at=supervisor_started_at, mlflow_run_id=mlflow_run_id, user=user,
         kind=_LEGACY_KINDS.get(kind, kind), current_attempt=current_attempt, pool=pool,
-        permissions=permissions,
+        permissions=permissions, priority_class=PriorityClass.from_rank(priority), preempted_by=preempted_by,
+        preemptions=preemptions or 0,
     )
 
 
@@ -157,7 +170,8 @@ def _run_values(run: Run, queue_seq: int | None) -> tuple[Any, ...]:
         run.num_nodes, run.backend, run.profile, run.spec_yaml, run.submitted_at, run.started_at,
         run.ended_at, run.termination_reason, run.failure_class.value if run.failure_class else None,
         run.idempotency_key, run.supervisor_pid, run.supervisor_started_at, run.mlflow_run_id, run.user,
-        run.kind, run.current_attempt, run.pool, run.permissions, queue_seq,
+        run.kind, run.current_attempt, run.pool, run.permissions, run.priority_class.rank, run.preempted_by,
+        run.preemptions, queue_seq,
     )
 
 

@@ -130,6 +130,32 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         "CREATE INDEX run_credentials_by_run ON run_credentials (run_id)",
     ),
+    (
+        # Priorities and preemption (issue 26): the run's `compute.priority_class` as its rank
+        # (states.PriorityClass: 0 best effort, 100 normal, 200 critical), which orders its pool's queue;
+        # the CRITICAL run that asked it to give its slots back (NULL: none; cleared once it is back in
+        # the queue); and how many of its attempts were preempted (they do not count as retries).
+        "ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 100",
+        "ALTER TABLE runs ADD COLUMN preempted_by TEXT",
+        "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",
+    ),
+    (
+        # `for_each` sweeps (runs/sweep.py owns the table): one row per task of a parent run, with the
+        # child run that carries it out (NULL until it is submitted) and the task's parameter item as JSON.
+        """CREATE TABLE sweep_tasks (
+            parent_run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+            task_index    INTEGER NOT NULL,
+            child_run_id  TEXT UNIQUE REFERENCES runs (id) ON DELETE SET NULL,
+            item          TEXT NOT NULL,
+            PRIMARY KEY (parent_run_id, task_index)
+        )""",
+    ),
+    (
+        # Incremental reconcile (runs/reconcile.py): the QUEUED runs that have a supervisor to check, without
+        # reading the rows that wait for the admission loop (QUEUED, no supervisor: 5,000 of them or more).
+        # Partial: only the (few) supervised rows, and no other query's plan changes.
+        "CREATE INDEX runs_supervised ON runs (status) WHERE supervisor_pid IS NOT NULL",
+    ),
 )
 
 SCHEMA_VERSION: int = len(_MIGRATIONS)

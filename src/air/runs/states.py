@@ -15,6 +15,7 @@ race shows up as an error instead of a run that is RUNNING forever or SUCCESS tw
       RUNNING (or any state before it) -- cancel / timeout --> TERMINATING
       TERMINATING (process tree being ended) --> CANCELED | TIMEDOUT | FAILED | SUCCESS
       any state that is not terminal --> INTERNAL_ERROR   (air itself broke: the supervisor died)
+      RUNNING -- preempted by a CRITICAL run --> WAITING_FOR_RETRY --> QUEUED (its old place; not a retry)
 
 Terminal states (SUCCESS, FAILED, CANCELED, TIMEDOUT, INTERNAL_ERROR) never change again. A RUNNING run is
 never CANCELED directly: cancel goes through TERMINATING, so "canceled" always means "and its processes
@@ -118,6 +119,9 @@ class AttemptStatus(str, Enum):
     CANCELED = "CANCELED"
     #: air itself failed during this attempt (e.g. the supervisor died).
     INTERNAL_ERROR = "INTERNAL_ERROR"
+    #: A CRITICAL run of its pool needed its slots: its processes were ended and the run went back to the
+    #: queue, to resume from its checkpoints. Not a failure: it does not count against max_retries.
+    PREEMPTED = "PREEMPTED"
 
     def is_terminal(self) -> bool:
         """Every state but RUNNING is final."""
@@ -161,6 +165,42 @@ class FailureClass(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+class PriorityClass(str, Enum):
+    """Where a run stands in its pool's queue (`compute.priority_class`): higher first, then first in first out.
+
+    Stored as its `rank` (the hosted product's legacy bands: 0-99 best effort, 100-199 normal, 200-299
+    critical), so the ledger orders by one integer column.
+    """
+
+    #: Runs when nothing else waits; a CRITICAL run of its pool may preempt it (it resumes later).
+    BEST_EFFORT = "BEST_EFFORT"
+    #: The default.
+    NORMAL = "NORMAL"
+    #: Goes first; when its pool is full it preempts BEST_EFFORT runs (newest first, as few as needed).
+    #: Who may submit it is the server's setting (`air server start --critical-users`).
+    CRITICAL = "CRITICAL"
+
+    @property
+    def rank(self) -> int:
+        """The stored integer: higher is served first."""
+        return _PRIORITY_RANK[self]
+
+    @classmethod
+    def from_rank(cls, rank: int | None) -> PriorityClass:
+        """The class of a stored rank (None, from a row older than priorities: NORMAL)."""
+        if rank is None:
+            return cls.NORMAL
+        return max((c for c in cls if c.rank <= rank), key=lambda c: c.rank, default=cls.BEST_EFFORT)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_PRIORITY_RANK: dict[PriorityClass, int] = {
+    PriorityClass.BEST_EFFORT: 0, PriorityClass.NORMAL: 100, PriorityClass.CRITICAL: 200,
+}
 
 
 # ---- transitions -----------------------------------------------------------------------------------
@@ -355,6 +395,7 @@ __all__ = [
     "AttemptStatus",
     "FailureClass",
     "IllegalTransitionError",
+    "PriorityClass",
     "RetryDecision",
     "RetryPolicy",
     "RetryVerdict",

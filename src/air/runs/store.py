@@ -49,6 +49,7 @@ from air.runs.states import (
     AttemptStatus,
     FailureClass,
     IllegalTransitionError,
+    PriorityClass,
     RunStatus,
     StatusConflictError,
     check_attempt_transition,
@@ -145,10 +146,11 @@ class RunStore(SlotLedger, RunLookup):
         idempotency_key: str | None = None,
         run_id: str | None = None, pool: str | None = None,
         permissions: str | None = None,
+        priority_class: PriorityClass | str = PriorityClass.NORMAL,
     ) -> CreateRunResult:
         """Record a new PENDING run. With an `idempotency_key` already used, return that run instead
         (`existing=True`) and create nothing: a client retrying a submit never makes a duplicate.
-        `permissions`: the workload's grants (access.grants_to_json)."""
+        `permissions`: the workload's grants (access.grants_to_json); `priority_class` orders its pool's queue."""
         if kind not in RUN_KINDS:
             raise ValueError(f"kind must be one of {RUN_KINDS}, got {kind!r}")
         if run_id is not None and not RUN_ID_RE.match(run_id):
@@ -169,6 +171,7 @@ class RunStore(SlotLedger, RunLookup):
                 spec_yaml=spec_yaml,
                 user=user if user is not None else _current_user(),
                 idempotency_key=idempotency_key, pool=pool, permissions=permissions,
+                priority_class=PriorityClass(priority_class),
             )
             with self._write() as conn:
                 if idempotency_key is not None:

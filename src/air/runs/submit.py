@@ -1,8 +1,9 @@
-"""`air run`: validate everything, then create the run, its folder and its supervisor.
+"""`air run`: validate everything, then create the run and its folder, and queue it.
 
 Validation (spec, profile, the backend's capacity, secrets that must exist) happens before anything
 is written, so bad input leaves nothing behind. Once the run exists, any failure to prepare it ends it
-as INTERNAL_ERROR with the reason: a run never stays PENDING without a supervisor.
+as INTERNAL_ERROR with the reason: a run never stays PENDING. A queued run is a row; the admission loop
+(admission.py) starts its supervisor when the ledger lets it in.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def _link_tree(source: Path, dest: Path) -> None:
 
 def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: RunStore | None = None,
            start_supervisor: bool = True, user: str | None = None) -> tuple[Run, bool]:
-    """Create the run and start its supervisor. Returns (run, existing) — existing for a replayed key.
+    """Create the run and queue it (`start_supervisor`; else it stays PENDING). Returns (run, existing) —
+    existing for a replayed key.
     `user` owns the run (`air server`: the token's user; default: this machine's user)."""
     store = store or RunStore()
     spec, plan = prepared.spec, prepared.plan
@@ -119,7 +121,8 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
         experiment=spec.experiment_name, accelerator_type=plan.accelerator, num_accelerators=plan.num_accelerators,
         num_nodes=plan.num_nodes, spec_yaml=yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False),
         run_name=plan.run_name, backend=plan.backend, profile=plan.profile, kind="workload", idempotency_key=key,
-        user=user, pool=prepared.pool, permissions=grants_to_json(spec_grants(spec)))
+        user=user, pool=prepared.pool, permissions=grants_to_json(spec_grants(spec)),
+        priority_class=spec.compute.priority_class)
     run = created.run
     if created.existing:
         return run, True
@@ -149,11 +152,20 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
                       snap.file_count, snap.total_bytes / 1e6, cached, code, time.monotonic() - started)
             plan.code_path = str(code)
         atomic_write_text(paths.submission, plan.to_json())
-        if start_supervisor:
-            from air.runs.supervisor import spawn
+        if start_supervisor and plan.sweep is not None:  # a for_each parent holds no slots and never queues:
+            from air.runs.supervisor import spawn  # (runs/sweep.py) it starts now, and queues its children
 
             pid = spawn(run.id)
-            _log.info("run %s: supervisor started (pid %d), its log: %s", run.id, pid, paths.supervisor_log)
+            _log.info("run %s: sweep supervisor started (pid %d), its log: %s", run.id, pid, paths.supervisor_log)
+        elif start_supervisor:  # a row in its pool's queue; the admission loop starts its supervisor in turn
+            from air.runs import admission
+
+            if not admission.in_process():
+                admission.save_environ(run.id)
+            store.transition(run.id, RunStatus.QUEUED, expected_from=RunStatus.PENDING)
+            admission.wake(store)
+            _log.info("run %s queued: its supervisor started by the admission loop when admitted; its log: %s",
+                      run.id, paths.supervisor_log)
     except BaseException as exc:
         store.transition(run.id, RunStatus.INTERNAL_ERROR, reason=f"Could not prepare the run: {exc}",
                          failure_class=FailureClass.SETUP)

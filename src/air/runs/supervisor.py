@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from air.settings import (
     AIR_SUPERVISOR,
     node_environ,
 )
-from air.tracking.attempt_tracking import AttemptTracking
+from air.tracking.attempt_tracking import AttemptTracking, node_hook_env
 from air.workload.plan import RunPlan
 
 _log = logging.getLogger("air.supervisor")
@@ -77,6 +77,11 @@ class NodeLogs:
             for path in self.paths:
                 with open(path, "a", encoding="utf-8") as fh:
                     fh.write(f"[air] {text}\n")
+
+
+def _tracking_warn(line: str) -> None:
+    """air's own tracking messages: supervisor.log (once per attempt, never copied into node logs)."""
+    _log.warning("%s", line)
 
 
 class MaskedFormatter(logging.Formatter):
@@ -112,6 +117,8 @@ class WorkloadJob:
         #: The cgroup's OOM kill counter as each attempt started (reasons.oom_kill_count; None: unreadable).
         self.oom_kills_before: dict[int, int | None] = {}
         self.store: RunStore | None = None
+        #: The nodes run on this machine (the local backend): they can read the attempt's folder (tracking).
+        self.nodes_local = True
 
     def process_label(self, node: int, process: int) -> str:
         return f"node {node}"
@@ -144,19 +151,31 @@ class WorkloadJob:
         from air.tracking import attempt_tags
 
         plan = self.plan
+        before = None
         if os.environ.get(AIR_MLFLOW_DOOR):  # started by an air server, whose MLflow may still be starting
             from air.tracking.ui import wait_for_tracking_server
 
-            wait_for_tracking_server()
+            before = wait_for_tracking_server
+        # air's tracking lines go to supervisor.log once, not into every node's log.
+        warn = _tracking_warn
         try:
             tags = attempt_tags(run_id=self.run_id, attempt=attempt, accelerator_type=plan.accelerator,
                                 num_accelerators=plan.num_accelerators, num_nodes=plan.num_nodes,
                                 git_commit=str(plan.git["commit"]) if plan.git and plan.git.get("commit") else None)
+            if plan.mlflow_parent_run_id:  # a sweep's child: nested under the sweep's MLflow run
+                tags["mlflow.parentRunId"] = plan.mlflow_parent_run_id
         except Exception as exc:  # tracking must never fail a run
             warn(f"tracking: off for this attempt: {exc}")
             return AttemptTracking(None, attempt, warn)
+        from air.runs.isolation import isolation_mode
+
+        # Made in the background while the nodes start; nodes that cannot read the attempt's folder (walled
+        # in, or on other machines) get the run's id in their environment: their start waits for it.
         return AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
-                                            params=plan.parameters or {}, attempt=attempt, warn=warn)
+                                            params=plan.parameters or {}, attempt=attempt, warn=warn,
+                                            files=(self.paths.mlflow_env(attempt), self.paths.mlflow_hook(attempt)),
+                                            before=before,
+                                            wait=isolation_mode() is not None or not self.nodes_local)
 
     @contextlib.contextmanager
     def launches(self, attempt: int, allocation: Allocation, node_logs: dict[int, Path],
@@ -206,12 +225,13 @@ class WorkloadJob:
         launches = []
         for node in range(self.plan.num_nodes):
             env = dict(base)
-            env.update(tracking_env)
+            env.update({k: v for k, v in tracking_env.items() if k != "PYTHONPATH"})  # (the hook: below)
             env.update(self.plan.node_env(node, secrets=self.secrets))
             env[AIR_ATTEMPT] = str(attempt)
             env[AIR_RESUMED] = "1" if attempt > 0 else "0"
             if self.checkpoint_dir and AIR_CHECKPOINT_DIR not in self.plan.env_variables:
                 env[AIR_CHECKPOINT_DIR] = self.checkpoint_dir
+            node_hook_env(env, tracking_env)  # first on PYTHONPATH: hands node processes their MLflow run
             launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
                                                logs[node], cwd, hide=hide))
         sandbox = self._sandbox(environment)
@@ -281,6 +301,7 @@ class Supervisor:
         self.log_handler = configure_file(self.paths.supervisor_log)
         self.job = WorkloadJob(run_id, self.plan, self.say)
         self.job.store = self.store
+        self.job.nodes_local = getattr(self.backend, "name", "local") == "local"
         self.job.checkpoint_dir = checkpoint_location(run_id, profile_checkpoint_root(self.plan))
         self.controller = RunController(run_id, self.job, self.backend, self.store, RetryPolicy(self.plan.max_retries))
 
@@ -303,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     store = RunStore()
     supervisor: Supervisor | None = None
     try:
+        if RunPlan.from_json(RunPaths(run_id).submission.read_text()).sweep is not None:  # a for_each parent
+            from air.runs.sweep import run_sweep
+
+            return 0 if run_sweep(run_id, store) is RunStatus.SUCCESS else 1
         supervisor = Supervisor(run_id, store)
         status = supervisor.run()
         return 0 if status is RunStatus.SUCCESS else 1
@@ -348,14 +373,16 @@ def _reap_remote_nodes(supervisor: Supervisor | None, run_id: str, within_s: flo
     worker.join(within_s)
 
 
-def _supervisor_env(run_id: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != AIR_PROCESS_TAG}  # independent of any outer run
+def _supervisor_env(run_id: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items() if k != AIR_PROCESS_TAG}  # independent of any outer run
     env[AIR_SUPERVISOR] = run_id
     return env
 
 
-def spawn(run_id: str) -> int:
-    """Start the supervisor detached from this terminal; returns its pid."""
+def spawn(run_id: str, environ: Mapping[str, str] | None = None) -> int:
+    """Start the supervisor detached from this terminal; returns its pid. `environ`: the environment it
+    gets (default this process's): the admission loop passes the one `air run` was typed in."""
     import subprocess
 
     paths = RunPaths(run_id)
@@ -363,7 +390,7 @@ def spawn(run_id: str) -> int:
     try:
         proc = subprocess.Popen([sys.executable, "-m", "air.runs.supervisor", run_id], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True, close_fds=True,
-                                env=_supervisor_env(run_id), cwd=str(paths.folder))
+                                env=_supervisor_env(run_id, environ), cwd=str(paths.folder))
     finally:
         log.close()
     return proc.pid

@@ -11,13 +11,17 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from air.runs.access import Viewer
 from air.runs.paths import CallPaths, RunPaths
-from air.runs.records import ATTEMPT_FIELDS, RUN_FIELDS
-from air.runs.states import AttemptStatus, FailureClass, RunStatus
-from air.runs.store import Attempt, Run, RunStore
+from air.runs.records import RUN_FIELDS
+from air.runs.states import FailureClass, PriorityClass, RunStatus
+from air.runs.store import Run, RunStore
+
+if TYPE_CHECKING:
+    from air.config import AirConfig
+from air.runs.sweep import child_run, is_sweep_spec, list_tasks, max_concurrent_of, parent_of
 
 
 def rfc3339(ts: float | None) -> str | None:
@@ -48,6 +52,8 @@ def run_dict(run: Run) -> dict[str, Any]:
     data["failure_class"] = run.failure_class.value if run.failure_class else None
     data["duration_seconds"] = run.duration_seconds()
     data["attempts"] = run.attempt_count
+    data["retries"] = run.retries  # preempted attempts are not retries
+    data["priority_class"] = run.priority_class.value
     data["run_id"] = run.id
     data["run_name"] = run.run_name or run.experiment  # the MLflow run name, as `get run` shows it
     data["experiment_name"] = run.experiment
@@ -56,6 +62,7 @@ def run_dict(run: Run) -> dict[str, Any]:
         data[name] = rfc3339(getattr(run, name))
     data["attempt_number"] = run.current_attempt  # 0-based, as `air logs --retry` takes it
     data["permissions"] = permissions_list(run.permissions)
+    data["is_sweep"] = is_sweep_spec(run.spec_yaml)
     return data
 
 
@@ -74,6 +81,12 @@ def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dic
 
     info = queue_info(store, run, capacity=capacity)
     return None if info is None else info.to_dict()
+
+
+def run_summary(store: RunStore, run: Run) -> dict[str, Any]:
+    """A row of `air list runs --json` and `GET /runs` (air.client.models.Run): `run_dict` and, for a
+    QUEUED run, why it waits (`queue`)."""
+    return {**run_dict(run), "queue": queue_dict(store, run)}
 
 
 def mlflow_link(run: Run) -> str | None:
@@ -190,7 +203,44 @@ def run_detail(store: RunStore, run: Run, *, pages_base: str | None = None) -> d
     data.update(checkpoint_view(run))
     if run.kind == "call":
         data["rank_logs"] = call_rank_logs(run)
+    data["sweep"] = sweep_view(store, run)
+    parent = parent_of(store, run.id)
+    data["sweep_parent"] = {"run_id": parent[0], "index": parent[1]} if parent else None
     return data
+
+
+def sweep_view(store: RunStore, run: Run) -> dict[str, Any] | None:
+    """A `for_each` sweep's counts (total, completed, succeeded, failed, active, pending: not submitted yet),
+    `max_concurrent` and one row per task (its item, child run, status, times as RFC 3339 with `_epoch`
+    beside); None for a run that is not a sweep (air.runs.sweep)."""
+    if not is_sweep_spec(run.spec_yaml):
+        return None
+    from air.workload.sweep_spec import describe_item
+
+    counts = {"total": 0, "completed": 0, "succeeded": 0, "failed": 0, "active": 0, "pending": 0}
+    rows: list[dict[str, Any]] = []
+    for task in list_tasks(store, run.id):
+        child = child_run(store, task.child_run_id)
+        counts["total"] += 1
+        if child is None:
+            counts["pending"] += 1
+        elif not child.is_terminal:
+            counts["active"] += 1
+        else:
+            counts["completed"] += 1
+            counts["succeeded" if child.status is RunStatus.SUCCESS else "failed"] += 1
+        started, ended = (child.started_at, child.ended_at) if child is not None else (None, None)
+        rows.append({
+            "index": task.index, "parameters": task.item, "parameters_text": describe_item(task.item),
+            "run_id": task.child_run_id, "status": child.status.value if child is not None else "NOT_STARTED",
+            "started_at": rfc3339(started), "started_at_epoch": started,
+            "ended_at": rfc3339(ended), "ended_at_epoch": ended,
+            "duration_seconds": child.duration_seconds() if child is not None else None,
+            "attempts": child.attempt_count if child is not None else 0,
+            "termination_reason": (child.termination_reason
+                                   if child is not None and child.status is not RunStatus.SUCCESS else None),
+        })
+    return {**counts, "max_concurrent": max_concurrent_of(run.id), "tasks": rows}
 
 
 # ---- the web pages (and any API that lists, pages and follows) -------------------------------------
@@ -207,7 +257,7 @@ RUNS_COUNTED = 1000
 STATUS_GROUPS = ("active", "ended")
 
 
-def _statuses(status: str | None) -> Any:
+def _statuses(status: str | None) -> list[RunStatus] | Literal["all"] | None:
     """`list_runs`' statuses for the page's status filter ('', a status, 'active', 'ended')."""
     from air.errors import UserInputError
     from air.runs.states import RunStatus
@@ -363,7 +413,7 @@ def pools_view(store: RunStore) -> dict[str, Any]:
     return {"pools": rows, "max_running_runs_per_user": config.max_running_runs_per_user}
 
 
-def _ray_pools(store: RunStore, config: Any, gpu_model: str) -> list[dict[str, Any]]:
+def _ray_pools(store: RunStore, config: AirConfig, gpu_model: str) -> list[dict[str, Any]]:
     """Pools of Ray nodes: accelerators of the alive nodes whose labels include the pool's, and how many of
     them Ray has handed out (read from the cluster of the default profile); the runs admitted to each
     (they hold its admission until they end) and how many wait behind them."""
@@ -547,12 +597,5 @@ def run_from_dict(data: dict[str, Any]) -> Run:
         values[name] = data[f"{name}_epoch"] if f"{name}_epoch" in data else data.get(name)
     values["status"] = RunStatus(data["status"])
     values["failure_class"] = FailureClass(data["failure_class"]) if data.get("failure_class") else None
+    values["priority_class"] = PriorityClass(data.get("priority_class") or PriorityClass.NORMAL)
     return Run(**values)
-
-
-def attempt_from_dict(data: dict[str, Any]) -> Attempt:
-    """An attempt of `run_detail`'s `attempt_list`, back as the record."""
-    values = {name: data[name] for name in ATTEMPT_FIELDS if name in data}
-    values["status"] = AttemptStatus(data["status"])
-    values["failure_class"] = FailureClass(data["failure_class"]) if data.get("failure_class") else None
-    return Attempt(**values)

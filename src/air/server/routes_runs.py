@@ -30,16 +30,19 @@ from air.client.models import (
 from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.access import Level
-from air.runs.follow import FollowEvent, follow, log_sources, snapshot_lines
-from air.runs.states import RunStatus
+from air.runs.follow import FollowEvent, log_sources, snapshot_lines
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run
-from air.runs.views import attempt_index, log_files, queue_dict, run_detail, run_dict
+from air.runs.views import attempt_index, log_files, run_detail, run_summary
 from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
+from air.server.fanout import hub_of, reader_following, take_ndjson
 from air.server.uploads import ServerPaths, check_digest, missing_blobs, receive_blob
 from air.server.visibility import current_policy, readable_run, run_visible, viewer_for
 
 router = APIRouter()
+
+#: How often a follower that gets no events looks at the server stopping and its rights.
+STREAM_CHECK_S = 0.5
 
 
 class PayloadTooLarge(UserInputError):
@@ -97,8 +100,7 @@ def list_runs(request: Request, who: Caller, all_users: bool = False,
                            experiment_glob=experiment, accelerator_type=accelerator_type,
                            num_accelerators=num_accelerators, visible_to=policy.list_filter(viewer))
     runs = [r for r in runs if policy.allows(viewer, r)]  # the SQL filter's reading, checked by the rule itself
-    return {"runs": [{**run_dict(r), "queue": queue_dict(store, r) if r.status is RunStatus.QUEUED else None}
-                     for r in runs]}
+    return {"runs": [run_summary(store, r) for r in runs]}
 
 
 @router.get("/pools")
@@ -134,7 +136,8 @@ async def submit_run(request: Request, who: Caller) -> dict[str, Any]:
     from air.server.submission import submit_request
 
     body = await json_body(request)
-    return await run_in_threadpool(submit_request, store_of(request), _paths(request), who, body)
+    return await run_in_threadpool(submit_request, store_of(request), _paths(request), who, body,
+                                   critical_users=getattr(request.app.state, "critical_users", frozenset()))
 
 
 @router.put("/runs/{run_id}/permissions")
@@ -180,38 +183,55 @@ def follow_run(request: Request, run_id: str, who: Caller, node: OptionalQueryIn
             raise UserInputError(f"{what} must be 0 or more, got {value}.")
     since = None if minutes is None else time.time() - minutes * 60  # the clock of the machine with the logs
     mask = log_masker(run)
-    if live:
-        log_sources(run, run.current_attempt or 0, node=node, rank=rank)  # a wrong --node is a 4xx now
-        events: Iterator[FollowEvent] = follow(run.id, store=store, node=node, rank=rank, attempt=attempt,
-                                               tail=tail, mask=mask, since=since)
-    else:
+    stopping = getattr(request.app.state, "stopping", None)
+    if not live:
         index = attempt_index(store, run, attempt)
         first: list[FollowEvent] = [run, *snapshot_lines(run, index, node=node, rank=rank, tail=tail, mask=mask,
                                                                since=since)]
-        events = iter(first)
+        return StreamingResponse((encode_event(event_from(item)) for item in first),
+                                 media_type="application/x-ndjson")
+    log_sources(run, run.current_attempt or 0, node=node, rank=rank)  # a wrong --node is a 4xx now
 
-    stopping = getattr(request.app.state, "stopping", None)
+    def still_allowed() -> bytes | None:
+        """None while the caller may still follow; else the stream's last line saying why not."""
+        if not token_still_valid(request):  # revoked while following: no more lines
+            revoked = AuthError("The token this stream was opened with is no longer valid (revoked).", status=401,
+                                hint="Ask an admin for a new one: air server token create NAME")
+            return encode_event(ErrorEvent.model_validate(error_body(revoked)))
+        try:
+            readable_run(store, run.id, who)  # a grant taken back while following: a 404 line, no more
+        except AirError as exc:
+            return encode_event(ErrorEvent.model_validate(error_body(exc)))
+        return None
 
-    def body() -> Iterator[bytes]:
+    async def body() -> AsyncIterator[bytes]:
+        """The follower's share of the run's one reader (air.server.fanout), with the caller's rights
+        checked again every STREAM_AUTH_RECHECK_S."""
+        hub = hub_of(request.app)
+        follower = hub.follow((run.id, node, rank, attempt),
+                              reader_following(run.id, store, node=node, rank=rank, attempt=attempt, mask=mask),
+                              tail=tail, since=since)
         checked = time.monotonic()
         try:
-            for item in events:
+            while True:
+                chunk = await take_ndjson(follower, STREAM_CHECK_S)
                 if stopping is not None and stopping.is_set():
                     return  # the server is stopping: the client reattaches to the next one
                 if time.monotonic() - checked >= STREAM_AUTH_RECHECK_S:
-                    if not token_still_valid(request):  # revoked while following: no more lines
-                        revoked = AuthError("The token this stream was opened with is no longer valid "
-                                            "(revoked).", status=401,
-                                            hint="Ask an admin for a new one: air server token create NAME")
-                        yield encode_event(ErrorEvent.model_validate(error_body(revoked)))
+                    refused = await hub.recheck((request.headers.get("authorization"), run.id), still_allowed,
+                                                STREAM_AUTH_RECHECK_S)
+                    if refused is not None:
+                        yield refused
                         return
-                    readable_run(store, run.id, who)  # a grant taken back while following: a 404 line, no more
                     checked = time.monotonic()
-                yield encode_event(event_from(item))
-        except AirError as exc:  # after the answer began: the last line says what went wrong
-            yield encode_event(ErrorEvent.model_validate(error_body(exc)))
+                if chunk is None:
+                    return
+                if chunk:
+                    yield chunk
+        finally:
+            hub.leave(follower)
 
-    return StreamingResponse(body(), media_type="application/x-ndjson")
+    return StreamingResponse(body(), media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
 
 
 def _attempt_of(request: Request, run: Run, attempt: int | None) -> int:

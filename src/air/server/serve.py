@@ -102,12 +102,14 @@ def check_server_home() -> str:
 
 def serve(host: str, port: int, *, mlflow: bool = False, tls_cert: Path | None = None,
           tls_key: Path | None = None, on_ready: Any = None, public: str | None = None,
-          single_trust_domain: bool = False, on_mlflow: Callable[[MLflowState], None] | None = None) -> None:
+          single_trust_domain: bool = False, on_mlflow: Callable[[MLflowState], None] | None = None,
+          critical_users: frozenset[str] = frozenset()) -> None:
     """Serve until stopped (and, with `mlflow`, MLflow on a Unix socket behind the door at `/mlflow`,
     started beside the API, which does not wait for it). `public`: the server's address for nodes and
     links (default: the bind address). `on_ready(url, mlflow_uri, mlflow_state)` is called once the port is
     open; `on_mlflow(state)` once MLflow is ready or has failed. `single_trust_domain`: run every run as
-    the server's own account, with no walls (air.server.isolation)."""
+    the server's own account, with no walls (air.server.isolation). `critical_users`: who besides admins
+    may submit `compute.priority_class: CRITICAL` (it preempts BEST_EFFORT runs)."""
     from air.runs.store import RunStore
     from air.server.isolation import apply_isolation, choose_isolation
     from air.server.mlflow_server import (
@@ -130,7 +132,7 @@ def serve(host: str, port: int, *, mlflow: bool = False, tls_cert: Path | None =
     with mlflow_server(door=door, supervisor=supervisor, enabled=mlflow, on_change=on_mlflow) as (mlflow_socket, state):
         _serve(host, port, mlflow_socket=mlflow_socket, tls_cert=tls_cert, tls_key=tls_key, on_ready=on_ready,
                door=door if mlflow_socket else None, isolation=isolation, credential=credential,
-               mlflow_state=state)
+               mlflow_state=state, critical_users=critical_users)
 
 
 def _warnings_to_log() -> None:
@@ -156,7 +158,7 @@ def _warnings_to_log() -> None:
 
 def _serve(host: str, port: int, *, mlflow_socket: Path | None, tls_cert: Path | None, tls_key: Path | None,
            on_ready: Any, door: str | None = None, isolation: str = "", credential: str = "",
-           mlflow_state: MLflowState | None = None) -> None:
+           mlflow_state: MLflowState | None = None, critical_users: frozenset[str] = frozenset()) -> None:
     import uvicorn
 
     from air.runs.reconcile import reconcile
@@ -173,6 +175,7 @@ def _serve(host: str, port: int, *, mlflow_socket: Path | None, tls_cert: Path |
     stopping = threading.Event()
     app = create_app(store=store, mlflow_uri=door if mlflow_socket else tracking_uri(), stopping=stopping)
     app.state.isolation = isolation  # GET /api/v1/health reports it
+    app.state.critical_users = critical_users  # who may submit CRITICAL runs (besides admins)
     app.state.mlflow_state = mlflow_state  # and this (the door answers 503 until it is ready)
     if mlflow_socket and door:  # MLflow on its Unix socket: only the door at /mlflow reaches it
         from air.server.mlflow_door import mount_door
@@ -184,6 +187,9 @@ def _serve(host: str, port: int, *, mlflow_socket: Path | None, tls_cert: Path |
     server = _Server(config, stopping)
     threading.Thread(target=_housekeeping, args=(RunStore(), stopping), name="air-server-housekeeping",
                      daemon=True).start()
+    from air.runs.admission import start_in_thread
+
+    start_in_thread(RunStore, stopping)  # queued runs are rows: this one thread starts their supervisors in turn
 
     def announce() -> None:
         while not server.server.started and not stopping.is_set():

@@ -21,7 +21,18 @@ def _spec_with_root(spec: dict[str, Any], root: str) -> dict[str, Any]:
     return {**spec, "code_source": {"type": "snapshot", "snapshot": {"root_path": root}}}
 
 
-def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: Any) -> dict[str, Any]:
+def check_priority(who: Principal, priority_class: str, critical_users: frozenset[str]) -> None:
+    """CRITICAL preempts other users' BEST_EFFORT runs: only admins and the server's `--critical-users` may."""
+    if priority_class == "CRITICAL" and not who.admin and who.user not in critical_users:
+        from air.server.app import AuthError
+
+        raise AuthError(f"{who.user} may not submit compute.priority_class: CRITICAL on this server.",
+                        status=403, hint="Submit it as NORMAL or BEST_EFFORT, or ask the server's admin to add you "
+                        "to `air server start --critical-users`.")
+
+
+def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: Any, *,
+                   critical_users: frozenset[str] = frozenset()) -> dict[str, Any]:
     from air.runs.submit import prepare_spec, submit
     from air.server.visibility import check_groups
     from air.workload.loading import parse_workload
@@ -43,6 +54,7 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: An
         check_groups(parse_workload(_spec_with_root(spec_data, str(paths.root)), source=source, base_dir=paths.root))
         spec_data = _spec_with_root(spec_data, str(build_snapshot(paths, manifest)))
     spec = check_groups(parse_workload(spec_data, source=source, base_dir=paths.root))
+    check_priority(who, spec.compute.priority_class, critical_users)
     prepared = prepare_spec(spec, None, secret_store=paths.user_secrets(who.user),
                             use_reserved=request.use_reserved_pool)
     token = request.idempotency_key or spec.idempotency_token

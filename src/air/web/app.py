@@ -288,7 +288,7 @@ def create_web_app(
                 return False
             return True
 
-        stream = follow_log(request, store, run.id, files[index]["path"], offset, mask,
+        stream = follow_log(request, store, run.id, files[index]["label"], files[index]["index"], offset, mask,
                             attempt=attempt, signed_in=signed_in)
         return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -53,8 +53,14 @@ class RunPlan:
     environment_state: str | None = None
     #: The pool it would wait in (config.yaml `pools:`); None: no pools configured (the whole machine).
     pool: str | None = None
+    #: `compute.priority_class`: BEST_EFFORT, NORMAL or CRITICAL (orders its pool's queue).
+    priority_class: str = "NORMAL"
     #: The `_bases_` files merged into the workload, in merge order (the dry run names them).
     bases: list[str] = field(default_factory=list)
+    #: A `for_each` sweep: {"items": [parameter maps], "max_concurrent": N | None}; None: an ordinary run.
+    sweep: dict[str, Any] | None = None
+    #: A sweep child's: the parent sweep's MLflow run, which its attempts' runs are nested under.
+    mlflow_parent_run_id: str | None = None
     # Filled at submit, when the run exists:
     run_id: str | None = None
     code_path: str | None = None
@@ -104,7 +110,7 @@ class RunPlan:
             "profile": self.profile, "backend": self.backend,
             "compute": {"accelerator_type": self.accelerator, "num_accelerators": self.num_accelerators,
                         "num_nodes": self.num_nodes, "accelerators_per_node": self.per_node,
-                        **({"pool": self.pool} if self.pool else {})},
+                        **({"pool": self.pool} if self.pool else {}), "priority_class": self.priority_class},
             "command": self.command, "max_retries": self.max_retries, "timeout_minutes": self.timeout_minutes,
             "hang_timeout_minutes": self.hang_timeout_minutes,
             "code_snapshot": None if not self.code_root else {
@@ -114,6 +120,8 @@ class RunPlan:
                 "dependencies": self.dependencies, "base_python": self.base_python, "state": self.environment_state},
             "parameters": self.parameters, "secrets": {k: f"{v} ({MASK})" for k, v in self.secret_refs.items()},
             "nodes": nodes,
+            **({"for_each": {"max_concurrent": self.sweep.get("max_concurrent"), "count": len(self.sweep["items"]),
+                             "items": self.sweep["items"]}} if self.sweep else {}),
         }
 
 
@@ -144,7 +152,9 @@ def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address
         hang_timeout_minutes=spec.hang_timeout_minutes, profile=profile, backend=backend, backend_address=backend_address,
         dependencies=deps, dependencies_base_dir=str(spec.source_dir or Path.cwd()),
         environment_version=version, base_python=base_python, environment_state=state,
-        bases=[str(b) for b in spec.bases],
+        bases=[str(b) for b in spec.bases], priority_class=spec.compute.priority_class,
+        sweep=({"items": spec.for_each.expand(), "max_concurrent": spec.for_each.max_concurrent}
+               if spec.for_each is not None else None),
     )
     if snapshot_plan is not None:
         plan.code_root = str(snapshot_plan.root_path)

@@ -33,13 +33,13 @@ if TYPE_CHECKING:
     from air.workload.spec import WorkloadSpec
 from air.home import AirHome
 from air.workload.snapshot_git import (
-    _find_repo,
-    _git,
-    _git_changes,
-    _git_current_branch,
-    _git_head,
-    _git_rev,
-    _git_worktree_files,
+    find_repo,
+    git_changes,
+    git_current_branch,
+    git_head,
+    git_rev,
+    git_worktree_files,
+    run_git,
 )
 from air.workload.snapshot_links import leaving_links
 
@@ -52,7 +52,7 @@ MODE_EXEC = "100755"
 MODE_LINK = "120000"
 
 _REF_RE = re.compile(r"^[\w./-]+$")  # branch/commit names: also guards against option injection
-_CHUNK = 1 << 20
+CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class SnapshotPlan:
 
     def path_in(self, store_root: Path | None = None) -> Path:
         """Where `materialize_snapshot` puts (or has put) this snapshot; CODE_SOURCE_PATH."""
-        return _store(store_root) / self.key / self.name
+        return snapshots_root(store_root) / self.key / self.name
 
     def to_dict(self, max_files: int | None = 50) -> dict[str, Any]:
         """A JSON-able summary for `--dry-run` (`max_files=None` lists every file)."""
@@ -166,7 +166,7 @@ def plan_snapshot(
             raise UserInputError(f"code_source.snapshot.git.{what}: {ref!r} is not a valid git {what} name")
 
     notes: list[str] = []
-    repo = _find_repo(root, notes)
+    repo = find_repo(root, notes)
     if repo is None:
         if git_branch is not None or git_commit is not None:
             raise UserInputError(
@@ -179,26 +179,26 @@ def plan_snapshot(
 
     repo_root, subdir = repo
     if git_branch is None and git_commit is None:
-        entries = _hash_worktree(root, _git_worktree_files(root, notes), notes)
+        entries = _hash_worktree(root, git_worktree_files(root, notes), notes)
         entries = _restrict(entries, includes, root)
         prov = GitProvenance(
             repo_root=repo_root,
             subdir=subdir,
-            commit=_git_head(root),
-            branch=_git_current_branch(root),
-            dirty=bool(_git_changes(root)),
+            commit=git_head(root),
+            branch=git_current_branch(root),
+            dirty=bool(git_changes(root)),
         )
         return _plan(root, name, "worktree", entries, includes, prov, None, notes)
 
     if git_branch is not None:
-        commit = _git_rev(root, f"refs/heads/{git_branch}^{{commit}}")
+        commit = git_rev(root, f"refs/heads/{git_branch}^{{commit}}")
         if commit is None:
-            branches = _git(root, "for-each-ref", "--format=%(refname:short)", "refs/heads").split()
+            branches = run_git(root, "for-each-ref", "--format=%(refname:short)", "refs/heads").split()
             raise UserInputError(
                 f"code_source.snapshot.git.branch: no local branch {git_branch!r} in {repo_root}",
                 hint=f"Local branches: {', '.join(branches) or '(none)'}.",
             )
-        changes = _git_changes(root)
+        changes = git_changes(root)
         if changes:
             shown = ", ".join(changes[:5]) + (f" and {len(changes) - 5} more" if len(changes) > 5 else "")
             raise UserInputError(
@@ -210,7 +210,7 @@ def plan_snapshot(
         branch: str | None = git_branch
     else:
         assert git_commit is not None
-        found = _git_rev(root, f"{git_commit}^{{commit}}")
+        found = git_rev(root, f"{git_commit}^{{commit}}")
         if found is None:
             raise UserInputError(
                 f"code_source.snapshot.git.commit: commit {git_commit!r} not found in {repo_root}",
@@ -218,7 +218,7 @@ def plan_snapshot(
             )
         commit, branch = found, None
 
-    tree = _git_rev(root, f"{commit}:{subdir}" if subdir else f"{commit}^{{tree}}")
+    tree = git_rev(root, f"{commit}:{subdir}" if subdir else f"{commit}^{{tree}}")
     if tree is None:
         raise UserInputError(
             f"code_source.snapshot.root_path: {subdir!r} does not exist in commit {commit[:12]} of {repo_root}"
@@ -260,7 +260,7 @@ def _plan(
         assert tree is not None
         key = _digest_lines([b"git-tree", tree.encode(), name.encode(), *(p.encode() for p in includes)])
     else:
-        key = _worktree_key(name, entries)
+        key = worktree_key(name, entries)
     return SnapshotPlan(
         root_path=root,
         name=name,
@@ -274,7 +274,7 @@ def _plan(
     )
 
 
-def _worktree_key(name: str, entries: Iterable[SnapshotEntry]) -> str:
+def worktree_key(name: str, entries: Iterable[SnapshotEntry]) -> str:
     """sha256 over the folder name and every (path, mode, content digest), sorted by path."""
     lines = [b"worktree", name.encode()]
     lines += [b"%s %s %s" % (e.mode.encode(), e.digest.encode(), os.fsencode(e.path)) for e in entries]
@@ -405,14 +405,14 @@ def _hash_worktree(root: Path, paths: Iterable[str], notes: list[str]) -> list[S
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
 
 
 def _git_tree_entries(root: Path, tree: str, notes: list[str]) -> list[SnapshotEntry]:
     """Every blob of a git tree, with git's mode and size (no working-tree file is read)."""
-    raw = _git(root, "ls-tree", "-r", "-z", "-l", "--full-tree", tree)
+    raw = run_git(root, "ls-tree", "-r", "-z", "-l", "--full-tree", tree)
     entries: list[SnapshotEntry] = []
     for record in raw.split("\0"):
         if not record:
@@ -433,7 +433,7 @@ def _git_tree_entries(root: Path, tree: str, notes: list[str]) -> list[SnapshotE
 # ---- the store --------------------------------------------------------------------------------
 
 
-def _store(store_root: Path | None, *, create_home: bool = True) -> Path:
+def snapshots_root(store_root: Path | None, *, create_home: bool = True) -> Path:
     return Path(store_root) if store_root is not None else AirHome(create=create_home).snapshots
 
 

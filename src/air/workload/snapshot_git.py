@@ -26,7 +26,7 @@ _GIT_LOCATION_ENV = (
 )
 
 
-def _git_env() -> dict[str, str]:
+def git_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_ENV}
     env["GIT_OPTIONAL_LOCKS"] = "0"  # `git status` must not take the index lock of the user's repo
     return env
@@ -35,7 +35,7 @@ def _git_env() -> dict[str, str]:
 def _git_run(cwd: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     try:
         return subprocess.run(
-            ["git", *args], cwd=cwd, env=_git_env(), input=input, capture_output=True, check=False
+            ["git", *args], cwd=cwd, env=git_env(), input=input, capture_output=True, check=False
         )
     except FileNotFoundError as exc:
         raise UserInputError(
@@ -44,7 +44,7 @@ def _git_run(cwd: Path, *args: str, input: bytes | None = None) -> subprocess.Co
         ) from exc
 
 
-def _git(cwd: Path, *args: str) -> str:
+def run_git(cwd: Path, *args: str) -> str:
     """Run git and return stdout; a failure is a runtime error that quotes git's own message."""
     proc = _git_run(cwd, *args)
     if proc.returncode != 0:
@@ -53,7 +53,7 @@ def _git(cwd: Path, *args: str) -> str:
     return os.fsdecode(proc.stdout)
 
 
-def _find_repo(root: Path, notes: list[str]) -> tuple[Path, str] | None:
+def find_repo(root: Path, notes: list[str]) -> tuple[Path, str] | None:
     """(repo top level, root's path inside it) when root is in a git working tree, else None."""
     if shutil.which("git") is None:
         if any((p / ".git").exists() for p in (root, *root.parents)):
@@ -76,12 +76,12 @@ def _find_repo(root: Path, notes: list[str]) -> tuple[Path, str] | None:
     return top, subdir
 
 
-def _git_worktree_files(folder: Path, notes: list[str], shown: str = "") -> list[str]:
+def git_worktree_files(folder: Path, notes: list[str], shown: str = "") -> list[str]:
     """Tracked + untracked-not-ignored files under `folder`, relative to it (submodules included).
 
     `shown` is the folder's path in the snapshot, for notes only.
     """
-    raw = _git(folder, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    raw = run_git(folder, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
     out: list[str] = []
     for rel in dict.fromkeys(p for p in raw.split("\0") if p):  # unmerged paths appear once per stage
         if rel.rstrip("/").rsplit("/", 1)[-1].startswith("._"):
@@ -91,7 +91,7 @@ def _git_worktree_files(folder: Path, notes: list[str], shown: str = "") -> list
             notes.append(f"skipped {shown}{rel.rstrip('/')}: a nested git repository that is not a submodule")
         elif path.is_dir() and not path.is_symlink():  # a submodule: ship its own files
             if (path / ".git").exists():
-                out.extend(f"{rel}/{p}" for p in _git_worktree_files(path, notes, f"{shown}{rel}/"))
+                out.extend(f"{rel}/{p}" for p in git_worktree_files(path, notes, f"{shown}{rel}/"))
             else:
                 notes.append(f"skipped {shown}{rel}: submodule not checked out")
         else:
@@ -99,27 +99,27 @@ def _git_worktree_files(folder: Path, notes: list[str], shown: str = "") -> list
     return out
 
 
-def _git_rev(root: Path, rev: str) -> str | None:
+def git_rev(root: Path, rev: str) -> str | None:
     proc = _git_run(root, "rev-parse", "--verify", "--quiet", rev)
     if proc.returncode != 0:
         return None
     return proc.stdout.decode().strip() or None
 
 
-def _git_head(root: Path) -> str | None:
-    return _git_rev(root, "HEAD^{commit}")  # None in a repository without commits
+def git_head(root: Path) -> str | None:
+    return git_rev(root, "HEAD^{commit}")  # None in a repository without commits
 
 
-def _git_current_branch(root: Path) -> str | None:
+def git_current_branch(root: Path) -> str | None:
     proc = _git_run(root, "symbolic-ref", "--short", "-q", "HEAD")
     if proc.returncode != 0:
         return None  # detached HEAD
     return proc.stdout.decode().strip() or None
 
 
-def _git_changes(root: Path) -> list[str]:
+def git_changes(root: Path) -> list[str]:
     """Uncommitted changes under root (modified, staged, deleted, untracked-not-ignored), as paths."""
-    raw = _git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ".")
+    raw = run_git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", ".")
     paths: list[str] = []
     records = iter(raw.split("\0"))
     for record in records:

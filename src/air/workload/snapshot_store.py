@@ -17,16 +17,16 @@ from pathlib import Path
 
 from air.errors import AirError
 from air.workload.snapshot import (
-    _CHUNK,
+    CHUNK,
     MODE_EXEC,
     MODE_FILE,
     MODE_LINK,
     SnapshotEntry,
     SnapshotPlan,
-    _store,
-    _worktree_key,
+    snapshots_root,
+    worktree_key,
 )
-from air.workload.snapshot_git import _git_env
+from air.workload.snapshot_git import git_env
 
 
 def materialize_snapshot(plan: SnapshotPlan, store_root: Path | None = None) -> Path:
@@ -37,7 +37,7 @@ def materialize_snapshot(plan: SnapshotPlan, store_root: Path | None = None) -> 
     files are hashed again while they are copied: if one changed since the plan, the snapshot is filed
     under the key of what was really copied (never a stale key), and the returned path says so.
     """
-    store = _store(store_root)
+    store = snapshots_root(store_root)
     store.mkdir(parents=True, exist_ok=True, mode=0o700)
     existing = store / plan.key
     if existing.is_dir():
@@ -52,7 +52,7 @@ def materialize_snapshot(plan: SnapshotPlan, store_root: Path | None = None) -> 
             key = plan.key
         else:
             copied = _copy_worktree(plan, dest)
-            key = plan.key if copied == list(plan.entries) else _worktree_key(plan.name, copied)
+            key = plan.key if copied == list(plan.entries) else worktree_key(plan.name, copied)
         final = store / key
         try:
             os.rename(tmp, final)
@@ -93,7 +93,7 @@ def _copy_worktree(plan: SnapshotPlan, dest: Path) -> list[SnapshotEntry]:
                 h = hashlib.sha256()
                 size = 0
                 with open(src, "rb") as fin, open(out, "wb") as fout:
-                    while chunk := fin.read(_CHUNK):
+                    while chunk := fin.read(CHUNK):
                         h.update(chunk)
                         fout.write(chunk)
                         size += len(chunk)
@@ -111,7 +111,7 @@ def _write_git_entries(plan: SnapshotPlan, dest: Path) -> None:
     proc = subprocess.Popen(
         ["git", "cat-file", "--batch"],
         cwd=plan.root_path,
-        env=_git_env(),
+        env=git_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -133,7 +133,7 @@ def _write_git_entries(plan: SnapshotPlan, dest: Path) -> None:
             else:
                 with open(out, "wb") as f:
                     while remaining:
-                        chunk = proc.stdout.read(min(remaining, _CHUNK))
+                        chunk = proc.stdout.read(min(remaining, CHUNK))
                         if not chunk:
                             raise AirError(f"git cat-file ended early while writing {entry.path}")
                         f.write(chunk)
@@ -162,7 +162,7 @@ def prune_snapshots(
     `keep`: snapshot keys that active runs use (`air prune` passes them), never removed. `dry_run`:
     return what would go and remove nothing.
     """
-    store = _store(store_root, create_home=False)
+    store = snapshots_root(store_root, create_home=False)
     if not store.is_dir():
         return []
     cutoff = (time.time() if now is None else now) - older_than_days * 86400

@@ -45,6 +45,7 @@ from air.workload.spec_rules import (
     _fail,
     show_value,
 )
+from air.workload.sweep_spec import ForEachSpec
 
 
 class _Section(BaseModel):
@@ -80,6 +81,22 @@ class ComputeSpec(_Section):
         "(1/True: `reserved`; 0/False: `on-demand` where configured), else the default pool.",
         examples=["reserved"],
     )
+    priority_class: Literal["BEST_EFFORT", "NORMAL", "CRITICAL"] = Field(
+        default="NORMAL",
+        description="Where the run stands in its pool's queue (any case): CRITICAL first, then NORMAL, then "
+        "BEST_EFFORT; first in first out within a class. A CRITICAL run that finds its pool full preempts "
+        "BEST_EFFORT runs (newest first, as few as needed): their attempt ends PREEMPTED, they go back to the "
+        "queue and resume from AIR_CHECKPOINT_DIR, not counted against max_retries. On `air server`, only the "
+        "users it names (--critical-users) may submit CRITICAL.",
+        examples=["BEST_EFFORT"],
+    )
+
+    @field_validator("priority_class", mode="before")
+    @classmethod
+    def _upper_priority(cls, value: Any) -> Any:
+        if not isinstance(value, str) or value.upper() not in ("BEST_EFFORT", "NORMAL", "CRITICAL"):
+            _fail(f"must be BEST_EFFORT, NORMAL or CRITICAL, got {show_value(value)}")
+        return value.upper()
 
     @field_validator("accelerator_type", mode="before")
     @classmethod
@@ -377,6 +394,15 @@ class WorkloadSpec(_Section):
         description="Name of each attempt's MLflow run; default: experiment_name. Letters, digits, '_' and "
         "'-', at most 100 characters.",
         examples=["lr-1e-4"],
+    )
+    for_each: ForEachSpec | None = Field(
+        None,
+        description="A sweep: one child run per item, each an ordinary run (logs, retries, MLflow run nested "
+        "under the sweep's) with its item merged over `parameters` in HYPERPARAMETERS_PATH and its index in "
+        "AIR_SWEEP_INDEX. `parameters:` is a grid (every combination), `items:` a list of maps; "
+        "`max_concurrent` bounds how many children are active at once. The sweep is SUCCESS only if every "
+        "child is; canceling it cancels its children.",
+        examples=[{"parameters": {"lr": [0.001, 0.0001], "batch_size": [16, 32]}, "max_concurrent": 2}],
     )
     idempotency_token: str | None = Field(
         None,

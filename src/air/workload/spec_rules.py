@@ -69,12 +69,11 @@ HOSTED_ONLY_KEYS: dict[str, str] = {
     "mlflow_artifact_location": f"{_UNSUPPORTED}; artifacts go where the MLflow tracking store puts them",
     **{k: f"{_UNSUPPORTED}; there is no billing policy here: limits are the pools and the per-user limit of "
        "config.yaml (`air get pools`)" for k in ("usage_policy_name", "usage_policy_id")},
-    "priority": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
+    "priority": f"{_UNSUPPORTED}; use compute.priority_class (BEST_EFFORT, NORMAL or CRITICAL)",
     "job_type": f"{_UNSUPPORTED}; every workload runs its 'command'",
     "udp": f"{_UNSUPPORTED}; run batch inference from 'command'",
     "_bases_": "names base files, which only `air run -f FILE` can read: it merges them before submitting",
     "compute.provisioned_capacity_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
-    "compute.priority_class": f"{_UNSUPPORTED}; runs waiting for accelerators start first in, first out",
     "environment.docker_image": f"{_UNSUPPORTED}; air builds a uv environment from 'dependencies'",
     **{f"environment.{k}": f"{_UNSUPPORTED}; runs use no container image: list packages in "
        "'environment.dependencies' (a cached uv environment)" for k in ("custom_image_tag", "unity_catalog_image")},

@@ -1,0 +1,308 @@
+"""`for_each` sweeps: a parent run whose supervisor starts one ordinary child run per item.
+
+The parent is created by `air run` (or `air server`) like any run, but not queued (it holds no slots):
+runs.submit starts its supervisor at once, which sees the plan's `sweep` and runs a `SweepJob` instead
+of attempts. The SweepJob records the tasks (table `sweep_tasks`, owned here), submits children through
+the same path as `air run` (runs.submit: queued in the same slot ledger, admitted by the same loop, run by
+the same supervisor; they link the parent's code snapshot, nothing is copied again), keeps at most
+`max_concurrent` of them active, and waits. Each child gets its item merged over the workload's
+`parameters` (HYPERPARAMETERS_PATH), AIR_SWEEP_INDEX / AIR_SWEEP_RUN_ID, and MLflow runs nested under the
+parent's (`mlflow.parentRunId`).
+
+The parent holds no slots. It ends SUCCESS only if every child did; FAILED (with the failed tasks named)
+otherwise; a cancel of the parent (TERMINATING) cancels every active child, then the parent.
+
+    PENDING -> RUNNING --all children ended--> SUCCESS | FAILED
+                  | canceled: children canceled -> CANCELED
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from air.runs.states import FailureClass, RunStatus, StatusConflictError
+from air.runs.store import Run, RunStore
+
+_log = logging.getLogger("air.sweep")
+
+#: How often the parent's supervisor looks at its children and its own status.
+SWEEP_POLL_S = 0.5
+_TOP_LEVEL_FOR_EACH = re.compile(r"^for_each:", re.MULTILINE)
+
+
+def is_sweep_spec(spec_yaml: str) -> bool:
+    """Whether a stored spec (yaml.safe_dump of the resolved spec) is a sweep: a top-level `for_each:`
+    (only top-level keys start a line unindented)."""
+    return bool(_TOP_LEVEL_FOR_EACH.search(spec_yaml or ""))
+
+
+@dataclass(frozen=True)
+class SweepTask:
+    """One item of a sweep and the child run carrying it out (None until submitted)."""
+
+    index: int
+    item: dict[str, Any]
+    child_run_id: str | None
+
+
+# ---- the sweep_tasks table --------------------------------------------------------------------------
+
+
+def record_tasks(store: RunStore, parent_run_id: str, items: list[dict[str, Any]]) -> None:
+    """The parent's tasks, once (a second call keeps what is there)."""
+    with store.writer() as conn:
+        conn.executemany(
+            "INSERT OR IGNORE INTO sweep_tasks (parent_run_id, task_index, child_run_id, item) VALUES (?, ?, NULL, ?)",
+            [(parent_run_id, i, json.dumps(item, default=str)) for i, item in enumerate(items)])
+
+
+def list_tasks(store: RunStore, parent_run_id: str) -> list[SweepTask]:
+    rows = store.reader().execute(
+        "SELECT task_index, item, child_run_id FROM sweep_tasks WHERE parent_run_id = ? ORDER BY task_index",
+        (parent_run_id,)).fetchall()
+    return [SweepTask(index, json.loads(item), child) for index, item, child in rows]
+
+
+def _set_child(store: RunStore, parent_run_id: str, index: int, child_run_id: str) -> None:
+    with store.writer() as conn:
+        conn.execute("UPDATE sweep_tasks SET child_run_id = ? WHERE parent_run_id = ? AND task_index = ?",
+                     (child_run_id, parent_run_id, index))
+
+
+def parent_of(store: RunStore, child_run_id: str) -> tuple[str, int] | None:
+    """(parent run id, task index) of a sweep's child; None for any other run."""
+    row = store.reader().execute("SELECT parent_run_id, task_index FROM sweep_tasks WHERE child_run_id = ?",
+                                 (child_run_id,)).fetchone()
+    return (str(row[0]), int(row[1])) if row else None
+
+
+def child_run_ids(store: RunStore, parent_run_id: str) -> list[str]:
+    return [t.child_run_id for t in list_tasks(store, parent_run_id) if t.child_run_id]
+
+
+def max_concurrent_of(run_id: str) -> int | None:
+    """A sweep's `max_concurrent` as its plan has it (None: unset, or not a sweep)."""
+    from air.runs.paths import RunPaths
+    from air.workload.plan import RunPlan
+
+    try:
+        plan = RunPlan.from_json(RunPaths(run_id).submission.read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    return plan.sweep.get("max_concurrent") if plan.sweep else None
+
+
+def child_run(store: RunStore, run_id: str | None) -> Run | None:
+    """A task's child run; None before it is submitted, or once pruned."""
+    if run_id is None:
+        return None
+    from air.errors import NotFoundError
+
+    try:
+        return store.get_run(run_id)
+    except NotFoundError:
+        return None
+
+
+# ---- the parent's supervisor ------------------------------------------------------------------------
+
+
+class SweepJob:
+    """Drives a sweep's parent run (see the module docstring). `poll_s` is injectable for tests."""
+
+    def __init__(self, run_id: str, store: RunStore, *, poll_s: float = SWEEP_POLL_S) -> None:
+        from air.runs.paths import RunPaths
+        from air.workload.plan import RunPlan
+
+        self.run_id = run_id
+        self.store = store
+        self.poll_s = poll_s
+        self.plan = RunPlan.from_json(RunPaths(run_id).submission.read_text())
+        assert self.plan.sweep is not None, "SweepJob needs a plan with a sweep"
+        self.items: list[dict[str, Any]] = list(self.plan.sweep["items"])
+        self.max_concurrent: int = int(self.plan.sweep.get("max_concurrent") or len(self.items))
+        self.tracking: Any = None
+
+    def run(self) -> RunStatus:
+        """Submit and wait on the children until all ended (or the parent is canceled); the final status."""
+        self.store.set_supervisor(self.run_id, os.getpid())
+        record_tasks(self.store, self.run_id, self.items)
+        _log.info("sweep %s: %d task(s), at most %d at once", self.run_id, len(self.items), self.max_concurrent)
+        try:
+            self.store.transition(self.run_id, RunStatus.RUNNING, expected_from=RunStatus.PENDING)
+        except StatusConflictError:
+            return self._cancel()
+        self._start_tracking()
+        try:
+            while True:
+                if self._canceled():
+                    return self._cancel()
+                tasks = list_tasks(self.store, self.run_id)
+                children = {t.index: child_run(self.store, t.child_run_id) for t in tasks}
+                active = [i for i, c in children.items() if c is not None and not c.status.is_terminal()]
+                waiting = [t for t in tasks if t.child_run_id is None]
+                for task in waiting[: max(0, self.max_concurrent - len(active))]:
+                    if self._canceled():
+                        return self._cancel()
+                    self._submit_child(task)
+                if not waiting and not active:
+                    return self._finish(tasks, children)
+                time.sleep(self.poll_s)
+        except BaseException:
+            self._cancel_children("The sweep's supervisor failed")
+            self._end_tracking("FAILED", "air failed while running the sweep")
+            raise
+
+    # -- children -----------------------------------------------------------------------------------
+    def _submit_child(self, task: SweepTask) -> None:
+        from air.runs.submit import Prepared, submit
+        from air.runs.supervisor import make_backend
+        from air.settings import AIR_SWEEP_INDEX, AIR_SWEEP_RUN_ID
+        from air.workload.sweep_spec import merge_parameters
+
+        parent = self.store.get_run(self.run_id)
+        suffix = f"-{task.index}"
+        run_name = self.plan.run_name[: 100 - len(suffix)] + suffix
+        parameters = merge_parameters(self.plan.parameters, task.item)
+        plan = dataclasses.replace(
+            self.plan, sweep=None, parameters=parameters, run_name=run_name,
+            env_variables={**self.plan.env_variables, AIR_SWEEP_INDEX: str(task.index), AIR_SWEEP_RUN_ID: self.run_id},
+            mlflow_parent_run_id=self.tracking.handle.run_id if self.tracking is not None and self.tracking.handle else None,
+            run_id=None, command_path=None, parameters_path=None)
+        spec = _child_spec(parent.spec_yaml, parameters, run_name)
+        prepared = Prepared(spec, plan, make_backend(plan, self.store), None, parent.pool)
+        # Queued like any `air run`: the admission loop starts its supervisor when the ledger lets it in.
+        child, _existing = submit(prepared, idempotency_key=f"sweep:{self.run_id}:{task.index}", store=self.store,
+                                  user=parent.user)
+        _set_child(self.store, self.run_id, task.index, child.id)
+        _log.info("sweep %s: task %d (%s) is run %s", self.run_id, task.index, json.dumps(task.item, default=str),
+                  child.id)
+
+    def _cancel_children(self, reason: str) -> None:
+        """Cancel every child not ended yet, all at once (one `cancel_run` each, side by side: every
+        child's supervisor tears down at the same time, not one after another)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from air.runs.cancel import cancel_run
+
+        active = [c for c in child_run_ids(self.store, self.run_id)
+                  if (run := child_run(self.store, c)) is not None and not run.is_terminal]
+        if not active:
+            return
+        with ThreadPoolExecutor(max_workers=min(len(active), 16), thread_name_prefix="air-sweep-cancel") as pool:
+            for child, done in zip(active, pool.map(lambda c: cancel_run(self.store, c, reason=reason), active),
+                                   strict=True):
+                _log.info("sweep %s: child %s %s", self.run_id, child, done.value)
+
+    # -- the parent's end ---------------------------------------------------------------------------
+    def _canceled(self) -> bool:
+        return self.store.get_run(self.run_id).status in (RunStatus.TERMINATING, RunStatus.CANCELED)
+
+    def _cancel(self) -> RunStatus:
+        parent = self.store.get_run(self.run_id)
+        reason = parent.termination_reason or "Canceled by the user"
+        self._cancel_children(reason)
+        self._end_tracking("KILLED", reason)
+        parent = self.store.get_run(self.run_id)
+        if not parent.is_terminal:
+            if parent.status is RunStatus.RUNNING:
+                self.store.transition(self.run_id, RunStatus.TERMINATING, reason=reason)
+            try:
+                self.store.transition(self.run_id, RunStatus.CANCELED, reason=reason, failure_class=FailureClass.CANCEL)
+            except StatusConflictError:
+                pass
+        _log.info("sweep %s: canceled", self.run_id)
+        return self.store.get_run(self.run_id).status
+
+    def _finish(self, tasks: list[SweepTask], children: dict[int, Run | None]) -> RunStatus:
+        failed = [(t, children[t.index]) for t in tasks
+                  if (c := children[t.index]) is None or c.status is not RunStatus.SUCCESS]
+        if not failed:
+            new, reason, failure_class = RunStatus.SUCCESS, None, None
+        else:
+            first, child = failed[0]
+            what = (f"{child.status.value}: {child.termination_reason or 'no reason recorded'}" if child is not None
+                    else "its run is gone")
+            reason = (f"{len(failed)} of {len(tasks)} sweep task(s) did not succeed (tasks "
+                      f"{', '.join(str(t.index) for t, _ in failed)}); the first, task {first.index} "
+                      f"(run {first.child_run_id}), {what}")
+            new, failure_class = RunStatus.FAILED, (child.failure_class if child is not None else None)
+            failure_class = failure_class or FailureClass.USER_CODE
+        self._end_tracking("FINISHED" if new is RunStatus.SUCCESS else "FAILED", reason)
+        try:
+            self.store.transition(self.run_id, new, reason=reason, failure_class=failure_class,
+                                  expected_from=RunStatus.RUNNING)
+        except StatusConflictError:  # canceled just now: the children are over anyway
+            return self._cancel()
+        _log.info("sweep %s: %s%s", self.run_id, new.value, f" ({reason})" if reason else "")
+        return new
+
+    # -- MLflow: the parent's own run, which the children's runs nest under ---------------------------
+    def _start_tracking(self) -> None:
+        from air.settings import AIR_MLFLOW_DOOR
+        from air.tracking.attempt_tracking import AttemptTracking
+
+        def warn(line: str) -> None:
+            _log.warning("%s", line)
+
+        try:
+            if os.environ.get(AIR_MLFLOW_DOOR):  # started by an air server, whose MLflow may still be starting
+                from air.tracking.ui import wait_for_tracking_server
+
+                wait_for_tracking_server()
+            self.tracking = AttemptTracking.for_workload(
+                experiment=self.plan.experiment, run_name=self.plan.run_name,
+                tags={"air.run_id": self.run_id, "air.sweep": "true", "air.sweep_size": str(len(self.items))},
+                params=self.plan.parameters or {}, attempt=0, warn=warn)
+            if self.tracking.handle is not None:
+                self.store.set_mlflow_run_id(self.run_id, self.tracking.handle.run_id)
+        except Exception as exc:  # tracking must never fail a sweep
+            _log.warning("tracking: off for the sweep: %s", exc)
+            self.tracking = None
+
+    def _end_tracking(self, status: str, reason: str | None) -> None:
+        tracking, self.tracking = self.tracking, None
+        if tracking is not None:
+            try:
+                tracking.end(status, reason)
+            except Exception as exc:
+                _log.warning("tracking: could not end the sweep's MLflow run: %s", exc)
+
+
+def _child_spec(parent_spec_yaml: str, parameters: dict[str, Any], run_name: str) -> Any:
+    """The child's stored spec: the parent's, without `for_each` and its idempotency token, with the
+    item's parameters and its own MLflow run name."""
+    import yaml
+
+    from air.workload.spec import WorkloadSpec
+
+    data = yaml.safe_load(parent_spec_yaml)
+    data.pop("for_each", None)
+    data.pop("idempotency_token", None)
+    data["parameters"] = parameters
+    data["mlflow_run_name"] = run_name
+    return WorkloadSpec.model_validate(data)
+
+
+def run_sweep(run_id: str, store: RunStore) -> RunStatus:
+    """The parent's supervisor body (air.runs.supervisor.main calls it for a plan with a sweep)."""
+    from air.log import configure_file
+    from air.runs.paths import RunPaths
+
+    handler = configure_file(RunPaths(run_id).supervisor_log)
+    try:
+        return SweepJob(run_id, store).run()
+    finally:
+        logging.getLogger("air").removeHandler(handler)
+        handler.close()
+
+
+__all__ = ["SWEEP_POLL_S", "SweepJob", "SweepTask", "child_run", "child_run_ids", "is_sweep_spec", "list_tasks",
+           "max_concurrent_of", "parent_of", "record_tasks", "run_sweep"]

@@ -1,0 +1,45 @@
+"""The API's follow streams on the shared readers of air.runs.fanout: each event encoded once as the
+NDJSON line of `GET /runs/{id}/follow` (air.client.models), a follower that fell behind told so with a
+`SkippedEvent`, a reader's failure as the stream's last `ErrorEvent` line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from air.client.models import ErrorEvent, SkippedEvent, encode_event, event_from
+from air.runs.fanout import Follower, FollowHub, Item, Skipped, reader_following
+from air.runs.follow import FollowEvent
+
+
+def ndjson_line(event: FollowEvent) -> bytes:
+    return encode_event(event_from(event))
+
+
+def hub_of(app: Any) -> FollowHub:
+    """The API app's hub: its readers encode NDJSON lines."""
+    from air.runs.fanout import hub_of as _hub_of
+
+    return _hub_of(app, encode=ndjson_line)
+
+
+def _line(item: Item | Skipped) -> bytes:
+    from air.server.app import error_body
+
+    if isinstance(item, Skipped):
+        return encode_event(SkippedEvent(skipped=item.count))
+    if item.error is not None:
+        return encode_event(ErrorEvent.model_validate(error_body(item.error)))
+    if item.encoded is not None:
+        return item.encoded
+    assert item.event is not None
+    return ndjson_line(item.event)
+
+
+async def take_ndjson(follower: Follower, timeout: float) -> bytes | None:
+    """What the follower has queued, as NDJSON lines in one chunk (b"" when nothing came within `timeout`);
+    None once its stream has ended and all was sent."""
+    taken = await follower.take_items(timeout)
+    return None if taken is None else b"".join(_line(item) for item in taken)
+
+
+__all__ = ["hub_of", "reader_following", "take_ndjson"]
