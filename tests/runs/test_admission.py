@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ import pytest
 from air.home import AirHome
 from air.runs.admission import AdmissionLoop, loop_running, queued_rows
 from air.runs.cancel import cancel_run
+from air.runs.paths import RunPaths
 from air.runs.reconcile import SUPERVISOR_START_GRACE_S, reconcile
 from air.runs.states import RunStatus
 from air.runs.store import Run, RunStore
@@ -99,9 +101,11 @@ def test_queued_runs_are_rows_admitted_in_order_and_the_loop_exits_clean(tmp_pat
     home = AirHome()
     assert loop_running(home) and len(admission_loops(home)) == 1  # one loop, however many `air run`s
 
-    started = time.monotonic()
+    # A queued row keeps the environment `air run` was typed in, readable by its owner only, until its
+    # supervisor starts with it.
+    saved = RunPaths(queued[2]).submit_environ
+    assert saved.exists() and stat.S_IMODE(saved.stat().st_mode) == 0o600
     assert cancel_run(store, queued[1]) is RunStatus.CANCELED  # a row: canceled at once, nothing to end
-    assert time.monotonic() - started < 3.0
     assert store.get_run(queued[1]).supervisor_pid is None and store.claimed_slots(queued[1]) == []
 
     marker.touch()
@@ -109,6 +113,7 @@ def test_queued_runs_are_rows_admitted_in_order_and_the_loop_exits_clean(tmp_pat
         wait_for(lambda r=run_id: store.get_run(r).is_terminal, f"{run_id} to end", timeout=120)
         assert store.get_run(run_id).status is RunStatus.SUCCESS, store.get_run(run_id).termination_reason
     assert order.read_text().split() == ["0", "2", "3"]  # first in first out, the canceled one skipped
+    assert not any(RunPaths(r).submit_environ.exists() for r in (queued[0], queued[2], queued[3]))
     starts = [store.get_run(r).started_at or 0.0 for r in (queued[0], queued[2], queued[3])]
     assert starts == sorted(starts)
 

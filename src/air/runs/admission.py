@@ -205,6 +205,8 @@ class AdmissionLoop:
                                       expected_from=RunStatus.QUEUED)
             return
         self._children.add(pid)
+        # the supervisor has the environment now: the saved copy (it may hold the user's credentials) goes
+        RunPaths(row.id).submit_environ.unlink(missing_ok=True)
         with contextlib.suppress(ValueError, AirError):  # (it may have ended already; it records itself too)
             self.store.set_supervisor(row.id, pid)
         _log.info("run %s admitted: supervisor pid %d", row.id, pid)

@@ -121,7 +121,8 @@ class RunPaths(_RunIdPaths):
     @property
     def submit_environ(self) -> Path:
         """The environment `air run` was typed in (owner-only, 0600): the supervisor the admission loop starts
-        later gets it, as it would have when `air run` started it (a node's environment is built from it)."""
+        later gets it, as it would have when `air run` started it (a node's environment is built from it); removed
+        once that supervisor has started."""
         return self.folder / "environ.json"
 
     def attempt_dir(self, attempt: int) -> Path:
