@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,44 @@ def test_remote_shapes_that_cannot_fit_or_are_incomplete() -> None:
         plan_shape(CLUSTER, check_settings(24, "H100", True))
     with pytest.raises(RuntimeConfigurationError, match="accelerator_type"):
         plan_shape(CLUSTER, check_settings(8, None, True))
+
+
+def test_lines_an_agent_drops_are_counted_in_the_node_log_not_silent(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent whose buffer overflows (the node printed faster than the submitting side fetched) keeps the
+    newest lines; the node's log says, where the gap is, how many were dropped, once per gap. The agent is
+    the real one with a real process (it needs Ray only to be placed), its buffer made small."""
+    import sys
+    import time
+
+    from air.accelerators import parse_accelerator_type
+    from air.backends import ray_agent
+    from air.backends.base import Allocation, NodeLaunch
+    from air.backends.ray_attempt import Held, RayAttempt
+    from air.launcher.node import ProcessSpec
+
+    monkeypatch.setenv("AIR_AGENT_DIR", str(tmp_path / "agents"))
+    monkeypatch.setattr(ray_agent, "MAX_BUFFERED_LINES", 100)
+    agent = ray_agent.NodeAgent("run-dropped", 0)
+    printer = ProcessSpec(name="node 0", argv=[sys.executable, "-c", "for i in range(1000): print(i)"],
+                          env=dict(os.environ), log_path=tmp_path / "agent-node.log")
+    agent.start([printer], tag="dropped-test")
+    deadline = time.monotonic() + 120
+    reply = agent.poll(0)
+    while reply.exits is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        reply = agent.poll(0)
+    assert reply.exits is not None and reply.dropped == 900
+    assert [text for _, _, text in reply.lines] == [str(i) for i in range(900, 1000)]
+
+    log = tmp_path / "node_0.log"
+    attempt = RayAttempt(Allocation("run-dropped", parse_accelerator_type("CPU_1xCPU"), 1, (("0",),)),
+                         Held(pg=None, agents=[agent], infos=[{}], bundle={}),
+                         [NodeLaunch(0, [printer], log)], tag="dropped-test", on_line=None, poll_wait_s=0.0,
+                         master_addr="127.0.0.1", master_port=0)
+    attempt._deliver(0, reply)
+    attempt._deliver(0, ray_agent.NodePoll([], reply.cursor, reply.dropped, reply.exits, True))  # no new gap
+    attempt._close_files()
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("[air] 900 line(s) of node 0 dropped here") and "900 dropped in all" in lines[0]
+    assert lines[1:] == [str(i) for i in range(900, 1000)]

@@ -24,7 +24,7 @@ from air.backends.base import (
     build_outcome,
     first_failure,
 )
-from air.backends.ray_agent import NodePoll
+from air.backends.ray_agent import MAX_BUFFERED_LINES, NodePoll
 from air.backends.ray_capacity import import_ray
 from air.constants import TERMINATE_GRACE_S
 from air.launcher.node import ProcessExit
@@ -48,6 +48,12 @@ class Held:
     code: dict[str, tuple[str, Any]] = field(default_factory=dict)  # cwd → (key, object ref of its tar.gz)
 
 
+def dropped_note(node_rank: int, lost: int, total: int) -> str:
+    """What a node's log says where its agent dropped lines (its output outpaced the transfer)."""
+    return (f"{lost:,} line(s) of node {node_rank} dropped here: its output outpaced the transfer to the "
+            f"submitting side (its agent keeps the newest {MAX_BUFFERED_LINES:,}); {total:,} dropped in all")
+
+
 class RayAttempt:
     """A started attempt on Ray nodes: `wait()` pumps lines and watches exits and node health."""
 
@@ -65,6 +71,8 @@ class RayAttempt:
         self._on_line = on_line
         self._poll_wait_s = poll_wait_s
         self._cursors = [0] * len(launches)
+        #: node → how many of its lines its agent had dropped by the last poll (ray_agent.MAX_BUFFERED_LINES).
+        self._dropped = [0] * len(launches)
         self._exits: list[list[ProcessExit] | None] = [None] * len(launches)
         self._lost: dict[int, str] = {}
         self._files: dict[Path, BinaryIO] = {}
@@ -87,6 +95,12 @@ class RayAttempt:
 
     def _deliver(self, node: int, reply: NodePoll) -> None:
         launch = self._launches[node]
+        if reply.dropped > self._dropped[node]:
+            # Never silent: the gap is marked where it is in the node's log, and counted in supervisor.log.
+            lost, self._dropped[node] = reply.dropped - self._dropped[node], reply.dropped
+            note = dropped_note(launch.node_rank, lost, reply.dropped)
+            self._file(launch.log_path).write(f"[air] {note}\n".encode())
+            _log.warning("%s", note)
         for index, stream, text in reply.lines:
             data = (text + "\n").encode("utf-8", errors="replace")
             self._file(launch.log_path).write(data)
