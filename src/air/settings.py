@@ -77,6 +77,13 @@ AIR_TRACKING = _setting(
     "`on`",
     "`off` (or `0`, `false`, `no`) records nothing in MLflow, for workloads and calls alike.",
 )
+AIR_TRACKING_EARLY_START = _setting(
+    "AIR_TRACKING_EARLY_START",
+    "`off`",
+    "`on`: a workload's nodes start before the attempt's MLflow run exists (the supervisor makes it meanwhile), "
+    "and each node's Python learns its id when it first imports mlflow. Faster starts; what reads the run "
+    "early (`air get run`, `air subscribe`'s RETRY) may see no MLflow run yet. Nodes walled in or on Ray wait.",
+)
 AIR_CPU_SLOTS = _setting(
     "AIR_CPU_SLOTS", "the CPU count", "CPU slots of this machine: how many CPU ranks/nodes may run at once."
 )

@@ -49,7 +49,7 @@ def test_every_line_reaches_the_caller_prefixed_and_the_rank_log(air_home: Path,
 
 
 def test_concurrent_calls_get_distinct_ports(tmp_path: Path) -> None:
-    script = tmp_path / "concurrent.py"
+    script = tmp_path / "four_calls.py"  # (not concurrent.py: it would shadow the standard library's package)
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(Path(rp.__file__).parent)!r})

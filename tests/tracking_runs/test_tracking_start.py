@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from air.runs.paths import RunPaths
 from air.runs.store import RunStore
 from air.tracking.node_hook import write_env, write_hook
@@ -79,7 +81,9 @@ def test_the_hook_holds_only_a_real_import_of_mlflow_and_keeps_the_sites_own_sit
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr
 
 
-def test_a_node_starts_before_its_mlflow_run_exists_and_logs_into_it(tmp_path: Path, air_home: Path) -> None:
+def test_a_node_starts_before_its_mlflow_run_exists_and_logs_into_it(tmp_path: Path, air_home: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIR_TRACKING_EARLY_START", "on")
     marks = tmp_path / "marks"
     marks.mkdir()
     path = write_workload(tmp_path, "early", f"""
@@ -112,7 +116,7 @@ def test_a_node_starts_before_its_mlflow_run_exists_and_logs_into_it(tmp_path: P
 
 
 def test_32_nodes_one_sampler_no_stall_metrics_of_every_node(tmp_path: Path, air_home: Path,
-                                                              monkeypatch) -> None:
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     nodes = 32
     monkeypatch.setenv("AIR_CPU_SLOTS", str(nodes))
     marks = tmp_path / "marks"

@@ -164,6 +164,10 @@ FILTER_KEYS = {
 _FILTER_HINT = "Filters: " + "; ".join(f"{k}=… {v}" for k, v in FILTER_KEYS.items()) + "."
 
 
+#: How many queued runs `air list runs` says why of (each reason walks the line ahead of it).
+WAITING_SHOWN = 10
+
+
 def _filters(values: tuple[str, ...]) -> dict[str, Any]:
     """`--filter KEY=VALUE`s as RunStore.list_runs keywords (status → `statuses`); a repeated key other
     than status must repeat the same value (a run has one user, one experiment…)."""
@@ -223,8 +227,9 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
                 num_accelerators=where.get("num_accelerators"), user=where.get("user"))["runs"])
         store = RunStore()
         listed = store.list_runs(statuses=wanted, limit=limit, **where)
-        if not settings().json:  # the table shows no queue reason: each costs a walk of the line ahead
-            return [{**run_dict(r), "queue": None} for r in listed]
+        if not settings().json:  # the table says why for the first WAITING_SHOWN queued runs only: each
+            queued = [r.id for r in listed if r.status is RunStatus.QUEUED][:WAITING_SHOWN]  # walks the line
+            return [run_summary(store, r) if r.id in queued else {**run_dict(r), "queue": None} for r in listed]
         return [run_summary(store, r) for r in listed]
 
     runs = fetch(wanted, all_status and not named, limit)
@@ -264,8 +269,10 @@ def print_runs(runs: list[Run], *, all_status: bool, with_user: bool = False) ->
     waiting = [r for r in runs if r.status is RunStatus.QUEUED]
     if waiting:
         print("\nWaiting:")
-        for r in waiting:
+        for r in waiting[:WAITING_SHOWN]:
             print(f"  {r.run_id}  {r.queue['reason'] if r.queue else 'QUEUED'}")
+        if len(waiting) > WAITING_SHOWN:
+            print(f"  … and {len(waiting) - WAITING_SHOWN} more queued (`air get run ID` says why each waits)")
 
 
 list_.add_command(get_pools, "pools")  # `air list pools` is `air get pools`: both read naturally

@@ -39,7 +39,7 @@ from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import event, stderr
 from air.client.http import RemoteError
-from air.client.models import LinesEvent, NewAttemptEvent, Run, RunEvent
+from air.client.models import LinesEvent, NewAttemptEvent, Run, RunDetail, RunEvent
 from air.client.sdk import Client
 from air.errors import AirError, UserInputError
 from air.runs.reasons import mark_line
@@ -149,9 +149,9 @@ class Monitor:
         having ended while the others run."""
         if run.status is not RunStatus.RUNNING:
             return
-        extra = run.model_extra or {}
         attempt = run.attempt_number
-        for proc in extra.get("progress") or []:
+        progress = run.progress if isinstance(run, RunDetail) else (run.model_extra or {}).get("progress")
+        for proc in progress or []:
             if not isinstance(proc, dict):
                 continue
             name, node, silent = str(proc.get("name", "")), proc.get("node"), float(proc.get("silent_s") or 0.0)
@@ -165,7 +165,7 @@ class Monitor:
                 message = f"{proc.get('quiet') or name + ' quiet'}: no output, heartbeat or report"
                 self._alert("quiet", message, node=node, silent_s=round(silent, 1),
                             stopped=bool(proc.get("stopped")))
-        notice = extra.get("node_ended")
+        notice = run.node_ended if isinstance(run, RunDetail) else (run.model_extra or {}).get("node_ended")
         if notice and attempt not in self.node_ended:
             self.node_ended.add(attempt)
             self._alert("node_ended", str(notice), node=0)
@@ -173,8 +173,7 @@ class Monitor:
     def retry(self, new: NewAttemptEvent, run: Run | None) -> None:
         """The run moved on to another attempt: RETRY (with both attempts' MLflow runs), and an ALERT."""
         self.flush()
-        attempts = {a.get("index"): a for a in ((run.model_extra or {}).get("attempt_list") or [])
-                    if isinstance(a, dict)} if run else {}
+        attempts = {a["index"]: a for a in _attempts(run)}
         before, after = attempts.get(new.previous, {}), attempts.get(new.new_attempt, {})
         reason = before.get("termination_reason")
         self.attempt = new.new_attempt
@@ -533,12 +532,17 @@ def _new_attempt(client: Client, run_id: str, index: int) -> Run | None:
     deadline = time.monotonic() + RETRY_WAIT_S
     while True:
         run = _get(client, run_id)
-        attempts = (run.model_extra or {}).get("attempt_list") or [] if run else []
-        known = any(isinstance(a, dict) and a.get("index") == index and (a.get("mlflow_run_id") or a.get("ended_at"))
-                    for a in attempts)
+        known = any(a["index"] == index and (a.get("mlflow_run_id") or a.get("ended_at")) for a in _attempts(run))
         if known or (run is not None and run.is_terminal) or time.monotonic() >= deadline:
             return run
         time.sleep(0.25)
+
+
+def _attempts(run: Run | None) -> list[dict[str, Any]]:
+    """The run's attempts as `air get run --json` lists them (typed in a RunDetail)."""
+    if isinstance(run, RunDetail):
+        return [a.model_dump(mode="json") for a in run.attempt_list]
+    return []
 
 
 def _get(client: Client, run_id: str) -> Run | None:

@@ -26,6 +26,10 @@ class MlflowReportCallback(ReportCallback):
     set; the callback then runs in the Train controller, possibly on another node)."""
 
     def __init__(self) -> None:
+        if not os.environ.get("MLFLOW_RUN_ID") and _active_run_id() is None:
+            from air.distributed.mlflow_gate import use_mlflow
+
+            use_mlflow()  # a lazily tracked call's run may still be in the making: wait for it (no-op otherwise)
         self.run_id = os.environ.get("MLFLOW_RUN_ID") or _active_run_id()
         self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI")
         if self.run_id and not self.tracking_uri:

@@ -167,15 +167,20 @@ class WorkloadJob:
         except Exception as exc:  # tracking must never fail a run
             warn(f"tracking: off for this attempt: {exc}")
             return AttemptTracking(None, attempt, warn)
-        from air.runs.isolation import isolation_mode
 
-        # Made in the background while the nodes start; nodes that cannot read the attempt's folder (walled
-        # in, or on other machines) get the run's id in their environment: their start waits for it.
+        # Made in a background thread from the attempt's start (beside its environment and code), and by
+        # default the nodes start once it exists, with its id in their environment: what `air get run`,
+        # `air subscribe`'s RETRY and the pages read of an attempt is then there as soon as it runs. With
+        # AIR_TRACKING_EARLY_START, local nodes start at once and the node hook hands them the id later.
+        from air.runs.isolation import isolation_mode
+        from air.settings import AIR_TRACKING_EARLY_START
+
+        early = os.environ.get(AIR_TRACKING_EARLY_START, "off").strip().lower() in ("on", "1", "true", "yes")
         return AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
                                             params=plan.parameters or {}, attempt=attempt, warn=warn,
                                             files=(self.paths.mlflow_env(attempt), self.paths.mlflow_hook(attempt)),
                                             before=before,
-                                            wait=isolation_mode() is not None or not self.nodes_local)
+                                            wait=not early or isolation_mode() is not None or not self.nodes_local)
 
     @contextlib.contextmanager
     def launches(self, attempt: int, allocation: Allocation, node_logs: dict[int, Path],

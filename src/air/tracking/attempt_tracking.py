@@ -231,15 +231,18 @@ class WorkloadTracking(AttemptTracking):
     def env(self) -> dict[str, str]:
         if self.wait:
             self._ready.wait(self.CREATE_WAIT_S)
-            return dict(self.handle.env()) if self.handle is not None else {}
-        from air.tracking.node_hook import write_hook
+            if self.handle is None:
+                return {}
+            env = dict(self.handle.env())
+        else:
+            from air.tracking.node_hook import write_hook
 
-        try:
-            hook = write_hook(self.hook_dir, self.env_file)
-        except OSError as exc:
-            self.warn(f"tracking: the nodes cannot learn their MLflow run: {exc}")
-            return {"MLFLOW_TRACKING_URI": self._uri}
-        env = {"MLFLOW_TRACKING_URI": self._uri, "PYTHONPATH": str(hook)}
+            try:
+                hook = write_hook(self.hook_dir, self.env_file)
+            except OSError as exc:
+                self.warn(f"tracking: the nodes cannot learn their MLflow run: {exc}")
+                return {"MLFLOW_TRACKING_URI": self._uri}
+            env = {"MLFLOW_TRACKING_URI": self._uri, "PYTHONPATH": str(hook)}
         if is_http(self._uri):
             # A tracking server that is away (restarting) must not block training: MLflow's async logging
             # queues each log_metric and sends it in the background, retrying until the server is back.
