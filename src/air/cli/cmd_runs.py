@@ -165,7 +165,7 @@ _FILTER_HINT = "Filters: " + "; ".join(f"{k}=… {v}" for k, v in FILTER_KEYS.it
 
 
 #: How many queued runs `air list runs` says why of (each reason walks the line ahead of it).
-WAITING_SHOWN = 10
+WAITING_SHOWN = 3
 
 
 def _filters(values: tuple[str, ...]) -> dict[str, Any]:
