@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from air.tracking.handle import TrackingHandle
-from air.tracking.store import is_http, tracking_enabled, tracking_uri
+from air.tracking.store import tracking_enabled, tracking_uri
 
 #: MLflow's switch that makes `mlflow.log_metric` & co. queue and return at once.
 ASYNC_LOGGING = "MLFLOW_ENABLE_ASYNC_LOGGING"
@@ -243,14 +243,6 @@ class WorkloadTracking(AttemptTracking):
                 self.warn(f"tracking: the nodes cannot learn their MLflow run: {exc}")
                 return {"MLFLOW_TRACKING_URI": self._uri}
             env = {"MLFLOW_TRACKING_URI": self._uri, "PYTHONPATH": str(hook)}
-        if is_http(self._uri):
-            # A tracking server that is away (restarting) must not block training: MLflow's async logging
-            # queues each log_metric and sends it in the background, retrying until the server is back.
-            # The retry variables are given explicitly: air's own short limits (store.http_limits) may be in
-            # this process's environment right now (the creating thread), and must not reach the nodes.
-            env |= {**NODE_HTTP_RETRIES, **self._user_http}
-            if ASYNC_LOGGING not in os.environ:
-                env[ASYNC_LOGGING] = "true"
         return env
 
     def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int) -> None:
