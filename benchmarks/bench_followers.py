@@ -23,8 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,44 +34,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from server_proc import AIR, BenchServer
 
-AIR = [sys.executable, "-m", "air.cli.main"]
 
-
-class Server:
+class Server(BenchServer):
     """A real `air server` on loopback with its own AIR_HOME and an admin token. Its runs are not walled in
     (`--single-trust-domain`): the ticker waits on a file of this benchmark."""
 
     def __init__(self, home: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-        env = {k: v for k, v in os.environ.items() if k not in ("AIR_SERVER_URL", "AIR_TOKEN")}
-        env["AIR_HOME"] = str(home)
-        self.token = subprocess.run([*AIR, "server", "token", "create", "bench", "--admin"], env=env, check=True,
-                                    capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        self.client_env = {**env, "AIR_SERVER_URL": self.url, "AIR_TOKEN": self.token,
-                           "AIR_HOME": str(home.parent / "client-home")}
-        self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port", "0",
-                                      "--single-trust-domain"], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+        super().__init__(home, "--single-trust-domain", ready_s=120)
 
 
 def _quantile(values: list[float], q: float) -> float:

@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
-AIR = [sys.executable, "-m", "air.cli.main"]
+from server_proc import AIR, BenchServer
 
 CALLER = textwrap.dedent("""
     import json, sys, time
@@ -47,42 +43,10 @@ CALLER = textwrap.dedent("""
 """)
 
 
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
+class Server(BenchServer):
     def __init__(self, home: Path, *args: str) -> None:
-        home.mkdir(parents=True)
-        self.home, self.port = home, _port()
-        self.env = {k: v for k, v in os.environ.items() if k not in ("AIR_SERVER_URL", "AIR_TOKEN")}
-        self.env["AIR_HOME"] = str(home)
-        token = subprocess.run([*AIR, "server", "token", "create", "bench"], env=self.env, check=True,
-                               capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        self.client_env = {**self.env, "AIR_SERVER_URL": self.url, "AIR_TOKEN": token,
-                           "AIR_HOME": str(home.parent / f"client-{home.name}")}
-        self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port", "0",
-                                      *args], env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2) as r:
-                    self.isolation = json.loads(r.read()).get("isolation")
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+        super().__init__(home, *args, admin=False, ready_s=120)
+        self.isolation = self.health.get("isolation")
 
 
 def _first_line_time(log: Path, timeout: float = 180.0) -> float:

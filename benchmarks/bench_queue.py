@@ -17,64 +17,25 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import signal
-import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psutil
-
-AIR = [sys.executable, "-m", "air.cli.main"]
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from server_proc import AIR, BenchServer
 
 
-class Server:
+class Server(BenchServer):
+    """One slot, tracking off, runs not walled in: the queue is what is measured."""
+
     def __init__(self, home: Path) -> None:
-        self.home, self.port = home, _port()
-        self.env = {**os.environ, "AIR_HOME": str(home), "AIR_CPU_SLOTS": "1", "AIR_TRACKING": "off"}
-        self.env.pop("AIR_SERVER_URL", None)
-        self.env.pop("AIR_TOKEN", None)
-        self.token = subprocess.run([*AIR, "server", "token", "create", "bench", "--admin"], env=self.env, check=True,
-                                    capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port", "0",
-                                      "--single-trust-domain"],
-                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def request(self, method: str, path: str, body: Any = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + "/api/v1" + path, data=data, method=method,
-                                     headers={"Authorization": f"Bearer {self.token}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as answer:
-            return json.loads(answer.read())
+        super().__init__(home, "--single-trust-domain", env={"AIR_CPU_SLOTS": "1", "AIR_TRACKING": "off"})
 
     def submit(self, name: str, command: str) -> str:
         spec = {"experiment_name": name, "max_retries": 0, "command": command,
@@ -103,10 +64,6 @@ class Server:
             return total / 1e6
 
         return len(tree), rss(tree), len(home), rss(home)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
 
 
 def _wait(predicate: Any, what: str, timeout: float = 300) -> None:

@@ -2,7 +2,7 @@
 
 What is timed: from the moment of submission until *every* node runs the user's command (the command's
 first act is to write the wall-clock time to a file). For air that is acquire (placement group, one
-agent actor per node) + start_attempt; for Ray Jobs it is the job submission until the entrypoint runs
+agent actor per node) + start; for Ray Jobs it is the job submission until the entrypoint runs
 (one node only: Ray Jobs has no notion of per-node commands), both through the Python SDK (warm,
 in-process, like air's backend) and through the `ray job submit` CLI (what a user types).
 
@@ -33,7 +33,7 @@ from timing import wait_file
 
 def bench_air(address: str, nodes: int, reps: int, work: Path) -> list[float]:
     from air.accelerators import cpu_type
-    from air.backends.base import NodeTask
+    from air.backends.base import NodeLaunch
     from air.backends.ray_backend import RayBackend
 
     backend = RayBackend(address, poll_wait_s=0.2)
@@ -43,12 +43,12 @@ def bench_air(address: str, nodes: int, reps: int, work: Path) -> list[float]:
         run_id = f"run-260101-{uuid.uuid4().hex[:8]}"
         marks = work / f"air-{rep}"
         marks.mkdir()
-        tasks = [NodeTask(n, ["bash", "-c", f'date +%s.%N > {marks}/node_$NODE_RANK'], {"NODE_RANK": str(n)},
-                          work / f"air-{rep}-node_{n}.log") for n in range(nodes)]
+        launches = [NodeLaunch.command(n, ["bash", "-c", f'date +%s.%N > {marks}/node_$NODE_RANK'],
+                                       {"NODE_RANK": str(n)}, work / f"air-{rep}-node_{n}.log") for n in range(nodes)]
         submitted = time.time()
         allocation = backend.acquire(run_id, cpu_type(1), nodes, should_stop=lambda: False, on_wait=lambda _: None)
         assert allocation is not None
-        handle = backend.start_attempt(allocation, tasks, tag=f"air-{run_id}")
+        handle = backend.start(allocation, launches, tag=f"air-{run_id}")
         started = max(wait_file(marks / f"node_{n}") for n in range(nodes))
         outcome = handle.wait(timeout_s=60, should_stop=lambda: False)
         backend.release(allocation)

@@ -27,63 +27,27 @@ _sys.path.insert(0, str(_Path(__file__).resolve().parent))
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
+from server_proc import AIR, BenchServer
 from timing import wait_file
 
-AIR = [sys.executable, "-m", "air.cli.main"]
 
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
+class Server(BenchServer):
     def __init__(self, home: Path) -> None:
-        self.home, self.port = home, _port()
-        self.env = {**os.environ, "AIR_HOME": str(home)}
-        self.env.pop("AIR_SERVER_URL", None)
-        self.env.pop("AIR_TOKEN", None)
-        token = subprocess.run([*AIR, "server", "token", "create", "bench", "--admin"], env=self.env, check=True,
-                               capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        self.client_env = {**os.environ, "AIR_SERVER_URL": self.url, "AIR_TOKEN": token,
-                           "AIR_HOME": str(home.parent / "client-home")}
-        self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port", "0"],
-                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(home, ready_s=120)
 
     def client(self) -> object:
         from air.client import ServerClient
 
-        return ServerClient(self.url, self.client_env["AIR_TOKEN"])
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=60)
+        return ServerClient(self.url, self.token)
 
 
 def _workload(folder: Path, mark: Path) -> Path:

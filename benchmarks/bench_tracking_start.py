@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 
 import psutil
+from server_proc import AIR, BenchServer
 from timing import wait_file
-
-AIR = [sys.executable, "-m", "air.cli.main"]
 
 
 def _workload(folder: Path, mark: Path) -> Path:
@@ -83,49 +82,12 @@ def bench(envs: dict[str, tuple[dict[str, str], Path]], work: Path, reps: int) -
     return out
 
 
-class Server:
+class Server(BenchServer):
     """A real `air server` with its MLflow (its runs not walled in: `--single-trust-domain`, as the server
     tests run it), ready once its MLflow answers."""
 
     def __init__(self, home: Path) -> None:
-        import socket
-        import urllib.request
-
-        def port() -> int:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                return int(sock.getsockname()[1])
-
-        self.home, self.port = home, port()
-        home.mkdir(parents=True)
-        env = {k: v for k, v in os.environ.items() if k not in ("AIR_SERVER_URL", "AIR_TOKEN")}
-        env["AIR_HOME"] = str(home)
-        token = subprocess.run([*AIR, "server", "token", "create", "bench", "--admin"], env=env, check=True,
-                               capture_output=True, text=True).stdout.strip().splitlines()[-1]
-        url = f"http://127.0.0.1:{self.port}"
-        self.client_env = {**os.environ, "AIR_SERVER_URL": url, "AIR_TOKEN": token,
-                           "AIR_HOME": str(home.parent / f"{home.name}-client")}
-        self.proc = subprocess.Popen([*AIR, "server", "start", "--port", str(self.port), "--mlflow-port",
-                                      str(port()), "--single-trust-domain"], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/api/v1/health", timeout=2) as answer:
-                    health = json.loads(answer.read())
-                if health.get("mlflow", {}).get("state", "off") in ("ready", "off"):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the air server's MLflow never became ready")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        import signal
-
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=120)
+        super().__init__(home, "--single-trust-domain", mlflow=True, ready_s=600)
 
 
 def _summary(name: str, values: list[float]) -> str:

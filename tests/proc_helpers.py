@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import signal
+import struct
+import termios
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,6 +35,11 @@ def wait_for(predicate: Callable[[], object], what: str, timeout: float = 10.0, 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def pipe_unread(fd: int) -> int:
+    """Bytes written to a pipe and not read yet (FIONREAD): a test waits for a reader to take a write."""
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
 
 
 def read_pids(folder: Path) -> list[int]:

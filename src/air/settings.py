@@ -17,6 +17,7 @@ writes them).
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -251,6 +252,17 @@ AIR_STACKS_FILE = _internal(
 AIR_PATH_PREFIX = _internal(
     "AIR_PATH_PREFIX", "A folder the Ray node agent puts first on a node process's PATH."
 )
+
+
+#: How a yes/no setting is written (case and surrounding space aside).
+SWITCHED_ON = ("1", "on", "true", "yes")
+SWITCHED_OFF = ("0", "off", "false", "no")
+
+
+def switched(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool:
+    """A yes/no setting: on for SWITCHED_ON, off for SWITCHED_OFF, `default` when unset or unrecognized."""
+    value = (os.environ if env is None else env).get(name, "").strip().lower()
+    return True if value in SWITCHED_ON else False if value in SWITCHED_OFF else default
 
 
 def node_environ(env: Mapping[str, str]) -> dict[str, str]:

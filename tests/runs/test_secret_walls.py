@@ -4,16 +4,12 @@ and log artifacts — whatever the line length; reads and downloads mask again f
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import random
-import struct
 import subprocess
 import sys
-import termios
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,6 +24,7 @@ from air.runs.store import RunStore
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import air, wait_terminal, write_workload
 
+from proc_helpers import pipe_unread, wait_for
 from secret_leaks import LEAKY_PROGRAM, LEAKY_REASON
 
 KIB = 1024
@@ -73,19 +70,6 @@ def test_mask_rules_are_shared_by_text_bytes_and_multi_line_values() -> None:
 # ---- the pump, with a real pipe ------------------------------------------------------------------------
 
 
-def _pending(fd: int) -> int:
-    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
-
-
-def _wait(predicate: object, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_the_pump_masks_a_value_that_straddles_a_64_kib_piece(tmp_path: Path) -> None:
     """A 200 KiB line arrives in writes that end inside a value, at and around each 64 KiB piece boundary;
     the pump writes each piece before the rest arrives (waited for, not slept on). The log, pieces joined,
@@ -112,9 +96,11 @@ def test_the_pump_masks_a_value_that_straddles_a_64_kib_piece(tmp_path: Path) ->
             writer = threading.Thread(target=lambda v=view: os.write(write_fd, v))  # a full pipe blocks
             before = log_path.stat().st_size
             writer.start()
-            _wait(lambda w=writer: _pending(read_fd) == 0 and not w.is_alive(), "the pump to read the write")
+            wait_for(lambda w=writer: pipe_unread(read_fd) == 0 and not w.is_alive(), "the pump to read the write",
+                     timeout=60, interval=0.01)
             if cut - start >= MAX_LINE:  # a whole piece more: written before the next write comes
-                _wait(lambda b=before: log_path.stat().st_size > b, "the pump to write the piece")
+                wait_for(lambda b=before: log_path.stat().st_size > b, "the pump to write the piece",
+                         timeout=60, interval=0.01)
             writer.join()
             start = cut
         os.write(write_fd, b"\nthe end\n")
@@ -279,8 +265,8 @@ def test_ray_nodes_mask_where_they_write(ray_cluster: Any, air_home: Path, tmp_p
     try:
         for node in (0, 1):
             log = RunPaths(run_id).node_log(0, node)
-            _wait(lambda log=log, node=node: log.exists() and f"node {node} token is ***" in log.read_text(),
-                  f"node {node}'s masked line in {log}", timeout=240)
+            wait_for(lambda log=log, node=node: log.exists() and f"node {node} token is ***" in log.read_text(),
+                     f"node {node}'s masked line in {log}", timeout=240, interval=0.01)
         agent_logs = [p for n in (0, 1) for p in node_work_root(run_id, n).rglob("proc_*.log")]
         assert len(agent_logs) == 2, agent_logs
         for log in agent_logs:

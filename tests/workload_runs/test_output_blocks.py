@@ -5,13 +5,9 @@ real pump on real pipes."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import struct
-import termios
 import threading
-import time
 import tracemalloc
 import uuid
 from pathlib import Path
@@ -22,6 +18,7 @@ from air.launcher.pump import READ_BYTES, OutputPump
 from air.launcher.redact import Redactor
 from air.runs.logtail import SHOW_BYTES, LineCursor, cut_marker, lines_since, tail_lines
 from air.runs.paths import RunPaths
+from proc_helpers import pipe_unread, wait_for
 
 MIB = 1024 * 1024
 
@@ -144,19 +141,6 @@ def test_a_secret_split_across_reads_is_masked_in_a_real_run(tmp_path: Path) -> 
 # ---- the pump on a real pipe ---------------------------------------------------------------------------
 
 
-def _pending(fd: int) -> int:
-    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
-
-
-def _wait(predicate: object, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_the_pump_masks_a_secret_split_across_a_read_boundary(tmp_path: Path) -> None:
     """Short lines and a secret cut by a read: the first write ends inside the value and is read (waited
     for) before the rest is written, both in a block of complete lines and in a long line's piece."""
@@ -178,7 +162,8 @@ def test_the_pump_masks_a_secret_split_across_a_read_boundary(tmp_path: Path) ->
         for data in writes:
             writer = threading.Thread(target=lambda d=data: os.write(write_fd, d))
             writer.start()
-            _wait(lambda w=writer: _pending(read_fd) == 0 and not w.is_alive(), "the pump to read the write")
+            wait_for(lambda w=writer: pipe_unread(read_fd) == 0 and not w.is_alive(), "the pump to read the write",
+                     timeout=60, interval=0.01)
             writer.join()
         os.close(write_fd)
         assert pump.join(timeout=60)

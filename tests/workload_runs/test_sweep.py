@@ -146,26 +146,30 @@ def test_a_failing_child_fails_the_sweep(tmp_path: Path) -> None:
     assert "FAILED: Exit code 3" in (ended.termination_reason or ""), ended.termination_reason
 
 
-def test_canceling_the_sweep_cancels_its_children(tmp_path: Path) -> None:
+def sleeping_sweep(tmp_path: Path, name: str, for_each: str, running: int) -> tuple[str, list[int], list[str]]:
+    """A sweep whose children sleep (each writes its sleeper's pid), once `running` of them run: the
+    parent's id, the sleepers' pids and the children's run ids."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    path = write_workload(tmp_path, "cancel", f"""\
-        experiment_name: sweep-cancel
+    path = write_workload(tmp_path, name, f"""\
+        experiment_name: sweep-{name}
         compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
         max_retries: 0
-        for_each:
-          items: [{{i: 0}}, {{i: 1}}, {{i: 2}}]
-          max_concurrent: 2
+        for_each: {for_each}
         command: |
           sleep 600 &
           echo $! > {pids}/$AIR_SWEEP_INDEX.pid
           wait
         """)
     parent = submit(path)
+    wait_for(lambda: len(list(pids.glob("*.pid"))) == running, f"{running} children running", timeout=SWEEP_TIMEOUT_S)
+    return parent, [int(p.read_text()) for p in pids.glob("*.pid")], child_run_ids(RunStore(), parent)
+
+
+def test_canceling_the_sweep_cancels_its_children(tmp_path: Path) -> None:
+    parent, sleepers, children = sleeping_sweep(
+        tmp_path, "cancel", "{items: [{i: 0}, {i: 1}, {i: 2}], max_concurrent: 2}", running=2)
     store = RunStore()
-    wait_for(lambda: len(list(pids.glob("*.pid"))) == 2, "two children running", timeout=SWEEP_TIMEOUT_S)
-    sleepers = [int(p.read_text()) for p in pids.glob("*.pid")]
-    children = child_run_ids(store, parent)
     assert len(children) == 2  # max_concurrent: the third waits
     supervisors = [pid for c in children if (pid := store.get_run(c).supervisor_pid)]
     parent_supervisor = store.get_run(parent).supervisor_pid
@@ -209,23 +213,8 @@ def test_bad_for_each_is_exit_2_and_writes_nothing(tmp_path: Path, for_each: str
 
 
 def test_cancel_reaches_the_children_of_a_sweep_whose_supervisor_died(tmp_path: Path) -> None:
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    path = write_workload(tmp_path, "orphans", f"""\
-        experiment_name: sweep-orphans
-        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
-        max_retries: 0
-        for_each: {{items: [{{i: 0}}, {{i: 1}}]}}
-        command: |
-          sleep 600 &
-          echo $! > {pids}/$AIR_SWEEP_INDEX.pid
-          wait
-        """)
-    parent = submit(path)
+    parent, sleepers, children = sleeping_sweep(tmp_path, "orphans", "{items: [{i: 0}, {i: 1}]}", running=2)
     store = RunStore()
-    wait_for(lambda: len(list(pids.glob("*.pid"))) == 2, "both children running", timeout=SWEEP_TIMEOUT_S)
-    sleepers = [int(p.read_text()) for p in pids.glob("*.pid")]
-    children = child_run_ids(store, parent)
     parent_supervisor = store.get_run(parent).supervisor_pid
     assert parent_supervisor is not None
     os.kill(parent_supervisor, signal.SIGKILL)  # the sweep's supervisor is gone; its children are not

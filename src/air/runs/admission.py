@@ -76,30 +76,35 @@ class QueuedRow:
         return (self.kind, self.backend, self.pool)
 
 
+#: The runs the loop admits: QUEUED workloads without a supervisor (a call's caller or call driver drives it
+#: from its creation, a standby or a retry waits in its own supervisor: never the loop's).
+_LOOPS_RUNS = "FROM runs WHERE status = ? AND supervisor_pid IS NULL AND kind = 'workload'"
+
+
 def queued_rows(store: RunStore) -> list[QueuedRow]:
-    """QUEUED workloads without a supervisor, in the order they entered the queue (a call's caller or
-    call driver drives it from its creation: never the loop's)."""
+    """The loop's runs, in the order they entered the queue."""
     rows = store.reader().execute(
-        "SELECT id, backend, pool, user, accelerator_type, num_accelerators FROM runs "
-        "WHERE status = ? AND supervisor_pid IS NULL AND kind = 'workload' ORDER BY queue_seq",
+        f"SELECT id, backend, pool, user, accelerator_type, num_accelerators {_LOOPS_RUNS} ORDER BY queue_seq",
         (RunStatus.QUEUED.value,))
     return [QueuedRow(r[0], r[1], r[2], r[3], r[4], int(r[5])) for r in rows]
 
 
 def has_queued(store: RunStore) -> bool:
     """Whether any run waits for the loop (QUEUED without a supervisor)."""
-    return store.reader().execute(
-        "SELECT 1 FROM runs WHERE status = ? AND supervisor_pid IS NULL AND kind = 'workload' LIMIT 1",
-        (RunStatus.QUEUED.value,)
-    ).fetchone() is not None
+    return store.reader().execute(f"SELECT 1 {_LOOPS_RUNS} LIMIT 1", (RunStatus.QUEUED.value,)).fetchone() is not None
+
+
+def _own_environ() -> dict[str, str]:
+    """This process's environment without what ties it to a run of its own (a supervisor's, a node's tag):
+    what the loop and the supervisors it starts get, independent of any outer run."""
+    return {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
 
 
 def save_environ(run_id: str) -> None:
     """Keep the environment `air run` was typed in for the run's supervisor (see RunPaths.submit_environ)."""
     from air.files import atomic_write_text
 
-    environ = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
-    atomic_write_text(RunPaths(run_id).submit_environ, json.dumps(environ), mode=0o600, durable=False)
+    atomic_write_text(RunPaths(run_id).submit_environ, json.dumps(_own_environ()), mode=0o600, durable=False)
 
 
 def _saved_environ(run_id: str) -> dict[str, str] | None:
@@ -316,10 +321,10 @@ def start_local_loop(home: AirHome | None = None) -> int:
     """Start the detached local loop (`python -m air.runs.admission`); returns its pid. A second one
     started at the same time finds the lock held and exits at once."""
     home = home or AirHome()
-    env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
     with open(home.admission_log, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "air.runs.admission"], stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=log, start_new_session=True, close_fds=True, env=env, cwd=str(home.root))
+                                stderr=log, start_new_session=True, close_fds=True, env=_own_environ(),
+                                cwd=str(home.root))
     return proc.pid
 
 

@@ -45,19 +45,22 @@ def cancel_run(store: RunStore, run_id: str, *, reason: str = CANCEL_REASON) -> 
     `reason`: its termination reason (`canceled_by(...)` names who asked). A `for_each` sweep's children
     go with it: its supervisor cancels them, and so does this, for a sweep whose supervisor is gone."""
     status = _cancel_one(store, run_id, reason=reason)
-    _cancel_sweep_children(store, store.get_run(run_id).id, reason)
+    cancel_sweep_children(store, store.get_run(run_id).id, reason)
     return status
 
 
-def _cancel_sweep_children(store: RunStore, run_id: str, reason: str) -> None:
+def cancel_sweep_children(store: RunStore, run_id: str, reason: str) -> dict[str, RunStatus]:
+    """Cancel every child of the sweep `run_id` not ended yet, side by side (every child's supervisor tears
+    down at the same time, not one after another); child id → its status. Empty for any other run."""
     from concurrent.futures import ThreadPoolExecutor
 
     from air.runs.sweep import child_run, child_run_ids
 
     active = [c for c in child_run_ids(store, run_id) if (child := child_run(store, c)) and not child.is_terminal]
-    if active:
-        with ThreadPoolExecutor(max_workers=min(len(active), 16)) as pool:
-            list(pool.map(lambda c: _cancel_one(store, c, reason=reason), active))
+    if not active:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(active), 16), thread_name_prefix="air-sweep-cancel") as pool:
+        return dict(zip(active, pool.map(lambda c: _cancel_one(store, c, reason=reason), active), strict=True))
 
 
 def _cancel_one(store: RunStore, run_id: str, *, reason: str) -> RunStatus:
@@ -117,4 +120,5 @@ def cancel_runs(store: RunStore, run_ids: list[str], *, reason: str = CANCEL_REA
     return {run_id: cancel_run(store, run_id, reason=reason) for run_id in run_ids}
 
 
-__all__ = ["CANCEL_REASON", "active_run_ids", "cancel_run", "cancel_runs", "canceled_by", "local_user"]
+__all__ = ["CANCEL_REASON", "active_run_ids", "cancel_run", "cancel_runs", "cancel_sweep_children", "canceled_by",
+           "local_user"]

@@ -118,8 +118,9 @@ class SlotLedger(StoreDatabase):
                 "INSERT INTO slot_claims (slot_kind, slot_index, run_id, claimed_at) VALUES (?, ?, ?, ?)",
                 [(kind, i, run_id, now) for i in chosen],
             )
-            # A preemption asked of an earlier holding of it is void: it holds these slots afresh.
-            conn.execute("UPDATE runs SET preempted_by = NULL WHERE id = ? AND preempted_by IS NOT NULL", (run_id,))
+            from air.runs.preemption import clear_request
+
+            clear_request(conn, run_id)  # a preemption asked of an earlier holding is void: these slots are new
             return chosen
 
     def try_admit(self, run_id: str, *, user_limit: int | None = None) -> bool:

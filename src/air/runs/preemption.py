@@ -67,7 +67,8 @@ def requeued(conn: sqlite3.Connection, run_id: str) -> None:
 
 
 def clear_request(conn: sqlite3.Connection, run_id: str) -> None:
-    """The attempt ended by itself before it could be preempted (or the run was canceled): drop the mark."""
+    """Drop the run's mark: its attempt ended by itself before it could be preempted (or the run was
+    canceled), or it claims slots afresh (the ledger)."""
     conn.execute("UPDATE runs SET preempted_by = NULL WHERE id = ? AND preempted_by IS NOT NULL", (run_id,))
 
 

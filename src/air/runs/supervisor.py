@@ -173,9 +173,9 @@ class WorkloadJob:
         # `air subscribe`'s RETRY and the pages read of an attempt is then there as soon as it runs. With
         # AIR_TRACKING_EARLY_START, local nodes start at once and the node hook hands them the id later.
         from air.runs.isolation import isolation_mode
-        from air.settings import AIR_TRACKING_EARLY_START
+        from air.settings import AIR_TRACKING_EARLY_START, switched
 
-        early = os.environ.get(AIR_TRACKING_EARLY_START, "off").strip().lower() in ("on", "1", "true", "yes")
+        early = switched(AIR_TRACKING_EARLY_START, default=False)
         return AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
                                             params=plan.parameters or {}, attempt=attempt, warn=warn,
                                             files=(self.paths.mlflow_env(attempt), self.paths.mlflow_hook(attempt)),
@@ -306,7 +306,7 @@ class Supervisor:
         self.log_handler = configure_file(self.paths.supervisor_log)
         self.job = WorkloadJob(run_id, self.plan, self.say)
         self.job.store = self.store
-        self.job.nodes_local = getattr(self.backend, "name", "local") == "local"
+        self.job.nodes_local = self.backend.name == "local"
         self.job.checkpoint_dir = checkpoint_location(run_id, profile_checkpoint_root(self.plan))
         self.controller = RunController(run_id, self.job, self.backend, self.store, RetryPolicy(self.plan.max_retries))
 

@@ -186,20 +186,10 @@ class SweepJob:
                   child.id)
 
     def _cancel_children(self, reason: str) -> None:
-        """Cancel every child not ended yet, all at once (one `cancel_run` each, side by side: every
-        child's supervisor tears down at the same time, not one after another)."""
-        from concurrent.futures import ThreadPoolExecutor
+        from air.runs.cancel import cancel_sweep_children
 
-        from air.runs.cancel import cancel_run
-
-        active = [c for c in child_run_ids(self.store, self.run_id)
-                  if (run := child_run(self.store, c)) is not None and not run.is_terminal]
-        if not active:
-            return
-        with ThreadPoolExecutor(max_workers=min(len(active), 16), thread_name_prefix="air-sweep-cancel") as pool:
-            for child, done in zip(active, pool.map(lambda c: cancel_run(self.store, c, reason=reason), active),
-                                   strict=True):
-                _log.info("sweep %s: child %s %s", self.run_id, child, done.value)
+        for child, done in cancel_sweep_children(self.store, self.run_id, reason).items():
+            _log.info("sweep %s: child %s %s", self.run_id, child, done.value)
 
     # -- the parent's end ---------------------------------------------------------------------------
     def _canceled(self) -> bool:

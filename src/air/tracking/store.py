@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air.home import AirHome
-from air.settings import AIR_TRACKING
+from air.settings import AIR_TRACKING, switched
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -256,4 +256,4 @@ def os_user() -> str:
 
 def tracking_enabled() -> bool:
     """AIR_TRACKING=off turns MLflow recording off for workloads and @distributed calls alike."""
-    return os.environ.get(AIR_TRACKING, "on").strip().lower() not in ("0", "off", "false", "no")
+    return switched(AIR_TRACKING, default=True)
