@@ -91,6 +91,13 @@ def test_canceling_the_sweep_through_the_server_ends_all(server: AirServer, tmp_
     supervisors = [pid for c in children if (pid := store.get_run(c).supervisor_pid)]
     parent_supervisor = store.get_run(parent).supervisor_pid
     assert parent_supervisor and len(supervisors) == 2
+    assert {store.get_run(c).user for c in children} == {"alice"}  # the children are alice's runs too
+
+    # bob can end neither alice's sweep nor one of its children; all of it runs on
+    for run_id in (parent, *children):
+        status, body = server.api("POST", f"/api/v1/runs/{run_id}/cancel", token=server.tokens["bob"])
+        assert status in (403, 404), (status, body)
+    assert {server.run_status(r) for r in (parent, *children)} == {"RUNNING"}
 
     result = server.air("alice", "cancel", parent, "--json", timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
