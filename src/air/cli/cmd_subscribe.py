@@ -144,14 +144,13 @@ class Monitor:
         self.status = run.status
         self.emit("STATUS", **fields)
 
-    def detail(self, run: Run) -> None:
+    def detail(self, run: RunDetail) -> None:
         """What `air get run` knows beyond the stream: each node's quiet time (the hang clock) and node 0
         having ended while the others run."""
         if run.status is not RunStatus.RUNNING:
             return
         attempt = run.attempt_number
-        progress = run.progress if isinstance(run, RunDetail) else (run.model_extra or {}).get("progress")
-        for proc in progress or []:
+        for proc in run.progress:
             if not isinstance(proc, dict):
                 continue
             name, node, silent = str(proc.get("name", "")), proc.get("node"), float(proc.get("silent_s") or 0.0)
@@ -165,15 +164,16 @@ class Monitor:
                 message = f"{proc.get('quiet') or name + ' quiet'}: no output, heartbeat or report"
                 self._alert("quiet", message, node=node, silent_s=round(silent, 1),
                             stopped=bool(proc.get("stopped")))
-        notice = run.node_ended if isinstance(run, RunDetail) else (run.model_extra or {}).get("node_ended")
+        notice = run.node_ended
         if notice and attempt not in self.node_ended:
             self.node_ended.add(attempt)
             self._alert("node_ended", str(notice), node=0)
 
-    def retry(self, new: NewAttemptEvent, run: Run | None) -> None:
+    def retry(self, new: NewAttemptEvent, run: RunDetail | None) -> None:
         """The run moved on to another attempt: RETRY (with both attempts' MLflow runs), and an ALERT."""
         self.flush()
-        attempts = {a["index"]: a for a in _attempts(run)}
+        attempts: dict[int | None, dict[str, Any]] = {a.index: a.model_dump(mode="json")
+                                                      for a in (run.attempt_list if run else [])}
         before, after = attempts.get(new.previous, {}), attempts.get(new.new_attempt, {})
         reason = before.get("termination_reason")
         self.attempt = new.new_attempt
@@ -461,10 +461,11 @@ class _MetricPoller(threading.Thread):
                 return
 
 
-def _watch(client: Client, run: Run, monitor: Monitor, reader: MetricReader, *, node: int | None,
+def _watch(client: Client, first: RunDetail, monitor: Monitor, reader: MetricReader, *, node: int | None,
            interval_s: float) -> Run:
     """Follow the run until it ends (through a server, again after the server stopped streaming); the
     ended run, as `air get run` has it."""
+    run: Run = first
     run_id = run.run_id
     last_metrics: dict[str, float] | None = None
 
@@ -475,7 +476,7 @@ def _watch(client: Client, run: Run, monitor: Monitor, reader: MetricReader, *, 
 
     if not run.is_terminal:  # (an ended run's status comes after its lines, with TERMINAL)
         monitor.run(run)
-    monitor.detail(run)
+    monitor.detail(first)
     poller = _MetricPoller(reader, run_id, interval_s)
     poller.target = (run.mlflow_run_id, run.attempt_number)
     if reader.wanted:
@@ -493,8 +494,9 @@ def _watch(client: Client, run: Run, monitor: Monitor, reader: MetricReader, *, 
                 elif isinstance(item, LinesEvent):
                     monitor.lines(item)
                 elif isinstance(item, NewAttemptEvent):
-                    run = _new_attempt(client, run_id, item.new_attempt) or run
-                    monitor.retry(item, run)
+                    detail = _new_attempt(client, run_id, item.new_attempt)
+                    run = detail or run
+                    monitor.retry(item, detail)
                 poller.target = (run.mlflow_run_id, run.attempt_number)
                 if time.monotonic() - last_detail >= DETAIL_POLL_S and not run.is_terminal:
                     last_detail = time.monotonic()
@@ -526,26 +528,20 @@ def _watch(client: Client, run: Run, monitor: Monitor, reader: MetricReader, *, 
     return run
 
 
-def _new_attempt(client: Client, run_id: str, index: int) -> Run | None:
+def _new_attempt(client: Client, run_id: str, index: int) -> RunDetail | None:
     """The run once its new attempt's MLflow run is known (RETRY names it), or after RETRY_WAIT_S: the
     supervisor notes it as the attempt starts, off the nodes' critical path."""
     deadline = time.monotonic() + RETRY_WAIT_S
     while True:
         run = _get(client, run_id)
-        known = any(a["index"] == index and (a.get("mlflow_run_id") or a.get("ended_at")) for a in _attempts(run))
+        known = run is not None and any(a.index == index and (a.mlflow_run_id or a.ended_at is not None)
+                                        for a in run.attempt_list)
         if known or (run is not None and run.is_terminal) or time.monotonic() >= deadline:
             return run
         time.sleep(0.25)
 
 
-def _attempts(run: Run | None) -> list[dict[str, Any]]:
-    """The run's attempts as `air get run --json` lists them (typed in a RunDetail)."""
-    if isinstance(run, RunDetail):
-        return [a.model_dump(mode="json") for a in run.attempt_list]
-    return []
-
-
-def _get(client: Client, run_id: str) -> Run | None:
+def _get(client: Client, run_id: str) -> RunDetail | None:
     """The run as `air get run` has it; None while a server cannot be reached (it restarts)."""
     try:
         return client.get(run_id)
