@@ -1,6 +1,6 @@
 """Follow streams that scale (issue 25): many clients following one run through a real `air server`.
 
-    .venv/bin/python benchmarks/bench_followers.py [--followers 300] [--seconds 20] [--interval 0.05]
+    .venv/bin/python benchmarks/bench_followers.py [--followers 300] [--seconds 20] [--interval 0.05] [--rounds 3]
 
 One run prints a line carrying its write time (`<epoch> <i>`) every --interval for --seconds, once every
 follower is connected. --followers clients (asyncio, raw HTTP/1.1 on loopback, in a child process so
@@ -208,6 +208,16 @@ def bench(followers: int, seconds: float, interval: float, renice: int | None = 
         server.stop()
 
 
+def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the rounds; `complete` the worst round's (every round must get every line)."""
+    merged = {key: statistics.median(r[key] for r in rounds) if isinstance(rounds[0][key], float) else rounds[0][key]
+              for key in rounds[0]}
+    merged["complete"] = min(r["complete"] for r in rounds)
+    merged["lines_min"] = min(r["lines_min"] for r in rounds)
+    merged["skipped"] = sum(r["skipped"] for r in rounds)
+    return merged
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--as-followers":
         port, token, run_id, count, gate, lines = sys.argv[2:8]
@@ -220,11 +230,25 @@ def main() -> int:
     parser.add_argument("--renice", type=int, default=None,
                         help="run the server, the followers and the prober at this niceness (e.g. -10, as root): "
                         "on a VM loaded by other work, measures the server rather than its share of the CPU")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the whole benchmark this many times (a fresh server each) and report the median "
+                        "of each figure: on a VM loaded by other work one round is one sample of that load")
     args = parser.parse_args()
-    r = bench(args.followers, args.seconds, args.interval, args.renice)
     ms = 1000
+    rounds = []
+    for index in range(args.rounds):
+        one = bench(args.followers, args.seconds, args.interval, args.renice)
+        one["load_after"] = os.getloadavg()[0]
+        rounds.append(one)
+        if args.rounds > 1:
+            print(f"round {index + 1}: load {one['load']:.1f} -> {one['load_after']:.1f}; GET followed median "
+                  f"{one['get_busy_p50'] * ms:.1f} / p95 {one['get_busy_p95'] * ms:.1f} ms; line latency median "
+                  f"{one['delay_p50'] * ms:.1f} ms; every line {one['complete']}/{one['followers']}; server "
+                  f"{one['server_cpu_cores']:.2f} core", flush=True)
+    r = _median_round(rounds)
     print(f"followers: {r['followers']}, lines each: {r['lines']} over {r['seconds']:.1f} s"
           + (f" (server, followers and prober at nice {args.renice})" if args.renice is not None else "")
+          + (f"; median of {args.rounds} rounds" if args.rounds > 1 else "")
           + f"; load average before: {r['load']:.1f}")
     print(f"GET /runs/ID idle:     median {r['get_idle_p50'] * ms:7.1f} ms   p95 {r['get_idle_p95'] * ms:7.1f} ms")
     print(f"GET /runs/ID followed: median {r['get_busy_p50'] * ms:7.1f} ms   p95 {r['get_busy_p95'] * ms:7.1f} ms"

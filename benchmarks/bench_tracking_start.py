@@ -5,6 +5,9 @@
 * submit -> first line: from starting the `air run -f wl.yaml --json` process (a fresh CLI process, as a
   user types it) until the node's command has written its first line (its wall-clock time, to a file).
 * submit -> SUCCESS: from the same moment until the run store's end time of the run (SUCCESS).
+* submit -> tracking done: until the run's supervisor exited (it records the last attempt's MLflow run
+  and ends it after the run's SUCCESS); and the supervisor's CPU seconds (user + system, its last sample
+  before it exited, 50 ms apart).
 Both with tracking on (MLflow: the embedded SQLite store locally; the server's own MLflow through
 `air server`) and off (AIR_TRACKING=off), interleaved (on, off, on, ...) so both see the same load; one
 warm-up round first (it creates the MLflow store); each rep waits for the run's supervisor to exit, so no
@@ -40,8 +43,9 @@ def _workload(folder: Path, mark: Path) -> Path:
     return spec
 
 
-def _ended(store_path: Path, run_id: str, timeout: float = 300) -> float:
-    """The run's end time in the store, once SUCCESS; then waits for its supervisor to exit."""
+def _ended(store_path: Path, run_id: str, timeout: float = 300) -> tuple[float, float, float]:
+    """The run's end time in the store, once SUCCESS; then waits for its supervisor to exit: (end time,
+    the supervisor's exit time, its CPU seconds)."""
     from air.runs.store import RunStore
 
     store = RunStore(store_path)
@@ -55,17 +59,23 @@ def _ended(store_path: Path, run_id: str, timeout: float = 300) -> float:
         time.sleep(0.02)
     assert run.status.value == "SUCCESS", (run.status, run.termination_reason)
     assert run.ended_at is not None
+    cpu = float("nan")
     if run.supervisor_pid:
         try:
-            psutil.Process(run.supervisor_pid).wait(timeout=120)
+            proc = psutil.Process(run.supervisor_pid)
+            while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                times = proc.cpu_times()
+                cpu = times.user + times.system
+                time.sleep(0.05)
         except psutil.NoSuchProcess:
             pass
-    return run.ended_at
+    return run.ended_at, time.time(), cpu
 
 
 def bench(envs: dict[str, tuple[dict[str, str], Path]], work: Path, reps: int) -> dict[str, dict[str, list[float]]]:
     """label -> (environment of `air run`, the run store it lands in); interleaved, first round a warm-up."""
-    out: dict[str, dict[str, list[float]]] = {label: {"first_line": [], "success": []} for label in envs}
+    out: dict[str, dict[str, list[float]]] = {label: {"first_line": [], "success": [], "done": [], "cpu": []}
+                                              for label in envs}
     for rep in range(reps + 1):
         for label, (env, store_path) in envs.items():
             mark = work / f"{label.replace(' ', '_')}-{rep}"
@@ -75,10 +85,12 @@ def bench(envs: dict[str, tuple[dict[str, str], Path]], work: Path, reps: int) -
                                   text=True)
             run_id = json.loads(done.stdout)["data"]["run_id"]
             first = wait_file(mark, timeout=300)
-            ended = _ended(store_path, run_id)
+            ended, done_at, cpu = _ended(store_path, run_id)
             if rep:
                 out[label]["first_line"].append(first - started)
                 out[label]["success"].append(ended - started)
+                out[label]["done"].append(done_at - started)
+                out[label]["cpu"].append(cpu)
     return out
 
 
@@ -91,7 +103,7 @@ class Server(BenchServer):
 
 
 def _summary(name: str, values: list[float]) -> str:
-    return (f"{name:<52} median {statistics.median(values):6.2f} s   min {min(values):6.2f}   "
+    return (f"{name:<58} median {statistics.median(values):6.2f} s   min {min(values):6.2f}   "
             f"max {max(values):6.2f}   (n={len(values)})")
 
 
@@ -99,7 +111,10 @@ def _report(results: dict[str, dict[str, list[float]]], on: str, off: str) -> No
     for label in (on, off):
         print(_summary(f"{label}: submit -> first line", results[label]["first_line"]), flush=True)
         print(_summary(f"{label}: submit -> SUCCESS", results[label]["success"]), flush=True)
-    for what in ("first_line", "success"):
+        print(_summary(f"{label}: submit -> tracking done (supervisor exit)", results[label]["done"]), flush=True)
+        print(_summary(f"{label}: supervisor CPU seconds", results[label]["cpu"]), flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    for what in ("first_line", "success", "done", "cpu"):
         ratio = statistics.median(results[on][what]) / statistics.median(results[off][what])
         print(f"{on} / {off}, {what.replace('_', ' ')}: {ratio:.2f}", flush=True)
 

@@ -9,6 +9,7 @@ import termios
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -52,3 +53,33 @@ def default_sigint() -> None:
     background job (`make test &` in a script) inherits SIGINT ignored, and a Python started with it
     ignored never raises KeyboardInterrupt."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def mlflow_run_ended(client: Any, mlflow_run_id: str, timeout: float = 300.0, *, air_run_id: str | None = None) -> Any:
+    """The MLflow run once it is ended (not RUNNING). A run's end state is written first; its process ends
+    the MLflow run (log uploads, then the status) right after, so a test waits for that before it looks.
+    With `air_run_id` (a workload whose node's MLflow fluent API may end the run itself): also until the
+    run's supervisor, which uploads the logs, has exited."""
+    if air_run_id is not None:
+        from air.runs.liveness import supervisor_alive
+        from air.runs.store import RunStore
+
+        wait_for(lambda: not supervisor_alive(RunStore().get_run(air_run_id)), f"{air_run_id}'s supervisor to exit",
+                 timeout=timeout, interval=0.2)
+    return wait_for(lambda: (lambda r: r if r.info.status not in ("RUNNING", "SCHEDULED") else None)(
+        client.get_run(mlflow_run_id)), f"MLflow run {mlflow_run_id} to end", timeout=timeout, interval=0.2)
+
+
+def tracking_done(run_id: str, timeout: float = 300.0, *, home: Path | None = None) -> None:
+    """Wait until run `run_id`'s supervisor has exited: "tracking done". The last attempt's end state is
+    written before its MLflow run is made or ended; the supervisor then records the MLflow run id (on the
+    run and its attempt) and ends the MLflow run, and exits. A test that reads `mlflow_run_id` (or an
+    MLflow link) of a run that just ended waits for this first. `home`: the AIR_HOME the run lives in
+    (default: this process's)."""
+    from air.home import AirHome
+    from air.runs.liveness import supervisor_alive
+    from air.runs.store import RunStore
+
+    store = RunStore() if home is None else RunStore(AirHome(home).runs_db)
+    wait_for(lambda: not supervisor_alive(store.get_run(run_id)), f"{run_id}'s supervisor to exit (tracking done)",
+             timeout=timeout, interval=0.2)

@@ -14,7 +14,7 @@ API and the errors that name them agree.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn, TypeAlias
 
 import yaml
 
@@ -48,11 +48,17 @@ MAX_BASE_FILES = 32
 #: Integer query parameters of the API (limits, counts, attempts, nodes, ranks): they reach SQLite.
 MAX_QUERY_INT = (1 << 31) - 1
 
+#: A parsed JSON value (`json_loads_bounded`, a response body, a stored spec). For type checkers only: a
+#: string at run time, so it never goes in a pydantic field or a FastAPI signature (use `object` there).
+JSONValue: TypeAlias = "str | int | float | bool | None | list[JSONValue] | dict[str, JSONValue]"
+#: A parsed JSON object.
+JSONObject: TypeAlias = "dict[str, JSONValue]"
+
 
 class YamlBoundError(yaml.MarkedYAMLError):
     """A YAML document past one of the bounds; `problem_mark` is where, `hint` what to do."""
 
-    def __init__(self, problem: str, mark: Any, hint: str) -> None:
+    def __init__(self, problem: str, mark: yaml.Mark | None, hint: str) -> None:
         super().__init__(problem=problem, problem_mark=mark)
         self.hint = hint
 
@@ -73,7 +79,8 @@ class BoundedLoader(yaml.SafeLoader):
         self._aliased = 0
         self._sizes: dict[int, int] = {}
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # Any: the stub says int,
+        # PyYAML passes a key node for a mapping value
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             named = self.anchors.get(event.anchor)
@@ -117,7 +124,7 @@ class BoundedLoader(yaml.SafeLoader):
 BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
 
 
-def compose_bounded(text: str) -> tuple[Any, yaml.Node | None]:
+def compose_bounded(text: str) -> tuple[object, yaml.Node | None]:
     """One YAML document, within the bounds: its data and its node tree (for line numbers). Raises
     `YamlBoundError` past a bound, other `yaml.YAMLError`s for bad YAML."""
     loader = BoundedLoader(text)
@@ -128,7 +135,7 @@ def compose_bounded(text: str) -> tuple[Any, yaml.Node | None]:
         loader.dispose()
 
 
-def safe_load_bounded(text: str) -> Any:
+def safe_load_bounded(text: str) -> object:
     """`yaml.safe_load` within the bounds (an --override value, a requirements YAML)."""
     return compose_bounded(text)[0]
 
@@ -145,15 +152,15 @@ def _json_int(text: str) -> int:
     return int(text)
 
 
-def _json_constant(name: str) -> Any:
+def _json_constant(name: str) -> NoReturn:
     raise UserInputError(f"The request body holds {name}, which is not a JSON number.",
                          hint="Send finite numbers only.")
 
 
-def _json_depth(value: Any) -> int:
+def _json_depth(value: JSONValue) -> int:
     """How deep containers nest in `value` (without recursion), stopping early past MAX_JSON_DEPTH."""
     deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    stack: list[tuple[JSONValue, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, (dict, list)):
@@ -164,7 +171,7 @@ def _json_depth(value: Any) -> int:
     return deepest
 
 
-def json_loads_bounded(data: bytes) -> Any:
+def json_loads_bounded(data: bytes) -> JSONValue:
     """A JSON request body, parsed within the bounds (depth, 64-bit integers, finite numbers); anything
     else is a `UserInputError` (400) that says what is wrong."""
     too_deep = UserInputError(f"The request body nests deeper than {MAX_JSON_DEPTH} levels.",
@@ -192,6 +199,8 @@ __all__ = [
     "MAX_YAML_ALIAS_VALUES",
     "MAX_YAML_DEPTH",
     "BoundedLoader",
+    "JSONObject",
+    "JSONValue",
     "YamlBoundError",
     "compose_bounded",
     "json_loads_bounded",

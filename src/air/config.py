@@ -21,8 +21,9 @@ import difflib
 import os
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
 from pydantic import (
@@ -108,12 +109,12 @@ class Pool(BaseModel):
 
     @field_validator("accelerator", mode="before")
     @classmethod
-    def _upper(cls, value: Any) -> Any:
+    def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
 
     @field_validator("slots", mode="before")
     @classmethod
-    def _parse_slots(cls, value: Any) -> Any:
+    def _parse_slots(cls, value: object) -> object:
         if isinstance(value, int) and not isinstance(value, bool):
             value = [value]
         if isinstance(value, str):
@@ -159,7 +160,7 @@ class ServerSettings(BaseModel):
 
     @field_validator("default_visibility", mode="before")
     @classmethod
-    def _visibility(cls, value: Any) -> Any:
+    def _visibility(cls, value: object) -> object:
         if isinstance(value, str) and value.strip().lower() in ("team", "private"):
             return value.strip().lower()
         raise ValueError(f"must be team (every signed-in user sees every run) or private (only the owner, admins "
@@ -192,7 +193,7 @@ class AirConfig(BaseModel):
 
     @field_validator("groups", mode="before")
     @classmethod
-    def _groups(cls, value: Any) -> Any:
+    def _groups(cls, value: object) -> object:
         if value is None:
             return {}
         if not isinstance(value, dict):
@@ -214,12 +215,12 @@ class AirConfig(BaseModel):
 
     @field_validator("server", mode="before")
     @classmethod
-    def _server(cls, value: Any) -> Any:
+    def _server(cls, value: object) -> object:
         return {} if value is None else value
 
     @model_validator(mode="before")
     @classmethod
-    def _name_profiles(cls, data: Any) -> Any:
+    def _name_profiles(cls, data: object) -> object:
         """Give each profile its key as `name`, and add the implicit `local` profile."""
         if not isinstance(data, dict):
             return data
@@ -233,7 +234,7 @@ class AirConfig(BaseModel):
                 for key, value in pools.items()
             }}
         if isinstance(profiles, dict):
-            named: dict[Any, Any] = {}
+            named: dict[object, object] = {}
             for key, value in profiles.items():
                 if isinstance(value, dict):
                     if "name" in value:
@@ -459,7 +460,8 @@ def resolve_base_python(version: str | int | None, config: AirConfig | None = No
     return python
 
 
-def _did_you_mean(word: str, choices: Any) -> str:
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
 

@@ -11,7 +11,7 @@ import os
 from air.settings import AIR_RAY_JOIN_TIMEOUT_S, AIR_RELEASE_TIMEOUT_S, AIR_TERMINATE_GRACE_S
 
 
-def _float_env(name: str, default: float) -> float:
+def float_env(name: str, default: float) -> float:
     """A tunable read from the environment (tests set small values), else its default."""
     try:
         return float(os.environ.get(name, default))
@@ -21,7 +21,7 @@ def _float_env(name: str, default: float) -> float:
 
 #: Seconds between SIGTERM and SIGKILL when a process tree is ended. Short on purpose: a rank stuck in a
 #: collective does not need 30 s to notice it should die, and the others must not hang (SPEC pain 1).
-TERMINATE_GRACE_S: float = _float_env(AIR_TERMINATE_GRACE_S, 1.0)
+TERMINATE_GRACE_S: float = float_env(AIR_TERMINATE_GRACE_S, 1.0)
 
 #: How often the launcher looks at its processes.
 LAUNCH_POLL_S: float = 0.02
@@ -56,7 +56,7 @@ ADMISSION_POLL_S: float = 0.05
 ADMISSION_TICK_S: float = 2.0
 
 #: How long `ray_launch`'s head waits for every node to join before running the driver anyway.
-RAY_JOIN_TIMEOUT_S: float = _float_env(AIR_RAY_JOIN_TIMEOUT_S, 120.0)
+RAY_JOIN_TIMEOUT_S: float = float_env(AIR_RAY_JOIN_TIMEOUT_S, 120.0)
 
 #: How often the run controller notes each node process's progress (and checks for a hang), in seconds.
 PROGRESS_CHECK_S: float = 1.0
@@ -68,12 +68,12 @@ CANCEL_CHECK_S: float = 1.0
 def release_timeout_s() -> float:
     """Seconds a rank may take to release what its function left behind, after reporting its result
     (read at each call: a test sets it after import)."""
-    return _float_env(AIR_RELEASE_TIMEOUT_S, 10.0)
+    return float_env(AIR_RELEASE_TIMEOUT_S, 10.0)
 
-#: The Ray backend: how long an agent's long-poll blocks waiting for output (one call per node per this,
-#: when quiet); how often a run waiting for its turn in its pool (or its user's limit) asks again; how often
-#: `acquire` reports that it is still waiting.
-POLL_WAIT_S: float = 0.5
+#: The Ray backend: how long an agent's long-poll blocks when nothing happens (one call per quiet node per
+#: this; lines come as batches at most every 0.5 s, events at once); how often a run waiting for its turn in
+#: its pool (or its user's limit) asks again; how often `acquire` reports that it is still waiting.
+POLL_WAIT_S: float = 5.0
 ADMIT_POLL_S: float = 0.5
 WAIT_REPORT_S: float = 10.0
 

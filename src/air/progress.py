@@ -11,7 +11,11 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.status import Status
+    from rich.text import Text
 
 _enabled = True
 
@@ -36,7 +40,7 @@ def active() -> bool:
 class Spinner:
     """What `spinner()` yields: change its text while the step goes on (a no-op when not shown)."""
 
-    def __init__(self, status: Any | None = None) -> None:
+    def __init__(self, status: Status | None = None) -> None:
         self._status = status
 
     @property
@@ -61,7 +65,7 @@ def spinner(text: str) -> Iterator[Spinner]:
         yield Spinner(status)
 
 
-def _line(text: str) -> Any:
+def _line(text: str) -> Text:
     """Plain text (a run id in brackets is not rich markup), cut to one line of the terminal."""
     from rich.text import Text
 

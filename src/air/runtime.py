@@ -11,7 +11,11 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import mmap
 
 from air.errors import RuntimeConfigurationError
 from air.settings import (
@@ -26,7 +30,7 @@ from air.settings import (
 HEARTBEAT_EVERY_S = 0.5
 
 
-def _dist() -> Any | None:
+def _dist() -> ModuleType | None:
     """torch.distributed if the user's code already imported and initialised it; never imports torch."""
     torch = sys.modules.get("torch")
     if torch is None:
@@ -50,7 +54,7 @@ def _env_int(name: str, default: int) -> int:
         raise RuntimeConfigurationError(f"{name}={value!r} is not an integer.") from exc
 
 
-def get_global_rank(group: Any = None) -> int:
+def get_global_rank(group: object = None) -> int:
     """This process's rank among all ranks (RANK); with `group`, its rank in that process group."""
     dist = _dist()
     if dist is not None:
@@ -153,7 +157,7 @@ def default_backend() -> str:
 
 
 _beat_next = 0.0
-_beat_slot: Any = None  # the mapped slot; False where there is none
+_beat_slot: mmap.mmap | Literal[False] | None = None  # the mapped slot; False where there is none
 
 
 def heartbeat() -> None:
@@ -182,7 +186,7 @@ def _beat(when: float) -> None:
             _beat_slot = False
 
 
-def _map_slot() -> Any:
+def _map_slot() -> mmap.mmap | Literal[False]:
     """The launcher's 8-byte slot for this process (AIR_HEARTBEAT_FILE), mapped once; False without one."""
     path = os.environ.get(AIR_HEARTBEAT_FILE)
     if not path:

@@ -80,10 +80,10 @@ AIR_TRACKING = _setting(
 )
 AIR_TRACKING_EARLY_START = _setting(
     "AIR_TRACKING_EARLY_START",
-    "`off`",
-    "`on`: a workload's nodes start before the attempt's MLflow run exists (the supervisor makes it meanwhile), "
-    "and each node's Python learns its id when it first imports mlflow. Faster starts; what reads the run "
-    "early (`air get run`, `air subscribe`'s RETRY) may see no MLflow run yet. Nodes walled in or on Ray wait.",
+    "`on`",
+    "`on`: a workload's local nodes start before the attempt's MLflow run exists (the supervisor makes it "
+    "meanwhile) and each node's Python learns its id when it first imports mlflow; the attempt's end is "
+    "recorded once the run exists. `off`: nodes start once it exists. Nodes walled in or on Ray always wait.",
 )
 AIR_CPU_SLOTS = _setting(
     "AIR_CPU_SLOTS", "the CPU count", "CPU slots of this machine: how many CPU ranks/nodes may run at once."

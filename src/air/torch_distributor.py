@@ -23,10 +23,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from air.distributed import distributed
 from air.errors import UserInputError
+
+if TYPE_CHECKING:
+    from air.distributed.decorator import DistributedFunction
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class TorchDistributor:
@@ -71,7 +77,7 @@ class TorchDistributor:
         results = self._launcher(train_object).distributed(*args, **kwargs)
         return results[0]
 
-    def _launcher(self, func: Callable[..., Any]) -> Any:
+    def _launcher(self, func: Callable[P, R]) -> DistributedFunction[P, R]:
         return distributed(num_accelerators=self.num_processes, accelerator_type=self.accelerator_type,
                            remote=not self.local_mode)(func)
 

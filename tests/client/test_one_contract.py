@@ -132,20 +132,7 @@ def test_no_alias_modules() -> None:
     assert swaps == []
 
 
-#: Cross-module imports of `_private` names still left, in modules other parts of issue 23 were changing
-#: at the same time (the store's records, the spec rules, a tunable's reader). The list only shrinks.
-_KNOWN_PRIVATE_IMPORTS = {
-    ("air/launcher/warm.py", "air.constants", "_float_env"),
-    *{("air/runs/store.py", "air.runs.records", n) for n in (
-        "_ATTEMPT_SELECT", "_INSERT_RUN", "_RUN_SELECT", "_attempt_from_row", "_current_user", "_run_from_row",
-        "_run_values")},
-    ("air/workload/spec.py", "air.workload.spec_rules", "_check_name"),
-    ("air/workload/spec.py", "air.workload.spec_rules", "_fail"),
-    ("air/workload/sweep_spec.py", "air.workload.spec_rules", "_fail"),
-}
-
-
-def test_no_new_private_imports_across_modules() -> None:
+def test_no_private_imports_across_modules() -> None:
     """A private name is private to its module: make it public where it is a real API of its module."""
     found = set()
     for path in SRC.rglob("*.py"):
@@ -153,4 +140,4 @@ def test_no_new_private_imports_across_modules() -> None:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("air"):
                 found |= {(str(path.relative_to(SRC.parent)), node.module, a.name) for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")}
-    assert found - _KNOWN_PRIVATE_IMPORTS == set(), "new cross-module imports of private names"
+    assert found == set(), "cross-module imports of private names"

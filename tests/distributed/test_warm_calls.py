@@ -17,7 +17,7 @@ import pytest
 import warm_probes as wp
 
 from air import distributed
-from air.launcher.warm_kept import KEPT
+from air.launcher.warm import KEPT
 from proc_helpers import alive, wait_for
 
 cpu2 = distributed(num_accelerators=2, accelerator_type="CPU")

@@ -11,6 +11,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import air, submit, wait_terminal, write_workload
 
+from proc_helpers import mlflow_run_ended
+
 #: What the full `mlflow` distribution pulls in (~500 MB) and the lean install must not.
 HEAVY = ("pandas", "scipy", "sklearn", "pyarrow", "matplotlib")
 
@@ -48,6 +50,7 @@ def test_workload_run_is_tracked_in_the_embedded_store_on_skinny(tmp_path: Path,
     client = MlflowClient(f"sqlite:///{air_home / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("lean-exp")
     assert experiment is not None
-    (record,) = client.search_runs([experiment.experiment_id])
+    (found,) = client.search_runs([experiment.experiment_id])
+    record = mlflow_run_ended(client, found.info.run_id)  # (ended right after the run's SUCCESS)
     assert record.info.status == "FINISHED" and record.data.params["lr"] == "0.5"
     assert [m.value for m in client.get_metric_history(record.info.run_id, "loss")] == [0.25]

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from seed_helpers import SEED000, air_cli, losses, processes_with_env, run, tail
 
+from proc_helpers import mlflow_run_ended
+
 
 def command_lines(path: Path) -> list[str]:
     import yaml
@@ -81,7 +83,9 @@ def test_cpu_workload_trains_with_falling_loss_and_logs_to_mlflow(air_home: Path
     client = MlflowClient(f"sqlite:///{air_home / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("air-ray-train-distributed-cpu")
     runs = client.search_runs([experiment.experiment_id])
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert len(runs) == 1
+    runs = [mlflow_run_ended(client, runs[0].info.run_id)]  # (ended right after the run's SUCCESS)
+    assert runs[0].info.status == "FINISHED"
     history = client.get_metric_history(runs[0].info.run_id, "train_loss")
     assert [m.step for m in history] == list(range(1, 13))
     assert history[-1].value < history[0].value

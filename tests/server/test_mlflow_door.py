@@ -26,7 +26,7 @@ import pytest
 from server_helpers import AIR, AirServer, running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from proc_helpers import wait_for
+from proc_helpers import tracking_done, wait_for
 
 #: Every run here is private: bob may not even see alice's runs.
 PRIVATE = "server:\n  default_visibility: private\n"
@@ -120,6 +120,7 @@ def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirSe
     bob_node = json.loads((out / "bob.json").read_text())
     credential = bob_node["token"]
     assert bob_node["uri"] == server.url + "/mlflow" and credential.startswith("airrun_"), bob_node
+    tracking_done(alice_run, home=server.home)  # (the ended run's MLflow id is recorded just after its end)
     alice_mlflow = server.air_json("alice", "get", "run", alice_run)["mlflow_run_id"]
     node_log = {"run_uuid": alice_mlflow, "path": "logs/attempt_0/node_0.log"}
 
@@ -172,7 +173,9 @@ def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirSe
                        query={"run_id": alice_mlflow, "metric_key": "node_loss"})
     assert status == 200, raw
     assert [m["value"] for m in json.loads(raw)["metrics"]] == [0.25]
-    status, raw = door(server, "GET", "/get-artifact", token=alice, query=node_log)
+    # (the node log is uploaded right after the run's SUCCESS, by its supervisor)
+    status, raw = wait_for(lambda: (lambda got: got if got[0] == 200 else None)(
+        door(server, "GET", "/get-artifact", token=alice, query=node_log)), "alice's node log in MLflow", timeout=300)
     assert status == 200 and b"alice's node log line" in raw, raw
     # The run's MLflow user is the air user; so is that of a run bob's code created itself.
     assert tags_of(server, alice, alice_mlflow)["mlflow.user"] == "alice"
@@ -274,6 +277,7 @@ def test_the_doors_overhead_on_log_metric(private_server: AirServer, tmp_path: P
     alice = server.tokens["alice"]
     direct = server.mlflow_socket()
     air_run = submit(server, "alice", tmp_path / "alice.yaml", ALICE_NODE, "--watch")
+    tracking_done(air_run, home=server.home)
     run_id = server.air_json("alice", "get", "run", air_run)["mlflow_run_id"]
 
     body = json.dumps({"run_id": run_id, "key": "m", "value": 1.0, "timestamp": 0, "step": 0}).encode()
@@ -344,6 +348,7 @@ def test_mlflow_ui_through_the_door_with_the_pages_login(private_server: AirServ
 
     server = private_server
     run_id = submit(server, "alice", tmp_path / "alice.yaml", ALICE_NODE, "--watch")
+    tracking_done(run_id, home=server.home)
     detail = server.air_json("alice", "get", "run", run_id)
     link = detail["mlflow_url"]
     assert link.startswith(server.url + "/mlflow/#/experiments/"), link
@@ -408,6 +413,7 @@ def test_the_door_is_behind_the_servers_tls(tmp_path: Path) -> None:
         node_log = (server.home / "runs" / run_id / "attempt_0" / "node_0.log").read_text()
         assert f"door: {server.url}/mlflow airrun_" in node_log, node_log
         assert "supervisor-only variables held: []" in node_log, node_log  # (its supervisor held the cert path)
+        tracking_done(run_id, home=server.home)
         mlflow_run = server.air_json("alice", "get", "run", run_id)["mlflow_run_id"]
         status, raw = door(server, "GET", api("metrics/get-history"), token=server.tokens["alice"],
                            query={"run_id": mlflow_run, "metric_key": "node_loss"})

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from server_helpers import AirServer
 
+from proc_helpers import tracking_done
+
 
 @pytest.mark.parametrize("server", ["mlflow"], indirect=True)
 def test_a_nodes_metric_lands_in_the_servers_mlflow(server: AirServer, tmp_path: Path) -> None:
@@ -24,6 +26,7 @@ def test_a_nodes_metric_lands_in_the_servers_mlflow(server: AirServer, tmp_path:
     result = server.air("alice", "run", "-f", str(spec), "--watch", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     run_id = server.air_json("alice", "list", "runs", "--all-status")["runs"][0]["id"]
+    tracking_done(run_id, home=server.home)  # (an ended run's MLflow id is recorded just after its end)
     detail = server.air_json("alice", "get", "run", run_id)
     uri = server.url + "/mlflow"  # MLflow is reached through the server's door (its own port is loopback only)
     assert detail["mlflow_url"].startswith(uri + "/#/experiments/"), detail["mlflow_url"]

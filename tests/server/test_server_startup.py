@@ -18,6 +18,7 @@ from typing import Any
 from server_helpers import AIR, AirServer, alive, free_port, home_processes, wait_for
 
 from air.settings import AIR_MLFLOW_HOLD
+from proc_helpers import tracking_done
 
 
 class Terminal:
@@ -125,6 +126,7 @@ def test_the_server_says_it_starts_at_once_and_serves_before_mlflow(tmp_path: Pa
 
         run_id = srv.air_json("alice", "list", "runs", "--all-status")["runs"][0]["id"]
         srv.wait_status(run_id, "SUCCESS", "FAILED", "CANCELED", timeout=300)
+        tracking_done(run_id, home=srv.home)  # (an ended run's MLflow id is recorded just after its end)
         detail = srv.air_json("alice", "get", "run", run_id)
         assert detail["status"] == "SUCCESS", detail
         status, body = _get(srv.url + f"/mlflow/api/2.0/mlflow/runs/get?run_id={detail['mlflow_run_id']}",

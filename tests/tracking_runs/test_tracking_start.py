@@ -4,6 +4,7 @@ Real `air run` processes, the real embedded MLflow store."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from air.home import AirHome
 from air.runs.paths import RunPaths
 from air.runs.store import RunStore
 from air.tracking.node_hook import write_env, write_hook
+from proc_helpers import mlflow_run_ended, tracking_done, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import submit, wait_terminal, write_workload
@@ -83,6 +86,10 @@ def test_the_hook_holds_only_a_real_import_of_mlflow_and_keeps_the_sites_own_sit
 
 def test_a_node_starts_before_its_mlflow_run_exists_and_logs_into_it(tmp_path: Path, air_home: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow is frozen: the test holds the embedded store's creation lock (store.prepare_store takes it
+    before anyone opens the store), so the attempt's MLflow run cannot be made. The node's command still
+    runs and writes its line (nodes do not wait for MLflow); once the lock is let go, the run is made, the
+    node's held `import mlflow` goes on into it, and the run ends SUCCESS with its metric."""
     monkeypatch.setenv("AIR_TRACKING_EARLY_START", "on")
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -91,7 +98,7 @@ def test_a_node_starts_before_its_mlflow_run_exists_and_logs_into_it(tmp_path: P
         compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
         parameters: {{lr: 0.5}}
         command: |
-          python -c "import time; print(time.time())" > {marks}/started
+          echo "${{MLFLOW_RUN_ID:-unset}}" > {marks}/started
           python - <<'PY'
           import mlflow
           for step in range(3):
@@ -99,17 +106,28 @@ def test_a_node_starts_before_its_mlflow_run_exists_and_logs_into_it(tmp_path: P
           print("run", mlflow.active_run().info.run_id)
           PY
     """)
-    run = wait_terminal(submit(path), timeout=300)
+    lock_path = AirHome().mlflow_db_lock
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # MLflow frozen: no process can create (or open) the store
+        try:
+            run_id = submit(path)
+            wait_for((marks / "started").exists, "the node's first line while MLflow is frozen", timeout=300)
+            paths = RunPaths(run_id)
+            # The node ran while its MLflow run could not exist: nothing named it, nothing was written.
+            assert (marks / "started").read_text().strip() == "unset"
+            assert not paths.mlflow_env(0).exists()
+            assert not (air_home / "mlflow.db").exists()
+            assert not RunStore().get_run(run_id).is_terminal
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    run = wait_terminal(run_id, timeout=300)
     assert run.status.value == "SUCCESS", run.termination_reason
-    paths = RunPaths(run.id)
-    env_file = paths.mlflow_env(0)
-    # The node's command ran before air had made (and written) the MLflow run: nothing waited for MLflow.
-    assert float((marks / "started").read_text()) < env_file.stat().st_mtime
-    mlflow_run_id = json.loads(env_file.read_text())["MLFLOW_RUN_ID"]
-    assert RunStore().list_attempts(run.id)[0].mlflow_run_id == mlflow_run_id == run.mlflow_run_id
+    tracking_done(run.id)  # the last attempt's MLflow run id is recorded after the run's end
+    mlflow_run_id = json.loads(paths.mlflow_env(0).read_text())["MLFLOW_RUN_ID"]
+    assert RunStore().list_attempts(run.id)[0].mlflow_run_id == mlflow_run_id == RunStore().get_run(run.id).mlflow_run_id
     assert f"run {mlflow_run_id}" in paths.node_log(0, 0).read_text()
     client = _client(air_home)
-    record = client.get_run(mlflow_run_id)
+    record = mlflow_run_ended(client, mlflow_run_id, air_run_id=run.id)  # (ended right after its SUCCESS)
     assert record.info.status == "FINISHED" and record.data.params["lr"] == "0.5"
     assert [m.value for m in client.get_metric_history(mlflow_run_id, "loss")] == [1.0, 0.5, 1 / 3]
     assert {a.path for a in client.list_artifacts(mlflow_run_id, "logs/attempt_0")} == {"logs/attempt_0/node_0.log"}
@@ -140,8 +158,10 @@ def test_32_nodes_one_sampler_no_stall_metrics_of_every_node(tmp_path: Path, air
     last_exit = max(float((marks / f"exit_{n}").read_text()) for n in range(nodes))
     assert run.ended_at is not None
     assert run.ended_at - last_exit < 2.0, f"the attempt ended {run.ended_at - last_exit:.2f} s after its last node"
+    tracking_done(run.id)  # the last attempt's MLflow run id is recorded after the run's end
+    run = RunStore().get_run(run.id)
     client = _client(air_home)
-    record = client.get_run(str(run.mlflow_run_id))
+    record = mlflow_run_ended(client, str(run.mlflow_run_id), air_run_id=run.id)
     metrics = record.data.metrics
     for n in range(nodes):
         assert f"system/node_{n}/cpu_utilization_percentage" in metrics, n

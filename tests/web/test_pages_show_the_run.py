@@ -21,7 +21,8 @@ from runs_helpers import submit, wait_status, wait_terminal, write_workload
 from web_helpers import http_get, runs_rows, text_of
 
 from air.runs.paths import RunPaths
-from proc_helpers import wait_for
+from air.runs.store import RunStore
+from proc_helpers import tracking_done, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_helpers import AirServer
@@ -133,7 +134,9 @@ def test_run_page_charts_training_and_system_metrics_with_axes_and_links_mlflow(
           PY
           sleep 3
     """))
-    run = wait_terminal(run_id, timeout=300)
+    wait_terminal(run_id, timeout=300)
+    tracking_done(run_id)  # (an ended run's MLflow id is recorded just after its end)
+    run = RunStore().get_run(run_id)
     assert run.status.value == "SUCCESS" and run.mlflow_run_id
     base = serve(mlflow_url=lambda: "http://127.0.0.1:5999")
     status, shown, _ = http_get(f"{base}/runs/{run_id}")  # as read with JavaScript off

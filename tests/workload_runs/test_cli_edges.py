@@ -12,6 +12,7 @@ from runs_helpers import air, submit, wait_terminal, write_workload
 
 from air.runs.states import RunStatus
 from air.runs.store import RunStore
+from proc_helpers import tracking_done
 
 
 def test_dry_run_writes_nothing_under_air_home(tmp_path: Path, air_home: Path) -> None:
@@ -93,6 +94,8 @@ def test_json_carries_the_hosted_cli_field_names(tmp_path: Path) -> None:
     assert parsed.utcoffset() == timedelta(0)
     assert abs(parsed.timestamp() - run.started_at) < 0.001 and item["started_at_epoch"] == run.started_at
 
+    tracking_done(run_id)  # (an ended run's MLflow id is recorded just after its end)
+    run = RunStore().get_run(run_id)
     got = json.loads(air("get", "run", run_id, "--json").stdout)["data"]
     assert (got["run_id"], got["status"], got["started_at"], got["experiment_name"]) == (
         run_id,

@@ -16,7 +16,7 @@ from air.runs.paths import RunPaths
 from air.runs.store import RunStore
 from air.runs.sweep import child_run_ids
 from air.workload.sweep_spec import ForEachSpec, merge_parameters
-from proc_helpers import alive, wait_for
+from proc_helpers import alive, tracking_done, wait_for
 
 #: A sweep's children start one after another on 2 loaded cores: generous.
 SWEEP_TIMEOUT_S = 420
@@ -119,6 +119,8 @@ def test_grid_2x2_one_at_a_time_all_succeed(tmp_path: Path) -> None:
 
     client = mlflow.MlflowClient(f"sqlite:///{os.environ['AIR_HOME']}/mlflow.db")
     assert parent_run.mlflow_run_id
+    for child_id in children:  # (a child's MLflow id is recorded just after its end)
+        tracking_done(child_id)
     for child_id in children:
         child_mlflow = store.get_run(child_id).mlflow_run_id
         assert child_mlflow

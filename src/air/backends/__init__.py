@@ -3,12 +3,15 @@ the one place that does."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from air.backends.base import Backend, SlotLedger
 
+if TYPE_CHECKING:
+    from air.config import Profile
 
-def backend_for(profile: Any, *, ledger: SlotLedger | None = None) -> Backend:
+
+def backend_for(profile: Profile, *, ledger: SlotLedger | None = None) -> Backend:
     """The backend of a profile (`air.config.Profile`). `ledger` is the slot ledger the local backend
     claims this machine's slots in (the run store); it is not needed to plan or check a shape."""
     if profile.backend == "server":

@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
 from air.launcher.node import ProcessExit, ProcessSpec
@@ -225,13 +225,20 @@ class Backend(Protocol):
         ...
 
 
+class PooledRun(Protocol):
+    """What a backend reads of a run the ledger holds (air.runs.store.Run): the pool it waits in."""
+
+    @property
+    def pool(self) -> str | None: ...
+
+
 class SlotLedger(Protocol):
     """Where the local backend claims this machine's slots (the run store), first in first out."""
 
     def try_claim_slots(self, run_id: str, kind: str, count: int, capacity: int, *,
                         slots: Sequence[int] | None = None, user_limit: int | None = None) -> list[int] | None: ...
 
-    def get_run(self, run_id: str) -> Any: ...
+    def get_run(self, run_id: str) -> PooledRun: ...
 
     def try_admit(self, run_id: str, *, user_limit: int | None = None) -> bool: ...
 

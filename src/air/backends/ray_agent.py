@@ -2,8 +2,15 @@
 
 It starts the node's processes with the same node launcher as the local backend (`start_processes`),
 so process groups, AIR_PROCESS_TAG teardown and log pumping behave identically on every backend. The
-submitting side never blocks inside the actor: it long-polls `poll()` for new lines and exits, and
-calls `terminate()` from another thread of this threaded actor.
+submitting side never blocks inside the actor: it long-polls `poll()` and calls `terminate()` from
+another thread of this threaded actor.
+
+Lines are written where they are made (the node's own `node.log` beside its process logs) and shipped
+as batches: a `poll()` returns once BATCH_INTERVAL_S passed since the first unshipped line, BATCH_BYTES
+are buffered, or on an event (every process exited, an error line, a silence change), else after its
+`wait_s`. A quiet node costs one call per `wait_s` (several seconds), a chatty one about two a second,
+whatever its line rate. If the submitting side falls behind, the oldest unshipped lines are dropped
+and counted (`NodePoll.dropped`): the node's log on the submitting side and supervisor.log say so.
 
 A *sentinel* process per launch watches the agent: if the agent dies (its raylet was killed, the
 driver went away and Ray reaped its actors), the sentinel ends every process carrying the launch's
@@ -15,10 +22,12 @@ This module imports nothing heavy at import time; `ray` is imported inside the m
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import io
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -26,10 +35,11 @@ import sys
 import tarfile
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air.backends.base import node_work_root
 from air.constants import TERMINATE_GRACE_S
@@ -39,11 +49,36 @@ from air.launcher.procs import reap_tag as reap_launch_tag
 from air.launcher.procs import tagged_processes
 from air.settings import AIR_LAUNCHER_PID, AIR_PATH_PREFIX, AIR_PROCESS_TAG, AIR_RAY_NODE
 
+if TYPE_CHECKING:
+    from air.launcher.node import Launch
+    from air.launcher.ports import PortReservation
+
 #: Separates an attempt's tag from a node's rank in that node's AIR_PROCESS_TAG.
 NODE_TAG_SEP = ".node"
 
-#: Lines kept for the submitting side before the oldest are dropped (it normally polls every 0.2 s).
+#: Lines (and bytes) kept for the submitting side before the oldest are dropped (and counted).
 MAX_BUFFERED_LINES = 200_000
+MAX_BUFFERED_BYTES = 64 << 20
+
+#: A batch ships at most this long after its first line, or as soon as this many bytes wait.
+BATCH_INTERVAL_S = 0.5
+BATCH_BYTES = 64 << 10
+#: At most this much text per reply (the rest follows in the next call, at once).
+MAX_REPLY_BYTES = 8 << 20
+
+#: How often a waiting poll looks at its processes' silences, and how far the submitting side's
+#: estimate (last reported silence, aged since) may run ahead of the truth before a poll returns.
+SILENCE_CHECK_S = 0.5
+SILENCE_SLACK_S = 1.0
+
+#: An error line ships its batch at once, but no sooner than this after the previous reply.
+URGENT_GAP_S = 0.1
+
+#: How long the end of a launch waits for the lines its pump still holds to reach the buffer.
+OUTPUT_DRAIN_S = 120.0
+
+#: Words that make a line an event: its batch ships at once (the submitting side sees errors promptly).
+_ERROR_MARK = re.compile(r"Traceback \(most recent call last\)|Error|ERROR|FATAL")
 
 #: Variables Ray sets for the agent's own worker process that the node's processes must not inherit.
 _RAY_PROCESS_ENV = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONBREAKPOINT")
@@ -80,6 +115,8 @@ class NodePoll:
     started: bool
     #: (process index, seconds without progress, stopped?) of each running process, at reply time.
     silences: list[tuple[int, float, bool]] = field(default_factory=list)
+    #: The node's complete log, on the node (where dropped lines can still be read).
+    node_log: str = ""
 
 
 class NodeAgent:
@@ -91,14 +128,22 @@ class NodeAgent:
         self.root = agent_root(run_id, node_rank)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._cond = threading.Condition()
-        self._lines: list[tuple[int, str, str]] = []
+        self._lines: deque[tuple[int, str, str]] = deque()
         self._first = 0  # sequence number of self._lines[0]
+        self._bytes = 0  # text bytes (roughly: characters) in self._lines
         self._dropped = 0
-        self._launch: Any = None
+        self._oldest_at: float | None = None  # when the first line not yet shipped arrived (monotonic)
+        self._urgent = False  # an error line waits: ship it now (but not more often than URGENT_GAP_S)
+        self._replied_at = 0.0  # when the last poll returned (monotonic)
+        self._counted_to = 0  # lines before this sequence number were shipped or counted as dropped
+        self._node_log: io.BufferedWriter | None = None  # this node's combined log, on this node
+        #: What the last reply said of each process's silence: index → (when it last made progress, stopped?).
+        self._reported: dict[int, tuple[float, bool]] = {}
+        self._launch: Launch | None = None
         self._thread: threading.Thread | None = None
-        self._result: Any = None
+        self._result: list[ProcessExit] | None = None
         self._stop = threading.Event()
-        self._ports: list[Any] = []
+        self._ports: list[PortReservation] = []
         self._sentinel: subprocess.Popen[bytes] | None = None
         self._attempt = 0
         self._ray_tmpdirs: list[Path] = []
@@ -189,9 +234,10 @@ class NodeAgent:
         return env
 
     def start(self, procs: Sequence[ProcessSpec], tag: str, grace_s: float = TERMINATE_GRACE_S,
-              warm_preload: Sequence[str] | None = None) -> list[int]:
+              warm_preload: Sequence[str] | None = None, files: Mapping[str, bytes] | None = None) -> list[int]:
         """Start this node's processes at once (the backend placed them: env and cwd final but for
-        NODE_DIR/NODE_PYTHON). Returns their PIDs.
+        NODE_DIR/NODE_PYTHON), after writing `files` (the payload) into the work folder: one call per
+        node, so the submitting side starts every node in parallel. Returns their PIDs.
 
         With `warm_preload` (not None) and where this node can fork, they are forked from one zygote that
         imported those modules once; their PIDs are then not known yet (the forks come a moment later)."""
@@ -200,10 +246,17 @@ class NodeAgent:
 
         if self._thread is not None and self._thread.is_alive():
             raise RuntimeError("this node is still running the previous launch")
+        if files:
+            self.write_files(files)
         self._attempt += 1
         self._stop.clear()
         self._result = None
         logs = self.root / "logs" / f"launch_{self._attempt}"
+        logs.mkdir(parents=True, exist_ok=True)
+        with self._cond:
+            self._close_node_log()
+            self._node_log = open(logs / "node.log", "ab")  # noqa: SIM115 (closed when the launch ends)
+            self._reported = {}
         specs = []
         for index, proc in enumerate(procs):  # its secrets (`hide`): masked here, on the node
             spec = proc.on_node(self.root / "work", {AIR_LAUNCHER_PID: str(os.getpid()), **self._node_env(proc.env)},
@@ -246,18 +299,39 @@ class NodeAgent:
         except subprocess.TimeoutExpired:
             sentinel.kill()
 
+    def node_log_path(self) -> str:
+        """Where this node's complete log is, on this node (every line, shipped or dropped)."""
+        return str(self.root / "logs" / f"launch_{self._attempt}" / "node.log")
+
+    def _close_node_log(self) -> None:
+        log, self._node_log = self._node_log, None
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.close()
+
     def _on_line(self, index: int, stream: str, text: str) -> None:
         with self._cond:
-            self._lines.append((index, stream, text))
-            if len(self._lines) > MAX_BUFFERED_LINES:
-                cut = len(self._lines) - MAX_BUFFERED_LINES
-                del self._lines[:cut]
-                self._first += cut
-                self._dropped += cut
-            self._cond.notify_all()
+            if self._node_log is not None:
+                try:
+                    self._node_log.write(text.encode("utf-8", errors="replace") + b"\n")
+                except OSError:
+                    self._close_node_log()
+            lines = self._lines
+            lines.append((index, stream, text))
+            self._bytes += len(text) + 1
+            if self._oldest_at is None:
+                self._oldest_at = time.monotonic()
+            if not self._urgent and _ERROR_MARK.search(text):
+                self._urgent = True
+            while len(lines) > 1 and (len(lines) > MAX_BUFFERED_LINES or self._bytes > MAX_BUFFERED_BYTES):
+                self._bytes -= len(lines.popleft()[2]) + 1
+                self._first += 1
+            if self._urgent or self._bytes >= BATCH_BYTES:
+                self._cond.notify_all()
 
     def _wait(self) -> None:
         launch = self._launch
+        assert launch is not None, "_wait runs on the thread start() begins once it has a launch"
         try:
             result = launch.wait(timeout=None, fail_fast=True, should_stop=self._stop.is_set)
             exits = list(result.exits)
@@ -265,39 +339,110 @@ class NodeAgent:
             launch.terminate()
             exits = [ProcessExit(i, s.name, -9, time.time(), killed_by_launcher=True, node=s.node, rank=s.rank)
                      for i, s in enumerate(launch.specs)]
+        # Every line the pump read reaches the buffer before the exits do (the submitting side stops
+        # asking once it has them).
+        launch.output_done(timeout=OUTPUT_DRAIN_S)
         for reservation in self._ports:
             reservation.release()
         self._ports = []
         self._stop_sentinel()
         with self._cond:
+            self._close_node_log()
             self._result = exits
             self._cond.notify_all()
 
     def poll(self, cursor: int, wait_s: float = 0.0) -> NodePoll:
-        """Lines from sequence number `cursor` on, and the exits once every process ended.
+        """The next batch of lines from sequence number `cursor` on, and the exits once every process ended.
 
-        Blocks up to `wait_s` for something new, so a quiet node costs one call per `wait_s`. Lines
-        before `cursor` were received by the caller and are freed.
+        Blocks up to `wait_s` until a batch is due (see the module docstring) or an event happens, so a
+        quiet node costs one call per `wait_s`. Lines before `cursor` were received by the caller and
+        are freed.
         """
         deadline = time.monotonic() + wait_s
         with self._cond:
-            while True:
-                end = self._first + len(self._lines)
-                if end > cursor or self._result is not None:
+            self._free(cursor)
+            while self._result is None:
+                now = time.monotonic()
+                remaining = deadline - now
+                if remaining <= 0 or self._batch_due(now) or self._silence_changed():
                     break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                due = remaining
+                if self._oldest_at is not None:
+                    due = min(due, self._oldest_at + BATCH_INTERVAL_S - now)
+                if self._urgent:
+                    due = min(due, self._replied_at + URGENT_GAP_S - now)
+                self._cond.wait(max(min(due, SILENCE_CHECK_S), 0.001))
+            self._free(cursor)
+            self._count_gap(cursor)
+            lines: list[tuple[int, str, str]] = []
+            size = 0
+            for line in self._lines:
+                if size >= MAX_REPLY_BYTES:
                     break
-                self._cond.wait(remaining)
-            if cursor > self._first:
-                del self._lines[: cursor - self._first]
-                self._first = cursor
-            start = max(cursor - self._first, 0)
-            lines = self._lines[start:]
+                lines.append(line)
+                size += len(line[2]) + 1
+            end = self._first + len(lines)
+            complete = len(lines) == len(self._lines)
+            if complete:
+                self._oldest_at = None
+                self._urgent = False
+            else:
+                self._oldest_at = 0.0  # more is waiting: the next poll returns at once
+            if self._node_log is not None:
+                with contextlib.suppress(OSError):
+                    self._node_log.flush()
             launch = self._launch
             silences = launch.silences() if launch is not None and self._result is None else []
-            return NodePoll(list(lines), self._first + len(self._lines), self._dropped, self._result,
-                            launch is not None, silences)
+            now_wall = time.time()
+            self._reported = {i: (now_wall - silent, stopped) for i, silent, stopped in silences}
+            self._replied_at = time.monotonic()
+            # The exits only with the last lines: the submitting side stops asking once it has them.
+            return NodePoll(lines, end, self._dropped, self._result if complete else None, launch is not None, silences,
+                            self.node_log_path() if self._attempt else "")
+
+    def _free(self, cursor: int) -> None:
+        """Forget the lines before `cursor` (the caller has them)."""
+        while self._first < cursor and self._lines:
+            self._bytes -= len(self._lines.popleft()[2]) + 1
+            self._first += 1
+        if not self._lines:
+            self._bytes = 0
+            self._first = max(self._first, cursor)
+
+    def _count_gap(self, cursor: int) -> None:
+        """Count the lines the caller (who has everything before `cursor`) will never get: they were
+        dropped before being shipped. Counted once, and noted in this node's own log where it happened."""
+        start = max(cursor, self._counted_to)
+        if self._first > start:
+            gap = self._first - start
+            self._dropped += gap
+            if self._node_log is not None:
+                with contextlib.suppress(OSError):
+                    self._node_log.write(f"[air] {gap:,} line(s) above were not shipped to the submitting side "
+                                         f"(it fell behind); {self._dropped:,} in all; this log has them\n".encode())
+        self._counted_to = max(self._counted_to, self._first)
+
+    def _batch_due(self, now: float) -> bool:
+        if not self._lines:
+            return False
+        return ((self._urgent and now - self._replied_at >= URGENT_GAP_S) or self._bytes >= BATCH_BYTES
+                or (self._oldest_at is not None and now - self._oldest_at >= BATCH_INTERVAL_S))
+
+    def _silence_changed(self) -> bool:
+        """Whether the submitting side's view of silences (the last reply's, aged since) is now wrong by
+        more than SILENCE_SLACK_S: a process made progress without a line, stopped or resumed, or ended."""
+        launch = self._launch
+        if launch is None:
+            return False
+        now_wall = time.time()
+        current = {i: (now_wall - silent, stopped) for i, silent, stopped in launch.silences()}
+        if current.keys() != self._reported.keys():
+            return True
+        for index, (progress_at, stopped) in current.items():
+            reported_at, reported_stopped = self._reported[index]
+            if stopped != reported_stopped or progress_at - reported_at > SILENCE_SLACK_S:
+                return True
+        return False
 
     def stacks(self, index: int) -> str:
         """The Python stacks of process `index` and the Python processes below it (a hang report)."""

@@ -1,8 +1,10 @@
 """A started attempt on Ray nodes (`RayBackend.start` returns one): `wait()` long-polls each node's agent,
-writes the lines to each NodeLaunch's log files and hands them to `on_line`, and watches exits and node
-health. An agent that stops answering is checked against the cluster's view of its node: a node Ray
-declared dead ends the attempt with `lost_node = "node <address> lost"`; the other nodes' process trees
-are ended.
+which answers with a batch of lines or an event (see ray_agent.py), writes each batch to the NodeLaunch's
+log files (one write per file per batch) and hands the lines to `on_line`, and watches exits and node
+health. An agent that stops answering is checked against the cluster's view of its node (`NodeView`, read
+from Ray at most every few seconds): a node Ray declared dead ends the attempt with
+`lost_node = "node <address> lost"`; the other nodes' process trees are ended, all at once under one
+deadline.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from air.backends.base import (
     Allocation,
@@ -30,10 +33,49 @@ from air.constants import TERMINATE_GRACE_S
 from air.launcher.node import ProcessExit
 from air.launcher.progress import Silence
 
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+    from ray.util.placement_group import PlacementGroup
+
+    from air.backends.ray_agent import NodeAgent
+
+T = TypeVar("T")
+
 _log = logging.getLogger("air.backends.ray")
 
 #: An agent call unanswered for this long makes the attempt ask Ray whether the node is still alive.
 SUSPECT_AFTER_S = 3.0
+
+#: How old the cluster's view of its nodes may be when a health check reads it (seconds).
+NODE_VIEW_MAX_AGE_S = 3.0
+
+#: How long one round of `wait` waits for replies before looking at its stop conditions again.
+ROUND_S = 0.2
+
+
+class NodeView:
+    """Which Ray nodes are alive, read with `ray.nodes()` at most once per `max_age_s` (a health check of
+    100 nodes costs one read, not 100). One per process: every attempt of a supervisor shares it."""
+
+    def __init__(self) -> None:
+        self._alive: dict[str, bool] = {}
+        self._read_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def dead(self, node_id: str, max_age_s: float = NODE_VIEW_MAX_AGE_S) -> bool:
+        """Whether Ray says the node is dead, or no longer knows it (False where Ray cannot be asked)."""
+        with self._lock:
+            if time.monotonic() - self._read_at > max_age_s:
+                try:
+                    self._alive = {n.get("NodeID"): bool(n.get("Alive")) for n in import_ray().nodes()}
+                except Exception:
+                    return False
+                self._read_at = time.monotonic()
+            return not self._alive.get(node_id, False)
+
+
+NODE_VIEW = NodeView()
 
 
 @dataclass
@@ -41,17 +83,19 @@ class Held:
     """What the Ray backend holds for one allocation: the placement group and one agent per bundle (an
     attempt starts its nodes through those agents)."""
 
-    pg: Any
-    agents: list[Any]
+    pg: PlacementGroup
+    agents: list[ActorHandle[NodeAgent]]
     infos: list[dict[str, Any]]
     bundle: dict[str, float]
-    code: dict[str, tuple[str, Any]] = field(default_factory=dict)  # cwd → (key, object ref of its tar.gz)
+    code: dict[str, tuple[str, ObjectRef[bytes]]] = field(default_factory=dict)  # cwd → (key, object ref of its tar.gz)
 
 
-def dropped_note(node_rank: int, lost: int, total: int) -> str:
+def dropped_note(node_rank: int, lost: int, total: int, node_log: str = "") -> str:
     """What a node's log says where its agent dropped lines (its output outpaced the transfer)."""
+    where = f"; the node's own log has every line: {node_log}" if node_log else ""
     return (f"{lost:,} line(s) of node {node_rank} dropped here: its output outpaced the transfer to the "
-            f"submitting side (its agent keeps the newest {MAX_BUFFERED_LINES:,}); {total:,} dropped in all")
+            f"submitting side (its agent keeps the newest {MAX_BUFFERED_LINES:,}); {total:,} dropped in all"
+            + where)
 
 
 class RayAttempt:
@@ -82,6 +126,10 @@ class RayAttempt:
         self._last_health = 0.0  # when `wait` last asked Ray about slow nodes (monotonic seconds)
         #: node → (its agent's last (process, silent_s, stopped) list, when it arrived (monotonic)).
         self._silences: dict[int, tuple[list[tuple[int, float, bool]], float]] = {}
+        #: Calls made to the agents' `poll` (the fan-in's cost; the benchmark reads it).
+        self.polls = 0
+        #: Node rank → its complete log on that node (the agent writes it where the lines are made).
+        self.node_logs: dict[int, str] = {}
 
     # -- lines --------------------------------------------------------------------------------------
 
@@ -95,28 +143,40 @@ class RayAttempt:
 
     def _deliver(self, node: int, reply: NodePoll) -> None:
         launch = self._launches[node]
+        chunks: dict[Path, list[bytes]] = {}
         if reply.dropped > self._dropped[node]:
             # Never silent: the gap is marked where it is in the node's log, and counted in supervisor.log.
             lost, self._dropped[node] = reply.dropped - self._dropped[node], reply.dropped
-            note = dropped_note(launch.node_rank, lost, reply.dropped)
-            self._file(launch.log_path).write(f"[air] {note}\n".encode())
+            note = dropped_note(launch.node_rank, lost, reply.dropped, reply.node_log)
+            chunks.setdefault(launch.log_path, []).append(f"[air] {note}\n".encode())
             _log.warning("%s", note)
-        for index, stream, text in reply.lines:
+        proc_logs = [p.log_path if p.log_path != launch.log_path else None for p in launch.processes]
+        node_chunk = chunks.setdefault(launch.log_path, [])
+        for index, _stream, text in reply.lines:
             data = (text + "\n").encode("utf-8", errors="replace")
-            self._file(launch.log_path).write(data)
-            if 0 <= index < len(launch.processes):
-                proc_log = launch.processes[index].log_path
-                if proc_log is not None and proc_log != launch.log_path:
-                    self._file(proc_log).write(data)
-            if self._on_line is not None:
+            node_chunk.append(data)
+            proc_log = proc_logs[index] if 0 <= index < len(proc_logs) else None
+            if proc_log is not None:
+                chunks.setdefault(proc_log, []).append(data)
+        for path, parts in chunks.items():  # one write per file per batch
+            if parts:
+                self._file(path).write(b"".join(parts))
+        if self._on_line is not None:
+            for index, stream, text in reply.lines:
                 try:
                     self._on_line(launch.node_rank, index, stream, text)
                 except Exception:  # a broken callback must not stop the attempt
                     _log.exception("on_line callback failed")
         self._cursors[node] = reply.cursor
+        if reply.node_log:
+            self.node_logs[launch.node_rank] = reply.node_log
         self._silences[node] = (list(reply.silences), time.monotonic())
         if reply.exits is not None and self._exits[node] is None:
             self._exits[node] = list(reply.exits)
+
+    def dropped(self) -> dict[int, int]:
+        """Node rank → lines its agent dropped so far (nodes that dropped none are left out)."""
+        return {self._launches[n].node_rank: d for n, d in enumerate(self._dropped) if d}
 
     def _close_files(self) -> None:
         for fh in self._files.values():
@@ -126,16 +186,8 @@ class RayAttempt:
 
     # -- health ---------------------------------------------------------------------------------------
 
-    def _node_dead(self, node: int) -> bool:
-        ray = import_ray()
-        node_id = self._infos[node]["node_id"]
-        try:
-            for entry in ray.nodes():
-                if entry.get("NodeID") == node_id:
-                    return not entry.get("Alive")
-        except Exception:
-            return False
-        return True
+    def _node_dead(self, node: int, max_age_s: float = NODE_VIEW_MAX_AGE_S) -> bool:
+        return NODE_VIEW.dead(self._infos[node]["node_id"], max_age_s)
 
     def _mark_lost(self, node: int, why: str | None = None) -> None:
         address = self._infos[node].get("address") or self._infos[node].get("ip")
@@ -148,7 +200,7 @@ class RayAttempt:
         if self._outcome is not None:
             return self._outcome
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        pending: dict[int, tuple[Any, float]] = {}
+        pending: dict[int, tuple[ObjectRef[NodePoll], float]] = {}
         self._last_health = 0.0
         timed_out = stopped = False
         try:
@@ -175,38 +227,39 @@ class RayAttempt:
         self._outcome = self._build_outcome(timed_out=timed_out, stopped=stopped)
         return self._outcome
 
-    def _poll_round(self, pending: dict[int, tuple[Any, float]]) -> None:
-        """Ask every node not yet asked (and not ended or lost) for its lines, deliver the replies that
-        came back within 0.1 s, and check the health of nodes slow to answer. `pending`: node → (poll
+    def _poll_round(self, pending: dict[int, tuple[ObjectRef[NodePoll], float]]) -> None:
+        """Ask every node not yet asked (and not ended or lost) for its next batch, deliver the replies
+        that came back within ROUND_S, and check the health of nodes slow to answer. `pending`: node → (poll
         reference, when it was asked), kept across rounds."""
         ray = import_ray()
         for node, agent in enumerate(self._agents):
             if node in pending or node in self._lost or self._exits[node] is not None:
                 continue
             pending[node] = (agent.poll.remote(self._cursors[node], self._poll_wait_s), time.monotonic())
+            self.polls += 1
         if not pending:
             return
         refs = [ref for ref, _ in pending.values()]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.1)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ROUND_S)
         ready_set = set(ready)
         for node in [n for n, (ref, _) in pending.items() if ref in ready_set]:
             ref, _ = pending.pop(node)
             self._receive(node, ref)
         self._check_slow(pending)
 
-    def _receive(self, node: int, ref: Any) -> None:
+    def _receive(self, node: int, ref: ObjectRef[NodePoll]) -> None:
         """Deliver one poll's reply; an agent that died marks its node lost (and says why, if the node lives)."""
         from ray.exceptions import RayActorError
 
         try:
             self._deliver(node, import_ray().get(ref))
         except RayActorError as exc:
-            if self._node_dead(node):
+            if self._node_dead(node, max_age_s=0.5):
                 self._mark_lost(node)
             else:
                 self._mark_lost(node, f"its air agent died: {str(exc).splitlines()[0][:200]}")
 
-    def _check_slow(self, pending: dict[int, tuple[Any, float]]) -> None:
+    def _check_slow(self, pending: dict[int, tuple[ObjectRef[NodePoll], float]]) -> None:
         """Nodes whose poll is overdue: ask Ray (at most once a second) whether they are still alive."""
         now = time.monotonic()
         slow = [n for n, (_, since) in pending.items() if now - since > self._poll_wait_s + SUSPECT_AFTER_S]
@@ -228,7 +281,8 @@ class RayAttempt:
                              timed_out=timed_out, stopped=stopped, lost_node=lost)
 
     def terminate(self) -> None:
-        """End every node's process tree (idempotent), then collect their last lines and exits."""
+        """End every node's process tree (idempotent), all at once under one deadline, then collect their
+        last lines and exits (again all at once)."""
         with self._lock:
             if self._terminated:
                 return
@@ -236,17 +290,18 @@ class RayAttempt:
         ray = import_ray()
         live = [n for n in range(len(self._agents)) if n not in self._lost]
         refs = {n: self._agents[n].terminate.remote() for n in live}
-        for node, ref in refs.items():
-            try:
-                exits = ray.get(ref, timeout=TERMINATE_GRACE_S * 3 + 35)
-            except Exception:
+        ended = _gather(ray, refs, TERMINATE_GRACE_S * 3 + 35)
+        for node in live:
+            if node not in ended:
                 if self._node_dead(node):
                     self._mark_lost(node)
-                continue
-            try:
-                self._deliver(node, ray.get(self._agents[node].poll.remote(self._cursors[node], 0.0), timeout=30))
-            except Exception:
-                pass
+        finals = {n: self._agents[n].poll.remote(self._cursors[n], 0.0) for n in ended}
+        self.polls += len(finals)
+        replies = _gather(ray, finals, 30)
+        for node, exits in ended.items():
+            if node in replies:
+                with contextlib.suppress(Exception):
+                    self._deliver(node, replies[node])
             if exits is not None and self._exits[node] is None:
                 self._exits[node] = list(exits)
         self._close_files()
@@ -290,4 +345,20 @@ class RayAttempt:
         return self._exits[node]
 
 
-__all__ = ["RayAttempt"]
+def _gather(ray: ModuleType, refs: dict[int, ObjectRef[T]], timeout_s: float) -> dict[int, T]:
+    """The results of `refs` (node → object ref) that came back within one deadline of `timeout_s`; a
+    node whose call failed or did not answer in time is left out."""
+    if not refs:
+        return {}
+    with contextlib.suppress(Exception):
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    out = {}
+    for node, ref in refs.items():
+        try:
+            out[node] = ray.get(ref, timeout=0.01)
+        except Exception:
+            continue
+    return out
+
+
+__all__ = ["NODE_VIEW", "RayAttempt"]

@@ -7,8 +7,9 @@ actor (ray_agent.py) that starts the node's processes with the same node launche
 backend. MASTER_ADDR is node 0's address and MASTER_PORT a port reserved free there by node 0's
 agent; CUDA_VISIBLE_DEVICES comes from the GPU ids Ray assigned to the bundle.
 
-Lines reach the submitting side by long-polling the agents (`RayAttempt.wait`, ray_attempt.py), which
-also ends the attempt when a node is lost. Connecting and reading the cluster's capacity (bundles, shapes)
+Lines reach the submitting side as batches, by long-polling the agents (`RayAttempt.wait`, ray_attempt.py),
+which also ends the attempt when a node is lost. Work on every node (payloads and start, code unpacking,
+teardown, reaping) is sent to all nodes at once and waited for under one deadline. Connecting and reading the cluster's capacity (bundles, shapes)
 is `RayCapacity` (ray_capacity.py), the base of `RayBackend`.
 
 Ray is imported lazily (inside functions), so `import air.backends.ray_backend` is cheap.
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air.accelerators import AcceleratorType
 from air.backends.base import (
@@ -49,7 +50,17 @@ from air.constants import ADMIT_POLL_S, POLL_WAIT_S, TERMINATE_GRACE_S, WAIT_REP
 from air.errors import AirError, LaunchError
 from air.settings import AIR_PATH_PREFIX
 
-_AGENT_CLASS: Any = None  # ray.remote(NodeAgent), made once per process
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+    from ray.util.placement_group import PlacementGroup
+
+    from air.config import Profile
+
+#: ray.remote(NodeAgent), made once per process (Any: Ray types `.options()` as a union it cannot narrow).
+_AGENT_CLASS: Any = None
+
+#: How long starting every node's processes (payload written first) may take, all nodes together.
+START_TIMEOUT_S = 300.0
 
 
 class RayBackend(RayCapacity):
@@ -79,7 +90,7 @@ class RayBackend(RayCapacity):
         self.ledger: SlotLedger | None = None
 
     @classmethod
-    def from_profile(cls, profile: Any) -> RayBackend:
+    def from_profile(cls, profile: Profile) -> RayBackend:
         """A backend for a `backend: ray` profile. Reads optional settings defensively, so they work as
         soon as the profile model accepts them: `auth_token_path` (the cluster's token file; sets
         RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH for this process) and `code_shipping`."""
@@ -180,8 +191,8 @@ class RayBackend(RayCapacity):
                                    "nodes": [{k: i[k] for k in ("node_id", "ip", "address", "gpu_ids", "hostname")}
                                              for i in infos]})
 
-    def _new_agent(self, pg: Any, index: int, run_id: str, accelerator: AcceleratorType,
-                   bundle: Mapping[str, float]) -> Any:
+    def _new_agent(self, pg: PlacementGroup, index: int, run_id: str, accelerator: AcceleratorType,
+                   bundle: Mapping[str, float]) -> ActorHandle[NodeAgent]:
         ray = import_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -196,7 +207,7 @@ class RayBackend(RayCapacity):
         )
         return actor.remote(run_id, index)
 
-    def _agent_infos(self, agents: Sequence[Any], should_stop: Callable[[], bool]) -> list[dict[str, Any]] | None:
+    def _agent_infos(self, agents: Sequence[ActorHandle[NodeAgent]], should_stop: Callable[[], bool]) -> list[dict[str, Any]] | None:
         ray = import_ray()
         refs = [a.info.remote() for a in agents]
         deadline = time.monotonic() + self.agent_start_timeout_s
@@ -217,7 +228,7 @@ class RayBackend(RayCapacity):
                     "(`ray status`, and the raylet logs under the node's Ray temp dir).",
                 )
 
-    def _drop(self, agents: Sequence[Any], pg: Any) -> None:
+    def _drop(self, agents: Sequence[ActorHandle[NodeAgent]], pg: PlacementGroup) -> None:
         ray = import_ray()
         from ray.util.placement_group import remove_placement_group
 
@@ -275,8 +286,6 @@ class RayBackend(RayCapacity):
         cwds = self._place_code(allocation.run_id, held, launches)
         starts = []
         for launch, agent, info, cwd in zip(launches, held.agents, held.infos, cwds, strict=True):
-            if launch.files:
-                ray.get(agent.write_files.remote(dict(launch.files)), timeout=300)
             procs = []
             for proc in launch.processes:
                 env = dict(proc.env)
@@ -290,11 +299,13 @@ class RayBackend(RayCapacity):
                     env = {k: (cwd + v[len(original):] if v == original or v.startswith(original + "/") else v)
                            for k, v in env.items()}
                 procs.append(replace(proc, env=env, log_path=None, cwd=cwd or proc.cwd))
-            starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S, launch.warm_preload))
+            # The payload travels with the start: one call per node, every node at once, one deadline.
+            starts.append(agent.start.remote(procs, tag, TERMINATE_GRACE_S, launch.warm_preload,
+                                             dict(launch.files) if launch.files else None))
         attempt = RayAttempt(allocation, held, launches, tag=tag, on_line=on_line,
                              poll_wait_s=self.poll_wait_s, master_addr=node0["ip"], master_port=master_port)
         try:
-            ray.get(starts, timeout=120)
+            ray.get(starts, timeout=START_TIMEOUT_S)
         except Exception as exc:
             attempt.terminate()
             raise LaunchError(f"The node processes could not be started: {exc}") from exc
@@ -385,8 +396,9 @@ class RayBackend(RayCapacity):
                 held.code[cwd] = (key, ray.put(data))
             key, ref = held.code[cwd]
             unpacks[index] = held.agents[index].unpack.remote(key, ref)
-        for index, ref in unpacks.items():
-            placed[index] = ray.get(ref, timeout=600)
+        if unpacks:  # every node unpacks at once, under one deadline
+            for index, path in zip(unpacks, ray.get(list(unpacks.values()), timeout=600), strict=True):
+                placed[index] = path
         return placed
 
     def release(self, allocation: Allocation) -> None:
@@ -410,10 +422,12 @@ class RayBackend(RayCapacity):
         task = ray.remote(num_cpus=0, max_retries=0)(reap_tag)
         refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(tag)
                 for n in self._alive_nodes()]
+        with contextlib.suppress(Exception):  # every node at once, under one deadline
+            ray.wait(refs, num_returns=len(refs), timeout=120)
         total = 0
         for ref in refs:
             with contextlib.suppress(Exception):
-                total += int(ray.get(ref, timeout=120))
+                total += int(ray.get(ref, timeout=0.01))
         return total
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TypedDict
 
 from air.accelerators import AcceleratorType, normalize_model
 from air.backends.base import parse_node_shape
@@ -22,7 +23,18 @@ _log = logging.getLogger("air.backends.ray")
 ACCELERATOR_SHARE = 0.001
 
 
-def import_ray() -> Any:
+class RayNode(TypedDict, total=False):
+    """One entry of `ray.nodes()`: the keys air reads."""
+
+    NodeID: str
+    Alive: bool
+    NodeManagerAddress: str
+    NodeManagerPort: int
+    Resources: dict[str, float]
+    Labels: dict[str, str]
+
+
+def import_ray() -> ModuleType:
     import ray
 
     return ray
@@ -72,7 +84,7 @@ class RayCapacity:
                 "(`ray status --address ...`).",
             ) from None
 
-    def _check_same_cluster(self, ray: Any) -> None:
+    def _check_same_cluster(self, ray: ModuleType) -> None:
         """One process drives one Ray cluster: refuse to silently use another one."""
         try:
             current = ray.get_runtime_context().gcs_address
@@ -88,15 +100,15 @@ class RayCapacity:
 
     # -- capacity ---------------------------------------------------------------------------------
 
-    def _alive_nodes(self) -> list[dict[str, Any]]:
+    def _alive_nodes(self) -> list[RayNode]:
         self.connect()
         return [n for n in import_ray().nodes() if n.get("Alive")]
 
     @staticmethod
-    def _node_address(node: Mapping[str, Any]) -> str:
+    def _node_address(node: RayNode) -> str:
         return f"{node.get('NodeManagerAddress')}:{node.get('NodeManagerPort')}"
 
-    def _accelerator_key(self, model: str, nodes: Sequence[Mapping[str, Any]]) -> str | None:
+    def _accelerator_key(self, model: str, nodes: Sequence[RayNode]) -> str | None:
         """The cluster's resource name for a GPU model (Ray says A10G where air says A10)."""
         counts: dict[str, int] = {}
         for node in nodes:
@@ -107,7 +119,7 @@ class RayCapacity:
                         counts[key] = counts.get(key, 0) + 1
         return max(counts, key=lambda k: counts[k]) if counts else None
 
-    def bundle_for(self, accelerator: AcceleratorType, nodes: Sequence[Mapping[str, Any]] | None = None
+    def bundle_for(self, accelerator: AcceleratorType, nodes: Sequence[RayNode] | None = None
                    ) -> dict[str, float]:
         """One node's bundle: its CPU slots, or its GPUs plus a sliver of the accelerator type."""
         if accelerator.is_cpu:
@@ -129,8 +141,8 @@ class RayCapacity:
         gpu_text = ", ".join(f"{g:g} × {m}" for m, g in sorted(gpus.items())) or "no GPU"
         return f"Ray cluster at {self.address}: {len(nodes)} nodes, {gpu_text}, {cpus:g} CPUs"
 
-    def _nodes_fitting(self, bundle: Mapping[str, float], nodes: Sequence[Mapping[str, Any]],
-                       resources_of: Callable[[Mapping[str, Any]], Mapping[str, float]]) -> int:
+    def _nodes_fitting(self, bundle: Mapping[str, float], nodes: Sequence[RayNode],
+                       resources_of: Callable[[RayNode], Mapping[str, float]]) -> int:
         return sum(1 for n in nodes if all(resources_of(n).get(k, 0) >= v for k, v in bundle.items()))
 
     def check_shape(self, accelerator: AcceleratorType, num_nodes: int) -> None:

@@ -59,10 +59,6 @@ class RayAuth:
     def new_token(cls) -> RayAuth:
         return cls("token", secrets.token_hex(16))
 
-    @classmethod
-    def disabled(cls) -> RayAuth:
-        return cls("disabled", None)
-
     def env(self) -> dict[str, str]:
         if self.mode == "token":
             if not self.token:

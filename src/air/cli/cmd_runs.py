@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,13 +13,10 @@ from air.errors import UserInputError
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import RunStore
-from air.runs.views import duration_text, quiet_summary, run_detail, run_dict, run_summary
+from air.runs.views import duration_text, quiet_summary
 
 if TYPE_CHECKING:
     from air.client.models import Run, RunDetail
-
-#: What `RunStore.list_runs` takes as `statuses`: these, every run ("all"), or the active ones (None).
-Statuses = frozenset[RunStatus] | Literal["all"] | None
 
 
 @click.group()
@@ -32,20 +29,15 @@ def get() -> None:
 @common
 def get_run(run_id: str) -> None:
     """A run: status, attempts, termination reason, MLflow run, logs."""
-    from air.cli.remote import remote
+    from air.client.models import RunDetail
+    from air.client.sdk import Client
 
-    client = remote()
-    if client is not None:
-        detail = client.get(f"/runs/{run_id}")
-    else:
-        store = RunStore()
-        detail = run_detail(store, store.get_run(run_id))
+    client = Client(profile=settings().profile)
+    detail = client.get_data(run_id)
     if settings().json:
         envelope(detail)
         return
-    from air.client.models import RunDetail
-
-    print_run_detail(RunDetail.model_validate(detail), ui_hint=client is None)
+    print_run_detail(RunDetail.model_validate(detail), ui_hint=client.server is None)
 
 
 @get.command("pools")
@@ -104,7 +96,10 @@ def print_run_detail(run: RunDetail, *, ui_hint: bool = True) -> None:
         pairs.append(("Last checkpoint", run.latest_checkpoint or "-"))
     if run.failure_class:
         pairs.append(("Failure class", run.failure_class.value))
-    pairs.append(("MLflow run", run.mlflow_run_id or "-"))
+    mlflow_run = run.mlflow_run_id or "-"
+    if run.mlflow_recording:  # ended; its supervisor is still recording its MLflow run
+        mlflow_run = f"{run.mlflow_run_id}   (recording…)" if run.mlflow_run_id else "recording…"
+    pairs.append(("MLflow run", mlflow_run))
     if run.mlflow_url:
         pairs.append(("MLflow UI", f"{run.mlflow_url}   (start the UI with: air ui)" if ui_hint else run.mlflow_url))
     if run.page_url:
@@ -210,36 +205,25 @@ def _filters(values: tuple[str, ...]) -> dict[str, Any]:
 def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filters: tuple[str, ...],
               all_users: bool) -> None:
     """Runs, newest first."""
-    from air.cli.remote import remote
+    from air.client.sdk import Client
 
     where = _filters(filters)
     named = (parse_statuses(status_names) if status_names else frozenset()) | where.pop("statuses", frozenset())
-    wanted: Statuses = named or ("all" if all_status else None)  # a status filter narrows --all-status
     with_user = all_users or "user" in where
-    client = remote()
+    client = Client(profile=settings().profile)
 
-    def fetch(wanted: Statuses, all_status: bool, limit: int) -> list[dict[str, Any]]:
-        if client is not None:
-            return list(client.get(
-                "/runs", all_users=all_users, all_status=all_status, limit=limit,
-                status=sorted(s.value for s in wanted) if isinstance(wanted, frozenset) else None,
-                experiment=where.get("experiment_glob"), accelerator_type=where.get("accelerator_type"),
-                num_accelerators=where.get("num_accelerators"), user=where.get("user"))["runs"])
-        store = RunStore()
-        listed = store.list_runs(statuses=wanted, limit=limit, **where)
-        if not settings().json:  # the table says why for the first WAITING_SHOWN queued runs only: each
-            queued = [r.id for r in listed if r.status is RunStatus.QUEUED][:WAITING_SHOWN]  # walks the line
-            return [run_summary(store, r) if r.id in queued else {**run_dict(r), "queue": None} for r in listed]
-        return [run_summary(store, r) for r in listed]
+    def fetch(all_status: bool, limit: int) -> list[dict[str, object]]:
+        return client.list_data(statuses=named, all_status=all_status, limit=limit, all_users=all_users,
+                                queue_for=None if settings().json else WAITING_SHOWN, **where)
 
-    runs = fetch(wanted, all_status and not named, limit)
+    runs = fetch(all_status and not named, limit)
     if settings().json:
         envelope({"runs": runs})
         return
     from air.client.models import RunList
 
-    if not runs and wanted is None:  # nothing active: say so, and show what ended last
-        recent = RunList.model_validate({"runs": fetch("all", True, RECENT_WHEN_IDLE)}).runs
+    if not runs and not named and not all_status:  # nothing active: say so, and show what ended last
+        recent = RunList.model_validate({"runs": fetch(True, RECENT_WHEN_IDLE)}).runs
         if recent:
             print("No active runs. The most recently ended:")
             print_runs(recent, all_status=True, with_user=with_user)

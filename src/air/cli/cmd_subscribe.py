@@ -30,7 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import click
@@ -39,10 +39,10 @@ from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import event, stderr
 from air.client.http import RemoteError
-from air.client.models import LinesEvent, NewAttemptEvent, Run, RunDetail, RunEvent
+from air.client.models import LinesEvent, NewAttemptEvent, Run, RunDetail, RunEvent, SkippedEvent
 from air.client.sdk import Client
 from air.errors import AirError, UserInputError
-from air.runs.reasons import mark_line
+from air.runs.reasons import EXCEPTION_LINE_RE, TRACEBACK_HEADER, mark_line
 from air.runs.states import RunStatus
 
 #: Distinct errors the TERMINAL event lists (the hosted product's cap).
@@ -61,16 +61,14 @@ DETAIL_POLL_S = 2.0
 METRIC_JOIN_S = 30.0
 #: Seconds a RETRY waits for the new attempt's MLflow run to be noted (it names it).
 RETRY_WAIT_S = 10.0
+#: Seconds TERMINAL waits for an ended run's supervisor to record its MLflow run (it names it).
+TRACKING_WAIT_S = 300.0
 #: How long a server that stopped streaming is asked again before giving up (it restarts, the run goes on).
 REATTACH_S = 120.0
 #: The default metrics: the system metrics every node logs (`system/node_<n>/...`), CPU, memory and GPUs.
 DEFAULT_METRICS_RE = re.compile(
     r"^system/node_(\d+)/(?:cpu_utilization_percentage|system_memory_usage_percentage"
     r"|gpu_\d+_(?:utilization|memory_usage)_percentage)$")
-#: The first line of a Python traceback (after the launcher's prefix, if any).
-TRACEBACK_HEADER = "Traceback (most recent call last):"
-#: The exception line that ends a traceback: `ValueError: ...`, `torch.OutOfMemoryError: ...`, `KeyboardInterrupt`.
-_EXCEPTION_LINE_RE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
 
 
 def _clip(line: str) -> str:
@@ -134,7 +132,7 @@ class Monitor:
             self.attempt = run.attempt_number
         if run.status is self.status:
             return
-        fields: dict[str, Any] = {"status": run.status.value,
+        fields: dict[str, object] = {"status": run.status.value,
                                   "previous_status": self.status.value if self.status else None,
                                   "attempt": run.attempt_number}
         if run.termination_reason:
@@ -172,7 +170,7 @@ class Monitor:
     def retry(self, new: NewAttemptEvent, run: RunDetail | None) -> None:
         """The run moved on to another attempt: RETRY (with both attempts' MLflow runs), and an ALERT."""
         self.flush()
-        attempts: dict[int | None, dict[str, Any]] = {a.index: a.model_dump(mode="json")
+        attempts: dict[int | None, dict[str, object]] = {a.index: a.model_dump(mode="json")
                                                       for a in (run.attempt_list if run else [])}
         before, after = attempts.get(new.previous, {}), attempts.get(new.new_attempt, {})
         reason = before.get("termination_reason")
@@ -217,7 +215,7 @@ class Monitor:
             if not body.strip() or body[:1] in (" ", "\t"):  # a frame
                 open_tb.add(line)
                 return
-            if _EXCEPTION_LINE_RE.match(body):  # its exception: the traceback as one ERROR
+            if EXCEPTION_LINE_RE.match(body):  # its exception: the traceback as one ERROR
                 open_tb.add(line)
                 del self.tracebacks[source]
                 self._error(body.strip(), where, chunk.attempt, traceback=open_tb.text())
@@ -249,11 +247,11 @@ class Monitor:
 
     # -- events -------------------------------------------------------------------------------------
 
-    def _error(self, line: str, where: dict[str, int], attempt: int | None, **extra: Any) -> None:
+    def _error(self, line: str, where: dict[str, int], attempt: int | None, **extra: object) -> None:
         self.emit("ERROR", **where, attempt=attempt, line=_clip(line), **extra)
         self._note(line, where)
 
-    def _alert(self, alert: str, message: str, *, line: str | None = None, **fields: Any) -> None:
+    def _alert(self, alert: str, message: str, *, line: str | None = None, **fields: object) -> None:
         self.emit("ALERT", alert=alert, message=message, line=_clip(line) if line is not None else message,
                   attempt=self.attempt, **fields)
         if alert == "retry":
@@ -261,7 +259,7 @@ class Monitor:
         where = {k: v for k, v in fields.items() if k in ("node", "rank") and v is not None}
         self._note(line.strip() if line is not None else message, where)
 
-    def _note(self, line: str, where: dict[str, Any]) -> None:
+    def _note(self, line: str, where: Mapping[str, object]) -> None:
         """One distinct error for TERMINAL's `errors_detected` (the same line from several nodes once)."""
         text = _clip(line)[:300]
         entry = self.errors.get(text)
@@ -417,7 +415,7 @@ def subscribe(run_id: str, node: int | None, errors_only: bool, metrics: tuple[s
     if node is not None and node >= run.num_nodes:
         raise UserInputError(f"--node {node}: run {run.run_id} has {run.num_nodes} node(s).",
                              hint=f"Nodes are numbered 0 to {run.num_nodes - 1}.")
-    monitor = Monitor(_emit, node=node, errors_only=errors_only, quiet_s=quiet_minutes * 60)
+    monitor = Monitor(event, node=node, errors_only=errors_only, quiet_s=quiet_minutes * 60)
     reader = MetricReader(client, keys, defaults=not no_default_metrics, node=node)
     try:
         ended = _watch(client, run, monitor, reader, node=node, interval_s=interval * 60)
@@ -425,10 +423,6 @@ def subscribe(run_id: str, node: int | None, errors_only: bool, metrics: tuple[s
         sys.stdout = open("/dev/null", "w")
         return 1
     return 0 if ended.status is RunStatus.SUCCESS else 1
-
-
-def _emit(kind: str, **fields: Any) -> None:
-    event(kind, **fields)
 
 
 class _MetricPoller(threading.Thread):
@@ -472,7 +466,7 @@ def _watch(client: Client, first: RunDetail, monitor: Monitor, reader: MetricRea
     def emit_metrics(values: dict[str, float], mlflow_run_id: str | None, attempt: int | None) -> None:
         nonlocal last_metrics
         last_metrics = values
-        _emit("METRIC", metrics=values, attempt=attempt, mlflow_run_id=mlflow_run_id)
+        event("METRIC", metrics=values, attempt=attempt, mlflow_run_id=mlflow_run_id)
 
     if not run.is_terminal:  # (an ended run's status comes after its lines, with TERMINAL)
         monitor.run(run)
@@ -507,6 +501,7 @@ def _watch(client: Client, first: RunDetail, monitor: Monitor, reader: MetricRea
                     emit_metrics(*sample)
             run = _get(client, run_id) or run
             if run.is_terminal:
+                run = _tracked(client, run_id, run)  # TERMINAL names the last attempt's MLflow run
                 break
             # The stream ended before the run (a server that restarted): follow again, skipping what was seen.
             reattach_until = reattach_until or time.monotonic() + REATTACH_S
@@ -534,11 +529,23 @@ def _new_attempt(client: Client, run_id: str, index: int) -> RunDetail | None:
     deadline = time.monotonic() + RETRY_WAIT_S
     while True:
         run = _get(client, run_id)
-        known = run is not None and any(a.index == index and (a.mlflow_run_id or a.ended_at is not None)
+        # (an ended run's last attempt learns its MLflow run after the run's end: while `mlflow_recording`)
+        done = run is not None and run.is_terminal and not run.mlflow_recording
+        known = run is not None and any(a.index == index and (a.mlflow_run_id or (a.ended_at is not None and done))
                                         for a in run.attempt_list)
-        if known or (run is not None and run.is_terminal) or time.monotonic() >= deadline:
+        if known or done or time.monotonic() >= deadline:
             return run
         time.sleep(0.25)
+
+
+def _tracked(client: Client, run_id: str, run: Run) -> Run:
+    """The ended run once its supervisor recorded its MLflow run (the last attempt's end state is written
+    first; its MLflow run id is recorded after it), or as it is after TRACKING_WAIT_S."""
+    deadline = time.monotonic() + TRACKING_WAIT_S
+    while isinstance(run, RunDetail) and run.mlflow_recording and time.monotonic() < deadline:
+        time.sleep(0.25)
+        run = _get(client, run_id) or run
+    return run
 
 
 def _get(client: Client, run_id: str) -> RunDetail | None:
@@ -551,7 +558,8 @@ def _get(client: Client, run_id: str) -> RunDetail | None:
         return None
 
 
-def _follow(client: Client, run_id: str, node: int | None) -> Iterator[Any]:
+def _follow(client: Client, run_id: str, node: int | None,
+            ) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
     """The run's follow events; a server that cannot be reached mid-follow ends the stream (reattached)."""
     try:
         yield from client.follow(run_id, node=node)

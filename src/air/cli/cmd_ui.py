@@ -18,8 +18,6 @@ import socket
 import subprocess
 import time
 import uuid
-from pathlib import Path
-from typing import IO
 
 import click
 
@@ -100,49 +98,6 @@ def _page_hosts(host: str) -> list[str] | None:
     return sorted(loopback) if host in loopback else None
 
 
-def _serve_pages_only(host: str, pages_port: int, mlflow_base: str) -> int:
-    """With a tracking server (MLFLOW_TRACKING_URI=http…): air's pages alone, linking to its UI."""
-    from air.launcher.guard import STOP_SIGNALS, Stopped, raise_stopped
-    from air.tracking import tracking_uri
-    from air.tracking.ui import forget_ui, record_ui
-    from air.web import create_web_app
-    from air.web.serve import PageServer
-
-    previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
-    pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base, hosts=_page_hosts(host)), host, pages_port)
-    recorded = False
-    try:
-        pages.start()
-        record_ui(host, 0, tracking_uri(), web_port=pages_port)  # no MLflow UI of its own (port 0)
-        recorded = True
-        stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
-        stderr(f"MLflow UI: {mlflow_base} (MLFLOW_TRACKING_URI's server)  (Ctrl-C to stop)")
-        while pages.thread.is_alive():
-            pages.thread.join(1.0)
-        return 1  # the pages' server ended by itself
-    except Stopped:
-        return 0
-    finally:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-        try:
-            pages.stop()
-        finally:
-            if recorded:
-                forget_ui()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
-def _open_ui_log(path: Path) -> IO[bytes]:
-    """`air ui`'s MLflow output (AirHome.ui_log), appended to, 0600: the terminal shows air's lines only."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    out = os.fdopen(fd, "ab", buffering=0)
-    out.write(f"\n==== air ui {os.getpid()}: MLflow starting at {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n".encode())
-    return out
-
-
 def _answers(base: str) -> bool:
     """Whether MLflow's UI at `base` answers its health check yet."""
     import urllib.request
@@ -185,6 +140,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
     from air.home import AirHome
     from air.launcher.guard import STOP_SIGNALS, Stopped, guard_argv, raise_stopped
     from air.launcher.procs import terminate_tree
+    from air.server.mlflow_server import open_mlflow_log
     from air.tracking import tracking_uri, ui_command
     from air.tracking.store import is_http
     from air.tracking.ui import forget_ui, record_ui, require_ui_server
@@ -208,26 +164,31 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
     from air.web.serve import PageServer
 
     uri = tracking_uri()
-    if remote:
-        return _serve_pages_only(host, pages_port, uri.rstrip("/"))
     tag = f"air-ui-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, AIR_PROCESS_TAG: tag}
     previous = {sig: signal.signal(sig, raise_stopped) for sig in STOP_SIGNALS}
     proc: subprocess.Popen[bytes] | None = None
     pages: PageServer | None = None
     recorded = False
-    mlflow_base = f"http://{host}:{port}"
+    mlflow_base = uri.rstrip("/") if remote else f"http://{host}:{port}"
     log = AirHome().ui_log
     try:
         # air's pages first (they answer in seconds); MLflow's UI starts beside them (a minute or more).
         pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base, hosts=_page_hosts(host)), host, pages_port)
         pages.start()
+        if remote:  # with a tracking server (MLFLOW_TRACKING_URI=http…): air's pages alone, linking to its UI
+            record_ui(host, 0, uri, web_port=pages_port)  # no MLflow UI of its own (port 0)
+            recorded = True
+            stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
+            stderr(f"MLflow UI: {mlflow_base} (MLFLOW_TRACKING_URI's server)  (Ctrl-C to stop)")
+            while pages.thread.is_alive():
+                pages.thread.join(1.0)
+            return 1  # the pages' server ended by itself
         stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
         started = time.monotonic()
         argv = ui_command(host=host, port=port, workers=workers)
-        with _open_ui_log(log) as out:
-            proc = subprocess.Popen(guard_argv(argv), env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=out)
+        with open_mlflow_log(log, "air ui") as out:
+            proc = subprocess.Popen(guard_argv(argv), env={**os.environ, AIR_PROCESS_TAG: tag},
+                                    start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         record_ui(host, port, uri, web_port=pages_port)
         recorded = True
         stderr(f"MLflow UI for {uri} starting at {mlflow_base} (its output: {log}) ...  (Ctrl-C to stop)")

@@ -7,7 +7,7 @@ rather than printing into the user's shell.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import click
 from click.shell_completion import CompletionItem
@@ -30,11 +30,11 @@ def _items(incomplete: str, statuses: Literal["all"] | None) -> list[CompletionI
         return []
 
 
-def complete_run_id(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+def complete_run_id(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Every run's id (newest first) that starts with what was typed."""
     return _items(incomplete, "all")
 
 
-def complete_active_run_id(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+def complete_active_run_id(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Only active runs: the ones `air cancel` can still end."""
     return _items(incomplete, None)

@@ -8,7 +8,7 @@ import sqlite3
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import click
 
@@ -16,7 +16,7 @@ from air import __version__
 from air.cli.output import Settings, apply, error_envelope, stderr
 from air.errors import AirError
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 VERBOSE_HELP = "Show what air is doing ([air] lines on stderr); -vv for debug detail. Tracebacks on errors."
 QUIET_HELP = "Only results and errors: no progress, status lines or spinners."
@@ -35,8 +35,8 @@ def common(func: F) -> F:
     @click.option("-v", "--verbose", "verbose_flag", count=True, help=VERBOSE_HELP)
     @click.option("-q", "--quiet", "quiet_flag", is_flag=True, default=False, help=QUIET_HELP)
     @functools.wraps(func)
-    def wrapper(*args: Any, json_flag: bool, profile_flag: str | None, verbose_flag: int, quiet_flag: bool,
-                **kwargs: Any) -> Any:
+    def wrapper(*args: object, json_flag: bool, profile_flag: str | None, verbose_flag: int, quiet_flag: bool,
+                **kwargs: object) -> object:
         s = settings()
         s.json = s.json or json_flag
         s.profile = profile_flag or s.profile
@@ -111,14 +111,17 @@ def _check_flags(s: Settings) -> None:
 
 
 def _reconcile_quietly() -> None:
-    """Any air command notices runs whose supervisor died (and ends their processes)."""
+    """Any air command notices runs whose supervisor died (and ends their processes), and queued runs
+    whose admission loop died (and starts a new one)."""
     try:
+        from air.runs.admission import ensure_loop
         from air.runs.reconcile import reconcile
         from air.runs.store import RunStore
 
         store = RunStore.if_exists()  # no store yet: no run to check, and nothing to create
         if store is not None and not store.read_only():  # a read-only store is only looked at
             reconcile(store)
+            ensure_loop(store)
     except AirError:
         raise
     except Exception as exc:  # a broken reconcile must not block `air list runs`

@@ -10,7 +10,6 @@ import datetime as _dt
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from air.errors import AirError
 
@@ -56,7 +55,7 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def envelope(data: Any) -> None:
+def envelope(data: object) -> None:
     sys.stdout.write(json.dumps({"v": 1, "ts": now_iso(), "data": data}, default=str) + "\n")
     sys.stdout.flush()
 
@@ -69,7 +68,7 @@ def error_envelope(exc: AirError | None, message: str, *, code: str = "INTERNAL_
     sys.stdout.flush()
 
 
-def event(kind: str, **fields: Any) -> None:
+def event(kind: str, **fields: object) -> None:
     sys.stdout.write(json.dumps({"type": kind, "ts": now_iso(), **fields}, default=str) + "\n")
     sys.stdout.flush()
 

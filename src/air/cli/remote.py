@@ -51,7 +51,7 @@ def follow_events(events: Iterable[Event]) -> Iterator[FollowEvent]:
                              "wrote (air logs ID shows them).\n")
 
 
-def follow_remote(client: ServerClient, run_id: str, **params: Any) -> Iterator[FollowEvent]:
+def follow_remote(client: ServerClient, run_id: str, **params: object) -> Iterator[FollowEvent]:
     """A followed run through the server. A stream that ends before the run does (the server stopped)
     is an error that says how to reattach."""
     from air.client import RemoteError

@@ -90,30 +90,6 @@ def several_logs(run: Run, node: int | None, rank: int | None) -> bool:
     return (run.num_accelerators if logs_are_per_rank(run) else run.num_nodes) > 1
 
 
-def stream_run(
-    run_id: str,
-    *,
-    json_mode: bool,
-    store: RunStore | None = None,
-    node: int | None = None,
-    rank: int | None = None,
-    attempt: int | None = None,
-    tail: int | None = None,
-    mask: Callable[[str], str] | None = None,
-    on_run: Callable[[Run], None] | None = None,
-    attempt_in_events: bool = True,
-) -> Run:
-    """Print the run's log lines (this machine's store) as they are written until it ends; return it as
-    it ended. See `air.runs.follow.follow`."""
-    store = store or RunStore()
-    run = store.get_run(run_id)
-    last = print_follow(
-        follow(run.id, store=store, node=node, rank=rank, attempt=attempt, tail=tail, mask=mask),
-        json_mode=json_mode, prefixed=several_logs(run, node, rank), node=node, on_run=on_run,
-        attempt_in_events=attempt_in_events)
-    return last or store.get_run(run.id)
-
-
 def watch(
     run_id: str,
     *,

@@ -73,8 +73,9 @@ class ServerClient:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
-                 body: Any = None, data: bytes | None = None, timeout: float | None = None) -> Any:
+    def _request(self, method: str, path: str, *, params: Mapping[str, object] | None = None,
+                 body: object = None, data: bytes | None = None,
+                 timeout: float | None = None) -> http.client.HTTPResponse:
         query = ""
         if params:
             pairs = [(k, v) for k, value in params.items() if value is not None
@@ -124,7 +125,7 @@ class ServerClient:
             hint=f"Use an air client of the server's version here (pip install air-runtime matching {server_air}), "
             "or ask the server's admin to run the same air version as its clients.")
 
-    def call(self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None,
+    def call(self, method: str, path: str, *, params: Mapping[str, object] | None = None, body: object = None,
              data: bytes | None = None) -> Any:
         """One request; the decoded JSON answer."""
         with self._request(method, path, params=params, body=body, data=data) as response:
@@ -136,7 +137,7 @@ class ServerClient:
         with self._request("GET", path) as response:
             return bytes(response.read())
 
-    def download(self, path: str, target: Path, **params: Any) -> int:
+    def download(self, path: str, target: Path, **params: object) -> int:
         """A streamed answer written to `target` (whole or not at all: through a temporary file); its bytes."""
         partial = target.with_name(f".{target.name}.part")
         written = 0
@@ -150,10 +151,10 @@ class ServerClient:
             partial.unlink(missing_ok=True)
         return written
 
-    def get(self, path: str, **params: Any) -> Any:
+    def get(self, path: str, **params: object) -> Any:
         return self.call("GET", path, params=params)
 
-    def post(self, path: str, body: Any = None) -> Any:
+    def post(self, path: str, body: object = None) -> Any:
         return self.call("POST", path, body=body if body is not None else {})
 
     def health(self) -> Health:
@@ -161,7 +162,7 @@ class ServerClient:
         return Health.model_validate(self.get("/health"))
 
     def events(self, run_id: str,
-               **params: Any) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
+               **params: object) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
         """A run's follow stream (`GET /runs/{id}/follow`) as typed events (air.client.models.decode_event),
         until the server ends it (or goes away: the caller sees the stream end early). An error line (a
         failure after the stream began) is raised as a RemoteError."""
@@ -180,7 +181,7 @@ class ServerClient:
                     yield event
 
 
-def _param(value: Any) -> str:
+def _param(value: object) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
@@ -194,7 +195,7 @@ def _error_from(exc: urllib.error.HTTPError) -> RemoteError:
     return _error_from_body(body, exc.code)
 
 
-def _error_from_body(body: Any, status: int | None) -> RemoteError:
+def _error_from_body(body: object, status: int | None) -> RemoteError:
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
         detail = body.get("detail") if isinstance(body, dict) else None

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from air.bounds import MAX_NUM_ACCELERATORS, MAX_RETRIES
 from air.errors import UserInputError
 from air.runs.states import AttemptStatus, FailureClass, RunStatus
+
+if TYPE_CHECKING:
+    from air.runs.follow import FollowEvent
 
 #: The version of the API this air speaks (the `/api/v1` routes and these models). Raised when a route or
 #: a model changes in a way an older client cannot read.
@@ -44,7 +47,7 @@ class _Answer(BaseModel):
 _RequestT = TypeVar("_RequestT", bound=_Request)
 
 
-def parse_request(model: type[_RequestT], body: Any, what: str) -> _RequestT:
+def parse_request(model: type[_RequestT], body: object, what: str) -> _RequestT:
     """A request body as `model`, or a UserInputError (400) that names every wrong field and the fields
     the request takes."""
     try:
@@ -78,7 +81,7 @@ class SnapshotManifest(_Request):
 class SubmitRequest(_Request):
     """`POST /runs`: a workload (validated by the server as `air run` validates YAML) and its snapshot."""
 
-    spec: dict[str, Any]
+    spec: dict[str, object]
     snapshot: SnapshotManifest | None = None
     idempotency_key: Annotated[str, Field(min_length=1, max_length=64, pattern=r"\S")] | None = None
     dry_run: bool = False
@@ -214,9 +217,12 @@ class RunDetail(Run):
     rank_logs: list[RankLog] = []
     #: A sweep's counts (total, completed, succeeded, failed, active, pending), max_concurrent and `tasks`
     #: (index, parameters, run_id, status, times); None for any other run (air.runs.sweep.sweep_view).
-    sweep: dict[str, Any] | None = None
+    sweep: dict[str, object] | None = None
     #: A sweep child's parent: {"run_id", "index"}; None for any other run.
-    sweep_parent: dict[str, Any] | None = None
+    sweep_parent: dict[str, object] | None = None
+    #: The run ended and its supervisor is still recording its MLflow run (its id, logs, status): a reader
+    #: that needs `mlflow_run_id` of an ended run waits until this is False (views.mlflow_recording).
+    mlflow_recording: bool = False
 
 
 class RunList(_Answer):
@@ -241,7 +247,7 @@ class DryRunAnswer(_Answer):
     """`POST /runs` with `dry_run`: the plan, nothing created."""
 
     status: Literal["DRY_RUN_OK"]
-    plan: dict[str, Any]
+    plan: dict[str, object]
 
 
 class CallAnswer(_Answer):
@@ -271,7 +277,7 @@ class Health(_Answer):
     version: str
     api_version: int
     isolation: str = "none"
-    mlflow: dict[str, Any] = {}
+    mlflow: dict[str, object] = {}
 
 
 class ErrorBody(_Answer):
@@ -344,7 +350,7 @@ def decode_event(line: bytes | str) -> Event | None:
     return None
 
 
-def event_from(item: Any) -> RunEvent | LinesEvent | NewAttemptEvent:
+def event_from(item: FollowEvent) -> RunEvent | LinesEvent | NewAttemptEvent:
     """What `air.runs.follow` yields on the run's machine (a store `Run`, `Lines`, `NewAttempt`) as the
     event a client reads: the server streams it, the SDK yields it when it follows a run locally."""
     from air.runs.follow import Lines, NewAttempt

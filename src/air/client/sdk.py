@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from air.client.http import ServerClient, server_client
 from air.client.models import (
@@ -37,6 +37,7 @@ from air.errors import AirError, UserInputError
 from air.runs.states import RunStatus
 
 if TYPE_CHECKING:
+    from air.runs.follow import FollowEvent
     from air.runs.store import RunStore
     from air.workload.snapshot import SnapshotPlan
     from air.workload.spec import WorkloadSpec
@@ -80,7 +81,7 @@ class Client:
 
     # -- submit -----------------------------------------------------------------------------------------
 
-    def submit(self, workload: str | os.PathLike[str] | Mapping[str, Any], *, overrides: Sequence[str] = (),
+    def submit(self, workload: str | os.PathLike[str] | Mapping[str, object], *, overrides: Sequence[str] = (),
                idempotency_key: str | None = None) -> Run:
         """Submit a workload (a YAML path, or its fields as a mapping; `overrides` as `--override`); the run
         as it is just after (QUEUED or PENDING). A replayed `idempotency_key` returns the existing run."""
@@ -97,8 +98,8 @@ class Client:
                         idempotency_key=idempotency_key)
         return self.get(run.id)
 
-    def plan(self, workload: str | os.PathLike[str] | Mapping[str, Any], *,
-             overrides: Sequence[str] = ()) -> dict[str, Any]:
+    def plan(self, workload: str | os.PathLike[str] | Mapping[str, object], *,
+             overrides: Sequence[str] = ()) -> dict[str, object]:
         """What `air run --dry-run` prints (nodes, commands, environment, snapshot); creates nothing."""
         spec = _load(workload, overrides)
         if self.server is not None:
@@ -114,11 +115,34 @@ class Client:
 
     def get(self, run_id: str) -> RunDetail:
         """One run, with what `air get run` shows (attempts, MLflow link, queue place, folder)."""
+        return RunDetail.model_validate(self.get_data(run_id))
+
+    def get_data(self, run_id: str) -> dict[str, object]:
+        """`get`'s answer as the API words it (`air get run --json` prints it, its field order kept)."""
         if self.server is not None:
-            return RunDetail.model_validate(self.server.get(f"/runs/{run_id}"))
+            return self.server.get(f"/runs/{run_id}")
         from air.runs.views import run_detail
 
-        return RunDetail.model_validate(run_detail(self.store, self.store.get_run(run_id)))
+        return run_detail(self.store, self.store.get_run(run_id))
+
+    def list_data(self, *, statuses: frozenset[RunStatus] = frozenset(), all_status: bool = False,
+                  experiment_glob: str | None = None, user: str | None = None, accelerator_type: str | None = None,
+                  num_accelerators: int | None = None, all_users: bool = False, limit: int = 20,
+                  queue_for: int | None = None) -> list[dict[str, object]]:
+        """`list`'s rows as the API words them (`air list runs --json` prints them). `queue_for`: on this
+        machine, say why only the first N queued runs wait (each reason walks the line ahead of it)."""
+        if self.server is not None:
+            return list(self.server.get(
+                "/runs", status=[s.value for s in sorted(statuses)] or None, all_status=all_status, limit=limit,
+                experiment=experiment_glob, accelerator_type=accelerator_type, num_accelerators=num_accelerators,
+                user=user, all_users=all_users)["runs"])
+        from air.runs.views import run_dict, run_summary
+
+        found = self.store.list_runs(statuses="all" if all_status else (statuses or None), limit=limit,
+                                     experiment_glob=experiment_glob, accelerator_type=accelerator_type,
+                                     num_accelerators=num_accelerators, user=user)
+        queued = set([r.id for r in found if r.status is RunStatus.QUEUED][:queue_for])
+        return [run_summary(self.store, r) if r.id in queued else {**run_dict(r), "queue": None} for r in found]
 
     def list(self, *, status: str | RunStatus | Iterable[str | RunStatus] | None = None, all_status: bool = False,
              experiment: str | None = None, all_users: bool = False, limit: int = 20) -> list[Run]:
@@ -127,16 +151,9 @@ class Client:
         from air.runs.states import statuses
 
         named = [status] if isinstance(status, str | RunStatus) else list(status or ())
-        wanted = statuses(named)  # an unknown name is a UserInputError here, not on the server
-        if self.server is not None:
-            answer = self.server.get("/runs", status=[s.value for s in sorted(wanted)] or None, all_status=all_status,
-                                     experiment=experiment, all_users=all_users, limit=limit)
-            return RunList.model_validate(answer).runs
-        from air.runs.views import run_summary
-
-        found = self.store.list_runs(statuses="all" if all_status else (wanted or None), limit=limit,
-                                     experiment_glob=experiment)
-        return [Run.model_validate(run_summary(self.store, r)) for r in found]
+        rows = self.list_data(statuses=statuses(named), all_status=all_status, experiment_glob=experiment,
+                              all_users=all_users, limit=limit)  # an unknown status: a UserInputError here
+        return RunList.model_validate({"runs": rows}).runs
 
     def logs(self, run_id: str, *, node: int | None = None, rank: int | None = None, attempt: int | None = None,
              tail: int | None = None) -> str:
@@ -166,7 +183,7 @@ class Client:
         run = self.store.get_run(run_id)
         mask = log_masker(run)
         if live:
-            items: Iterable[Any] = follow(run.id, store=self.store, mask=mask, **where)
+            items: Iterable[FollowEvent] = follow(run.id, store=self.store, mask=mask, **where)
         else:
             index = attempt_index(self.store, run, where["attempt"])
             items = [run, *snapshot_lines(run, index, node=where["node"], rank=where["rank"], tail=where["tail"],
@@ -206,7 +223,7 @@ def _check_key(key: str | None) -> None:
         raise UserInputError("The idempotency key must be 1 to 64 characters.")
 
 
-def _load(workload: str | os.PathLike[str] | Mapping[str, Any], overrides: Sequence[str]) -> WorkloadSpec:
+def _load(workload: str | os.PathLike[str] | Mapping[str, object], overrides: Sequence[str]) -> WorkloadSpec:
     """A workload validated here, with the errors `air run` gives (a YAML path, or its fields)."""
     from air.workload.loading import load_workload, parse_workload
 
@@ -230,7 +247,7 @@ def upload_snapshot(client: ServerClient, snapshot: SnapshotPlan) -> SnapshotMan
     from air.workload.snapshot_store import materialize_snapshot
 
     folder = materialize_snapshot(snapshot)
-    files: list[dict[str, Any]] = []
+    files: list[dict[str, object]] = []
     local: dict[str, Path] = {}
     for entry in snapshot.entries:
         path = folder / entry.path

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
 
 import cloudpickle
 
@@ -60,7 +59,7 @@ def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_acc
     return store.get_run(run.id)
 
 
-def _result_bytes(outcome: tuple[str, Any]) -> bytes:
+def _result_bytes(outcome: tuple[str, object]) -> bytes:
     try:
         return bytes(cloudpickle.dumps(outcome))
     except Exception as exc:  # a value or error that does not pickle: say so instead
@@ -83,7 +82,7 @@ def main(argv: list[str]) -> int:
     run = store.get_run(run_id)
     paths = CallPaths(run.id)
     request = json.loads(paths.request.read_text())
-    outcome: tuple[str, Any]
+    outcome: tuple[str, object]
     try:
         profile = resolve_profile(run.profile)
         backend = backend_for(profile, ledger=store)

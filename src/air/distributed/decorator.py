@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Generic, ParamSpec, TypeVar, overload
 
 from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S
 from air.distributed.shape import UNSET, CallSettings, check_settings
@@ -81,7 +81,7 @@ class DistributedFunction(Generic[P, R]):
                                   hang_timeout=s.hang_timeout if hang_timeout is UNSET else hang_timeout)
         return DistributedFunction(self.raw_func, settings)
 
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _bind(self, args: tuple[object, ...], kwargs: dict[str, object]) -> tuple[tuple[object, ...], dict[str, object]]:
         try:
             bound = inspect.signature(self.raw_func).bind(*args, **kwargs)
         except TypeError as exc:
@@ -120,9 +120,9 @@ def distributed(num_accelerators: int | None = None, accelerator_type: str | Non
                 ) -> Callable[[Callable[P, R]], DistributedFunction[P, R]]: ...
 
 
-def distributed(num_accelerators: Any = None, accelerator_type: Any = None, remote: Any = False,
-                timeout: Any = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: Any = None, gpu_type: Any = None,
-                hang_timeout: Any = None) -> Any:
+def distributed(num_accelerators: object = None, accelerator_type: object = None, remote: object = False,
+                timeout: object = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: object = None, gpu_type: object = None,
+                hang_timeout: object = None) -> object:
     """Decorate a function to run once per accelerator: `@distributed(gpus=8, gpu_type="H100")`.
 
     `num_accelerators`/`gpus`: how many ranks (default: every GPU of this machine).

@@ -18,7 +18,7 @@ from air.launcher.warm import python_can_fork
 from air.settings import AIR_ACCELERATOR_KIND, AIR_RUN_ID, AIR_WARM_START
 
 
-def serialize_call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
+def serialize_call(func: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object]) -> bytes:
     """cloudpickle the call; on failure, find and name the culprit (the function or which argument)."""
     try:
         return cloudpickle.dumps((func, tuple(args), dict(kwargs)))
@@ -31,8 +31,8 @@ def serialize_call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mappin
         ) from whole
 
 
-def _find_unpicklable(func: Callable[..., Any], args: Sequence[Any],
-                      kwargs: Mapping[str, Any]) -> tuple[str, Exception | None]:
+def _find_unpicklable(func: Callable[..., object], args: Sequence[object],
+                      kwargs: Mapping[str, object]) -> tuple[str, Exception | None]:
     names: list[str] = []
     try:
         params = list(inspect.signature(func).parameters)
@@ -97,7 +97,7 @@ def warm_enabled() -> bool:
     return python_can_fork() and os.environ.get(AIR_WARM_START, "1").strip().lower() not in ("0", "false", "off")
 
 
-def run_local(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object],
               settings: CallSettings) -> list[Any]:
     """A local call: a run of kind `call` on the local backend, driven here by the run controller like
     any run. A top-level call claims its slots from the slot ledger, waiting (with the reason on stderr)

@@ -73,7 +73,7 @@ def read_outcome(call_dir: Path, rank: int) -> RankOutcome | None:
         return None
 
 
-def ok(rank: int, value: Any) -> RankOutcome:
+def ok(rank: int, value: object) -> RankOutcome:
     """Pickle the return value now, so an unpicklable one becomes this rank's error, named as such."""
     try:
         payload = cloudpickle.dumps(value)

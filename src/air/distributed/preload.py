@@ -16,7 +16,6 @@ import functools
 import os
 import types
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from air.settings import AIR_PRELOAD
 
@@ -44,7 +43,7 @@ class _Scan:
         self.names: set[str] = set()  # every global and attribute name the code uses
         self._seen: set[int] = set()
 
-    def value(self, obj: Any, depth: int) -> None:
+    def value(self, obj: object, depth: int) -> None:
         if len(self._seen) > _MAX_FUNCTIONS or depth > _MAX_DEPTH or id(obj) in self._seen:
             return
         if isinstance(obj, types.ModuleType):
@@ -95,7 +94,7 @@ class _Scan:
                 continue
 
 
-def _scan(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> _Scan:
+def _scan(func: object, args: Sequence[object], kwargs: Mapping[str, object] | None) -> _Scan:
     scan = _Scan()
     scan.value(func, 0)
     for value in (*args, *(kwargs or {}).values()):
@@ -103,7 +102,7 @@ def _scan(func: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None) -> _
     return scan
 
 
-def preload_for(func: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+def preload_for(func: object, args: Sequence[object] = (), kwargs: Mapping[str, object] | None = None,
                 env: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The modules every rank of this call imports first (once, in the zygote, for a warm start)."""
     setting = (env if env is not None else os.environ).get(AIR_PRELOAD, "auto").strip()

@@ -14,14 +14,19 @@ import functools
 import importlib.abc
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def _beating(func: Callable[..., Any]) -> Callable[..., Any]:
+def _beating(func: Callable[P, R]) -> Callable[P, R]:
     from air.runtime import heartbeat
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         heartbeat()
         return func(*args, **kwargs)
 
@@ -29,10 +34,10 @@ def _beating(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _wrapping(*names: str) -> Callable[[Any], None]:
+def _wrapping(*names: str) -> Callable[[ModuleType], None]:
     """Wrap functions (or `Class.method`s) of a module so that each call beats."""
 
-    def wrap(module: Any) -> None:
+    def wrap(module: ModuleType) -> None:
         for name in names:
             owner_name, _, attr = name.rpartition(".")
             owner = getattr(module, owner_name) if owner_name else module
@@ -43,25 +48,25 @@ def _wrapping(*names: str) -> Callable[[Any], None]:
     return wrap
 
 
-def _beat_after_optimizer_steps(module: Any) -> None:
+def _beat_after_optimizer_steps(module: ModuleType) -> None:
     """torch's hook common to every optimizer (`torch.optim.optimizer.register_optimizer_step_post_hook`)."""
     from air.runtime import heartbeat
 
     register = getattr(module, "register_optimizer_step_post_hook", None)
     if register is not None and not getattr(module, "_air_beats", False):
         register(lambda optimizer, args, kwargs: heartbeat())
-        module._air_beats = True
+        module.__dict__["_air_beats"] = True  # (a mark of air's own, not an attribute torch declares)
 
 
 #: module → what to do once it has been executed.
-_AFTER_IMPORT: dict[str, Callable[[Any], None]] = {
+_AFTER_IMPORT: dict[str, Callable[[ModuleType], None]] = {
     "mlflow.tracking.fluent": _wrapping("log_metric", "log_metrics"),
     "mlflow.tracking.client": _wrapping("MlflowClient.log_metric", "MlflowClient.log_batch"),
     "torch.optim.optimizer": _beat_after_optimizer_steps,
 }
 
 
-def _apply(fullname: str, module: Any) -> None:
+def _apply(fullname: str, module: ModuleType) -> None:
     try:
         _AFTER_IMPORT[fullname](module)
     except Exception:  # progress notes never break mlflow or torch
@@ -69,7 +74,7 @@ def _apply(fullname: str, module: Any) -> None:
 
 
 class _ProgressImportHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname not in _AFTER_IMPORT:
             return None
         for finder in sys.meta_path:
@@ -79,7 +84,7 @@ class _ProgressImportHook(importlib.abc.MetaPathFinder):
             if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
                 run = spec.loader.exec_module
 
-                def exec_module(module: Any, run: Callable[[Any], None] = run, name: str = fullname) -> None:
+                def exec_module(module: ModuleType, run: Callable[[ModuleType], None] = run, name: str = fullname) -> None:
                     run(module)
                     _apply(name, module)
 

@@ -64,7 +64,7 @@ _log = logging.getLogger("air.call")
 
 
 
-def run_remote(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+def run_remote(func: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object],
                settings: CallSettings, *, profile_name: str | None = None, echo: bool = True,
                extra_env: Mapping[str, str] | None = None, max_retries: int = 0) -> list[Any]:
     """Run `func(*args, **kwargs)` once per rank on the profile's backend; block; return every rank's value.

@@ -29,8 +29,8 @@ _QUEUE_LOOK_S = 1.0
 _QUEUE_LINE_EVERY_S = 10.0
 
 
-def call_through_server(client: ServerClient, func: Callable[..., Any], args: Sequence[Any],
-                        kwargs: Mapping[str, Any], settings: CallSettings, *, echo: bool = True,
+def call_through_server(client: ServerClient, func: Callable[..., object], args: Sequence[object],
+                        kwargs: Mapping[str, object], settings: CallSettings, *, echo: bool = True,
                         max_retries: int = 0) -> list[Any]:
     if settings.num_accelerators is None or not settings.accelerator_type:
         raise RuntimeConfigurationError("remote=True needs num_accelerators and accelerator_type.",

@@ -15,9 +15,8 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from air.files import atomic_write_text
 from air.runs.paths import CallPaths
@@ -58,7 +57,7 @@ class LazyCallTracking(AttemptTracking):
         """The ranks read the run's variables from this file once it exists (mlflow_gate.py)."""
         return {AIR_MLFLOW_ENV_FILE: str(self.env_file)}
 
-    def start_samplers(self, gpus_per_node: Any, num_nodes: int) -> None:
+    def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int) -> None:
         """None: a local call's MLflow run does not exist while its ranks start (and a call is short)."""
 
     def _on_request(self) -> None:

@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import cloudpickle
@@ -66,9 +67,9 @@ class _FrameKeeper:
     """
 
     def __init__(self) -> None:
-        self.frames: list[Any] = []
+        self.frames: list[FrameType] = []
 
-    def _hook(self, frame: Any, event: str, _arg: Any) -> None:
+    def _hook(self, frame: FrameType, event: str, _arg: object) -> None:
         if event == "call":
             self.frames.append(frame)
             sys.setprofile(None)
@@ -81,7 +82,7 @@ class _FrameKeeper:
         sys.setprofile(None)
 
 
-def release_guarded(call_dir: Path, rank: int, leftovers: list[Any]) -> None:
+def release_guarded(call_dir: Path, rank: int, leftovers: list[object]) -> None:
     """Drop what the call left behind, under a native watchdog: if the release deadlocks (see
     _FrameKeeper), the process dumps every thread's stack to rank_<N>.hang and exits after
     release_timeout_s(). Its result is already reported, so the call still succeeds (with a warning)."""
@@ -136,7 +137,7 @@ def main(call_dir: Path) -> int:
         return 1
     keeper = _FrameKeeper()
     failure: list[BaseException] = []
-    value: Any = None
+    value: Any = None  # the user function's return value: anything it returns
     try:
         with keeper:
             value = func(*args, **kwargs)
@@ -155,7 +156,7 @@ def main(call_dir: Path) -> int:
         code = 0 if outcome.ok else 1
         if outcome.ok:
             done_path(call_dir, rank).touch()
-    leftovers: list[Any] = [*keeper.frames, *failure]
+    leftovers: list[object] = [*keeper.frames, *failure]
     del keeper, failure, func, args, kwargs, value  # the list above holds the only references now
     release_guarded(call_dir, rank, leftovers)
     return code

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from air.environments.dependencies import Dependency, DependencySet, canonical_name, without_hashes
 from air.environments.key import interpreter_identity
@@ -41,6 +41,9 @@ from air.environments.layout import (
 )
 from air.errors import EnvironmentBuildError
 from air.files import atomic_write_text
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 #: At most this many install rounds while working out which base packages need another version.
 _MAX_INSTALL_ROUNDS = 5
@@ -399,7 +402,7 @@ def _install(deps: DependencySet, path: Path, layer: _Layer, log: Log, uv: str) 
 class _Checker:
     """Version and marker checks (with `packaging`), used to decide what the base already satisfies."""
 
-    def __init__(self, requirement: Any, invalid: type[Exception]) -> None:
+    def __init__(self, requirement: type[Requirement], invalid: type[Exception]) -> None:
         self._requirement = requirement
         self._invalid = invalid
 
@@ -411,19 +414,19 @@ class _Checker:
             return None
         return cls(Requirement, InvalidRequirement)
 
-    def _parse(self, text: str) -> Any | None:
+    def _parse(self, text: str) -> Requirement | None:
         try:
             return self._requirement(without_hashes(text))
         except self._invalid:
             return None
 
-    def _applies(self, req: Any, markers: dict[str, str], extra: str = "") -> bool:
+    def _applies(self, req: Requirement, markers: dict[str, str], extra: str = "") -> bool:
         return req.marker is None or req.marker.evaluate({**markers, "extra": extra})
 
-    def _version_ok(self, req: Any, dist: _Dist) -> bool:
+    def _version_ok(self, req: Requirement, dist: _Dist) -> bool:
         return bool(req.specifier.contains(dist.version, prereleases=True))
 
-    def _missing_extras(self, req: Any, dist: _Dist, dists: dict[str, _Dist], markers: dict[str, str]) -> list[str]:
+    def _missing_extras(self, req: Requirement, dist: _Dist, dists: dict[str, _Dist], markers: dict[str, str]) -> list[str]:
         """Requirement lines that `req`'s extras add to `dist` and the visible packages do not satisfy."""
         missing = []
         for extra in req.extras:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from air.bounds import JSONObject
 from air.environments.dependencies import (
     Dependency,
     DependencySet,
@@ -45,10 +46,10 @@ def identity():
     }
 """
 
-_identity_memo: dict[tuple[str, int, int], dict[str, Any]] = {}
+_identity_memo: dict[tuple[str, int, int], JSONObject] = {}
 
 
-def interpreter_identity(python: Path) -> dict[str, Any]:
+def interpreter_identity(python: Path) -> JSONObject:
     """Full version and platform of `python`: in process when it is our own interpreter, else probed once."""
     try:
         st = python.stat()
@@ -60,7 +61,7 @@ def interpreter_identity(python: Path) -> dict[str, Any]:
     memo_key = (os.path.realpath(python), st.st_mtime_ns, st.st_size)
     if memo_key in _identity_memo:
         return _identity_memo[memo_key]
-    identity: dict[str, Any]
+    identity: JSONObject
     if memo_key[0] == os.path.realpath(sys.executable):
         scope: dict[str, Any] = {}
         exec(_IDENTITY_SOURCE, scope)  # the same interpreter binary gives the same answer, without a subprocess
@@ -109,7 +110,7 @@ def environment_key(deps: DependencySet, base_python: Path | str) -> str:
     """sha256 over everything that decides the built environment (and nothing that does not)."""
     base = Path(os.path.abspath(base_python))
     digests = _Digests()
-    material: dict[str, Any] = {
+    material: dict[str, object] = {
         "schema": SCHEMA,
         "base": str(base),
         "interpreter": interpreter_identity(base),

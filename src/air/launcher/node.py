@@ -26,8 +26,7 @@ from air.launcher.pump import LineCallback, OutputPump
 from air.launcher.redact import Redactor
 from air.launcher.sandbox import Sandbox
 from air.launcher.stacks import dump_tree_stacks
-from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_zygote
-from air.launcher.warm_kept import start_kept
+from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_kept, start_zygote
 from air.settings import AIR_HEARTBEAT_FILE, AIR_PROCESS_TAG, AIR_STACKS_FILE
 
 #: What the launcher holds for each started process: a Popen (cold start) or a ForkedProcess (warm).
@@ -325,6 +324,23 @@ class Launch:
             first_failure = failed[0] if failed else None
         return LaunchResult(exits, first_failure, timed_out, interrupted, killed)
 
+    def _pump_catching_up(self, idle_s: float = 2.0, limit_s: float = 60.0) -> bool:
+        """Let a pump still busy with what the processes wrote before they ended (a fast writer leaves
+        megabytes in its pipes, handed to `on_line` line by line) finish; False once it handled nothing
+        for `idle_s` (a stray process holds a pipe open: stop it) or after `limit_s`."""
+        deadline = time.monotonic() + limit_s
+        seen = -1
+        while self._pump.handled != seen and time.monotonic() < deadline:
+            seen = self._pump.handled
+            if self._pump.join(timeout=idle_s):
+                return True
+        return False
+
+    def output_done(self, timeout: float | None = None) -> bool:
+        """Wait until every line read from the pipes was handed to `on_line` (after `wait`, the pump may
+        still be on a big last block); False if it is still busy after `timeout`."""
+        return self._pump.join(timeout)
+
     def terminate(self) -> list[int]:
         """End every process of the launch and all their descendants; then flush the logs. Idempotent."""
         if not self.popens and not self._logs:
@@ -343,7 +359,7 @@ class Launch:
             if ending is not None and _started(ending):  # for_teardown returns no leader without a pid
                 children.append(ending)  # it forwards SIGTERM to its children and reaps them
         killed = terminate_tree(children, tag=self.tag, grace_s=self.grace_s)
-        if not self._pump.join(timeout=2.0):
+        if not self._pump.join(timeout=2.0) and not self._pump_catching_up():
             self._pump.stop()
         if self.zygote is not None:
             self.zygote.on_status_closed()  # children whose exit it never reported

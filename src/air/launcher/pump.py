@@ -97,6 +97,9 @@ class OutputPump:
         self._stop = threading.Event()
         self._exit_fds = 0
         self._marks: dict[int, tuple[int, IO[bytes] | None]] = {}
+        #: Blocks written and lines handed to `on_line` so far: a teardown sees that the pump is still busy
+        #: with what the processes wrote before they ended (Launch.terminate lets it finish).
+        self.handled = 0
 
     def add(self, source: int, stream: str, pipe: IO[bytes], log: IO[bytes],
             redactor: Redactor | None = None) -> None:
@@ -174,6 +177,7 @@ class OutputPump:
         else:
             block = memoryview(data)[:end]
         self._write(src, block)
+        self.handled += 1
         if self._on_line is not None:
             for line in bytes(block[:-1]).split(b"\n"):
                 self._call(src, line)
@@ -187,6 +191,7 @@ class OutputPump:
 
     def _call(self, src: _Source, line: bytes) -> None:
         assert self._on_line is not None
+        self.handled += 1
         text = line.decode("utf-8", errors="replace").rstrip("\r")
         self._on_line(src.index, src.stream, text[text.rfind("\r") + 1:])
 

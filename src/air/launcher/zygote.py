@@ -39,7 +39,8 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from types import FrameType
+from typing import TypedDict
 
 from air.settings import AIR_LAUNCHER_PID, AIR_PROCESS_TAG, AIR_WARM_TAG_SLOT
 
@@ -52,6 +53,49 @@ _children: dict[int, int] = {}  # pid -> index
 _leaders: set[int] = set()  # a kept zygote's per-launch leaders
 _stopping = False
 _forking_done = False
+
+
+class _ProcPlanRequired(TypedDict):
+    module: str
+    args: list[str]
+    out: int
+    err: int
+    env: dict[str, str]
+
+
+class _ProcPlan(_ProcPlanRequired, total=False):
+    """One process to fork, as warm.proc_plans writes it (JSON): `python -m module args` on fds out/err."""
+
+    cwd: str | None
+    unset: list[str]
+
+
+class _StorePlanRequired(TypedDict):
+    host: str
+    port: int
+    world_size: int
+
+
+class _StorePlan(_StorePlanRequired, total=False):
+    """The rendezvous store to host (warm.store_plan)."""
+
+    timeout_s: float
+
+
+class _Plan(TypedDict, total=False):
+    """A launch's plan (warm.start_zygote, a kept zygote's launch) or a kept zygote's setup (the
+    preload only): JSON from the launcher."""
+
+    procs: list[_ProcPlan]
+    status: int
+    tag: str | None
+    grace_s: float
+    idle_s: float
+    store: _StorePlan | None
+    preload: list[str]
+    sys_path: list[str]
+    modules: list[str]
+
 
 
 def _status(fd: int, text: str) -> None:
@@ -68,13 +112,15 @@ def _pdeathsig(sig: int) -> None:
         pass
 
 
-def _on_sigterm(_signum: int, _frame: Any) -> None:
-    """Before any fork: just go. After: pass it on to every child, keep reaping, then leave."""
+def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    """Before any fork (a kept zygote: idle, or still preloading): just go. After: pass it on to every
+    child (a kept zygote's: each running launch's leader, which ends its own launch), keep reaping, leave."""
     global _stopping
     _stopping = True
-    if not _forking_done and not _children:
+    running = [*_children, *_leaders]
+    if not _forking_done and not running:
         os._exit(128 + signal.SIGTERM)
-    for pid in list(_children):
+    for pid in running:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -123,7 +169,7 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _run_child(proc: dict[str, Any], zygote_pid: int, close_fds: list[int], go_fd: int | None) -> None:
+def _run_child(proc: _ProcPlan, zygote_pid: int, close_fds: list[int], go_fd: int | None) -> None:
     """In the forked child: become `python -m MODULE ARGS` in the child's own session. Never returns."""
     code = 1
     try:
@@ -148,8 +194,9 @@ def _run_child(proc: dict[str, Any], zygote_pid: int, close_fds: list[int], go_f
             os.environ.pop(key, None)
         os.environ.update(proc["env"])
         os.environ[AIR_LAUNCHER_PID] = str(zygote_pid)  # the parent this child must not outlive
-        if proc.get("cwd"):
-            os.chdir(proc["cwd"])
+        cwd = proc.get("cwd")
+        if cwd:
+            os.chdir(cwd)
         _reseed()
         _apply_thread_count()
         if go_fd is not None:  # wait (microseconds) until the zygote says whether its store is up
@@ -194,7 +241,7 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _host_store(store: dict[str, Any]) -> object | None:
+def _host_store(store: _StorePlan) -> object | None:
     """The c10d TCPStore every rank connects to (torchrun's agent store); None if it cannot be opened."""
     try:
         from datetime import timedelta
@@ -249,7 +296,7 @@ def import_with_gc_off(modules: list[str]) -> list[tuple[str, BaseException]]:
     return failed
 
 
-def _launch(plan: dict[str, Any], status_fd: int, close_in_children: list[int]) -> int:
+def _launch(plan: _Plan, status_fd: int, close_in_children: list[int]) -> int:
     """Fork every process of the plan, host its rendezvous store, report, reap; sweep if stopped."""
     global _forking_done
     store_plan = plan.get("store")
@@ -291,7 +338,7 @@ def _launch(plan: dict[str, Any], status_fd: int, close_in_children: list[int]) 
     return 0
 
 
-def _preload(plan: dict[str, Any]) -> list[str]:
+def _preload(plan: _Plan) -> list[str]:
     """sys.path as the caller's, then the preload (GC off, frozen); returns the notes to report."""
     for entry in reversed(plan.get("sys_path", [])):
         if entry not in sys.path:
@@ -354,7 +401,7 @@ def _write_tag(tag: str) -> bool:
         return False
 
 
-def _lead(plan: dict[str, Any], fds: list[int], zygote_pid: int, control_fd: int, notes: list[str]) -> None:
+def _lead(plan: _Plan, fds: list[int], zygote_pid: int, control_fd: int, notes: list[str]) -> None:
     """A kept zygote's child that runs one launch as a one-shot zygote would (fork, store, reap, sweep).
 
     The zygote itself never runs anything of a launch, so no launch leaves anything in it for the next.
@@ -363,6 +410,7 @@ def _lead(plan: dict[str, Any], fds: list[int], zygote_pid: int, control_fd: int
     code = 1
     try:
         os.setsid()
+        _leaders.clear()  # the other launches' leaders are the kept zygote's to end, not this one's
         signal.signal(signal.SIGTERM, _on_sigterm)
         _pdeathsig(signal.SIGTERM)
         if os.getppid() != zygote_pid:
@@ -396,19 +444,6 @@ def _lead(plan: dict[str, Any], fds: list[int], zygote_pid: int, control_fd: int
         os._exit(code)  # as a one-shot zygote leaves: the store and preloaded modules need no teardown
 
 
-def _on_sigterm_kept(_signum: int, _frame: Any) -> None:
-    """The caller ends the kept zygote (or died: pdeathsig): each running launch's leader ends its own."""
-    global _stopping
-    _stopping = True
-    if not _leaders:  # idle (or still preloading): nothing to end but itself
-        os._exit(128 + signal.SIGTERM)
-    for pid in list(_leaders):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-
 def _reap_leaders(block_s: float = 0.0) -> None:
     deadline = time.monotonic() + block_s
     while _leaders:
@@ -434,7 +469,7 @@ def serve(control_fd: int) -> int:
     through pdeathsig), when the caller closes the socket, or after `idle_s` without a launch.
     """
     launcher_pid = os.getppid()
-    signal.signal(signal.SIGTERM, _on_sigterm_kept)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     _pdeathsig(signal.SIGTERM)
     if os.getppid() != launcher_pid:
         return 128 + signal.SIGTERM
@@ -475,7 +510,7 @@ def serve(control_fd: int) -> int:
                 os.close(fd)
     except OSError:
         pass  # the caller's end is gone
-    _on_sigterm_kept(signal.SIGTERM, None)  # a leader still running sweeps its launch on the way out
+    _on_sigterm(signal.SIGTERM, None)  # a leader still running sweeps its launch on the way out
     _reap_leaders(block_s=3 * grace_s + 2)
     return 0
 

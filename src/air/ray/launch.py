@@ -19,7 +19,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 from air.constants import DEFAULT_DISTRIBUTED_TIMEOUT_S, RAY_JOIN_TIMEOUT_S
 from air.distributed.decorator import DistributedFunction
@@ -33,6 +33,10 @@ from air.settings import (
     AIR_RAY_OBJECT_STORE_MEMORY,
 )
 
+if TYPE_CHECKING:
+    from air.backends.ray_cluster import RayAuth
+    from air.ray.metrics import RayMetricsMonitor
+
 _log = logging.getLogger("air.ray.launch")
 
 P = ParamSpec("P")
@@ -42,7 +46,7 @@ R = TypeVar("R")
 class RayLaunchBootstrap:
     """What every rank of a `ray_launch` call runs (pickled with the user's function)."""
 
-    def __init__(self, func: Callable[..., Any], token: str, model: str | None, kind: str | None,
+    def __init__(self, func: Callable[..., object], token: str, model: str | None, kind: str | None,
                  dashboard: bool = True) -> None:
         self.func = func
         self.token = token
@@ -52,7 +56,7 @@ class RayLaunchBootstrap:
         self.__name__ = getattr(func, "__name__", "ray_launch")
         self.__qualname__ = getattr(func, "__qualname__", self.__name__)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:
             return None
         from air.backends.ray_cluster import RayAuth, start_ray_node, use_auth
@@ -135,7 +139,7 @@ class RayLaunchBootstrap:
         return kind, None
 
 
-def _node_monitor(port: int, head: bool = False) -> Any:
+def _node_monitor(port: int, head: bool = False) -> RayMetricsMonitor | None:
     """This node's RayMetricsMonitor, started, when the call has an MLflow run (and metrics are on).
 
     A call tracked lazily gets its run here even if the function never imports mlflow: Ray's metrics and
@@ -164,7 +168,7 @@ def _shutdown_driver() -> None:
             pass
 
 
-def _wait_for_nodes(address: str, expected: int, auth: Any, timeout_s: float = RAY_JOIN_TIMEOUT_S) -> int:
+def _wait_for_nodes(address: str, expected: int, auth: RayAuth, timeout_s: float = RAY_JOIN_TIMEOUT_S) -> int:
     """Alive nodes once `expected` have joined (or the timeout passed); asks the GCS directly, so the
     user's own `ray.init(...)` (with its runtime_env) is the driver's first and only connection."""
     if expected <= 1:
@@ -249,8 +253,9 @@ def ray_launch(num_accelerators: int | None = None, accelerator_type: str | None
                gpu_type: str | None = None) -> Callable[[Callable[P, R]], RayLaunchFunction[P, R]]: ...
 
 
-def ray_launch(num_accelerators: Any = None, accelerator_type: Any = None, remote: Any = False,
-               timeout: Any = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: Any = None, gpu_type: Any = None) -> Any:
+def ray_launch(num_accelerators: object = None, accelerator_type: object = None, remote: object = False,
+               timeout: object = DEFAULT_DISTRIBUTED_TIMEOUT_S, *, gpus: object = None, gpu_type: object = None,
+               ) -> object:
     """Like `@distributed` (same arguments), but the nodes become a Ray cluster and the function runs
     once as its driver: `@ray_launch(gpus=16, gpu_type='H100', remote=True)`, then `fn.distributed()`."""
     if callable(num_accelerators) and not isinstance(num_accelerators, (int, bool)):

@@ -14,7 +14,8 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import FrameType
+from typing import Any, Protocol
 
 from ray.train.v2._internal.execution.callback import ReportCallback, TrainContextCallback
 
@@ -120,10 +121,18 @@ def _apply_checkpoint_defaults() -> bool:
     return True
 
 
-def _calling_trainer_config() -> Any:
+class _TrainerRunConfig(Protocol):
+    """What air sets of a Ray Train RunConfig (found up the stack, so either Train version's)."""
+
+    storage_path: str | None
+    storage_filesystem: object
+    name: str | None
+
+
+def _calling_trainer_config() -> _TrainerRunConfig | None:
     """The RunConfig of the trainer whose `fit()` is creating this callback (Ray Train makes the
     callbacks named in RAY_TRAIN_CALLBACKS from inside it), found up the call stack."""
-    frame: Any = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(20):
         if frame is None:
             return None

@@ -8,7 +8,8 @@ waits as a row: no process, no memory, until its turn.
 There is one loop per AIR_HOME, holding `AirHome.admission_lock` (flock): `air server` runs it as a thread
 (`start_in_thread`), woken at once by a submit in the server (`wake`); without a server, `air run` makes one
 pass itself and, if runs still wait, starts a detached `python -m air.runs.admission`, which exits once
-nothing is queued. Either loop notices a run ending
+nothing is queued. If that loop is killed, any later local `air` command that finds a run `air run` queued
+for it (`runs.local_admission`) and the lock free starts a new one (`ensure_loop`). Either loop notices a run ending
 (its slots freed) by one cheap read of SQLite's `PRAGMA data_version` every `ADMISSION_POLL_S`, and passes
 over the queue every `ADMISSION_TICK_S` anyway.
 
@@ -100,11 +101,38 @@ def _own_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
 
 
-def save_environ(run_id: str) -> None:
-    """Keep the environment `air run` was typed in for the run's supervisor (see RunPaths.submit_environ)."""
+def save_environ(run_id: str, store: RunStore | None = None) -> None:
+    """Keep the environment `air run` was typed in for the run's supervisor (see RunPaths.submit_environ);
+    with `store`, also mark the (PENDING) run as the local loop's, before it is queued: any command that
+    finds it waiting without a live loop starts one (`ensure_loop`)."""
     from air.files import atomic_write_text
 
     atomic_write_text(RunPaths(run_id).submit_environ, json.dumps(_own_environ()), mode=0o600, durable=False)
+    if store is not None:
+        with store.writer() as conn:
+            conn.execute("UPDATE runs SET local_admission = 1 WHERE id = ?", (run_id,))
+
+
+def waiting_for_local_loop(store: RunStore) -> bool:
+    """Whether a run `air run` queued for the local loop still waits for it (one probe of a partial index:
+    rows written by hand or queued in a server are not counted)."""
+    row = store.reader().execute(
+        f"SELECT 1 {_LOOPS_RUNS} AND local_admission = 1 LIMIT 1", (RunStatus.QUEUED.value,)).fetchone()
+    return row is not None
+
+
+def ensure_loop(store: RunStore) -> int | None:
+    """Start the local loop if runs `air run` queued wait and no loop holds this AIR_HOME's lock (it was
+    killed, or its start failed); returns the new loop's pid, None if none was needed. What every local
+    command does (air.cli.main): cheap when nothing waits (one index probe), one flock test otherwise.
+    Never in `air server`, whose own thread is the loop."""
+    if in_process() or not waiting_for_local_loop(store):
+        return None
+    home = AirHome()
+    if loop_running(home):
+        return None
+    _log.info("runs wait in the queue and no admission loop runs (was it killed?): starting one")
+    return start_local_loop(home)
 
 
 def _saved_environ(run_id: str) -> dict[str, str] | None:
@@ -375,5 +403,5 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["AdmissionLoop", "QueuedRow", "has_queued", "in_process", "loop_running", "queued_rows",
-           "save_environ", "start_in_thread", "start_local_loop", "wake"]
+__all__ = ["AdmissionLoop", "QueuedRow", "ensure_loop", "has_queued", "in_process", "loop_running", "queued_rows",
+           "save_environ", "start_in_thread", "start_local_loop", "waiting_for_local_loop", "wake"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -52,6 +53,9 @@ from air.runs.states import (
 from air.runs.store import RunStore
 from air.tracking.attempt_tracking import AttemptTracking
 from air.tracking.ui import write_tracking_ref
+
+#: How long a run's process goes on after its end state to end the attempt's MLflow run (uploads included).
+TRACKING_END_S = 600.0
 
 
 class SetupFailure(Exception):
@@ -186,6 +190,8 @@ class RunController:
         self._preempt_seen: str | None = None
         self._allocation: Allocation | None = None
         self._attempt: _Attempt | None = None
+        #: The last attempt's MLflow end (status, log uploads), done once the run's end state is written.
+        self._tracking_end: Callable[[], None] | None = None
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> RunStatus:
@@ -193,6 +199,7 @@ class RunController:
         try:
             while self.phase is not Phase.DONE:
                 self.step()
+            self._end_tracking()
         except KeyboardInterrupt:
             self._interrupted("Canceled by user signal.")
             raise
@@ -367,9 +374,13 @@ class RunController:
         """The one place an attempt's outcome becomes state. Returns the run's end state, or None to retry."""
         index = attempt.index
         rank_logs = self.job.rank_logs()
+        # The run's last attempt (success, cancel, final failure) ends it at once, without waiting for its
+        # MLflow run: run() then waits for it (bounded), records its id and ends it, in this process. A retried
+        # attempt's end waits for it (below), so WAITING_FOR_RETRY names its MLflow run.
         if verdict.ok:
             self.store.finish_attempt(self.run_id, index, AttemptStatus.SUCCESS)
-            attempt.tracking.end("FINISHED", node_logs=attempt.node_logs, rank_logs=rank_logs)
+            self._tracking_end = functools.partial(attempt.tracking.end, "FINISHED", node_logs=attempt.node_logs,
+                                                   rank_logs=rank_logs)  # after the end state (run())
             self.store.transition(self.run_id, RunStatus.SUCCESS,
                                   expected_from={RunStatus.RUNNING, RunStatus.TERMINATING})
             self.job.say("SUCCESS")
@@ -379,16 +390,21 @@ class RunController:
         canceled = failure_class is FailureClass.CANCEL or (
             attempt.outcome is not None and attempt.outcome.stopped and attempt.hang is None)
         self.job.say(f"attempt {index} ended: {reason} [{failure_class}]")
+        # Preempted attempts are not retries: the budget counts the others.
+        decision = None if canceled else self.policy.decide(
+            index - self.store.get_run(self.run_id).preemptions, failure_class)
+        if decision is not None and decision.decision is RetryDecision.RETRY:
+            attempt.tracking.wait_ready()  # a retried attempt's end is recorded once its MLflow run id is
         self.store.finish_attempt(self.run_id, index, failure_class.attempt_status, reason=reason,
                                   failure_class=failure_class, exit_code=verdict.exit_code, signal=verdict.signal)
-        attempt.tracking.end("KILLED" if canceled else "FAILED", reason, node_logs=attempt.node_logs,
-                             rank_logs=rank_logs)
-        if canceled:
+        # A run that ends here ends its MLflow run after its end state is written (run()); a retry first.
+        self._tracking_end = functools.partial(attempt.tracking.end, "KILLED" if canceled else "FAILED", reason,
+                                               node_logs=attempt.node_logs, rank_logs=rank_logs)
+        if canceled or decision is None:
             self._to_canceled(reason, failure_class)
             return RunStatus.CANCELED
-        # Preempted attempts are not retries: the budget counts the others.
-        decision = self.policy.decide(index - self.store.get_run(self.run_id).preemptions, failure_class)
         if decision.decision is RetryDecision.RETRY and not self.cancel_requested(force=True):
+            self._end_tracking()
             try:
                 self.store.transition(self.run_id, RunStatus.WAITING_FOR_RETRY,
                                       reason=f"{reason}. {decision.message}", failure_class=failure_class,
@@ -415,6 +431,7 @@ class RunController:
         reason = (f"Preempted by CRITICAL run {by}: back in the queue at its place; it resumes from "
                   "AIR_CHECKPOINT_DIR (not counted against max_retries)")
         self.job.say(f"attempt {attempt.index} ended: {reason}")
+        attempt.tracking.wait_ready()  # (the attempt's end is recorded once its MLflow run id is)
         self.store.finish_attempt(self.run_id, attempt.index, AttemptStatus.PREEMPTED, reason=reason)
         attempt.tracking.end("KILLED", reason, node_logs=attempt.node_logs, rank_logs=self.job.rank_logs())
         try:
@@ -488,11 +505,13 @@ class RunController:
     def _interrupted(self, reason: str) -> None:
         """Ctrl-C in an in-process run: end every node, record the attempt and the run CANCELED."""
         attempt, self._attempt = self._attempt, None
+        self._end_tracking()  # (an earlier attempt's, still pending)
         try:
             if attempt is not None:
                 if attempt.handle is not None:
                     attempt.handle.terminate()
                 attempt.held.close()
+                attempt.tracking.wait_ready()
                 self.store.finish_attempt(self.run_id, attempt.index, FailureClass.CANCEL.attempt_status,
                                           reason=reason, failure_class=FailureClass.CANCEL)
                 attempt.tracking.end("KILLED", reason, node_logs=attempt.node_logs, rank_logs=self.job.rank_logs())
@@ -506,6 +525,7 @@ class RunController:
         """An exception escaped a step: end the attempt's processes and give the capacity back (the
         caller records why: the supervisor as INTERNAL_ERROR)."""
         attempt, self._attempt = self._attempt, None
+        self._end_tracking()  # an ended attempt's, still pending
         try:
             if attempt is not None:
                 if attempt.handle is not None:
@@ -516,6 +536,30 @@ class RunController:
             self._release()
 
     # -- helpers ------------------------------------------------------------------------------------
+    def _end_tracking(self) -> None:
+        """The ended attempt's MLflow end (log uploads, then its status), once its outcome is state: a
+        run's end state is written first and `air run` and the pages see it at once; this process goes
+        on only to finish MLflow (supervisor.log says how long when it takes a while). Never raises."""
+        end, self._tracking_end = self._tracking_end, None
+        if end is None:
+            return
+
+        def run_end() -> None:
+            try:
+                end()
+            except Exception as exc:  # tracking never fails a run
+                self.job.say(f"tracking: could not end the attempt's MLflow run: {exc}")
+
+        started = time.monotonic()
+        worker = threading.Thread(target=run_end, name="air-mlflow-end", daemon=True)
+        worker.start()
+        worker.join(TRACKING_END_S)
+        took = time.monotonic() - started
+        if worker.is_alive():
+            self.job.say(f"tracking: the attempt's MLflow run was not ended within {TRACKING_END_S:g} s; left as it is")
+        elif took > 1.0:
+            self.job.say(f"tracking: the attempt's MLflow run ended {took:.1f} s after the run's end state")
+
     def _release(self) -> None:
         allocation, self._allocation = self._allocation, None
         if allocation is not None:
@@ -537,7 +581,7 @@ class RunController:
             tracking.warn(f"tracking: {exc}")
 
 
-def write_progress(path: Path, processes: list[dict[str, Any]], *, ended: list[dict[str, Any]] | None = None) -> None:
+def write_progress(path: Path, processes: list[dict[str, object]], *, ended: list[dict[str, object]] | None = None) -> None:
     """`attempt_<a>/progress.json`: when it was looked at, how long each node process was quiet, and
     which nodes' commands have ended (with when) while the attempt goes on."""
     import json

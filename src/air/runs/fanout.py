@@ -189,8 +189,10 @@ class Reader:
 
     async def run(self) -> None:
         joins: list[_Join] = []
+        loop = asyncio.get_running_loop()
         try:
             while True:
+                polled_at = loop.time()
                 joins, self.joining = self.joining, []
                 for items, join in await run_in_threadpool(self._poll, joins):
                     if join is not None:
@@ -209,8 +211,11 @@ class Reader:
                     return
                 self.wake.clear()
                 if not self.following.behind:  # a step reads a bounded block of each log: read on at once
+                    # Steps on a fixed cadence: the step and its hops to a worker thread and back (slow on a
+                    # loaded machine) are not added to the wait; a quarter poll is always left to batch in.
+                    wait = max(self.hub.poll_s / 4, self.hub.poll_s - (loop.time() - polled_at))
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.wake.wait(), self.hub.poll_s)
+                        await asyncio.wait_for(self.wake.wait(), wait)
         except AirError as exc:  # the run went away (pruned) or its logs cannot be read: say so, end
             for follower in [*self.followers, *(j.follower for j in [*joins, *self.joining])]:
                 follower.end(_error(exc))

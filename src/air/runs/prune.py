@@ -1,17 +1,16 @@
 """`air prune`: remove what ended long ago, so `runs/`, `calls/`, `snapshots/` and `envs/` do not grow
 without limit.
 
-What goes, when older than the cutoff: ended runs (their store rows and `runs/<id>/` folders),
-`@distributed` call folders (`calls/<id>/`), code snapshots, and environments nobody used since. What
-never goes: an active run, the snapshot or environment an active run was submitted with, a call whose
-files a process still has open, an environment a node holds (its lock). MLflow's records are the
+What goes, when older than the cutoff: ended runs (their store rows and `runs/<id>/` folders), the
+`calls/<id>/` folders older air versions wrote, code snapshots, and environments nobody used since. What
+never goes: an active run, the snapshot or environment an active run was submitted with, an environment
+a node holds (its lock). MLflow's records are the
 user's history and stay. Every step is safe to repeat: a second prune finishes what an interrupted one
 left.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -59,33 +58,6 @@ def _remove_tree(path: Path) -> None:
     except FileNotFoundError:
         return
     shutil.rmtree(trash, ignore_errors=True)
-
-
-def _in_use_under(root: Path) -> set[Path]:
-    """The direct children of `root` that a live process has a file open in (or as its working folder,
-    or names on its command line): a `@distributed` call still running holds its rank logs open."""
-    prefix = str(root) + os.sep
-    used: set[Path] = set()
-
-    def note(text: str) -> None:
-        if text.startswith(prefix):
-            used.add(root / text[len(prefix) :].split(os.sep, 1)[0])
-
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        base = f"/proc/{pid}"
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"{base}/fd"):
-                with contextlib.suppress(OSError):
-                    note(os.readlink(f"{base}/fd/{fd}"))
-        with contextlib.suppress(OSError):
-            note(os.readlink(f"{base}/cwd"))
-        with contextlib.suppress(OSError):
-            with open(f"{base}/cmdline", "rb") as fh:
-                for arg in fh.read().split(b"\0"):
-                    note(os.fsdecode(arg))
-    return used
 
 
 def _active_keys(store: RunStore, report: PruneReport) -> tuple[set[str], set[str], bool]:
@@ -169,13 +141,9 @@ def prune(
                 if not dry_run:
                     _remove_tree(folder)
 
-    calls_dir = home.calls
-    if calls_dir.is_dir():
-        busy = _in_use_under(calls_dir)
-        for folder in sorted(calls_dir.iterdir()):
-            if folder.name.startswith(".") or not folder.is_dir() or folder in busy:
-                continue
-            if _newest_mtime(folder) < cutoff:
+    if home.calls.is_dir():  # what older air versions wrote: calls now live in runs/<id>/ too
+        for folder in sorted(home.calls.iterdir()):
+            if not folder.name.startswith(".") and _mtime(folder) < cutoff:
                 report.bytes += folder_size(folder)
                 report.calls.append(folder.name)
                 if not dry_run:
@@ -214,13 +182,3 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return float("inf")
-
-
-def _newest_mtime(folder: Path) -> float:
-    """The last time anything in a call's folder changed (a running call appends to its rank logs)."""
-    newest = _mtime(folder)
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(folder):
-            with contextlib.suppress(OSError):
-                newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
-    return newest

@@ -11,7 +11,6 @@ A run on a Ray cluster has no local ledger: Ray's placement group decides, and t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any
 
 from air.runs.states import RunStatus
 from air.runs.store import Run, RunStore
@@ -46,7 +45,7 @@ class QueueInfo:
     #: The pool it waits in (None: no pools configured); `capacity`/`free` count that pool's slots.
     pool: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The `queue` object of `--json` output."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}  # (asdict deep-copies 5,000 ids ahead)
         data["ahead"] = list(self.ahead)
@@ -55,7 +54,7 @@ class QueueInfo:
         return data
 
     @property
-    def key(self) -> tuple[Any, ...]:
+    def key(self) -> tuple[object, ...]:
         """What changes when the wait changes (watch reports a new line only then)."""
         return (self.position, tuple(h.run_id for h in self.holders), self.free, self.claimed)
 

@@ -80,8 +80,10 @@ SIGNATURES: tuple[Signature, ...] = (
 _PREFIX_RE = re.compile(
     r"^(?:\[[A-Za-z_ -]*\d+(?:[ ,/:][A-Za-z_ -]*\d+)*\]:? ?|\([^()]*pid=\d+[^()]*\) ?)+"
 )
-_TRACEBACK_HEADER = "Traceback (most recent call last):"
-_EXC_IN_TRACEBACK_RE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+#: The first line of a Python traceback (after a launcher's prefix, if any).
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+#: The exception line that ends a traceback: `ValueError: ...`, `torch.OutOfMemoryError: ...`, `KeyboardInterrupt`.
+EXCEPTION_LINE_RE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
 _EXC_ANYWHERE_RE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)(?::\s.*)?$")
 #: Exceptions that only say "some rank failed": never the root cause.
 _WRAPPER_RE = re.compile(r"ChildFailedError|torch\.distributed\.elastic|WorkerGroupFailure|RayTaskError")
@@ -125,7 +127,7 @@ def mark_line(line: str) -> tuple[Signature | None, bool]:
     stripped = text.strip()
     error = bool(stripped) and bool(
         (_EXC_ANYWHERE_RE.match(stripped) and text[:1] not in (" ", "\t"))
-        or stripped == _TRACEBACK_HEADER
+        or stripped == TRACEBACK_HEADER
         or _ERROR_LINE_RE.search(stripped)
     )
     return scan_line(line), error
@@ -299,7 +301,7 @@ def _first_match(sig: Signature, lines: list[str]) -> str | None:
     first: str | None = None
     for line in lines:
         if sig.pattern.search(line):
-            if _EXC_ANYWHERE_RE.match(line.strip()) or (_EXC_IN_TRACEBACK_RE.match(line) and ": " in line):
+            if _EXC_ANYWHERE_RE.match(line.strip()) or (EXCEPTION_LINE_RE.match(line) and ": " in line):
                 return line
             if first is None:
                 first = line
@@ -313,13 +315,13 @@ def _traceback_exceptions(lines: list[str]) -> list[str]:
     out: list[str] = []
     in_traceback = False
     for line in lines:
-        if line.strip() == _TRACEBACK_HEADER or line.endswith(_TRACEBACK_HEADER):
+        if line.strip() == TRACEBACK_HEADER or line.endswith(TRACEBACK_HEADER):
             in_traceback = True
             continue
         if in_traceback:
             if not line.strip() or line[0] in " \t":
                 continue
-            if _EXC_IN_TRACEBACK_RE.match(line):
+            if EXCEPTION_LINE_RE.match(line):
                 out.append(line.strip())
                 in_traceback = False
             continue  # another rank's line interleaved: keep looking for this one's exception
@@ -340,5 +342,5 @@ def _clip(text: str, reserve: int = 0) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-__all__ = ["SIGNATURES", "Signature", "TerminationReason", "mark_line", "oom_kill_count", "scan_line",
-           "termination_reason"]
+__all__ = ["EXCEPTION_LINE_RE", "SIGNATURES", "Signature", "TRACEBACK_HEADER", "TerminationReason", "mark_line",
+           "oom_kill_count", "scan_line", "termination_reason"]

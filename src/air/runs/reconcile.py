@@ -49,6 +49,7 @@ def reconcile(store: RunStore, *, now: float | None = None) -> list[str]:
         except StatusConflictError:
             continue  # it moved meanwhile: someone else is handling it
         _end_mlflow_runs(store, run)
+        backfill_tracking(store, run.id)
     return ended
 
 
@@ -60,6 +61,30 @@ def _end_mlflow_runs(store: RunStore, run: Run) -> None:
     paths = RunPaths(run.id)
     end_orphaned(refs_of((a.mlflow_run_id, paths.tracking(a.index)) for a in store.list_attempts(run.id)),
                  "FAILED", log=paths.supervisor_log)
+
+
+def backfill_tracking(store: RunStore, run_id: str) -> bool:
+    """Ended attempts of `run_id` whose MLflow run was never made (the tracking server was away) get it
+    made afterwards, off this command's path (tracking/backfill.py); True when a back-fill started."""
+    from air.runs.paths import RunPaths
+    from air.tracking.backfill import BackfillJob, backfill_later, missing
+    from air.tracking.node_hook import spool_of
+
+    run, paths = store.get_run(run_id), RunPaths(run_id)
+    attempts = [a for a in store.list_attempts(run_id) if a.ended_at is not None
+                and missing(paths.mlflow_env(a.index), paths.tracking(a.index), a.mlflow_run_id,
+                            paths.mlflow_hook(a.index))]
+    if not attempts:
+        return False
+    job: BackfillJob = {"experiment": run.experiment, "run_name": run.run_name, "params_file": str(paths.hyperparameters),
+           "tags": {"air.run_id": run.id, "air.accelerator_type": run.accelerator_type,
+                    "air.num_accelerators": str(run.num_accelerators), "air.num_nodes": str(run.num_nodes)},
+           "attempts": [{"index": a.index, "status": a.status.value, "started_at": a.started_at,
+                         "ended_at": a.ended_at, "ref": str(paths.tracking(a.index)),
+                         "spool": str(spool_of(paths.mlflow_hook(a.index))),
+                         "node_logs": {str(n): str(p) for n, p in paths.node_logs(a.index).items()}}
+                        for a in attempts]}
+    return backfill_later(job, paths.supervisor_log)
 
 
 def _supervised(store: RunStore) -> list[tuple[str, str, int | None, float | None, float]]:

@@ -24,8 +24,8 @@ _RUN_COLUMNS = (
     "failure_class", "idempotency_key", "supervisor_pid", "supervisor_started_at", "mlflow_run_id",
     "user", "kind", "current_attempt", "pool", "permissions", "priority", "preempted_by", "preemptions",
 )
-_RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS) + " FROM runs"
-_ATTEMPT_SELECT = (
+RUN_SELECT = "SELECT " + ", ".join(_RUN_COLUMNS) + " FROM runs"
+ATTEMPT_SELECT = (
     "SELECT run_id, attempt, status, started_at, ended_at, termination_reason, failure_class, exit_code, "
     "signal, mlflow_run_id FROM attempts"
 )
@@ -136,7 +136,7 @@ class CreateRunResult(NamedTuple):
     existing: bool
 
 
-def _run_from_row(row: Sequence[Any]) -> Run:
+def run_from_row(row: Sequence[Any]) -> Run:
     (id_, experiment, run_name, status, accelerator_type, num_accelerators, num_nodes, backend, profile,
      spec, submitted_at, started_at, ended_at, termination_reason, failure_class, idempotency_key,
      supervisor_pid, supervisor_started_at, mlflow_run_id, user, kind, current_attempt, pool, permissions,
@@ -155,7 +155,7 @@ def _run_from_row(row: Sequence[Any]) -> Run:
     )
 
 
-def _attempt_from_row(row: Sequence[Any]) -> Attempt:
+def attempt_from_row(row: Sequence[Any]) -> Attempt:
     run_id, index, status, started_at, ended_at, reason, failure_class, exit_code, sig, mlflow_run_id = row
     return Attempt(
         run_id=run_id, index=index, status=AttemptStatus(status), started_at=started_at, ended_at=ended_at,
@@ -164,7 +164,7 @@ def _attempt_from_row(row: Sequence[Any]) -> Attempt:
     )
 
 
-def _run_values(run: Run, queue_seq: int | None) -> tuple[Any, ...]:
+def run_values(run: Run, queue_seq: int | None) -> tuple[object, ...]:
     return (
         run.id, run.experiment, run.run_name, run.status.value, run.accelerator_type, run.num_accelerators,
         run.num_nodes, run.backend, run.profile, run.spec_yaml, run.submitted_at, run.started_at,
@@ -175,12 +175,12 @@ def _run_values(run: Run, queue_seq: int | None) -> tuple[Any, ...]:
     )
 
 
-_INSERT_RUN = (
+INSERT_RUN = (
     "INSERT INTO runs (" + ", ".join(_RUN_COLUMNS) + ", queue_seq) VALUES ("
     + ", ".join("?" for _ in range(len(_RUN_COLUMNS) + 1)) + ")"
 )
 
-def _current_user() -> str:
+def current_user() -> str:
     import getpass
 
     try:

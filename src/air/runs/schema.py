@@ -156,6 +156,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # Partial: only the (few) supervised rows, and no other query's plan changes.
         "CREATE INDEX runs_supervised ON runs (status) WHERE supervisor_pid IS NOT NULL",
     ),
+    (
+        # The local admission loop restarted when killed (runs/admission.py `ensure_loop`): 1 on a run that
+        # `air run` queued for this AIR_HOME's local loop (not a server's run, not a row written by hand), so
+        # any command that finds one waiting without a live loop starts one. Partial index: those rows only.
+        "ALTER TABLE runs ADD COLUMN local_admission INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX runs_local_admission ON runs (status) WHERE local_admission = 1",
+    ),
 )
 
 SCHEMA_VERSION: int = len(_MIGRATIONS)

@@ -9,40 +9,40 @@ Each process (and thread) opens its own connection; a store object carried acros
 
 Three tables: `runs` (one row per Run), `attempts` (one per try), and `slot_claims`, the ledger of
 accelerator slots this machine's local backend hands out first-in first-out to QUEUED runs. `RunStore`
-puts together records.py (`Run`, `Attempt`), schema.py (DDL, migrations, connections), ledger.py (slots),
-lookup.py (which run an id names) and liveness.py (is a supervisor alive).
+puts together records.py (`Run`, `Attempt`), schema.py (DDL, migrations, connections), ledger.py (slots)
+and liveness.py (is a supervisor alive), and resolves which run an id (or a piece of one) names.
 """
 
 from __future__ import annotations
 
+import difflib
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from air.errors import NotFoundError, UserInputError
 from air.home import AirHome
 from air.runs.access import LEVEL_NAMES, Viewer
 from air.runs.ledger import SLOT_KINDS, SlotLedger
 from air.runs.liveness import process_create_time, supervisor_alive
-from air.runs.lookup import RunLookup
-from air.runs.paths import RUN_ID_RE, new_run_id
+from air.runs.paths import RUN_ID_RE, new_run_id, parse_run_id_fragment
 from air.runs.records import (
-    _ATTEMPT_SELECT,
-    _INSERT_RUN,
-    _RUN_SELECT,
     ATTEMPT_FIELDS,
+    ATTEMPT_SELECT,
+    INSERT_RUN,
     RUN_FIELDS,
     RUN_KINDS,
+    RUN_SELECT,
     Attempt,
     CreateRunResult,
     Run,
-    _attempt_from_row,
-    _current_user,
-    _run_from_row,
-    _run_values,
+    attempt_from_row,
+    current_user,
+    run_from_row,
+    run_values,
 )
 from air.runs.schema import SCHEMA_VERSION
 from air.runs.states import (
@@ -74,7 +74,7 @@ _ATTEMPT_END: dict[RunStatus, AttemptStatus] = {
 # ---- the store --------------------------------------------------------------------------------------
 
 
-def _visible_clause(viewer: Viewer) -> tuple[str, list[Any]]:
+def _visible_clause(viewer: Viewer) -> tuple[str, list[object]]:
     """SQL for "owned by `viewer` or granted to them": the same reading as access.grants_from_json (an
     entry names exactly one user or group, with a known level; malformed JSON grants nothing)."""
     groups = sorted(viewer.groups)
@@ -93,7 +93,7 @@ def _visible_clause(viewer: Viewer) -> tuple[str, list[Any]]:
 
 
 
-class RunStore(SlotLedger, RunLookup):
+class RunStore(SlotLedger):
     """Typed access to `runs.db`. Cheap to create; opens its connection on first use.
 
     `clock` returns epoch seconds; tests pass their own to order runs without sleeping.
@@ -169,18 +169,18 @@ class RunStore(SlotLedger, RunLookup):
                 run_name=run_name,
                 profile=profile,
                 spec_yaml=spec_yaml,
-                user=user if user is not None else _current_user(),
+                user=user if user is not None else current_user(),
                 idempotency_key=idempotency_key, pool=pool, permissions=permissions,
                 priority_class=PriorityClass(priority_class),
             )
             with self._write() as conn:
                 if idempotency_key is not None:
-                    row = conn.execute(_RUN_SELECT + " WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
+                    row = conn.execute(RUN_SELECT + " WHERE idempotency_key = ?", (idempotency_key,)).fetchone()
                     if row is not None:
-                        return CreateRunResult(_run_from_row(row), True)
+                        return CreateRunResult(run_from_row(row), True)
                 if run_id is None and conn.execute("SELECT 1 FROM runs WHERE id = ?", (run.id,)).fetchone():
                     continue
-                conn.execute(_INSERT_RUN, _run_values(run, None))
+                conn.execute(INSERT_RUN, run_values(run, None))
             return CreateRunResult(run, False)
         raise RuntimeError("could not pick an unused run id")  # pragma: no cover
 
@@ -193,7 +193,7 @@ class RunStore(SlotLedger, RunLookup):
         with self._write() as conn:
             seq = conn.execute("SELECT COALESCE(MAX(queue_seq), 0) FROM runs").fetchone()[0]
 
-            def values() -> Iterator[tuple[Any, ...]]:
+            def values() -> Iterator[tuple[object, ...]]:
                 nonlocal count, seq
                 for run in runs:
                     count += 1
@@ -201,9 +201,9 @@ class RunStore(SlotLedger, RunLookup):
                     if run.status is RunStatus.QUEUED:
                         seq += 1
                         queue_seq = seq
-                    yield _run_values(run, queue_seq)
+                    yield run_values(run, queue_seq)
 
-            conn.executemany(_INSERT_RUN, values())
+            conn.executemany(INSERT_RUN, values())
         return count
 
     def get_run(self, run_id: str) -> Run:
@@ -213,10 +213,64 @@ class RunStore(SlotLedger, RunLookup):
         """
         conn = self._conn()
         full = self._resolve(conn, run_id)
-        row = conn.execute(_RUN_SELECT + " WHERE id = ?", (full,)).fetchone()
+        row = conn.execute(RUN_SELECT + " WHERE id = ?", (full,)).fetchone()
         if row is None:  # deleted in between
             raise NotFoundError(f"Run {run_id} not found.")
-        return _run_from_row(row)
+        return run_from_row(row)
+
+    def _resolve(self, conn: sqlite3.Connection, text: str) -> str:
+        """Which run `text` means: a full id, a unique prefix, or the 8 hex digits people copy from a table,
+        with "did you mean" suggestions when it names none or several."""
+        fragment = parse_run_id_fragment(text)
+        if RUN_ID_RE.match(fragment):
+            if conn.execute("SELECT 1 FROM runs WHERE id = ?", (fragment,)).fetchone():
+                return fragment
+            matches: list[str] = []
+        elif fragment.startswith("r"):
+            # A range on the primary key: uses the index, unlike LIKE.
+            matches = [r[0] for r in conn.execute(
+                "SELECT id FROM runs WHERE id >= ? AND id < ? ORDER BY submitted_at DESC LIMIT 6",
+                (fragment, fragment + "\uffff"),
+            )]
+        else:  # the random part, which is what people copy from a table; validated hex, no GLOB syntax
+            matches = [r[0] for r in conn.execute(
+                "SELECT id FROM runs WHERE id GLOB ? ORDER BY submitted_at DESC LIMIT 6",
+                ("run-[0-9][0-9][0-9][0-9][0-9][0-9]-" + fragment + "*",),
+            )]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            shown = ", ".join(matches[:5]) + (", …" if len(matches) > 5 else "")
+            raise NotFoundError(
+                f"{text!r} matches more than one run.",
+                hint=f"Did you mean one of: {shown}? Give more of the id.",
+            )
+        suggestions = self._suggest(conn, fragment)
+        hint = f"Did you mean {' or '.join(suggestions)}? " if suggestions else ""
+        raise NotFoundError(
+            f"Run {text} not found.",
+            hint=hint + "`air list runs --all-status` lists the runs on this machine.",
+        )
+
+    def _suggest(self, conn: sqlite3.Connection, fragment: str) -> list[str]:
+        """Ids that look like a mistyped `fragment`: the longest shared prefix, else close matches."""
+        found: list[str] = []
+        if fragment.startswith("run-"):
+            for cut in range(len(fragment) - 1, len("run-000000-0") - 1, -1):
+                prefix = fragment[:cut]
+                found = [r[0] for r in conn.execute(
+                    "SELECT id FROM runs WHERE id >= ? AND id < ? ORDER BY submitted_at DESC LIMIT 3",
+                    (prefix, prefix + "\uffff"),
+                )]
+                if found:
+                    return found
+        recent = [r[0] for r in conn.execute(
+            "SELECT id FROM runs ORDER BY submitted_at DESC, id DESC LIMIT 1000"
+        )]
+        if fragment.startswith("r"):
+            return difflib.get_close_matches(fragment, recent, n=3, cutoff=0.8)
+        by_hex = {rid[-8:]: rid for rid in recent}
+        return [by_hex[h] for h in difflib.get_close_matches(fragment, list(by_hex), n=3, cutoff=0.75)]
 
     def list_runs(
         self,
@@ -238,7 +292,7 @@ class RunStore(SlotLedger, RunLookup):
         over 100,000 runs. `visible_to`: only the runs that viewer owns or that the run's `permissions`
         name (as user or by one of their groups): a `private` server's listing (access.Policy.list_filter)."""
         where: list[str] = []
-        params: list[Any] = []
+        params: list[object] = []
         if statuses is None:
             wanted: frozenset[RunStatus] | None = RunStatus.active()
         elif statuses == "all":
@@ -269,7 +323,7 @@ class RunStore(SlotLedger, RunLookup):
         if id_prefix:
             where.append("id >= ? AND id < ?")  # a range on the primary key, not a scan
             params.extend([id_prefix, id_prefix + "\U0010ffff"])
-        sql = _RUN_SELECT
+        sql = RUN_SELECT
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY submitted_at DESC, id DESC"
@@ -281,7 +335,7 @@ class RunStore(SlotLedger, RunLookup):
             if offset > 0:  # a page further down (the web page's "older"): the index is walked, not sorted
                 sql += " OFFSET ?"
                 params.append(int(offset))
-        return [_run_from_row(r) for r in self._conn().execute(sql, params)]
+        return [run_from_row(r) for r in self._conn().execute(sql, params)]
 
     def transition(
         self,
@@ -320,7 +374,7 @@ class RunStore(SlotLedger, RunLookup):
                 )
             check_transition(current, new_status, run_id=run_id)
             sets = ["status = ?"]
-            params: list[Any] = [new_status.value]
+            params: list[object] = [new_status.value]
             if new_status is RunStatus.SUCCESS:
                 sets += ["termination_reason = NULL", "failure_class = NULL"]
             else:
@@ -353,8 +407,8 @@ class RunStore(SlotLedger, RunLookup):
                         run_id, AttemptStatus.RUNNING.value,
                     ),
                 )
-            row = conn.execute(_RUN_SELECT + " WHERE id = ?", (run_id,)).fetchone()
-        return _run_from_row(row)
+            row = conn.execute(RUN_SELECT + " WHERE id = ?", (run_id,)).fetchone()
+        return run_from_row(row)
 
     def _status(self, conn: sqlite3.Connection, run_id: str) -> RunStatus:
         row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
@@ -398,8 +452,8 @@ class RunStore(SlotLedger, RunLookup):
         with self._write() as conn:
             self._status(conn, run_id)
             conn.execute("UPDATE runs SET permissions = ? WHERE id = ?", (permissions, run_id))
-            row = conn.execute(_RUN_SELECT + " WHERE id = ?", (run_id,)).fetchone()
-        return _run_from_row(row)
+            row = conn.execute(RUN_SELECT + " WHERE id = ?", (run_id,)).fetchone()
+        return run_from_row(row)
 
     # -- attempts -------------------------------------------------------------------------------
 
@@ -465,17 +519,13 @@ class RunStore(SlotLedger, RunLookup):
                 (status.value, now, reason, FailureClass(failure_class).value if failure_class else None,
                  exit_code, signal, run_id, attempt),
             )
-            out = conn.execute(_ATTEMPT_SELECT + " WHERE run_id = ? AND attempt = ?", (run_id, attempt))
-            return _attempt_from_row(out.fetchone())
+            out = conn.execute(ATTEMPT_SELECT + " WHERE run_id = ? AND attempt = ?", (run_id, attempt))
+            return attempt_from_row(out.fetchone())
 
     def get_attempt(self, run_id: str, attempt: int | None = None) -> Attempt:
         """One attempt (0-based; None = the latest). NotFoundError names the valid range."""
-        conn = self._conn()
-        rows = [_attempt_from_row(r) for r in conn.execute(
-            _ATTEMPT_SELECT + " WHERE run_id = ? ORDER BY attempt", (run_id,)
-        )]
+        rows = self.list_attempts(run_id)
         if not rows:
-            self._status(conn, run_id)
             raise NotFoundError(f"Run {run_id} has not started an attempt yet.")
         if attempt is None:
             return rows[-1]
@@ -489,8 +539,8 @@ class RunStore(SlotLedger, RunLookup):
     def list_attempts(self, run_id: str) -> list[Attempt]:
         """Every attempt of a run, oldest first (empty before the first starts)."""
         conn = self._conn()
-        rows = [_attempt_from_row(r) for r in conn.execute(
-            _ATTEMPT_SELECT + " WHERE run_id = ? ORDER BY attempt", (run_id,)
+        rows = [attempt_from_row(r) for r in conn.execute(
+            ATTEMPT_SELECT + " WHERE run_id = ? ORDER BY attempt", (run_id,)
         )]
         if not rows:
             self._status(conn, run_id)

@@ -14,7 +14,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -29,6 +29,9 @@ from air.workload.loading import load_workload
 from air.workload.plan import RunPlan, make_plan
 from air.workload.spec import WorkloadSpec
 
+if TYPE_CHECKING:
+    from air.workload.snapshot import SnapshotPlan
+
 _log = logging.getLogger("air.workload")
 
 
@@ -39,7 +42,7 @@ class Prepared:
     spec: WorkloadSpec
     plan: RunPlan
     backend: Backend
-    snapshot: Any | None
+    snapshot: SnapshotPlan | None
     #: The pool it waits in (None: no pools configured, or a Ray profile).
     pool: str | None = None
 
@@ -160,8 +163,8 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
         elif start_supervisor:  # a row in its pool's queue; the admission loop starts its supervisor in turn
             from air.runs import admission
 
-            if not admission.in_process():
-                admission.save_environ(run.id)
+            if not admission.in_process():  # the local loop's: any command restarts a loop that was killed
+                admission.save_environ(run.id, store)
             store.transition(run.id, RunStatus.QUEUED, expected_from=RunStatus.PENDING)
             admission.wake(store)
             _log.info("run %s queued: its supervisor started by the admission loop when admitted; its log: %s",

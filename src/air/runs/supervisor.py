@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from air.accelerators import parse_accelerator_type
 from air.backends import Backend, backend_for
@@ -46,6 +46,9 @@ from air.settings import (
 )
 from air.tracking.attempt_tracking import AttemptTracking, node_hook_env
 from air.workload.plan import RunPlan
+
+if TYPE_CHECKING:
+    from air.environments.cache import Environment
 
 _log = logging.getLogger("air.supervisor")
 
@@ -168,14 +171,15 @@ class WorkloadJob:
             warn(f"tracking: off for this attempt: {exc}")
             return AttemptTracking(None, attempt, warn)
 
-        # Made in a background thread from the attempt's start (beside its environment and code), and by
-        # default the nodes start once it exists, with its id in their environment: what `air get run`,
-        # `air subscribe`'s RETRY and the pages read of an attempt is then there as soon as it runs. With
-        # AIR_TRACKING_EARLY_START, local nodes start at once and the node hook hands them the id later.
+        # Made in a background thread from the attempt's start (beside its environment and code); local
+        # nodes start at once and the node hook hands them its id once it exists. The store records the id
+        # as soon as the run exists, and the attempt's end (or RETRY) only once it does (the controller
+        # joins this thread), so `air get run`, `air subscribe` and the pages always see it. Nodes walled in
+        # or on Ray (or AIR_TRACKING_EARLY_START=off) start once it exists, with its id in their environment.
         from air.runs.isolation import isolation_mode
         from air.settings import AIR_TRACKING_EARLY_START, switched
 
-        early = switched(AIR_TRACKING_EARLY_START, default=False)
+        early = switched(AIR_TRACKING_EARLY_START, default=True)
         return AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
                                             params=plan.parameters or {}, attempt=attempt, warn=warn,
                                             files=(self.paths.mlflow_env(attempt), self.paths.mlflow_hook(attempt)),
@@ -194,7 +198,7 @@ class WorkloadJob:
             raise SetupFailure(exc.message) from exc
 
     @contextlib.contextmanager
-    def _environment(self, air_log: Callable[[str], None]) -> Iterator[Any]:
+    def _environment(self, air_log: Callable[[str], None]) -> Iterator[Environment | None]:
         """The attempt's environment, held (so `air env prune` cannot remove it) while its nodes run."""
         if self.plan.dependencies is None:
             yield None
@@ -211,7 +215,7 @@ class WorkloadJob:
                     f"{env.path}")
             yield env
 
-    def _node_launches(self, attempt: int, logs: dict[int, Path], environment: Any,
+    def _node_launches(self, attempt: int, logs: dict[int, Path], environment: Environment | None,
                        tracking_env: dict[str, str]) -> list[NodeLaunch]:
         base = node_environ(os.environ)  # nothing the server gave its supervisors only (its MLflow credential)
         for key in (AIR_PROCESS_TAG, AIR_SUPERVISOR, AIR_MLFLOW_DOOR):  # (a node gets the door as MLFLOW_TRACKING_URI)
@@ -247,7 +251,7 @@ class WorkloadJob:
                    [" ".join(p.argv) for launch in launches for p in launch.processes], cwd)
         return launches
 
-    def _sandbox(self, environment: Any) -> Sandbox | None:
+    def _sandbox(self, environment: Environment | None) -> Sandbox | None:
         """Under `air server` (AIR_ISOLATION): the view the nodes run in, as the run owner's account. They
         see their code, command, hyperparameters and environment (read-only) and write their checkpoints."""
         from air.runs.isolation import isolation_mode, run_sandbox

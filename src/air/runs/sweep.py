@@ -25,10 +25,14 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from air.runs.states import FailureClass, RunStatus, StatusConflictError
 from air.runs.store import Run, RunStore
+
+if TYPE_CHECKING:
+    from air.tracking.attempt_tracking import AttemptTracking
+    from air.workload.spec import WorkloadSpec
 
 _log = logging.getLogger("air.sweep")
 
@@ -48,14 +52,14 @@ class SweepTask:
     """One item of a sweep and the child run carrying it out (None until submitted)."""
 
     index: int
-    item: dict[str, Any]
+    item: dict[str, object]
     child_run_id: str | None
 
 
 # ---- the sweep_tasks table --------------------------------------------------------------------------
 
 
-def record_tasks(store: RunStore, parent_run_id: str, items: list[dict[str, Any]]) -> None:
+def record_tasks(store: RunStore, parent_run_id: str, items: list[dict[str, object]]) -> None:
     """The parent's tasks, once (a second call keeps what is there)."""
     with store.writer() as conn:
         conn.executemany(
@@ -126,9 +130,9 @@ class SweepJob:
         self.poll_s = poll_s
         self.plan = RunPlan.from_json(RunPaths(run_id).submission.read_text())
         assert self.plan.sweep is not None, "SweepJob needs a plan with a sweep"
-        self.items: list[dict[str, Any]] = list(self.plan.sweep["items"])
+        self.items: list[dict[str, object]] = list(self.plan.sweep["items"])
         self.max_concurrent: int = int(self.plan.sweep.get("max_concurrent") or len(self.items))
-        self.tracking: Any = None
+        self.tracking: AttemptTracking | None = None
 
     def run(self) -> RunStatus:
         """Submit and wait on the children until all ended (or the parent is canceled); the final status."""
@@ -266,7 +270,7 @@ class SweepJob:
                 _log.warning("tracking: could not end the sweep's MLflow run: %s", exc)
 
 
-def _child_spec(parent_spec_yaml: str, parameters: dict[str, Any], run_name: str) -> Any:
+def _child_spec(parent_spec_yaml: str, parameters: dict[str, object], run_name: str) -> WorkloadSpec:
     """The child's stored spec: the parent's, without `for_each` and its idempotency token, with the
     item's parameters and its own MLflow run name."""
     import yaml

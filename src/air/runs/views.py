@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from air.runs.access import Viewer
 from air.runs.paths import CallPaths, RunPaths
@@ -41,7 +41,7 @@ def duration_text(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
 
 
-def run_dict(run: Run) -> dict[str, Any]:
+def run_dict(run: Run) -> dict[str, object]:
     """A run for `--json`: the hosted CLI's field names and forms (reference §1.4: `run_id`, `run_name`,
     `started_at` as RFC 3339, `attempt_number`, `experiment_name`) beside air's own (`id`, `experiment`,
     `started_at_epoch`, ...), so scripts written for either read it. Every time is RFC 3339 (UTC) with the
@@ -74,7 +74,7 @@ def permissions_list(stored: str | None) -> list[dict[str, str]]:
             for g in grants_from_json(stored)]
 
 
-def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dict[str, Any] | None:
+def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dict[str, object] | None:
     """The `queue` object of --json: why a QUEUED run waits (position, slots, holders, reason); None
     for a run that does not wait in a queue. `capacity` defaults to this machine's slots of its kind."""
     from air.runs.queue import queue_info
@@ -83,7 +83,7 @@ def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dic
     return None if info is None else info.to_dict()
 
 
-def run_summary(store: RunStore, run: Run) -> dict[str, Any]:
+def run_summary(store: RunStore, run: Run) -> dict[str, object]:
     """A row of `air list runs --json` and `GET /runs` (air.client.models.Run): `run_dict` and, for a
     QUEUED run, why it waits (`queue`)."""
     return {**run_dict(run), "queue": queue_dict(store, run)}
@@ -96,6 +96,14 @@ def mlflow_link(run: Run) -> str | None:
     if not run.mlflow_run_id or run.current_attempt is None:
         return None
     return tracking_ref_url(RunPaths(run.id).tracking(run.current_attempt))
+
+
+def mlflow_recording(run: Run) -> bool:
+    """An ended run whose supervisor is still alive is still recording its MLflow run (the last attempt's
+    end state is written first; the supervisor then waits for the MLflow run, records its id, ends it)."""
+    from air.runs.liveness import supervisor_alive
+
+    return run.status.is_terminal() and bool(supervisor_alive(run))
 
 
 def run_page_url(run_id: str, pages_base: str | None = None) -> str | None:
@@ -113,7 +121,7 @@ def run_folder(run: Run) -> Path:
     return RunPaths(run.id).folder
 
 
-def call_rank_logs(run: Run) -> list[dict[str, Any]]:
+def call_rank_logs(run: Run) -> list[dict[str, object]]:
     """A call's rank logs of its latest attempt, by rank: where `air logs ID --rank N` reads (and whether
     it exists yet)."""
     paths = CallPaths(run.id)
@@ -126,7 +134,6 @@ def progress_view(run: Run) -> list[dict[str, Any]]:
     report), as the run controller last noted it (`attempt_<a>/progress.json`), aged to now while the
     run is active; `quiet` reads "node 1 quiet for 12m". Empty before any note."""
     import json
-    import time
 
     from air.launcher.progress import quiet_for
 
@@ -149,7 +156,6 @@ def node_ended_notice(run: Run) -> str | None:
     of the attempt still run (as the run controller last noted it): most often a service node 0 left
     behind on them (`ray start --block`) keeps the run alive. None otherwise."""
     import json
-    import time
 
     from air.launcher.progress import quiet_for
 
@@ -175,7 +181,7 @@ def quiet_summary(progress: list[dict[str, Any]], at_least_s: float = 60.0) -> s
     return "; ".join(quiet) or None
 
 
-def checkpoint_view(run: Run) -> dict[str, Any]:
+def checkpoint_view(run: Run) -> dict[str, object]:
     """The run's checkpoint location (AIR_CHECKPOINT_DIR, kept across attempts) and its latest checkpoint."""
     from air.runs.checkpoints import latest_checkpoint_of
 
@@ -187,11 +193,12 @@ def checkpoint_view(run: Run) -> dict[str, Any]:
     return {"checkpoint_dir": location, "latest_checkpoint": latest}
 
 
-def run_detail(store: RunStore, run: Run, *, pages_base: str | None = None) -> dict[str, Any]:
+def run_detail(store: RunStore, run: Run, *, pages_base: str | None = None) -> dict[str, object]:
     """`air get run --json`: the run, its attempts, MLflow link, web page (`run_page_url`), folder, queue
     place and (calls) rank logs."""
     data = run_dict(run)
     data["mlflow_url"] = mlflow_link(run)
+    data["mlflow_recording"] = mlflow_recording(run)
     data["page_url"] = run_page_url(run.id, pages_base)
     data["attempt_list"] = [
         {**asdict(a), "status": a.status.value, "failure_class": a.failure_class.value if a.failure_class else None}
@@ -209,7 +216,7 @@ def run_detail(store: RunStore, run: Run, *, pages_base: str | None = None) -> d
     return data
 
 
-def sweep_view(store: RunStore, run: Run) -> dict[str, Any] | None:
+def sweep_view(store: RunStore, run: Run) -> dict[str, object] | None:
     """A `for_each` sweep's counts (total, completed, succeeded, failed, active, pending: not submitted yet),
     `max_concurrent` and one row per task (its item, child run, status, times as RFC 3339 with `_epoch`
     beside); None for a run that is not a sweep (air.runs.sweep)."""
@@ -218,7 +225,7 @@ def sweep_view(store: RunStore, run: Run) -> dict[str, Any] | None:
     from air.workload.sweep_spec import describe_item
 
     counts = {"total": 0, "completed": 0, "succeeded": 0, "failed": 0, "active": 0, "pending": 0}
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for task in list_tasks(store, run.id):
         child = child_run(store, task.child_run_id)
         counts["total"] += 1
@@ -260,7 +267,6 @@ STATUS_GROUPS = ("active", "ended")
 def _statuses(status: str | None) -> list[RunStatus] | Literal["all"] | None:
     """`list_runs`' statuses for the page's status filter ('', a status, 'active', 'ended')."""
     from air.errors import UserInputError
-    from air.runs.states import RunStatus
 
     if not status:
         return "all"
@@ -295,8 +301,6 @@ def run_list_page(
     """One page of every run and call, newest first, filtered as `air list runs` filters; queued rows
     say where they wait. `has_next` comes from reading one row more (no COUNT over 100,000 runs).
     `visible_to`: only the runs that viewer may see (a `private` server; store.list_runs)."""
-    from air.runs.states import RunStatus
-
     page = max(1, page)
     runs = store.list_runs(
         statuses=_statuses(status), limit=per_page + 1, offset=(page - 1) * per_page,
@@ -329,17 +333,25 @@ def run_list_page(
     }
 
 
-def capacity_view(store: RunStore) -> dict[str, Any]:
+class _SlotHolder(TypedDict):
+    """A run holding slots of one kind, as the capacity page lists it."""
+
+    run_id: str
+    status: str
+    user: str
+    experiment: str
+    slots: list[int]
+
+
+def capacity_view(store: RunStore) -> dict[str, object]:
     """This machine's slots (the local backend's capacity) and which run holds which, from the slot
     ledger; and the active runs on Ray profiles, whose placement Ray decides."""
     import socket
 
-    from air.runs.states import RunStatus
-
     pools = []
     for kind, capacity in _capacities().items():
         holders = store.slot_holders(kind)
-        runs: dict[str, dict[str, Any]] = {}
+        runs: dict[str, _SlotHolder] = {}
         for index, run_id in holders.items():
             if run_id not in runs:
                 try:
@@ -362,7 +374,7 @@ def capacity_view(store: RunStore) -> dict[str, Any]:
             "named_pools": _named_pools(store)}
 
 
-def _named_pools(store: RunStore) -> dict[str, Any] | None:
+def _named_pools(store: RunStore) -> dict[str, object] | None:
     """The pools config.yaml names (`air get pools`), or None when it names none (the slots above are the
     one default pool) or they cannot be read now (the page still shows the slots)."""
     from air.config import load_config
@@ -379,7 +391,6 @@ def pools_view(store: RunStore) -> dict[str, Any]:
     one `default` pool is the whole machine (a row per kind of slot it has)."""
     from air.accelerators import discover
     from air.config import DEFAULT_POOL, load_config
-    from air.runs.states import RunStatus
 
     config = load_config()
     capacities = _capacities()
@@ -413,13 +424,12 @@ def pools_view(store: RunStore) -> dict[str, Any]:
     return {"pools": rows, "max_running_runs_per_user": config.max_running_runs_per_user}
 
 
-def _ray_pools(store: RunStore, config: AirConfig, gpu_model: str) -> list[dict[str, Any]]:
+def _ray_pools(store: RunStore, config: AirConfig, gpu_model: str) -> list[dict[str, object]]:
     """Pools of Ray nodes: accelerators of the alive nodes whose labels include the pool's, and how many of
     them Ray has handed out (read from the cluster of the default profile); the runs admitted to each
     (they hold its admission until they end) and how many wait behind them."""
     from air.backends import backend_for
     from air.config import resolve_profile
-    from air.runs.states import RunStatus
 
     backend = backend_for(resolve_profile(None, config))
     usage = getattr(backend, "labelled_usage", None)
@@ -463,7 +473,7 @@ def log_masker(run: Run) -> Callable[[str], str]:
     return masker_for_run(run.id, None if run.kind == "call" else RunPaths(run.id).submission)
 
 
-def marked_line(number: int | None, text: str) -> dict[str, Any]:
+def marked_line(number: int | None, text: str) -> dict[str, object]:
     """One log line as a page shows it: the failure signature air detects in it, and whether it reads
     as an error line (`air.runs.reasons`' rules)."""
     from air.runs.reasons import mark_line
@@ -474,7 +484,7 @@ def marked_line(number: int | None, text: str) -> dict[str, Any]:
             "signature_label": signature.label if signature else None}
 
 
-def log_view(run: Run, path: Path, *, lines: int = LOG_TAIL_LINES, query: str | None = None) -> dict[str, Any]:
+def log_view(run: Run, path: Path, *, lines: int = LOG_TAIL_LINES, query: str | None = None) -> dict[str, object]:
     """The last `lines` lines of a log (or, with `query`, the last matching ones among the final
     LOG_SEARCH_LINES), masked and marked, read from the end of the file. `error` says why nothing shows."""
     from air.errors import AirError
@@ -543,7 +553,7 @@ def masked_spec(run: Run) -> dict[str, Any]:
         return {"text": "", "error": exc.message}
 
 
-def attempt_stacks(run: Run, attempt: int) -> list[dict[str, Any]]:
+def attempt_stacks(run: Run, attempt: int) -> list[dict[str, object]]:
     """The Python stacks air saved when an attempt hung (`attempt_<a>/stacks/node_<n>.txt`, a call's
     `rank_<r>.txt`), each `name` ("node 1") and masked `text`, in node order; [] when none were saved."""
     import re
@@ -563,7 +573,7 @@ def attempt_stacks(run: Run, attempt: int) -> list[dict[str, Any]]:
         mask("")
     except AirError as exc:
         return [{"name": "stacks", "text": "", "error": exc.message}]
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for path in sorted(found, key=order):
         name = path.name.split(".")[0].replace("_", " ")
         try:
@@ -575,7 +585,7 @@ def attempt_stacks(run: Run, attempt: int) -> list[dict[str, Any]]:
     return out
 
 
-def attempt_metrics(mlflow_run_id: str | None) -> dict[str, Any]:
+def attempt_metrics(mlflow_run_id: str | None) -> dict[str, object]:
     """An attempt's metric histories from its MLflow run: the training metrics, and the system
     metrics per node (`system/node_<n>/<name>`)."""
     from air.tracking.history import metric_histories

@@ -10,7 +10,7 @@ outside `/ui` stays a JSON 404 of the API rather than a page.
 from __future__ import annotations
 
 import threading
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +42,7 @@ class AuthError(AirError):
         self.code = "UNAUTHENTICATED" if status == 401 else "PERMISSION_DENIED"
 
 
-def error_body(exc: AirError) -> dict[str, Any]:
+def error_body(exc: AirError) -> dict[str, object]:
     """An error as the API answers it (the CLI's --json error envelope has the same fields)."""
     return {"error": {"code": exc.code, "kind": exc.kind, "message": exc.message, "hint": exc.hint,
                       "exit_code": exc.exit_code}}
@@ -120,7 +120,7 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
         return JSONResponse(error_body(err), status_code=exc.status_code)
 
     @app.get(API + "/health")
-    def health() -> dict[str, Any]:
+    def health() -> dict[str, object]:
         # The walls around runs (air.server.isolation); an app made without `air server start` has none.
         # and its MLflow's state (starting, ready, failed; off: none of its own), air.server.mlflow_server.
         mlflow = getattr(app.state, "mlflow_state", None)
@@ -129,7 +129,7 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
                       mlflow=mlflow.as_json() if mlflow is not None else {"state": "off"}).model_dump(mode="json")
 
     @app.get(API + "/whoami")
-    def whoami(who: Caller) -> dict[str, Any]:
+    def whoami(who: Caller) -> dict[str, object]:
         return {"user": who.user, "admin": who.admin, "token_id": who.token_id}
 
     app.include_router(runs_router, prefix=API, dependencies=[Depends(principal)])
@@ -165,7 +165,7 @@ def _mount_pages(app: FastAPI) -> None:
         found = verify_token_id(store, token_id)
         return WebUser(found.user, admin=found.admin, token_id=found.token_id) if found else None
 
-    def audit(actor: str, action: str, target: str | None, detail: Mapping[str, Any]) -> None:
+    def audit(actor: str, action: str, target: str | None, detail: Mapping[str, object]) -> None:
         record(store, actor, action, target, detail)
 
     def mlflow_ui() -> str | None:

@@ -11,7 +11,6 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from air.runs.store import RunStore
 
@@ -37,12 +36,12 @@ class AuditEntry:
     target: str | None
     detail: str | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 
 def record(store: RunStore, actor: str, action: str, target: str | None = None,
-           detail: str | Mapping[str, Any] | None = None) -> AuditEntry:
+           detail: str | Mapping[str, object] | None = None) -> AuditEntry:
     """Append one entry (a mapping `detail` is kept as JSON) and return it."""
     text = json.dumps(dict(detail), sort_keys=True) if isinstance(detail, Mapping) else detail
     at = time.time()

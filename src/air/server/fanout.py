@@ -4,7 +4,7 @@ NDJSON line of `GET /runs/{id}/follow` (air.client.models), a follower that fell
 
 from __future__ import annotations
 
-from typing import Any
+from starlette.applications import Starlette
 
 from air.client.models import ErrorEvent, SkippedEvent, encode_event, event_from
 from air.runs.fanout import Follower, FollowHub, Item, Skipped, reader_following
@@ -15,7 +15,7 @@ def ndjson_line(event: FollowEvent) -> bytes:
     return encode_event(event_from(event))
 
 
-def hub_of(app: Any) -> FollowHub:
+def hub_of(app: Starlette) -> FollowHub:
     """The API app's hub: its readers encode NDJSON lines."""
     from air.runs.fanout import hub_of as _hub_of
 

@@ -29,10 +29,10 @@ import hmac
 import json
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -52,6 +52,11 @@ from air.server.run_credentials import (
     protected_tag,
 )
 from air.server.tokens import verify_token
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from air.web.auth import WebUser
 
 #: Most bytes of a JSON API request the door reads to decide (MLflow's own log-batch limit is far below).
 MAX_API_BODY = 16 * 1024 * 1024
@@ -119,7 +124,7 @@ class Door:
         self.public = public.rstrip("/")
         self.server_credential = server_credential
         self.app = app
-        self._session: Any = None
+        self._session: aiohttp.ClientSession | None = None
         self._owners: OrderedDict[str, str | None] = OrderedDict()
 
     # -- plumbing --------------------------------------------------------------------------------------
@@ -133,7 +138,7 @@ class Door:
 
         return current_policy()
 
-    def session(self) -> Any:
+    def session(self) -> aiohttp.ClientSession:
         import aiohttp
 
         if self._session is None or self._session.closed:
@@ -173,7 +178,7 @@ class Door:
         raise Refused(401, "MLflow on air server needs a token: MLFLOW_TRACKING_TOKEN=<air token> (a run's nodes "
                       "get their run's), or log in to the server's pages first.")
 
-    def _page_user(self, request: Request) -> Any:
+    def _page_user(self, request: Request) -> WebUser | None:
         """The pages' signed-in user of this request (their session cookie), or None."""
         if not request.cookies:
             return None
@@ -337,7 +342,7 @@ class Door:
             return await self._search(request, caller, await _json_body(request))
         raise Refused(403, f"{caller.label} may not call MLflow's {op} through air server (only an admin may).")
 
-    async def _search(self, request: Request, caller: DoorCaller, body: dict[str, Any]) -> Response:
+    async def _search(self, request: Request, caller: DoorCaller, body: Mapping[str, object]) -> Response:
         """A run search, its answer narrowed to the runs the caller may read (a credential: its own)."""
         async with self.session().request("POST", self._url(request), data=_encode(body),
                                           headers={**_forwarded(request), "Accept-Encoding": "identity",
@@ -367,7 +372,8 @@ class Door:
 
     async def forward(self, request: Request, body: bytes | None = None) -> Response:
         """Send the request on to MLflow and stream its answer back (bodies never held whole)."""
-        data: Any = body if body is not None else (_stream(request) if _has_body(request) else None)
+        data: bytes | AsyncIterator[bytes] | None = body if body is not None else (
+            _stream(request) if _has_body(request) else None)
         headers = _forwarded(request)
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -421,7 +427,7 @@ async def _stream(request: Request) -> AsyncIterator[bytes]:
             yield chunk
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def _json_body(request: Request) -> dict[str, Any]:  # Any: MLflow's bodies, read loosely (see _api)
     """The JSON object of an API request, read up to MAX_API_BODY (the door must see what it decides on)."""
     raw = bytearray()
     async for chunk in request.stream():
@@ -439,7 +445,7 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _encode(body: dict[str, Any]) -> bytes:
+def _encode(body: Mapping[str, object]) -> bytes:
     return json.dumps(body).encode()
 
 
@@ -450,7 +456,7 @@ _GRAPHQL_READS: dict[str, tuple[str, ...]] = {
 }
 
 
-def graphql_run_ids(body: dict[str, Any]) -> list[str] | None:
+def graphql_run_ids(body: Mapping[str, object]) -> list[str] | None:
     """The MLflow runs a GraphQL request reads, or None when it asks what the door cannot scope (a
     mutation, a search, another root field, a root fragment, a run named in no way the door reads)."""
     from graphql import (
@@ -491,7 +497,7 @@ def graphql_run_ids(body: dict[str, Any]) -> list[str] | None:
     return ids
 
 
-def _strings(value: Any) -> list[str]:
+def _strings(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else [str(value)] if value else []
 
 
@@ -517,10 +523,10 @@ def mount_door(app: FastAPI, socket_path: Path, *, public: str, server_credentia
     app.add_api_route(MLFLOW_PREFIX + "/{rest:path}", handle, methods=methods, include_in_schema=False)
     app.state.mlflow_door = door
     app.state.mlflow_uri = door.public  # the pages' MLflow link: the door
-    inner: Callable[[Any], Any] = app.router.lifespan_context
+    inner = app.router.lifespan_context
 
     @asynccontextmanager
-    async def lifespan(application: Any) -> AsyncIterator[Any]:
+    async def lifespan(application: FastAPI) -> AsyncIterator[Any]:  # Any: what the inner lifespan yields
         async with inner(application) as state:
             try:
                 yield state

@@ -26,6 +26,7 @@ is started.
 from __future__ import annotations
 
 import http.client
+import io
 import os
 import secrets
 import shlex
@@ -41,9 +42,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from air.errors import LaunchError, UserInputError
+from air.files import atomic_write_text
 from air.settings import AIR_MLFLOW_DOOR, AIR_MLFLOW_HOLD, AIR_PROCESS_TAG, AIR_SUPERVISOR_ONLY
 
 #: How long the MLflow server may take to answer /health (its start imports a lot; a loaded machine is slow).
@@ -78,8 +79,6 @@ def check_public_url(url: str) -> str:
     """`--public-url` as given, without a trailing slash; UserInputError when it is not an http(s)
     address of a host (nodes could not reach MLflow at it)."""
     import urllib.parse
-
-    from air.errors import UserInputError
 
     parts = urllib.parse.urlsplit(url.strip())
     try:
@@ -193,11 +192,7 @@ def server_credential() -> str:
         os.chmod(path, 0o600)
         return value
     value = SERVER_CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
-    part = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(value + "\n")
-    os.replace(part, path)
+    atomic_write_text(path, value + "\n", mode=0o600)
     return value
 
 
@@ -286,9 +281,9 @@ class MLflowState:
     def waited_s(self) -> float:
         return round(time.monotonic() - self.started, 1)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> dict[str, object]:
         with self._lock:
-            found: dict[str, Any] = {"state": self.state}
+            found: dict[str, object] = {"state": self.state}
             if self.state == "starting":
                 found["starting_for_s"] = self.waited_s()
             if self.ready_after_s is not None:
@@ -298,13 +293,13 @@ class MLflowState:
             return found
 
 
-def _open_log(path: Path) -> Any:
-    """The server's log (ServerPaths.log), appended to, 0600: MLflow's output goes there, not to the terminal."""
+def open_mlflow_log(path: Path, who: str) -> io.FileIO:
+    """The log MLflow's output goes to, not the terminal (the server's ServerPaths.log, `air ui`'s
+    AirHome.ui_log): appended to, 0600, after a line saying who starts it when."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     out = os.fdopen(fd, "ab", buffering=0)
-    out.write(f"\n==== air server {os.getpid()}: MLflow starting at {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n"
-              .encode())
+    out.write(f"\n==== {who} {os.getpid()}: MLflow starting at {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n".encode())
     return out
 
 
@@ -335,7 +330,7 @@ class _Starter:
                 if self.stopping.is_set():
                     return
                 assert self.state.log is not None
-                with _open_log(self.state.log) as out:
+                with open_mlflow_log(self.state.log, "air server") as out:
                     self.proc = subprocess.Popen(guard_argv(argv), env={**os.environ, AIR_PROCESS_TAG: self.tag},
                                                  start_new_session=True, stdin=subprocess.DEVNULL, stdout=out,
                                                  stderr=out)
@@ -410,5 +405,5 @@ def mlflow_server(*, door: str, supervisor: dict[str, str], enabled: bool = True
 
 
 __all__ = ["LOOPBACK", "MLFLOW_PREFIX", "MLflowState", "SERVER_CREDENTIAL_PREFIX", "advertised_host", "cert_verifies",
-           "check_public_url", "local_door", "mlflow_argv", "mlflow_server", "public_url", "server_credential",
+           "check_public_url", "local_door", "mlflow_argv", "mlflow_server", "open_mlflow_log", "public_url", "server_credential",
            "socket_folder", "supervisor_env"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -27,7 +26,7 @@ class NotReady(UserInputError):
 
 
 @router.post("/calls")
-async def submit_call(request: Request, who: Caller) -> dict[str, Any]:
+async def submit_call(request: Request, who: Caller) -> dict[str, object]:
     from air.distributed.call_driver import start_call
 
     body = await json_body(request, SERVER_MAX_UPLOAD_BYTES)  # the pickled call travels inside it

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Any
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -31,6 +31,7 @@ from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.access import Level
 from air.runs.follow import FollowEvent, log_sources, snapshot_lines
+from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
 from air.runs.store import Run
 from air.runs.views import attempt_index, log_files, run_detail, run_summary
@@ -69,7 +70,7 @@ async def read_limited(request: Request, limit: int = SERVER_MAX_UPLOAD_BYTES) -
         yield chunk
 
 
-async def json_body(request: Request, limit: int = MAX_JSON_BYTES) -> Any:
+async def json_body(request: Request, limit: int = MAX_JSON_BYTES) -> object:
     """The request body as JSON, within the bounds of air.bounds (size, depth, 64-bit integers): a body
     past them is a 4xx that says which, never a 500."""
     data = b"".join([chunk async for chunk in read_limited(request, limit)])
@@ -88,12 +89,13 @@ OptionalQueryInt = Annotated[int | None, Query(le=MAX_QUERY_INT, ge=-MAX_QUERY_I
 def list_runs(request: Request, who: Caller, all_users: bool = False,
               all_status: bool = False, status: Annotated[list[str] | None, Query()] = None, limit: QueryInt = 20,
               experiment: str | None = None, accelerator_type: str | None = None,
-              num_accelerators: OptionalQueryInt = None, user: str | None = None) -> dict[str, Any]:
+              num_accelerators: OptionalQueryInt = None, user: str | None = None) -> dict[str, object]:
     """`user`: that user's runs (those the caller may see), whatever `all_users` says."""
     store = store_of(request)
     if limit <= 0 or limit > 100_000:
         raise UserInputError(f"limit must be 1 to 100000, got {limit}.")
-    wanted: Any = "all" if all_status else (parse_statuses(tuple(status)) if status else None)
+    wanted: frozenset[RunStatus] | Literal["all"] | None = (
+        "all" if all_status else (parse_statuses(tuple(status)) if status else None))
     policy = current_policy()
     viewer = viewer_for(who, policy)
     runs = store.list_runs(statuses=wanted, limit=limit, user=user or (None if all_users else who.user),
@@ -104,7 +106,7 @@ def list_runs(request: Request, who: Caller, all_users: bool = False,
 
 
 @router.get("/pools")
-def list_pools(request: Request, who: Caller) -> dict[str, Any]:
+def list_pools(request: Request, who: Caller) -> dict[str, object]:
     from air.runs.views import pools_view
 
     store = store_of(request)
@@ -126,13 +128,13 @@ def list_pools(request: Request, who: Caller) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}")
-def get_run(request: Request, run_id: str, who: Caller) -> dict[str, Any]:
+def get_run(request: Request, run_id: str, who: Caller) -> dict[str, object]:
     store = store_of(request)
     return run_detail(store, readable_run(store, run_id, who), pages_base=pages_base(request))
 
 
 @router.post("/runs")
-async def submit_run(request: Request, who: Caller) -> dict[str, Any]:
+async def submit_run(request: Request, who: Caller) -> dict[str, object]:
     from air.server.submission import submit_request
 
     body = await json_body(request)
@@ -141,7 +143,7 @@ async def submit_run(request: Request, who: Caller) -> dict[str, Any]:
 
 
 @router.put("/runs/{run_id}/permissions")
-async def put_permissions(request: Request, run_id: str, who: Caller) -> dict[str, Any]:
+async def put_permissions(request: Request, run_id: str, who: Caller) -> dict[str, object]:
     """Replace who else may see or act on the run (the workload's `permissions` form); CAN_MANAGE only."""
     from air.server.visibility import change_permissions
 
@@ -151,7 +153,7 @@ async def put_permissions(request: Request, run_id: str, who: Caller) -> dict[st
 
 
 @router.post("/runs/{run_id}/cancel")
-def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, Any]:
+def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, object]:
     from air.runs.cancel import cancel_run as cancel
     from air.runs.cancel import canceled_by
     from air.server.audit import RUN_CANCEL, record
@@ -241,7 +243,7 @@ def _attempt_of(request: Request, run: Run, attempt: int | None) -> int:
 
 
 @router.get("/runs/{run_id}/logs")
-def list_logs(request: Request, run_id: str, who: Caller, attempt: OptionalQueryInt = None) -> dict[str, Any]:
+def list_logs(request: Request, run_id: str, who: Caller, attempt: OptionalQueryInt = None) -> dict[str, object]:
     """The logs of one attempt (`air logs --download-to`): each one's label, index and size in bytes."""
     run = readable_run(store_of(request), run_id, who)
     index = _attempt_of(request, run, attempt)
@@ -278,13 +280,13 @@ def download_log(request: Request, run_id: str, label: str, index: int, who: Cal
 
 
 @router.post("/blobs/missing")
-async def blobs_missing(request: Request) -> dict[str, Any]:
+async def blobs_missing(request: Request) -> dict[str, object]:
     asked = parse_request(BlobsMissingRequest, await json_body(request), "blob question")
     return BlobsMissingAnswer(missing=missing_blobs(_paths(request), asked.digests)).model_dump(mode="json")
 
 
 @router.put("/blobs/{digest}")
-async def put_blob(request: Request, digest: str) -> dict[str, Any]:
+async def put_blob(request: Request, digest: str) -> dict[str, object]:
     check_digest(digest)
     size = await receive_blob(_paths(request), digest, read_limited(request))  # streamed to disk as it comes
     return {"digest": digest, "size": size}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 from fastapi import APIRouter, Request
 
@@ -15,7 +15,7 @@ from air.server.tokens import Principal
 router = APIRouter()
 
 
-def _store(request: Request, who: Principal) -> Any:
+def _store(request: Request, who: Principal) -> Path:
     return request.app.state.paths.user_secrets(who.user)
 
 
@@ -30,14 +30,14 @@ def _check_room(request: Request, who: Principal, scope: str, key: str) -> None:
 
 
 @router.get("/secrets")
-def list_secrets(request: Request, who: Caller) -> dict[str, Any]:
+def list_secrets(request: Request, who: Caller) -> dict[str, object]:
     from air.workload.secrets import list_secrets as listed
 
     return {"secrets": [{"scope": s, "key": k} for s, k in listed(store=_store(request, who))]}
 
 
 @router.put("/secrets/{scope}/{key}")
-async def put_secret(request: Request, scope: str, key: str, who: Caller) -> dict[str, Any]:
+async def put_secret(request: Request, scope: str, key: str, who: Caller) -> dict[str, object]:
     from starlette.concurrency import run_in_threadpool
 
     from air.workload.secrets import put_secret as put
@@ -57,7 +57,7 @@ async def put_secret(request: Request, scope: str, key: str, who: Caller) -> dic
 
 
 @router.delete("/secrets/{scope}/{key}")
-def delete_secret(request: Request, scope: str, key: str, who: Caller) -> dict[str, Any]:
+def delete_secret(request: Request, scope: str, key: str, who: Caller) -> dict[str, object]:
     from air.workload.secrets import delete_secret as delete
 
     delete(scope, key, store=_store(request, who))

@@ -14,12 +14,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TextIO
 
 from air.errors import UserInputError
 
 if TYPE_CHECKING:
+    import uvicorn
+
+    from air.runs.store import RunStore
     from air.server.mlflow_server import MLflowState
+
+#: `serve`'s `on_ready(url, mlflow_uri, mlflow_state)`, called once the port is open.
+OnReady = Callable[[str, str, "MLflowState | None"], None]
 
 _log = logging.getLogger("air.server")
 
@@ -27,7 +33,7 @@ _log = logging.getLogger("air.server")
 class _Server:
     """uvicorn.Server that also tells the app's open streams to end when a stop signal comes."""
 
-    def __init__(self, config: Any, stopping: threading.Event) -> None:
+    def __init__(self, config: uvicorn.Config, stopping: threading.Event) -> None:
         import uvicorn
 
         class Server(uvicorn.Server):
@@ -63,7 +69,7 @@ def _reap_detached(known: set[int]) -> None:
             continue
 
 
-def _housekeeping(store: Any, stopping: threading.Event) -> None:
+def _housekeeping(store: RunStore, stopping: threading.Event) -> None:
     """Collect the exit status of supervisors this server started (none lingers as a zombie), and end
     runs whose supervisor died (what every local `air` command does, here without one being typed)."""
     from air.runs.follow import RECONCILE_EVERY_S
@@ -101,7 +107,7 @@ def check_server_home() -> str:
 
 
 def serve(host: str, port: int, *, mlflow: bool = False, tls_cert: Path | None = None,
-          tls_key: Path | None = None, on_ready: Any = None, public: str | None = None,
+          tls_key: Path | None = None, on_ready: OnReady | None = None, public: str | None = None,
           single_trust_domain: bool = False, on_mlflow: Callable[[MLflowState], None] | None = None,
           critical_users: frozenset[str] = frozenset()) -> None:
     """Serve until stopped (and, with `mlflow`, MLflow on a Unix socket behind the door at `/mlflow`,
@@ -144,7 +150,7 @@ def _warnings_to_log() -> None:
 
     log = ServerPaths.here().log
 
-    def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+    def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
                line: str | None = None) -> None:
         try:
             log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -157,7 +163,7 @@ def _warnings_to_log() -> None:
 
 
 def _serve(host: str, port: int, *, mlflow_socket: Path | None, tls_cert: Path | None, tls_key: Path | None,
-           on_ready: Any, door: str | None = None, isolation: str = "", credential: str = "",
+           on_ready: OnReady | None, door: str | None = None, isolation: str = "", credential: str = "",
            mlflow_state: MLflowState | None = None, critical_users: frozenset[str] = frozenset()) -> None:
     import uvicorn
 

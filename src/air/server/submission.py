@@ -8,8 +8,6 @@ and an idempotency key is the user's own (bob's key never returns alice's run).
 
 from __future__ import annotations
 
-from typing import Any
-
 from air.client.models import DryRunAnswer, SubmitAnswer, SubmitRequest, parse_request
 from air.errors import UserInputError
 from air.runs.store import RunStore
@@ -17,7 +15,7 @@ from air.server.tokens import Principal
 from air.server.uploads import ServerPaths, build_snapshot
 
 
-def _spec_with_root(spec: dict[str, Any], root: str) -> dict[str, Any]:
+def _spec_with_root(spec: dict[str, object], root: str) -> dict[str, object]:
     return {**spec, "code_source": {"type": "snapshot", "snapshot": {"root_path": root}}}
 
 
@@ -31,8 +29,8 @@ def check_priority(who: Principal, priority_class: str, critical_users: frozense
                         "to `air server start --critical-users`.")
 
 
-def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: Any, *,
-                   critical_users: frozenset[str] = frozenset()) -> dict[str, Any]:
+def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: object, *,
+                   critical_users: frozenset[str] = frozenset()) -> dict[str, object]:
     from air.runs.submit import prepare_spec, submit
     from air.server.visibility import check_groups
     from air.workload.loading import parse_workload
@@ -40,7 +38,7 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: An
     if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
         raise UserInputError("The submit body must be an object with 'spec' (the workload, as a mapping).")
     request = parse_request(SubmitRequest, body, "submit request")
-    spec_data: dict[str, Any] = dict(request.spec)
+    spec_data: dict[str, object] = dict(request.spec)
     manifest = request.snapshot.model_dump(exclude_none=True) if request.snapshot is not None else None
     environment = spec_data.get("environment")
     if isinstance(environment, dict) and isinstance(environment.get("dependencies"), str):

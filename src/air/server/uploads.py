@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO, TypedDict
 
 from air.constants import SERVER_MAX_SNAPSHOT_FILES
 from air.errors import UserInputError
@@ -78,7 +78,7 @@ class ServerPaths:
         return AirHome(self.root / "users" / user).secrets
 
 
-def check_digest(digest: Any) -> str:
+def check_digest(digest: object) -> str:
     if not isinstance(digest, str) or not _SHA_RE.match(digest):
         raise UserInputError(f"{str(digest)[:80]!r} is not a blob name (64 lowercase hex digits of a sha256).")
     return digest
@@ -167,7 +167,7 @@ async def receive_blob(paths: ServerPaths, digest: str, chunks: AsyncIterator[by
         upload.discard()
 
 
-def _check_path(path: Any) -> str:
+def _check_path(path: object) -> str:
     if not isinstance(path, str) or not path or len(path) > 4096 or "\x00" in path or "\\" in path:
         raise UserInputError(f"Snapshot file name {str(path)[:200]!r} is not a relative path.")
     parts = path.split("/")
@@ -177,7 +177,17 @@ def _check_path(path: Any) -> str:
     return path
 
 
-def _check_manifest(manifest: Any) -> tuple[str, list[dict[str, Any]]]:
+class ManifestFile(TypedDict, total=False):
+    """One file of a snapshot manifest, as `_check_manifest` has checked it (`target` for a link, else
+    `sha256`)."""
+
+    path: str
+    mode: str
+    sha256: str
+    target: str
+
+
+def _check_manifest(manifest: object) -> tuple[str, list[ManifestFile]]:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
         raise UserInputError("'snapshot' must be an object with 'name' and a list 'files'.")
     name = manifest.get("name")
@@ -223,7 +233,7 @@ def _check_manifest(manifest: Any) -> tuple[str, list[dict[str, Any]]]:
     return name, files
 
 
-def build_snapshot(paths: ServerPaths, manifest: Any) -> Path:
+def build_snapshot(paths: ServerPaths, manifest: object) -> Path:
     """The folder holding the snapshot `manifest` describes, built from blobs once (then reused). Every
     check comes first: a bad manifest or a missing blob writes nothing."""
     name, files = _check_manifest(manifest)

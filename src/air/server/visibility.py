@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from air.config import AirConfig, config_path, load_config
 from air.errors import NotFoundError, UserInputError
@@ -96,7 +96,7 @@ def _check_group_names(wanted: list[str], policy: Policy) -> None:
             "the server's config.yaml.")
 
 
-def change_permissions(store: RunStore, run_id: str, who: Principal, body: Any) -> Run:
+def change_permissions(store: RunStore, run_id: str, who: Principal, body: object) -> Run:
     """Replace a run's `permissions` (`PUT /api/v1/runs/{id}/permissions`, body `{"permissions": [...]}` in
     the workload's form); needs CAN_MANAGE (404 for one who may not view the run, 403 for one who may view
     but not manage it); kept in the audit log."""

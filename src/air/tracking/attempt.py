@@ -8,7 +8,6 @@ attempt and so a new run in the same experiment, as in the reference.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from air.tracking.handle import TrackingHandle
 from air.tracking.params import MAX_PARAMS_PER_BATCH, clean_params, clean_tags
@@ -50,11 +49,13 @@ def attempt_tags(
 def start_attempt_run(
     experiment_name: str,
     run_name: str | None,
-    tags: Mapping[str, Any],
-    params: Mapping[str, Any],
+    tags: Mapping[str, object],
+    params: Mapping[str, object],
     warn: Warn | None = None,
+    timeout_s: int | None = None,
 ) -> TrackingHandle | None:
     """Create the MLflow run of one attempt; None (with a warning) when tracking is unavailable.
+    `timeout_s`: a longer per-request limit than air's short one (a loaded server's answers take seconds).
 
     The experiment is created or appended to and tagged `air-show-logs=true`; the run is named
     `run_name` (default: the experiment name) and carries `tags` (see `attempt_tags`) and `params`
@@ -63,7 +64,7 @@ def start_attempt_run(
     warn = warn or default_warn
     uri = tracking_uri()
     try:
-        with http_limits(uri):
+        with http_limits(uri, timeout_s):
             mlflow_client = client(uri)
             exp = get_or_create_experiment(mlflow_client, uri, experiment_name, warn)
             run_tags = clean_tags({"mlflow.user": os_user(), **dict(tags)}, warn)
@@ -81,7 +82,7 @@ def start_attempt_run(
     return handle
 
 
-def log_params(handle: TrackingHandle, params: Mapping[str, Any]) -> bool:
+def log_params(handle: TrackingHandle, params: Mapping[str, object]) -> bool:
     """Log `params` into the handle's run in batches MLflow accepts; False on failure."""
     cleaned = clean_params(params, handle.warn)
     if not cleaned:

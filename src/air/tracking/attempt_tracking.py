@@ -6,7 +6,10 @@ and the MLflow run's status at the end. It never decides whether training runs: 
 warning line (supervisor.log, or the caller's stderr).
 
 A workload attempt's MLflow run is made off the start path (`WorkloadTracking`): in a background thread
-while the nodes already run, handed to them through node_hook.py when it exists.
+while the nodes already run, handed to them through node_hook.py when it exists. The controller joins
+that thread (`wait_ready`) before it records a retried attempt's end (RETRY names its run); the last
+attempt's end and the run's end state are written at once, and `end()`, called after them in the same
+supervisor, waits for the run (its id is then recorded by the `when_ready` callback) and ends it.
 """
 
 from __future__ import annotations
@@ -17,23 +20,31 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from air.tracking.handle import TrackingHandle
-from air.tracking.store import tracking_enabled, tracking_uri
+from air.tracking.store import is_http, tracking_enabled, tracking_uri
 
-#: MLflow's switch that makes `mlflow.log_metric` & co. queue and return at once.
-ASYNC_LOGGING = "MLFLOW_ENABLE_ASYNC_LOGGING"
+if TYPE_CHECKING:
+    from air.tracking.sysmetrics import SystemMetricsSampler
 
 #: The nodes' MLflow HTTP retries (MLflow's defaults, but 10 tries, MLflow's maximum, instead of 7: backoff
 #: doubles from 2 s up to urllib3's 120 s cap, so a queued metric is retried for ~10 minutes, not ~4: an
-#: air server restart, its MLflow's start included, takes minutes on a loaded machine).
+#: air server restart, its MLflow's start included, takes minutes on a loaded machine). The door's 503
+#: while MLflow starts carries a Retry-After, which urllib3 sleeps *instead of* the backoff: honoured, ten
+#: retries were spent in ten Retry-Afters (~50 s) and queued batches dropped; nodes back off the same way
+#: whether the server is down (refused) or starting (503).
 NODE_HTTP_RETRIES = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "10",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "1.0",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "120",
+    "MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER": "false",
 }
+
+#: Per-request limit of the calls that make an attempt's MLflow run through an http(s) server (air's own
+#: calls otherwise give up after 5 s: a loaded server's MLflow answered later, and the attempt ran untracked).
+CREATE_HTTP_TIMEOUT_S = 60
 
 #: Node and rank logs uploaded at once at the end of an attempt (a 32-node attempt: 4 rounds, not 32).
 UPLOAD_WORKERS = 8
@@ -46,7 +57,7 @@ class AttemptTracking:
         self.handle = handle
         self.attempt = attempt
         self.warn = warn
-        self.samplers: list[Any] = []
+        self.samplers: list[SystemMetricsSampler] = []
 
     @classmethod
     def off(cls, attempt: int = 0) -> AttemptTracking:
@@ -54,7 +65,7 @@ class AttemptTracking:
 
     @classmethod
     def for_workload(cls, *, experiment: str, run_name: str | None, tags: Mapping[str, str],
-                     params: Mapping[str, Any], attempt: int, warn: Callable[[str], None],
+                     params: Mapping[str, object], attempt: int, warn: Callable[[str], None],
                      files: tuple[Path, Path] | None = None, before: Callable[[], object] | None = None,
                      wait: bool = False) -> AttemptTracking:
         """A workload attempt: one MLflow run in the workload's experiment, with its parameters.
@@ -64,12 +75,15 @@ class AttemptTracking:
         if not tracking_enabled():
             return cls(None, attempt, warn)
 
+        once = _WarnOnce(warn)  # retried in the background (WorkloadTracking): one line per attempt
+
         def create() -> TrackingHandle | None:
             from air.tracking.attempt import start_attempt_run
 
             if before is not None:
                 before()
-            return start_attempt_run(experiment, run_name, tags=tags, params=params, warn=warn)
+            return start_attempt_run(experiment, run_name, tags=tags, params=params, warn=once,
+                                     timeout_s=CREATE_HTTP_TIMEOUT_S)
 
         if files is not None:
             return WorkloadTracking(create, attempt=attempt, env_file=files[0], hook_dir=files[1], warn=warn,
@@ -102,6 +116,11 @@ class AttemptTracking:
     def when_ready(self, callback: Callable[[], None]) -> None:
         """Call `callback` once the MLflow run exists or is known not to (here: at once)."""
         callback()
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Wait until the run exists (or is known not to) and every `when_ready` callback ran, so the
+        attempt's end is recorded after its MLflow run id (readers of an ended attempt see it). Here: at once."""
+        return True
 
     def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int) -> None:
         """System metrics of the nodes on this machine (its CPU and memory; each node's own GPUs, None
@@ -169,6 +188,12 @@ class WorkloadTracking(AttemptTracking):
 
     #: How long `end()` and a waiting `env()` wait for the run to exist.
     CREATE_WAIT_S = 300.0
+    #: How long an ended attempt's `end()` still waits for its run to be made through a server that is away,
+    #: in the living supervisor, before it gives up (with CREATE_WAIT_S before it, within the controller's
+    #: TRACKING_END_S of 600 s, uploads after).
+    LATE_WAIT_S = 240.0
+    #: Longest pause between two tries to make the run.
+    RETRY_PAUSE_MAX_S = 15.0
 
     def __init__(self, create: Callable[[], TrackingHandle | None], *, attempt: int, env_file: Path,
                  hook_dir: Path, warn: Callable[[str], None], wait: bool = False) -> None:
@@ -184,20 +209,23 @@ class WorkloadTracking(AttemptTracking):
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
         self._ended = False
+        self._ending = False
+        self._retrying = False
+        self._give_up = threading.Event()
+        self._late_warned = False
         self._thread = threading.Thread(target=self._run, name="air-mlflow-attempt", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         from air.tracking.node_hook import write_env
 
-        handle: TrackingHandle | None = None
-        try:
-            handle = self._create()
-        except Exception as exc:  # tracking must never fail a run
-            self.warn(f"tracking: off for this attempt: {exc}")
+        handle = self._make()
         with self._lock:
-            if not self._ended:
+            late = self._ended
+            if not late:
                 self.handle = handle
+        if late and handle is not None:  # end() stopped waiting while this call was in flight
+            handle.end("FAILED", "made after the attempt's end had stopped waiting for it")
         try:
             write_env(self.env_file, {k: v for k, v in handle.env().items() if k != "MLFLOW_TRACKING_URI"}
                       if handle is not None else {})
@@ -206,6 +234,27 @@ class WorkloadTracking(AttemptTracking):
         while callbacks := self._take_callbacks():  # ready only once every callback ran (end() waits for it)
             for callback in callbacks:
                 self._safely(callback)
+
+    def _make(self) -> TrackingHandle | None:
+        """The attempt's run; through an http(s) server, tried again (backoff up to `RETRY_PAUSE_MAX_S`) until
+        it is made or `end()` gives up: a server that is away or slow (restarting, loaded) must not leave the
+        attempt untracked. Nodes' `import mlflow` keeps waiting for it meanwhile (node_hook.HOOK_WAIT_S)."""
+        pause = 2.0
+        while True:
+            try:
+                handle = self._create()
+            except Exception as exc:  # tracking must never fail a run
+                self.warn(f"tracking: off for this attempt: {exc}")
+                handle = None
+            if handle is not None or not is_http(self._uri):
+                return handle
+            if not self._retrying:
+                self._retrying = True
+                self.warn("tracking: the attempt's MLflow run is tried again in the background until the "
+                          "tracking server answers (made afterwards if the attempt ends first)")
+            if self._give_up.wait(pause):
+                return None
+            pause = min(2 * pause, self.RETRY_PAUSE_MAX_S)
 
     def _take_callbacks(self) -> list[Callable[[], None]]:
         with self._lock:
@@ -234,6 +283,8 @@ class WorkloadTracking(AttemptTracking):
             if self.handle is None:
                 return {}
             env = dict(self.handle.env())
+            if is_http(self._uri):  # the hook only for its exit flush of MLflow's queue (node_hook.py)
+                env |= _hook_env(self.hook_dir, self.env_file, self.warn)
         else:
             from air.tracking.node_hook import write_hook
 
@@ -243,21 +294,89 @@ class WorkloadTracking(AttemptTracking):
                 self.warn(f"tracking: the nodes cannot learn their MLflow run: {exc}")
                 return {"MLFLOW_TRACKING_URI": self._uri}
             env = {"MLFLOW_TRACKING_URI": self._uri, "PYTHONPATH": str(hook)}
+        if is_http(self._uri):
+            # A tracking server that is away (restarting) must not block training: the hook turns on MLflow's
+            # async logging and flushes its queue at exit; queued metrics are retried until the server is back.
+            # The retry variables are given explicitly: air's own short limits (store.http_limits) may be in
+            # this process's environment right now (the creating thread), and must not reach the nodes.
+            env |= {**NODE_HTTP_RETRIES, **self._user_http}
         return env
 
     def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int) -> None:
         """Sampling starts when the run exists (nothing is logged before it does)."""
-        self.when_ready(lambda: AttemptTracking.start_samplers(self, gpus_per_node, num_nodes))
+        self.when_ready(lambda: None if self._ending else AttemptTracking.start_samplers(self, gpus_per_node,
+                                                                                         num_nodes))
+
+    def wait_ready(self, timeout_s: float | None = None) -> bool:
+        """Join the creating thread (bounded: `CREATE_WAIT_S` by default); False (one warning) if it is
+        still at work, e.g. a tracking server that does not answer. Once it was late, it is not waited for again."""
+        if timeout_s is None:
+            timeout_s = 0.0 if self._late_warned else self.CREATE_WAIT_S
+        if self._ready.wait(timeout_s):
+            return True
+        with self._lock:
+            warned, self._late_warned = self._late_warned, True
+        if not warned:
+            self.warn(f"tracking: the attempt's MLflow run was not made within {timeout_s:g} s; the attempt "
+                      "ends without it")
+        return False
 
     def end(self, status: str, reason: str | None = None, *, node_logs: Mapping[int, Path] | None = None,
             rank_logs: Mapping[int, Path] | None = None) -> None:
-        if not self._ready.wait(self.CREATE_WAIT_S):
-            self.warn(f"tracking: the attempt's MLflow run was not made within {self.CREATE_WAIT_S:g} s; "
-                      "it is not ended")
+        self._ending = True
+        if not self.wait_ready() and not self._ready.wait(self.LATE_WAIT_S):
+            # The supervisor lives on for this: the run is made (its logs and status below) as soon as the
+            # server answers; only after LATE_WAIT_S more it gives up (reconcile's back-fill is for dead ones).
             with self._lock:
                 self._ended = True
+            self._give_up.set()
+            self.warn(f"tracking: the attempt's MLflow run could not be made within {self.LATE_WAIT_S:g} s "
+                      "after its end; given up")
+            from air.tracking.node_hook import write_env
+
+            try:
+                write_env(self.env_file, {})  # (hooks still waiting go on without it: node_hook.py)
+            except OSError:
+                pass
             return
+        if self.handle is not None:
+            from air.tracking.backfill import copy_spool
+
+            copy_spool(spool_dir(self.hook_dir), self.handle, self.warn)
+            if self._retrying:
+                self.handle.set_tags({"air.backfilled": "true"})
         super().end(status, reason, node_logs=node_logs, rank_logs=rank_logs)
+
+
+class _WarnOnce:
+    """`warn`, but each distinct line once (a run made again and again writes its failure once)."""
+
+    def __init__(self, warn: Callable[[str], None]) -> None:
+        self.warn = warn
+        self.said: set[str] = set()
+
+    def __call__(self, line: str) -> None:
+        key = line.split(":", 2)[:2]
+        if str(key) not in self.said:
+            self.said.add(str(key))
+            self.warn(line)
+
+
+def spool_dir(hook_dir: Path) -> Path:
+    """Where the node hook points MLflow of a process that gave up waiting for the run (node_hook.py)."""
+    from air.tracking.node_hook import spool_of
+
+    return spool_of(hook_dir)
+
+
+def _hook_env(hook_dir: Path, env_file: Path, warn: Callable[[str], None]) -> dict[str, str]:
+    from air.tracking.node_hook import write_hook
+
+    try:
+        return {"PYTHONPATH": str(write_hook(hook_dir, env_file))}
+    except OSError as exc:
+        warn(f"tracking: the nodes' MLflow logging blocks while the server is away: {exc}")
+        return {}
 
 
 def node_hook_env(env: dict[str, str], tracking_env: Mapping[str, str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from air.tracking.handle import TrackingHandle
 from air.tracking.params import clean_tags
@@ -35,6 +35,7 @@ from air.tracking.store import (
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+    from mlflow.entities import Run
 
 #: Experiment of calls made with no experiment chosen.
 DEFAULT_CALL_EXPERIMENT = "air-distributed"
@@ -45,7 +46,7 @@ PARENT_RUN_TAG = "mlflow.parentRunId"
 
 def start_call_run(
     func_name: str,
-    tags: Mapping[str, Any] | None = None,
+    tags: Mapping[str, object] | None = None,
     warn: Warn | None = None,
     *,
     run_name: str | None = None,
@@ -64,7 +65,7 @@ def start_call_run(
         with http_limits(uri):
             mlflow_client = client(uri)
             parent_id, exp_id = _parent_and_experiment(mlflow_client, active, active_exp, uri, warn)
-            run_tags: dict[str, Any] = {"mlflow.user": os_user(), **dict(tags or {})}
+            run_tags: dict[str, object] = {"mlflow.user": os_user(), **dict(tags or {})}
             if parent_id:
                 run_tags[PARENT_RUN_TAG] = parent_id
             run = mlflow_client.create_run(
@@ -80,7 +81,7 @@ def start_call_run(
 
 
 def _parent_and_experiment(
-    mlflow_client: MlflowClient, active: Any, active_exp: str | None, uri: str, warn: Warn
+    mlflow_client: MlflowClient, active: Run | None, active_exp: str | None, uri: str, warn: Warn
 ) -> tuple[str | None, str]:
     """The run to nest under (if any) and the experiment id the call run goes into."""
     parent = active

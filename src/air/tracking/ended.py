@@ -46,7 +46,7 @@ def end_orphaned(runs: Iterable[tuple[str, str | None]], status: EndStatus, *, l
             subprocess.Popen([sys.executable, "-m", "air.tracking.ended", job], stdin=subprocess.DEVNULL,
                              stdout=out, stderr=out, start_new_session=True, close_fds=True)
     except OSError as exc:
-        _note(log, f"could not end the MLflow run(s) {', '.join(r for r, _ in jobs)}: {exc}")
+        note(log, f"could not end the MLflow run(s) {', '.join(r for r, _ in jobs)}: {exc}")
         return False
     return True
 
@@ -68,7 +68,8 @@ def refs_of(pairs: Iterable[tuple[str | None, Path]]) -> list[tuple[str, str | N
     return found
 
 
-def _note(log: Path, message: str) -> None:
+def note(log: Path, message: str) -> None:
+    """One line in the run's supervisor.log from a short tracking process (never raises: a note is best effort)."""
     try:
         with open(log, "a") as out:
             out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} [air] tracking: {message}\n")

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from air.tracking.params import clean_tags
 from air.tracking.store import (
@@ -101,7 +102,7 @@ class TrackingHandle:
 
     # ---- run metadata ------------------------------------------------------------------------------
 
-    def set_tags(self, tags: dict[str, Any]) -> bool:
+    def set_tags(self, tags: Mapping[str, object]) -> bool:
         """Add or overwrite run tags (values stringified and cut to MLflow's limit)."""
         cleaned = clean_tags(tags, self.warn)
         if not cleaned:
@@ -132,7 +133,7 @@ class TrackingHandle:
 
     # ---- plumbing ----------------------------------------------------------------------------------
 
-    def _call(self, what: str, func: Any, timeout_s: int | None = None) -> bool:
+    def _call(self, what: str, func: Callable[[], object], timeout_s: int | None = None) -> bool:
         """Run one tracking step with short HTTP limits; failures become warnings, never errors."""
         if self._failures >= MAX_CONSECUTIVE_FAILURES:
             return False
@@ -151,7 +152,7 @@ class TrackingHandle:
         self._failures = 0
         return True
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         """Pickle as plain data: a caller's `warn` (a bound logger, a lambda) need not pickle."""
         state = dict(self.__dict__)
         state["warn"] = default_warn

@@ -21,8 +21,12 @@ from pathlib import Path
 
 from air.files import atomic_write_text
 
-#: How long a node's `import mlflow` waits for the attempt's run before going on without it.
+#: How long a node's `import mlflow` waits for the attempt's run before going on without it (into a local
+#: store under the hook's folder, copied into the run once it is made: never a stray run on the server).
 HOOK_WAIT_S = 120.0
+#: Longest a node process's exit waits for MLflow's queue to be sent (MLflow's own retries, ~10 minutes
+#: with the nodes' settings, end sooner: this only bounds a client stuck past them).
+FLUSH_S = 660.0
 
 _HOOK = '''"""Written by air (air/tracking/node_hook.py): MLflow's run for this node's processes, once it exists."""
 import os
@@ -43,9 +47,25 @@ def _air_mlflow_hook():
                 values = json.load(fh)
         except (OSError, ValueError):
             return False
+        # `{}`: the supervisor gave up on the run; or a parent process already logs locally (its children
+        # inherit its local store, not the tracking URI they would need for the run id).
+        if not values.get("MLFLOW_RUN_ID") or os.environ.get("MLFLOW_TRACKING_URI", "").startswith("file://" + SPOOL):
+            spool()
+            return True
         for key, value in values.items():
             os.environ.setdefault(key, str(value))
         return True
+
+    def spool():
+        # No run to log into: never MLflow's own stray run on the server. This process's MLflow writes a
+        # local store under the hook's folder instead; the supervisor copies it into the attempt's run once
+        # that is made (tracking/backfill.py: copy_spool).
+        if os.environ.get("MLFLOW_RUN_ID"):
+            return
+        os.environ["MLFLOW_TRACKING_URI"] = "file://" + os.path.join(SPOOL, str(os.getpid()))
+        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+        os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        os.environ.pop("MLFLOW_EXPERIMENT_NAME", None)
 
     class Loader(importlib.abc.Loader):
         def __init__(self, inner):
@@ -59,8 +79,9 @@ def _air_mlflow_hook():
             while not load() and time.monotonic() < deadline:
                 time.sleep(0.05)
             if not load():
-                sys.stderr.write(f"[air] the attempt's MLflow run was not made within {WAIT_S:g} s; "
-                                 "MLflow goes on without it\\n")
+                spool()
+                sys.stderr.write(f"[air] the attempt's MLflow run was not made within {WAIT_S:g} s; this "
+                                 "process's MLflow logs locally, copied into the run once it is made\\n")
             try:
                 sys.meta_path.remove(gate)
             except ValueError:
@@ -100,8 +121,61 @@ def _air_mlflow_hook():
             sys.modules["sitecustomize"] = mine
 
 
+def _air_async_logging():
+    # Through an http(s) tracking server, `mlflow.log_metric` & co. queue and return at once (MLflow's
+    # async logging), so a server that is away (restarting) never blocks training; the queue retries
+    # until it is back. MLflow drains its queue in an `atexit` callback, but Python runs that only after
+    # `concurrent.futures` has shut its thread pools (a threading-atexit hook), so a batch still queued
+    # then is dropped ("cannot schedule new futures after interpreter shutdown"): a process that logs
+    # and exits at once lost its metrics. This flush is registered after concurrent.futures' own hook,
+    # and those run in reverse order: it runs first, while the pools still take work.
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri.startswith(("http://", "https://")):
+        return
+    import threading
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        return
+    os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "true")
+    if os.environ["MLFLOW_ENABLE_ASYNC_LOGGING"].strip().lower() not in ("true", "1"):
+        return
+    # Queued values merged into one request per BUFFER_S (up to MLflow's 1000 per batch), not one request
+    # per `log_metric`: after an outage a node's queue drains in a few requests, not thousands.
+    os.environ.setdefault("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS", BUFFER_S)
+    import concurrent.futures.thread  # noqa: F401  (its exit hook first, so this one runs before it)
+
+    def send():
+        mlflow = sys.modules.get("mlflow")
+        flush_all = getattr(mlflow, "flush_async_logging", None)
+        if flush_all is None:
+            return
+        try:
+            flush_all()
+        except Exception as exc:
+            sys.stderr.write(f"[air] MLflow's queued metrics could not be sent at exit: {exc}\\n")
+
+    def flush():
+        # Bounded: a node whose tracking server never comes back still exits (after MLflow's own retries).
+        sender = threading.Thread(target=send, name="air-mlflow-flush", daemon=True)
+        sender.start()
+        sender.join(FLUSH_S)
+        if sender.is_alive():
+            sys.stderr.write(f"[air] MLflow's queued metrics were not sent within {FLUSH_S:g} s of the exit; "
+                             "the process exits without them\\n")
+
+    try:
+        register(flush)
+    except RuntimeError:
+        pass
+
+
 WAIT_S = @WAIT_S@
 ENV_FILE = @ENV_FILE@
+SPOOL = @SPOOL@
+FLUSH_S = @FLUSH_S@
+BUFFER_S = "2"
+_air_async_logging()
 _air_mlflow_hook()
 '''
 
@@ -110,9 +184,15 @@ def write_hook(folder: Path, env_file: Path, wait_s: float = HOOK_WAIT_S) -> Pat
     """Write the hook into `folder` (its `sitecustomize.py`); put `folder` first on the nodes' PYTHONPATH.
     It reads the run's variables from `env_file` (see `write_env`)."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    source = _HOOK.replace("@WAIT_S@", repr(float(wait_s))).replace("@ENV_FILE@", repr(str(env_file)))
+    source = (_HOOK.replace("@WAIT_S@", repr(float(wait_s))).replace("@ENV_FILE@", repr(str(env_file)))
+              .replace("@SPOOL@", repr(str(spool_of(folder)))).replace("@FLUSH_S@", repr(float(FLUSH_S))))
     atomic_write_text(folder / "sitecustomize.py", source)
     return folder
+
+
+def spool_of(folder: Path) -> Path:
+    """The local MLflow stores (one per process) of node processes that gave up waiting for the run."""
+    return folder / "spool"
 
 
 def write_env(path: Path, values: Mapping[str, str]) -> None:

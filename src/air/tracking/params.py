@@ -10,7 +10,6 @@ import json
 import posixpath
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from air.tracking.store import Warn
 
@@ -23,7 +22,7 @@ MAX_PARAMS_PER_BATCH = 100
 _INVALID_KEY_CHARS = re.compile(r"[^/\w.\- :]")
 
 
-def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+def flatten_params(params: Mapping[str, object], prefix: str = "") -> dict[str, str]:
     """Nested mappings become dotted keys (`optim.lr`); lists and other values become text.
 
     Lists are JSON rather than `a.0`, `a.1` keys: a list of layer sizes is one parameter to a reader.
@@ -73,12 +72,12 @@ def _clean(items: Mapping[str, str], limit: int, kind: str, warn: Warn) -> dict[
     return out
 
 
-def clean_tags(tags: Mapping[str, Any], warn: Warn) -> dict[str, str]:
+def clean_tags(tags: Mapping[str, object], warn: Warn) -> dict[str, str]:
     """Tags as MLflow wants them: `None` dropped, values stringified and bounded."""
     as_text = {str(k): str(v) for k, v in tags.items() if v is not None}
     return _clean(as_text, MAX_TAG_VALUE_LENGTH, "tag", warn)
 
 
-def clean_params(params: Mapping[str, Any], warn: Warn) -> dict[str, str]:
+def clean_params(params: Mapping[str, object], warn: Warn) -> dict[str, str]:
     """`parameters` flattened and bounded, ready for `log_batch`."""
     return _clean(flatten_params(params), MAX_PARAM_VALUE_LENGTH, "parameter", warn)

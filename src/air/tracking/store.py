@@ -10,7 +10,8 @@ session, so plain `mlflow.log_metric` from many rank processes into one SQLite f
 instead of failing with "database is locked" (4 processes x 200 calls and 8 x 300 all land). air adds
 WAL journaling to the embedded file so readers (the UI, `air get run`, the sampler) never block writers,
 and a file lock around first creation so two supervisors on a fresh AIR_HOME don't race MLflow's
-schema migration.
+schema migration; the file is made whole under a private name and linked into place, so no process
+(one that took no lock included) ever opens a half-migrated store.
 """
 
 from __future__ import annotations
@@ -161,17 +162,39 @@ def prepare_store(uri: str) -> None:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if not db.exists():
-                    # Created through the store class so that even MLflow's "Default" experiment
-                    # keeps its artifacts under AIR_HOME, not in whatever folder the caller is in.
-                    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-                    with _quiet_loggers("mlflow.store.db.utils", "alembic"):
-                        SqlAlchemyStore(uri, root.as_uri())
+                    _create_store(db, root)
                 MlflowClient(uri).search_experiments(max_results=1)  # checks the schema version
                 _enable_wal(db)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         _prepared.add(uri)
+
+
+def _create_store(db: Path, root: Path) -> None:
+    """Make the embedded store's file whole, then put it in place: MLflow's schema creation (tables, then
+    ~60 migrations, seconds under load) runs on a private file, and `db` appears only complete (WAL set),
+    so no process ever opens a half-migrated store (two migrations at once fail: "duplicate column name").
+    A `db` that appeared meanwhile (made by an MLflow that took no lock) is kept as it is."""
+    # Created through the store class so that even MLflow's "Default" experiment keeps its artifacts
+    # under AIR_HOME, not in whatever folder the caller is in.
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    draft = db.with_name(f".{db.name}.{os.getpid()}.draft")
+    try:
+        draft.unlink(missing_ok=True)
+        with _quiet_loggers("mlflow.store.db.utils", "alembic"):
+            SqlAlchemyStore(f"sqlite:///{draft}", root.as_uri()).engine.dispose()
+        _enable_wal(draft)
+        try:
+            os.link(draft, db)  # atomic, and never over a store that exists
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links: still atomic, under the lock
+            if not db.exists():
+                os.replace(draft, db)
+    finally:
+        for leftover in (draft, draft.with_name(draft.name + "-wal"), draft.with_name(draft.name + "-shm")):
+            leftover.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

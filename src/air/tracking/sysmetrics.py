@@ -19,7 +19,6 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from air.tracking.store import Warn, client, default_warn, http_limits, short_message, tracking_uri
 
@@ -64,7 +63,7 @@ class SystemMetricsSampler:
         self.step = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._gpus: dict[int, list[Any]] = {}
+        self._gpus: dict[int, list[object]] = {}  # pynvml's device handles, per node
         self._nvml = False
         self._failed = False
         self._cpu_last: tuple[float, float] | None = None
@@ -207,7 +206,7 @@ class SystemMetricsSampler:
             self._gpus = {}
 
 
-def _gpu_sample(i: int, handle: Any) -> dict[str, float]:
+def _gpu_sample(i: int, handle: object) -> dict[str, float]:
     """Utilisation, memory and power of one GPU; readings a GPU does not support are left out."""
     import pynvml
 

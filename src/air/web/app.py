@@ -53,7 +53,7 @@ from air.web.security import SecurityHeaders
 HERE = Path(__file__).parent
 #: What the pages tell the server's audit log: (actor, action, target, detail); `air server` passes
 #: air.server.audit.record over its store.
-AuditHook = Callable[[str, str, "str | None", Mapping[str, Any]], None]
+AuditHook = Callable[[str, str, "str | None", Mapping[str, object]], None]
 #: Statuses whose colour class is their own name (the stylesheet has one rule each).
 STATUS_CLASSES = {
     "PENDING": "wait", "QUEUED": "wait", "WAITING_FOR_RETRY": "wait", "RUNNING": "run",
@@ -177,7 +177,7 @@ def create_web_app(
     def user_of(request: Request) -> WebUser:
         return caller_of(request).user
 
-    def told(actor: str, action: str, target: str | None, **detail: Any) -> None:
+    def told(actor: str, action: str, target: str | None, **detail: object) -> None:
         if audit is not None and auth_on:
             audit(actor, action, target, detail)
 
@@ -201,7 +201,7 @@ def create_web_app(
         return str(request.scope.get("root_path", "")).rstrip("/")
 
     def render(request: Request, name: str, user: WebUser | None, status_code: int = 200,
-               **context: Any) -> Response:
+               **context: object) -> Response:
         context.update(user=user, auth_on=auth_on, base=base(request), refresh_ms=WEB_REFRESH_MS,
                        mlflow_ui=mlflow_url() if mlflow_url else None, csrf=getattr(request.state, "csrf", None))
         return templates.TemplateResponse(request, name, context, status_code=status_code)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from collections.abc import Sequence
-from typing import Any
 
 #: A metric name's suffix -> the unit its axis shows (the names system metrics are logged under).
 UNITS = (("_percentage", "%"), ("_megabytes", "MB"), ("_watts", "W"), ("_seconds", "s"), ("_bytes", "B"))
@@ -84,14 +83,14 @@ def clock_text(epoch_s: float) -> str:
 def line_chart(
     points: Sequence[tuple[float, ...]], name: str = "", *, over_time: bool = False,
     width: int = 380, height: int = 190,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The chart of `points` ((step, value) or (step, value, epoch seconds)) in a width x height SVG.
 
     Over steps, or over the time since the first point with `over_time` (points without times fall back to
     steps). Returns the polyline, each point's position and hover text, the axes, their ticks and labels.
     """
     unit = unit_of(name)
-    empty: dict[str, Any] = {"points": "", "dots": [], "x_ticks": [], "y_ticks": [], "min": None, "max": None, "last": None,
+    empty: dict[str, object] = {"points": "", "dots": [], "x_ticks": [], "y_ticks": [], "min": None, "max": None, "last": None,
              "width": width, "height": height, "unit": unit, "x_label": "", "span": ""}
     rows = [(float(p[0]), float(p[1]), float(p[2]) if len(p) > 2 else None) for p in points]
     rows = [r for r in rows if math.isfinite(r[1])]

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from air.constants import WEB_SHUTDOWN_GRACE_S
 from air.errors import LaunchError
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
 
 
 class PageServer:
     """uvicorn serving `app` on host:port from a daemon thread; `stop()` ends it (open live streams get
     WEB_SHUTDOWN_GRACE_S)."""
 
-    def __init__(self, app: Any, host: str, port: int) -> None:
+    def __init__(self, app: Starlette, host: str, port: int) -> None:
         import uvicorn
 
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,

@@ -107,7 +107,7 @@ def type_label(field: FieldInfo) -> str:
     return _label(field.annotation)
 
 
-def _label(annotation: Any) -> str:
+def _label(annotation: object) -> str:
     members = annotation_members(annotation)
     if int in members and float in members:
         members = tuple(m for m in members if m is not int)
@@ -119,7 +119,7 @@ def _label(annotation: Any) -> str:
     return " or ".join(labels) or "any value"
 
 
-def _member_label(member: Any) -> str:
+def _member_label(member: object) -> str:
     names = {str: "string", int: "integer", float: "number", bool: "boolean"}
     if member in names:
         return names[member]
@@ -212,8 +212,8 @@ def _str_presenter(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _HelpDumper.add_representer(str, _str_presenter)
 
 
-def _example_yaml(loc: tuple[str, ...], example: Any) -> str:
-    data: Any = example
+def _example_yaml(loc: tuple[str, ...], example: object) -> str:
+    data: object = example
     for key in reversed(loc):
         data = {key: data}
     return yaml.dump(data, Dumper=_HelpDumper, sort_keys=False, default_flow_style=False, width=WIDTH)
@@ -242,7 +242,7 @@ def _override_example(loc: tuple[str, ...], field: FieldInfo, model: type[BaseMo
     return f"{dotted(loc)}={_flow(example)}"
 
 
-def _flow(value: Any) -> str:
+def _flow(value: object) -> str:
     if isinstance(value, str):
         return value if " " not in value else repr(value)
     return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()

@@ -15,7 +15,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -82,7 +81,7 @@ def _problems_from(exc: ValidationError, lines: Mapping[tuple[str, ...], Where])
     return problems
 
 
-def _describe(err: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
+def _describe(err: Mapping[str, object], loc: tuple[str | int, ...]) -> str:
     kind, value = err["type"], err.get("input")
     if kind == "air_invalid":
         return str(err["msg"])
@@ -134,7 +133,7 @@ def _hint_for(problems: Sequence[Problem]) -> str:
 # ---- reading YAML -----------------------------------------------------------------------------------
 
 
-def _read_yaml(path: Path, shown: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int], list[Problem]]:
+def _read_yaml(path: Path, shown: str) -> tuple[dict[str, object], dict[tuple[str, ...], int], list[Problem]]:
     """Parse the file: its data, the line of every key, and duplicate keys (which YAML would hide)."""
     if path.suffix.lower() not in (".yaml", ".yml"):
         raise UserInputError(
@@ -246,7 +245,7 @@ def _expand(text: str, base_dir: Path) -> tuple[Path | None, str | None]:
     return Path(os.path.normpath(path)), None
 
 
-def _resolve_paths(data: dict[str, Any], base_dir: Path) -> list[Problem]:
+def _resolve_paths(data: dict[str, object], base_dir: Path) -> list[Problem]:
     """Make the file's paths absolute (in place) and check they exist; type errors are left to the model."""
     code_source = data.get("code_source")
     snapshot = code_source.get("snapshot") if isinstance(code_source, dict) else None
@@ -259,7 +258,7 @@ def _resolve_paths(data: dict[str, Any], base_dir: Path) -> list[Problem]:
     return problems
 
 
-def _resolve_snapshot(snapshot: dict[str, Any], base_dir: Path) -> list[Problem]:
+def _resolve_snapshot(snapshot: dict[str, object], base_dir: Path) -> list[Problem]:
     loc = ("code_source", "snapshot", "root_path")
     given = snapshot.get("root_path")
     if not isinstance(given, str) or not given.strip():
@@ -285,7 +284,7 @@ def _resolve_snapshot(snapshot: dict[str, Any], base_dir: Path) -> list[Problem]
     return problems
 
 
-def _resolve_dependencies(environment: dict[str, Any], base_dir: Path) -> list[Problem]:
+def _resolve_dependencies(environment: dict[str, object], base_dir: Path) -> list[Problem]:
     loc = ("environment", "dependencies")
     deps = environment.get("dependencies")
     if not isinstance(deps, str) or not deps.strip():
@@ -309,7 +308,7 @@ class Composed:
     """A workload file with its `_bases_` merged in: the data, where each key was written, the problems
     found while reading (duplicate keys), and the base files in the order they were merged."""
 
-    data: dict[str, Any]
+    data: dict[str, object]
     lines: dict[tuple[str, ...], Where]
     problems: list[Problem]
     bases: list[Path]
@@ -362,7 +361,7 @@ def _compose(path: Path, shown: str, *, chain: tuple[Path, ...], budget: _Budget
             + " -> ".join(_short(p, chain[0].parent) for p in chain),
             hint="Flatten the bases: a base may list several bases of its own.",
         )
-    merged: dict[str, Any] = {}
+    merged: dict[str, object] = {}
     merged_lines: dict[tuple[str, ...], Where] = {}
     bases: list[Path] = []
     for index, given in enumerate(listed):
@@ -397,18 +396,19 @@ def _compose(path: Path, shown: str, *, chain: tuple[Path, ...], budget: _Budget
     return Composed(_merge(merged, data), merged_lines, problems, bases)
 
 
-def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, object], top: Mapping[str, object]) -> dict[str, object]:
     """`top` over `base`: mappings merge key by key (recursively); any other value replaces."""
     out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+        current = out.get(key)
+        if isinstance(value, dict) and isinstance(current, dict):
+            out[key] = _merge(current, value)
         else:
             out[key] = value
     return out
 
 
-def _rebase_paths(data: dict[str, Any], folder: Path) -> None:
+def _rebase_paths(data: dict[str, object], folder: Path) -> None:
     """A base's relative paths (root_path, a requirements file) made absolute against its own folder, so
     they mean the same wherever it is included; what cannot be expanded is left for the checks."""
     code_source = data.get("code_source")
@@ -433,7 +433,7 @@ def _short(path: Path, folder: Path) -> str:
 
 
 def parse_workload(
-    data: Mapping[str, Any],
+    data: Mapping[str, object],
     *,
     source: str = "workload",
     base_dir: str | Path | None = None,
@@ -469,7 +469,7 @@ def load_workload(path: str | Path, overrides: Sequence[str] = ()) -> WorkloadSp
 
 
 def _validate(
-    data: Mapping[str, Any],
+    data: Mapping[str, object],
     source: str,
     base_dir: Path,
     overrides: Sequence[str],
@@ -507,7 +507,7 @@ def _mark_override(problem: Problem, overridden: Mapping[tuple[str, ...], str]) 
 
 
 def _dedupe(problems: Sequence[Problem]) -> list[Problem]:
-    seen: set[tuple[Any, ...]] = set()
+    seen: set[tuple[object, ...]] = set()
     out = []
     for problem in problems:
         key = (problem.loc, problem.message)

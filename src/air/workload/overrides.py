@@ -52,8 +52,8 @@ def parse_override(text: str) -> tuple[tuple[str, ...], str]:
 
 
 def apply_overrides(
-    data: dict[str, Any], overrides: Sequence[str], model: type[BaseModel] = WorkloadSpec
-) -> tuple[dict[str, Any], list[Problem], dict[tuple[str, ...], str]]:
+    data: dict[str, object], overrides: Sequence[str], model: type[BaseModel] = WorkloadSpec
+) -> tuple[dict[str, object], list[Problem], dict[tuple[str, ...], str]]:
     """Apply overrides to raw workload data, in order (a later one wins).
 
     Returns the data (changed in place), the problems of overrides that could not be applied (each names
@@ -76,11 +76,11 @@ def apply_overrides(
     return data, problems, applied
 
 
-def _apply_one(data: dict[str, Any], path: tuple[str, ...], raw: str, model: type[BaseModel]) -> None:
+def _apply_one(data: dict[str, object], path: tuple[str, ...], raw: str, model: type[BaseModel]) -> None:
     """Walk schema and data together along `path`, creating missing mappings, and set the last key."""
     container = data
     section: type[BaseModel] | None = model  # None: we are inside a free-form map
-    annotation: Any = None
+    annotation: object = None
     for depth, key in enumerate(path):
         here = path[: depth + 1]
         if section is None:
@@ -110,7 +110,7 @@ def _apply_one(data: dict[str, Any], path: tuple[str, ...], raw: str, model: typ
         container = child
 
 
-def coerce_value(raw: str, annotation: Any) -> Any:
+def coerce_value(raw: str, annotation: object) -> object:
     """Fit the text of an override to a field's type (see the module docstring)."""
     members = annotation_members(annotation)
     try:
@@ -132,7 +132,7 @@ def coerce_value(raw: str, annotation: Any) -> Any:
     return parsed  # the model reports the type error, blaming this override
 
 
-def _fits(value: Any, member: Any) -> bool:
+def _fits(value: object, member: object) -> bool:
     if member is bool:
         return isinstance(value, bool)
     if member is int:
@@ -148,7 +148,7 @@ def _fits(value: Any, member: Any) -> bool:
     return False
 
 
-def _kind(annotation: Any) -> str:
+def _kind(annotation: object) -> str:
     members = annotation_members(annotation)
     if any(m is list or get_origin(m) is list for m in members):
         return "a list"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -42,7 +41,7 @@ def _represent_str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _represent_str)
 
 
-def write_parameters(parameters: Mapping[str, Any], path: Path) -> Path:
+def write_parameters(parameters: Mapping[str, object], path: Path) -> Path:
     """Write `parameters` as YAML to `path` atomically (temporary file + rename) and return the path."""
     if not isinstance(parameters, Mapping):
         raise UserInputError(f"parameters: must be a map, got {type(parameters).__name__}")
@@ -61,7 +60,7 @@ def write_parameters(parameters: Mapping[str, Any], path: Path) -> Path:
     return atomic_write_text(Path(path), text)
 
 
-def _unrepresentable(value: Any, where: str) -> str | None:
+def _unrepresentable(value: object, where: str) -> str | None:
     """The dotted path of the first value safe YAML cannot hold, for the error message."""
     try:
         yaml.dump(value, Dumper=_Dumper)

@@ -12,12 +12,22 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from air.settings import AIR_ACCELERATOR_KIND, AIR_ACCELERATOR_TYPE, AIR_RUN_ID
 from air.workload.spec import WorkloadSpec
 
+if TYPE_CHECKING:
+    from air.workload.snapshot import SnapshotPlan
+
 MASK = "***"
+
+
+class SweepPlan(TypedDict):
+    """A `for_each` sweep as the plan holds it: the children's parameter maps, how many may run at once."""
+
+    items: list[dict[str, object]]
+    max_concurrent: int | None
 
 
 @dataclass
@@ -33,7 +43,7 @@ class RunPlan:
     command: str
     env_variables: dict[str, str]
     secret_refs: dict[str, str]
-    parameters: dict[str, Any] | None
+    parameters: dict[str, object] | None
     max_retries: int
     timeout_minutes: float | None
     profile: str
@@ -45,7 +55,7 @@ class RunPlan:
     code_bytes: int = 0
     code_key: str | None = None
     code_notes: list[str] = field(default_factory=list)
-    git: dict[str, Any] | None = None
+    git: dict[str, object] | None = None
     dependencies: list[str] | str | None = None
     dependencies_base_dir: str | None = None
     environment_version: str | int | None = None
@@ -58,7 +68,7 @@ class RunPlan:
     #: The `_bases_` files merged into the workload, in merge order (the dry run names them).
     bases: list[str] = field(default_factory=list)
     #: A `for_each` sweep: {"items": [parameter maps], "max_concurrent": N | None}; None: an ordinary run.
-    sweep: dict[str, Any] | None = None
+    sweep: SweepPlan | None = None
     #: A sweep child's: the parent sweep's MLflow run, which its attempts' runs are nested under.
     mlflow_parent_run_id: str | None = None
     # Filled at submit, when the run exists:
@@ -98,7 +108,7 @@ class RunPlan:
     def from_json(cls, text: str) -> RunPlan:
         return cls(**json.loads(text))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The dry-run view: what would run where, with secrets masked."""
         nodes = [
             {"node_rank": n, "accelerators": self.per_node, "env": dict(sorted(self.node_env(n).items()))}
@@ -126,7 +136,7 @@ class RunPlan:
 
 
 def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address: str | None = None,
-              snapshot_plan: Any | None = None) -> RunPlan:
+              snapshot_plan: SnapshotPlan | None = None) -> RunPlan:
     """The pure half of a launch. `snapshot_plan` is air.workload.snapshot's SnapshotPlan, when any."""
     from air.config import resolve_base_python
 

@@ -15,7 +15,7 @@ from air.workload.spec import WorkloadSpec
 from air.workload.spec_rules import HOSTED_ONLY_KEYS, RENAMED_KEYS, dotted
 
 
-def annotation_members(annotation: Any) -> tuple[Any, ...]:
+def annotation_members(annotation: object) -> tuple[object, ...]:
     """The member types of an annotation, without Annotated wrappers and without None."""
     origin = get_origin(annotation)
     if origin is Annotated:
@@ -27,7 +27,7 @@ def annotation_members(annotation: Any) -> tuple[Any, ...]:
     return (annotation,)
 
 
-def accepts_none(annotation: Any) -> bool:
+def accepts_none(annotation: object) -> bool:
     """Whether a field may be set to null (`str | None`, Any), as opposed to `str`."""
     origin = get_origin(annotation)
     if origin is Annotated:
@@ -37,7 +37,7 @@ def accepts_none(annotation: Any) -> bool:
     return annotation is type(None) or annotation is Any
 
 
-def section_model(annotation: Any) -> type[BaseModel] | None:
+def section_model(annotation: object) -> type[BaseModel] | None:
     """The section model an annotation holds (ComputeSpec for `compute`), or None for other fields."""
     for member in annotation_members(annotation):
         if isinstance(member, type) and issubclass(member, BaseModel):
@@ -48,7 +48,7 @@ def section_model(annotation: Any) -> type[BaseModel] | None:
 _NOT_A_MAP = object()
 
 
-def map_values(annotation: Any) -> Any:
+def map_values(annotation: object) -> object:
     """The value type of a free-form map field (Any for parameters, str for env_variables), else _NOT_A_MAP."""
     if annotation is Any:
         return Any
@@ -60,7 +60,7 @@ def map_values(annotation: Any) -> Any:
     return _NOT_A_MAP
 
 
-def is_map(annotation: Any) -> bool:
+def is_map(annotation: object) -> bool:
     return map_values(annotation) is not _NOT_A_MAP
 
 

@@ -25,11 +25,13 @@ import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from air.errors import UserInputError
 
 if TYPE_CHECKING:
+    from pathspec import GitIgnoreSpec
+
     from air.workload.spec import WorkloadSpec
 from air.home import AirHome
 from air.workload.snapshot_git import (
@@ -76,7 +78,7 @@ class GitProvenance:
     branch: str | None
     dirty: bool
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "repo_root": str(self.repo_root),
             "subdir": self.subdir,
@@ -119,7 +121,7 @@ class SnapshotPlan:
         """Where `materialize_snapshot` puts (or has put) this snapshot; CODE_SOURCE_PATH."""
         return snapshots_root(store_root) / self.key / self.name
 
-    def to_dict(self, max_files: int | None = 50) -> dict[str, Any]:
+    def to_dict(self, max_files: int | None = 50) -> dict[str, object]:
         """A JSON-able summary for `--dry-run` (`max_files=None` lists every file)."""
         files = self.files if max_files is None else self.files[:max_files]
         return {
@@ -342,7 +344,8 @@ def _walk_plain(root: Path, notes: list[str]) -> list[str]:
     import pathspec  # only needed outside git
 
     out: list[str] = []
-    stack: list[tuple[Path, str, tuple[tuple[str, Any], ...]]] = [(root, "", ())]
+    stack: list[tuple[Path, str, tuple[tuple[str, GitIgnoreSpec], ...]
+]] = [(root, "", ())]
     while stack:
         folder, rel, specs = stack.pop()
         gitignore = folder / ".gitignore"
@@ -368,7 +371,8 @@ def _walk_plain(root: Path, notes: list[str]) -> list[str]:
     return out
 
 
-def _ignored(path: str, is_dir: bool, specs: tuple[tuple[str, Any], ...]) -> bool:
+def _ignored(path: str, is_dir: bool, specs: tuple[tuple[str, GitIgnoreSpec], ...]
+) -> bool:
     """Git's precedence: the deepest .gitignore with a matching pattern decides, its last match wins."""
     for base, spec in reversed(specs):
         sub = path[len(base) + 1 :] if base else path

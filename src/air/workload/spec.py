@@ -41,8 +41,8 @@ from air.workload.spec_rules import (
     EnvValue,
     PermissionEntry,
     SecretRef,
-    _check_name,
-    _fail,
+    check_name,
+    fail,
     show_value,
 )
 from air.workload.sweep_spec import ForEachSpec
@@ -93,29 +93,29 @@ class ComputeSpec(_Section):
 
     @field_validator("priority_class", mode="before")
     @classmethod
-    def _upper_priority(cls, value: Any) -> Any:
+    def _upper_priority(cls, value: object) -> object:
         if not isinstance(value, str) or value.upper() not in ("BEST_EFFORT", "NORMAL", "CRITICAL"):
-            _fail(f"must be BEST_EFFORT, NORMAL or CRITICAL, got {show_value(value)}")
+            fail(f"must be BEST_EFFORT, NORMAL or CRITICAL, got {show_value(value)}")
         return value.upper()
 
     @field_validator("accelerator_type", mode="before")
     @classmethod
-    def _parse_type(cls, value: Any) -> str:
+    def _parse_type(cls, value: object) -> str:
         if not isinstance(value, str):
-            _fail(f"must be a type name like GPU_8xH100 or CPU_2xCPU, got {show_value(value)}")
+            fail(f"must be a type name like GPU_8xH100 or CPU_2xCPU, got {show_value(value)}")
         try:
             return parse_accelerator_type(value).name
         except GPUTypeError as exc:
             guess = _guess_accelerator_type(value)
             did_you_mean = f"; did you mean {guess!r}?" if guess else "."
-            _fail(f"unknown accelerator type {value!r}{did_you_mean} {exc.hint or ''}".strip())
+            fail(f"unknown accelerator type {value!r}{did_you_mean} {exc.hint or ''}".strip())
 
     @model_validator(mode="after")
     def _whole_nodes(self) -> ComputeSpec:
         per_node = self.accelerator.per_node
         if self.num_accelerators % per_node:
             multiples = ", ".join(str(per_node * k) for k in (1, 2, 3))
-            _fail(
+            fail(
                 f"must be a multiple of {per_node}, the devices per node of {self.accelerator_type} "
                 f"(use {multiples}, …), got {self.num_accelerators}",
                 field="num_accelerators",
@@ -170,30 +170,30 @@ class EnvironmentSpec(_Section):
 
     @field_validator("version", mode="before")
     @classmethod
-    def _version(cls, value: Any) -> Any:
+    def _version(cls, value: object) -> object:
         if value is None or (isinstance(value, int) and not isinstance(value, bool)):
             return value
         if isinstance(value, str) and value.strip():
             return value.strip()
-        _fail(f"must be a base environment name or number, got {show_value(value)}")
+        fail(f"must be a base environment name or number, got {show_value(value)}")
 
     @field_validator("dependencies", mode="before")
     @classmethod
-    def _dependencies(cls, value: Any) -> Any:
+    def _dependencies(cls, value: object) -> object:
         if value is None:
             return None
         if isinstance(value, str):
             if not value.strip():
-                _fail("must be a list of requirements or the path of a requirements file, got ''")
+                fail("must be a list of requirements or the path of a requirements file, got ''")
             return value
         if isinstance(value, list):
             for index, item in enumerate(value):
                 if not isinstance(item, str) or not item.strip():
-                    _fail(
+                    fail(
                         f"item {index} must be a requirement string like 'torch==2.4.0', got {show_value(item)}"
                     )
             return [item.strip() for item in value]
-        _fail(f"must be a list of requirements or the path of a requirements file, got {show_value(value)}")
+        fail(f"must be a list of requirements or the path of a requirements file, got {show_value(value)}")
 
 
 class GitSpec(_Section):
@@ -215,23 +215,23 @@ class GitSpec(_Section):
     @classmethod
     def _branch(cls, value: str | None) -> str | None:
         if value is not None and (not GIT_REF_RE.match(value) or value.startswith("-")):
-            _fail(f"is not a valid branch name (letters, digits, '_', '.', '/', '-'), got {show_value(value)}")
+            fail(f"is not a valid branch name (letters, digits, '_', '.', '/', '-'), got {show_value(value)}")
         return value
 
     @field_validator("commit", mode="before")
     @classmethod
-    def _commit(cls, value: Any) -> Any:
+    def _commit(cls, value: object) -> object:
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)  # an all-digit abbreviated SHA reads as an integer in YAML
         if value is not None and isinstance(value, str) and not GIT_SHA_RE.match(value):
-            _fail(f"must be a commit SHA (4 to 64 hex digits), got {show_value(value)}")
+            fail(f"must be a commit SHA (4 to 64 hex digits), got {show_value(value)}")
         return value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> GitSpec:
         if (self.branch is None) == (self.commit is None):
             both = "not both" if self.branch is not None else "got neither"
-            _fail(f"set exactly one of 'branch' or 'commit' ({both})")
+            fail(f"set exactly one of 'branch' or 'commit' ({both})")
         return self
 
 
@@ -261,7 +261,7 @@ class SnapshotSpec(_Section):
     @classmethod
     def _root_path(cls, value: str) -> str:
         if not value.strip():
-            _fail("must name a folder, got ''")
+            fail("must name a folder, got ''")
         return value
 
     @field_validator("include_paths")
@@ -270,15 +270,15 @@ class SnapshotSpec(_Section):
         if value is None:
             return None
         if not value:
-            _fail("must not be an empty list (remove the key to ship all of root_path)")
+            fail("must not be an empty list (remove the key to ship all of root_path)")
         out: list[str] = []
         for raw in value:
             text = raw.strip().replace("\\", "/")
             if not text or text.startswith(("/", "~")) or os.path.isabs(text):
-                _fail(f"must hold paths relative to root_path, got {show_value(raw)}")
+                fail(f"must hold paths relative to root_path, got {show_value(raw)}")
             parts = [p for p in text.split("/") if p not in ("", ".")]
             if ".." in parts:
-                _fail(f"must not leave root_path ('..'), got {show_value(raw)}")
+                fail(f"must not leave root_path ('..'), got {show_value(raw)}")
             out.append("/".join(parts) or ".")
         return out
 
@@ -427,21 +427,21 @@ class WorkloadSpec(_Section):
     @field_validator("experiment_name")
     @classmethod
     def _experiment_name(cls, value: str) -> str:
-        return _check_name(value, "experiment_name")
+        return check_name(value, "experiment_name")
 
     @field_validator("mlflow_run_name")
     @classmethod
     def _run_name(cls, value: str | None) -> str | None:
-        return None if value is None else _check_name(value, "mlflow_run_name")
+        return None if value is None else check_name(value, "mlflow_run_name")
 
     @field_validator("command")
     @classmethod
     def _command(cls, value: str) -> str:
         if not value.strip():
-            _fail("must not be empty: it is the bash script each node runs")
+            fail("must not be empty: it is the bash script each node runs")
         lines = len(value.splitlines())
         if lines > MAX_COMMAND_LINES:
-            _fail(
+            fail(
                 f"has {lines} lines, more than {MAX_COMMAND_LINES}; put the script in your code_source and run "
                 "it from there (bash $CODE_SOURCE_PATH/run.sh)"
             )
@@ -449,36 +449,36 @@ class WorkloadSpec(_Section):
 
     @field_validator("environment", "env_variables", "secrets", mode="before")
     @classmethod
-    def _empty_block(cls, value: Any) -> Any:
+    def _empty_block(cls, value: object) -> object:
         """`environment:` with nothing under it means the defaults, not an error."""
         return {} if value is None else value
 
     @field_validator("timeout_minutes", "hang_timeout_minutes", mode="before")
     @classmethod
-    def _timeout(cls, value: Any) -> Any:
+    def _timeout(cls, value: object) -> object:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _fail(f"must be a number of minutes, got {show_value(value)}")
+            fail(f"must be a number of minutes, got {show_value(value)}")
         if not math.isfinite(value) or value <= 0:
-            _fail(f"must be greater than 0 (remove it for no limit), got {show_value(value)}")
+            fail(f"must be greater than 0 (remove it for no limit), got {show_value(value)}")
         if value > MAX_TIMEOUT_MINUTES:
-            _fail(f"must be at most {MAX_TIMEOUT_MINUTES} minutes (30 days; remove it for no limit), "
+            fail(f"must be at most {MAX_TIMEOUT_MINUTES} minutes (30 days; remove it for no limit), "
                   f"got {show_value(value)}")
         return value
 
     @field_validator("idempotency_token", mode="before")
     @classmethod
-    def _token(cls, value: Any) -> Any:
+    def _token(cls, value: object) -> object:
         if value is None:
             return None
         if not isinstance(value, str):
-            _fail(f"must be a string, got {show_value(value)}")
+            fail(f"must be a string, got {show_value(value)}")
         token = value.strip()
         if not token:
-            _fail("must not be empty")
+            fail("must not be empty")
         if len(token) > MAX_IDEMPOTENCY_TOKEN:
-            _fail(f"is {len(token)} characters long; at most {MAX_IDEMPOTENCY_TOKEN}")
+            fail(f"is {len(token)} characters long; at most {MAX_IDEMPOTENCY_TOKEN}")
         return token
 
     @field_validator("secrets")
@@ -487,7 +487,7 @@ class WorkloadSpec(_Section):
         plain = info.data.get("env_variables") or {}
         both = sorted(set(plain) & set(value))
         if both:
-            _fail(
+            fail(
                 f"{', '.join(both)} {'is' if len(both) == 1 else 'are'} also in env_variables; "
                 "a name is either a plain variable or a secret",
                 field=both[0],

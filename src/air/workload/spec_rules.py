@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 from pydantic import AfterValidator, BeforeValidator
 from pydantic_core import PydanticCustomError
@@ -85,12 +85,12 @@ HOSTED_ONLY_KEYS: dict[str, str] = {
 # ---- small helpers ----------------------------------------------------------------------------------
 
 
-def _fail(message: str, field: str | None = None) -> NoReturn:
+def fail(message: str, field: str | None = None) -> NoReturn:
     """Raise a validation error with our own wording; `field` moves it one level down (cross-field checks)."""
     raise PydanticCustomError("air_invalid", message, {"air_field": field} if field else None)
 
 
-def show_value(value: Any) -> str:
+def show_value(value: object) -> str:
     """A value as the user wrote it in YAML, with its YAML kind, for "got …" in messages."""
     if value is None:
         return "nothing (null)"
@@ -123,29 +123,29 @@ def dotted(loc: Sequence[str | int]) -> str:
     return out
 
 
-def _check_name(value: str, what: str) -> str:
+def check_name(value: str, what: str) -> str:
     if not value:
-        _fail("must not be empty")
+        fail("must not be empty")
     if len(value) > MAX_NAME_LENGTH:
-        _fail(f"is {len(value)} characters long; {what} may have at most {MAX_NAME_LENGTH}")
+        fail(f"is {len(value)} characters long; {what} may have at most {MAX_NAME_LENGTH}")
     if not NAME_RE.match(value):
         bad = ", ".join(repr(c) for c in sorted({c for c in value if not NAME_RE.match(c)}))
-        _fail(f"may only hold letters, digits, '_' and '-' (not {bad}), got {show_value(value)}")
+        fail(f"may only hold letters, digits, '_' and '-' (not {bad}), got {show_value(value)}")
     return value
 
 
 def _check_env_name(name: str) -> str:
     if not ENV_NAME_RE.match(name):
-        _fail(
+        fail(
             f"{name!r} is not a valid environment variable name "
             "(letters, digits and '_', not starting with a digit)"
         )
     if name in RESERVED_ENV_NAMES:
-        _fail(f"{name} is set by air on every node and cannot be overridden")
+        fail(f"{name} is set by air on every node and cannot be overridden")
     return name
 
 
-def _env_value(value: Any) -> str:
+def _env_value(value: object) -> str:
     """Numbers and booleans become strings, as the shell will see them; anything else is an error."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -154,16 +154,16 @@ def _env_value(value: Any) -> str:
     if isinstance(value, str):
         return value
     if value is None:
-        _fail('must be a string, got nothing (null); write NAME: "" for an empty value')
-    _fail(f"must be a string (numbers and booleans are turned into strings), got {show_value(value)}")
+        fail('must be a string, got nothing (null); write NAME: "" for an empty value')
+    fail(f"must be a string (numbers and booleans are turned into strings), got {show_value(value)}")
 
 
-def _secret_ref(value: Any) -> str:
+def _secret_ref(value: object) -> str:
     if not isinstance(value, str):
-        _fail(f"must be a secret reference 'scope/key', got {show_value(value)}")
+        fail(f"must be a secret reference 'scope/key', got {show_value(value)}")
     parts = value.split("/")
     if len(parts) != 2 or not all(SECRET_PART_RE.match(p) for p in parts):
-        _fail(
+        fail(
             f"must be a secret reference 'scope/key' (exactly one '/', both parts made of letters, digits, "
             f"'_', '.' and '-'), got {show_value(value)}"
         )
@@ -177,34 +177,34 @@ PERMISSION_LEVELS = ("CAN_VIEW", "CAN_MANAGE_RUN", "CAN_MANAGE")
 PRINCIPAL_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
 
-def _permission_entry(value: Any) -> Any:
+def _permission_entry(value: object) -> dict[object, object]:
     """One `permissions` entry: exactly one of user_name / group_name, and a level (hosted spelling; case
     of the level ignored). The hosted product's service principals and IS_OWNER have no meaning here."""
     if not isinstance(value, dict):
-        _fail(f"must be a mapping like {{user_name: bob, level: CAN_VIEW}}, got {show_value(value)}")
+        fail(f"must be a mapping like {{user_name: bob, level: CAN_VIEW}}, got {show_value(value)}")
     for key in value:
         if key == "service_principal_name":
-            _fail("service_principal_name: air has no service principals; name the token's user with user_name")
+            fail("service_principal_name: air has no service principals; name the token's user with user_name")
         if key not in PERMISSION_KEYS:
             import difflib
 
             close = difflib.get_close_matches(str(key), PERMISSION_KEYS, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            _fail(f"unknown key {key!r}{hint} (valid keys: {', '.join(PERMISSION_KEYS)})")
+            fail(f"unknown key {key!r}{hint} (valid keys: {', '.join(PERMISSION_KEYS)})")
     named = [k for k in ("user_name", "group_name") if value.get(k) is not None]
     if len(named) != 1:
-        _fail("set exactly one of user_name or group_name " + ("(not both)" if named else "(got neither)"))
+        fail("set exactly one of user_name or group_name " + ("(not both)" if named else "(got neither)"))
     name = value[named[0]]
     if not isinstance(name, str) or not PRINCIPAL_RE.match(name):
-        _fail(f"{named[0]} must be 1 to 64 letters, digits, '_', '.', '@' or '-', got {show_value(name)}")
+        fail(f"{named[0]} must be 1 to 64 letters, digits, '_', '.', '@' or '-', got {show_value(name)}")
     level = value.get("level")
     if level is None:
-        _fail(f"level is missing: one of {', '.join(PERMISSION_LEVELS)}")
+        fail(f"level is missing: one of {', '.join(PERMISSION_LEVELS)}")
     if isinstance(level, str) and level.strip().upper() in PERMISSION_LEVELS:
         return {**value, "level": level.strip().upper()}
     if isinstance(level, str) and level.strip().upper() == "IS_OWNER":
-        _fail("level IS_OWNER: a run's owner is the user who submitted it; grant CAN_MANAGE instead")
-    _fail(f"level must be one of {', '.join(PERMISSION_LEVELS)}, got {show_value(level)}")
+        fail("level IS_OWNER: a run's owner is the user who submitted it; grant CAN_MANAGE instead")
+    fail(f"level must be one of {', '.join(PERMISSION_LEVELS)}, got {show_value(level)}")
 
 
 #: An environment variable name a workload may set.

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from air.bounds import MAX_SWEEP_ITEMS
-from air.workload.spec_rules import _fail
+from air.workload.spec_rules import fail
 
 
 class ForEachSpec(BaseModel):
@@ -55,15 +55,15 @@ class ForEachSpec(BaseModel):
         if value is None:
             return None
         if not value:
-            _fail("must name at least one parameter with a list of values")
+            fail("must name at least one parameter with a list of values")
         for name, values in value.items():
             if not name.strip():
-                _fail("a parameter name must not be empty")
+                fail("a parameter name must not be empty")
             if not values:
-                _fail("must list at least one value, got []", field=name)
+                fail("must list at least one value, got []", field=name)
         size = math.prod(len(v) for v in value.values())
         if size > MAX_SWEEP_ITEMS:
-            _fail(f"expands to {size} combinations, more than {MAX_SWEEP_ITEMS}; use fewer values or split the sweep")
+            fail(f"expands to {size} combinations, more than {MAX_SWEEP_ITEMS}; use fewer values or split the sweep")
         return value
 
     @field_validator("items")
@@ -72,22 +72,22 @@ class ForEachSpec(BaseModel):
         if value is None:
             return None
         if not value:
-            _fail("must list at least one parameter map, got []")
+            fail("must list at least one parameter map, got []")
         if len(value) > MAX_SWEEP_ITEMS:
-            _fail(f"has {len(value)} items, more than {MAX_SWEEP_ITEMS}; split the sweep")
+            fail(f"has {len(value)} items, more than {MAX_SWEEP_ITEMS}; split the sweep")
         for index, item in enumerate(value):
             if not item:
-                _fail("is an empty map; give each item at least one parameter", field=str(index))
+                fail("is an empty map; give each item at least one parameter", field=str(index))
         return value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ForEachSpec:
         if (self.parameters is None) == (self.items is None):
             which = "both" if self.parameters is not None else "neither"
-            _fail(f"needs exactly one of parameters (a grid) or items (a list of maps); got {which}")
+            fail(f"needs exactly one of parameters (a grid) or items (a list of maps); got {which}")
         return self
 
-    def expand(self) -> list[dict[str, Any]]:
+    def expand(self) -> list[dict[str, object]]:
         """Every item, in order: the grid's combinations, or the items as written."""
         if self.items is not None:
             return [dict(item) for item in self.items]
@@ -96,7 +96,7 @@ class ForEachSpec(BaseModel):
         return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
 
-def merge_parameters(base: Mapping[str, Any] | None, item: Mapping[str, Any]) -> dict[str, Any]:
+def merge_parameters(base: Mapping[str, object] | None, item: Mapping[str, object]) -> dict[str, object]:
     """`item` over `base`: a key of both whose values are both maps merges key by key; otherwise the item wins."""
     merged = dict(base or {})
     for key, value in item.items():
@@ -108,7 +108,7 @@ def merge_parameters(base: Mapping[str, Any] | None, item: Mapping[str, Any]) ->
     return merged
 
 
-def describe_item(item: Mapping[str, Any], width: int = 60) -> str:
+def describe_item(item: Mapping[str, object], width: int = 60) -> str:
     """`lr=0.001, batch_size=16` for tables (cut to `width`)."""
     text = ", ".join(f"{k}={json.dumps(v, default=str) if isinstance(v, (dict, list)) else v}"
                      for k, v in item.items())
