@@ -24,7 +24,7 @@ from air.runs.store import RunStore
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import air, wait_terminal, write_workload
 
-from proc_helpers import pipe_unread, wait_for
+from proc_helpers import pipe_unread, tracking_done, wait_for
 from secret_leaks import LEAKY_PROGRAM, LEAKY_REASON
 
 KIB = 1024
@@ -155,6 +155,7 @@ def test_a_leaky_run_leaves_its_secret_nowhere_but_the_store(tmp_path: Path, air
     assert "ERROR: login refused for token ***" in events[-1]["reason"]
     assert any("starting with token ***" == e.get("line") for e in events)
     run = wait_terminal(run_id)
+    tracking_done(run_id)  # its MLflow run is recorded and ended (node log uploaded) just after the run's end
     assert run.termination_reason == LEAKY_REASON
     attempts = RunStore().list_attempts(run_id)
     assert attempts and all(secret not in (a.termination_reason or "") for a in attempts)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from server_helpers import AIR, AirServer
 
+from proc_helpers import tracking_done
 from secret_leaks import LEAKY_PROGRAM
 from secret_leaks import LEAKY_REASON as REASON
 
@@ -44,6 +45,7 @@ def test_a_leaky_run_leaves_its_secret_only_in_the_users_store(server: AirServer
     run_id = events[0]["run_id"]
     assert events[-1]["type"] == "TERMINAL" and events[-1]["reason"] == REASON, events[-1]
     assert any(e.get("line") == "starting with token ***" for e in events)
+    tracking_done(run_id, home=server.home)  # its MLflow run is ended (node log uploaded) just after the run's end
 
     found = grep_home(server.home, secret)
     assert len(found) == 1 and found[0].endswith("/users/alice/secrets.json"), found
