@@ -5,6 +5,7 @@ on at the same pace and every metric is in MLflow afterwards."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import textwrap
@@ -19,7 +20,8 @@ from server_helpers import AirServer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from proc_helpers import tracking_done, wait_for
 
-OUTAGE_S = 15.0
+#: 15 s in the suite (its time); the issue's 60 s: `OUTAGE_S=60 pytest tests/server/test_tracking_outage.py`.
+OUTAGE_S = float(os.environ.get("OUTAGE_S", "15"))
 
 RANK = """\
 import os, sys, time, mlflow
