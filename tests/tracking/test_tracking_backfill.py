@@ -101,3 +101,44 @@ def test_a_node_that_gave_up_waiting_logs_locally_and_nothing_reaches_a_stray_ru
     history = sorted((m.step, m.value) for m in client.get_metric_history(handle.run_id, "early"))
     assert history == sorted([(s, float(s)) for s in range(5)] * 2)
     assert client.get_run(handle.run_id).data.params == {"seen": "yes"}
+
+
+@pytest.mark.timeout(300)
+def test_a_spool_copies_no_file_from_outside_its_store(air_home: Path, tmp_path: Path) -> None:
+    """The spool is written by the node: a spooled run whose artifact location points out of its store, or
+    whose artifacts are links to other files, must not make the copier upload those files."""
+    import os
+
+    from mlflow import MlflowClient
+
+    from air.tracking.attempt import start_attempt_run
+    from air.tracking.backfill import copy_spool
+
+    secret_dir = tmp_path / "outside"
+    secret_dir.mkdir()
+    (secret_dir / "secret.txt").write_text("SERVER-SECRET")
+    spool = tmp_path / "spool"
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
+        local = MlflowClient((spool / "1234").as_uri())
+        away = local.create_experiment("away", artifact_location=secret_dir.as_uri())
+        run = local.create_run(away)
+        local.log_metric(run.info.run_id, "m", 1.0)
+        Path(run.info.artifact_uri.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        (Path(run.info.artifact_uri.removeprefix("file://")) / "secret.txt").write_text("SERVER-SECRET")
+        linked = local.create_run(local.create_experiment("linked"))
+        folder = Path(linked.info.artifact_uri.removeprefix("file://"))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "mine.txt").write_text("the node's own")
+        (folder / "link.txt").symlink_to(secret_dir / "secret.txt")
+        (folder / "dir").symlink_to(secret_dir, target_is_directory=True)
+    finally:
+        os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+
+    handle = start_attempt_run("spool-walls", None, tags={"air.attempt": "0"}, params={})
+    assert handle is not None
+    assert copy_spool(spool, handle, [].append) == 1
+    client = MlflowClient(handle.tracking_uri)
+    assert [a.path for a in client.list_artifacts(handle.run_id)] == ["mine.txt"]
+    root = Path(client.get_run(handle.run_id).info.artifact_uri.removeprefix("file://"))
+    assert all(b"SERVER-SECRET" not in p.read_bytes() for p in root.rglob("*") if p.is_file())

@@ -133,7 +133,8 @@ def copy_spool(spool: Path, handle: TrackingHandle, warn: Callable[[str], None])
     Returns how many metric values were copied."""
     if not spool.is_dir():
         return 0
-    stores = [d for d in sorted(spool.iterdir()) if d.is_dir() and not d.name.endswith(".copied")]
+    stores = [d for d in sorted(spool.iterdir())
+              if d.is_dir() and not d.is_symlink() and not d.name.endswith(".copied")]
     if not stores:
         return 0
     from air.tracking.store import client, http_limits
@@ -182,10 +183,20 @@ def _copy_store(store: Path, target: MlflowClient, run_id: str) -> int:
             tags = [RunTag(k, v) for k, v in run.data.tags.items() if not k.startswith("mlflow.")]
             if tags:
                 target.log_batch(run_id, tags=tags)
-            artifacts = Path(run.info.artifact_uri.removeprefix("file://"))
-            if artifacts.is_dir() and any(artifacts.iterdir()):
-                target.log_artifacts(run_id, str(artifacts))
+            _copy_artifacts(store, Path(run.info.artifact_uri.removeprefix("file://")), target, run_id)
     return copied
+
+
+def _copy_artifacts(store: Path, artifacts: Path, target: MlflowClient, run_id: str) -> None:
+    """The regular files of a spooled run's artifact folder, only where it lies inside its store: a node
+    writes the store, so its `artifact_uri` or a link in it must not make the copier read another file."""
+    if not artifacts.resolve().is_relative_to(store.resolve()) or not artifacts.is_dir():
+        return
+    for path in sorted(artifacts.rglob("*")):  # (rglob does not enter linked folders)
+        if path.is_symlink() or not path.is_file():
+            continue
+        folder = path.parent.relative_to(artifacts)
+        target.log_artifact(run_id, str(path), None if folder == Path(".") else folder.as_posix())
 
 
 def _parameters(path: Path) -> dict[str, object]:
