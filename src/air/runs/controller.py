@@ -511,15 +511,16 @@ class RunController:
                 if attempt.handle is not None:
                     attempt.handle.terminate()
                 attempt.held.close()
-                attempt.tracking.wait_ready()
                 self.store.finish_attempt(self.run_id, attempt.index, FailureClass.CANCEL.attempt_status,
                                           reason=reason, failure_class=FailureClass.CANCEL)
-                attempt.tracking.end("KILLED", reason, node_logs=attempt.node_logs, rank_logs=self.job.rank_logs())
+                self._tracking_end = functools.partial(attempt.tracking.end, "KILLED", reason,
+                                                       node_logs=attempt.node_logs, rank_logs=self.job.rank_logs())
             self._to_canceled(reason, FailureClass.CANCEL)
             self.status = RunStatus.CANCELED
         finally:
             self._release()
             self.phase = Phase.DONE
+            self._end_tracking()  # the last attempt's rule: its end state first, then its MLflow run
 
     def _abandon(self) -> None:
         """An exception escaped a step: end the attempt's processes and give the capacity back (the

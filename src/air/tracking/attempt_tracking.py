@@ -284,16 +284,13 @@ class WorkloadTracking(AttemptTracking):
                 return {}
             env = dict(self.handle.env())
             if is_http(self._uri):  # the hook only for its exit flush of MLflow's queue (node_hook.py)
-                env |= _hook_env(self.hook_dir, self.env_file, self.warn)
+                env |= _hook_env(self.hook_dir, self.env_file, self.warn,
+                                 "the nodes' MLflow logging blocks while the server is away")
         else:
-            from air.tracking.node_hook import write_hook
-
-            try:
-                hook = write_hook(self.hook_dir, self.env_file)
-            except OSError as exc:
-                self.warn(f"tracking: the nodes cannot learn their MLflow run: {exc}")
-                return {"MLFLOW_TRACKING_URI": self._uri}
-            env = {"MLFLOW_TRACKING_URI": self._uri, "PYTHONPATH": str(hook)}
+            env = {"MLFLOW_TRACKING_URI": self._uri,
+                   **_hook_env(self.hook_dir, self.env_file, self.warn, "the nodes cannot learn their MLflow run")}
+            if "PYTHONPATH" not in env:
+                return env
         if is_http(self._uri):
             # A tracking server that is away (restarting) must not block training: the hook turns on MLflow's
             # async logging and flushes its queue at exit; queued metrics are retried until the server is back.
@@ -341,8 +338,9 @@ class WorkloadTracking(AttemptTracking):
             return
         if self.handle is not None:
             from air.tracking.backfill import copy_spool
+            from air.tracking.node_hook import spool_of
 
-            copy_spool(spool_dir(self.hook_dir), self.handle, self.warn)
+            copy_spool(spool_of(self.hook_dir), self.handle, self.warn)
             if self._retrying:
                 self.handle.set_tags({"air.backfilled": "true"})
         super().end(status, reason, node_logs=node_logs, rank_logs=rank_logs)
@@ -362,20 +360,15 @@ class _WarnOnce:
             self.warn(line)
 
 
-def spool_dir(hook_dir: Path) -> Path:
-    """Where the node hook points MLflow of a process that gave up waiting for the run (node_hook.py)."""
-    from air.tracking.node_hook import spool_of
-
-    return spool_of(hook_dir)
-
-
-def _hook_env(hook_dir: Path, env_file: Path, warn: Callable[[str], None]) -> dict[str, str]:
+def _hook_env(hook_dir: Path, env_file: Path, warn: Callable[[str], None], without: str) -> dict[str, str]:
+    """The nodes' PYTHONPATH with the hook written (node_hook.py); {} and a warning (`without`: what the
+    nodes then lack) if it cannot be written."""
     from air.tracking.node_hook import write_hook
 
     try:
         return {"PYTHONPATH": str(write_hook(hook_dir, env_file))}
     except OSError as exc:
-        warn(f"tracking: the nodes' MLflow logging blocks while the server is away: {exc}")
+        warn(f"tracking: {without}: {exc}")
         return {}
 
 
