@@ -78,7 +78,7 @@ def bench_server(work: Path, depth: int, chain: int, run_s: float) -> dict[str, 
     home = work / "server-home"
     server = Server(home)
     os.environ["AIR_HOME"] = str(home)  # this process reads the server's store (timestamps) and cleans up
-    from air.runs.cancel import cancel_runs
+    from air.runs.cancel import cancel_run
     from air.runs.states import RunStatus
     from air.runs.store import RunStore
 
@@ -113,13 +113,13 @@ def bench_server(work: Path, depth: int, chain: int, run_s: float) -> dict[str, 
         out["gaps"] = gaps
         out["depth_behind"] = sum(1 for r in ids if store.get_run(r).status is RunStatus.QUEUED)
         started = time.perf_counter()
-        cancel_runs(store, [r for r in order[::-1] if not store.get_run(r).is_terminal])
+        for run_id in [r for r in order[::-1] if not store.get_run(r).is_terminal]:
+            cancel_run(store, run_id)
         out["cancel_s"] = time.perf_counter() - started
     finally:
         try:
-            from air.runs.cancel import active_run_ids
-
-            cancel_runs(store, active_run_ids(store))
+            for active in store.list_runs(limit=None):
+                cancel_run(store, active.id)
         finally:
             server.stop()
     return out

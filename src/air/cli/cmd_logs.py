@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import stderr
+from air.client.models import LinesEvent
 from air.errors import AirError, NotFoundError, UserInputError
-from air.runs.follow import FollowEvent, Lines
-from air.runs.paths import RunPaths
-from air.runs.store import Run, RunStore
-from air.runs.views import attempt_index, log_masker
+from air.runs.store import Run
+
+if TYPE_CHECKING:
+    from air.cli.watch import Event
+    from air.client.sdk import Client
 
 
 @click.command()
@@ -77,88 +77,40 @@ def logs(
     download_to: str | None,
 ) -> None:
     """Print a run's logs: every node's (a workload) or rank's (a @distributed call); follows an active run."""
-    from air.cli.remote import remote
-    from air.cli.watch import print_follow, several_logs
+    from air.cli.watch import print_follow
+    from air.client.sdk import Client
+    from air.runs.follow import log_sources
+    from air.runs.views import run_from_dict
 
     if minutes is not None and (tail is not None or download_to):
         raise UserInputError("--minutes chooses lines by time; it goes with neither --tail nor --download-to.",
                              hint=f"Use one: air logs {run_id} --minutes {minutes}   or   --tail N")
-    since = None if minutes is None else time.time() - minutes * 60
-
-    json_mode = settings().json
-    client = remote()
-    if client is not None:
-        from air.cli.remote import follow_remote
-        from air.runs.views import run_from_dict
-
-        shown = client.get(f"/runs/{run_id}")
-        run = run_from_dict(shown)
-        if _a_sweep(run.id, bool(shown.get("is_sweep"))) or _never_started(run):
-            return
-        if download_to:
-            listed = client.get(f"/runs/{run.id}/logs", attempt=attempt)
-            target = Path(download_to) / "logs"
-            target.mkdir(parents=True, exist_ok=True)
-            for log in listed["logs"]:
-                client.download(f"/runs/{run.id}/logs/{log['label']}/{log['index']}",
-                                target / f"{log['label']}_{log['index']}.log", attempt=listed["attempt"])
-            stderr(f"Copied {len(listed['logs'])} log(s) of attempt {listed['attempt']} to {target} "
-                   "(secret values masked by the server)")
-            return
-        live = _follows(run, follow, attempt)
-        events = follow_remote(client, run.id, node=node, rank=rank, attempt=attempt, tail=tail, live=live,
-                               **({"minutes": minutes} if minutes is not None else {}))
-        seen: set[tuple[str, int]] = set()
-        last = print_follow(_noting(events, seen), json_mode=json_mode, prefixed=several_logs(run, node, rank))
-        if minutes is not None:
-            _say_none_since(minutes, seen)
-        else:
-            _say_empty(last or run, attempt, node, rank, seen, local=False)
-        return
-    from air.runs.follow import log_sources, logs_are_per_rank, snapshot_lines
-    from air.runs.paths import CallPaths
-    from air.runs.sweep import is_sweep_spec
-
-    store = RunStore()
-    run = store.get_run(run_id)
-    if _a_sweep(run.id, is_sweep_spec(run.spec_yaml)) or _never_started(run):
+    client = Client(profile=settings().profile)  # this machine's runs, or a server's: one path for both
+    shown = client.get_data(run_id)
+    run = run_from_dict(shown)
+    if _a_sweep(run.id, bool(shown.get("is_sweep"))) or _never_started(run):
         return
     if run.current_attempt is None and follow is False:
         raise NotFoundError(
             f"Run {run.id} has not started an attempt yet ({run.status.value}).",
             hint=f"Wait for it with: air logs {run.id} --follow",
         )
-    shown_attempt = attempt_index(store, run, attempt)
-    log_sources(run, shown_attempt, node=node, rank=rank)  # checks --node/--rank first
-    mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
+    # Checks --node/--rank before anything is read or written.
+    sources = log_sources(run, attempt if attempt is not None else run.current_attempt or 0, node=node, rank=rank)
     if download_to:
-        mask("")  # resolves the values now: a copy is refused before any file is written
-        target = Path(download_to) / "logs"
-        target.mkdir(parents=True, exist_ok=True)
-        found = (
-            CallPaths(run.id).rank_logs()
-            if logs_are_per_rank(run)
-            else RunPaths(run.id).node_logs(shown_attempt)
-        )
-        label = "rank" if logs_are_per_rank(run) else "node"
-        for n, path in found.items():
-            _masked_copy(path, target / f"{label}_{n}.log", mask)
-        stderr(f"Copied {len(found)} log(s) of attempt {shown_attempt} to {target} (secret values masked)")
+        copied = client.download_logs(run.id, download_to, attempt)
+        stderr(f"Copied {len(copied.logs)} log(s) of attempt {copied.attempt} to {Path(download_to) / 'logs'} "
+               "(secret values masked)")
         return
-    if _follows(run, follow, attempt):
-        from air.runs.follow import follow as follow_run
-
-        events = follow_run(run.id, store=store, node=node, rank=rank, attempt=attempt, tail=tail, mask=mask,
-                            since=since)
-    else:
-        events = iter(snapshot_lines(run, shown_attempt, node=node, rank=rank, tail=tail, mask=mask, since=since))
-    printed: set[tuple[str, int]] = set()
-    last = print_follow(_noting(events, printed), json_mode=json_mode, prefixed=several_logs(run, node, rank))
+    events = client.events(run.id, live=_follows(run, follow, attempt), node=node, rank=rank, attempt=attempt,
+                           tail=tail, minutes=minutes)
+    seen: set[tuple[str, int]] = set()
+    last = print_follow(_noting(events, seen), json_mode=settings().json, prefixed=len(sources) > 1)
     if minutes is not None:
-        _say_none_since(minutes, printed)
+        _say_none_since(minutes, seen)
         return
-    ended = last or store.get_run(run.id)
-    _say_empty(ended, attempt_index(store, ended, attempt), node, rank, printed, local=True)
+    shown_attempt = attempt if attempt is not None else (last.attempt_number if last else run.current_attempt) or 0
+    _say_empty(client, run, shown_attempt, node, rank, seen, ended=last.is_terminal if last else run.is_terminal)
 
 
 def _say_none_since(minutes: int, seen: set[tuple[str, int]]) -> None:
@@ -186,52 +138,32 @@ def _never_started(run: Run) -> bool:
     return True
 
 
-def _noting(events: Iterator[FollowEvent], seen: set[tuple[str, int]]) -> Iterator[FollowEvent]:
+def _noting(events: Iterator[Event], seen: set[tuple[str, int]]) -> Iterator[Event]:
     """The events as they are, noting which logs gave at least one line."""
     for item in events:
-        if isinstance(item, Lines) and item.lines:
-            seen.add((item.source.label, item.source.index))
+        if isinstance(item, LinesEvent) and item.lines:
+            seen.add((item.label, item.index))
         yield item
 
 
-def _say_empty(run: Run, attempt: int | None, node: int | None, rank: int | None, seen: set[tuple[str, int]],
-               *, local: bool) -> None:
-    """A log that printed nothing gets a line on stderr saying so and, on this machine, why: the node (or
-    rank) has not started, or started and printed nothing. Silence would read as a broken `air logs`."""
+def _say_empty(client: Client, run: Run, attempt: int, node: int | None, rank: int | None,
+               seen: set[tuple[str, int]], *, ended: bool) -> None:
+    """A log that printed nothing gets a line on stderr saying so and why: the node (or rank) has not
+    started, or started and printed nothing. Silence would read as a broken `air logs`."""
     from air.runs.follow import log_sources
 
-    shown = attempt if attempt is not None else (run.current_attempt or 0)
     try:
-        sources = log_sources(run, shown, node=node, rank=rank)
+        unseen = [s for s in log_sources(run, attempt, node=node, rank=rank) if (s.label, s.index) not in seen]
+        written = {(log.label, log.index) for log in client.log_list(run.id, attempt).logs} if unseen else set()
     except AirError:
         return
-    for source in sources:
-        if (source.label, source.index) in seen:
-            continue
-        what = f"{source.label} {source.index}'s log of attempt {shown}"
-        if not local:
-            stderr(f"({what} is empty.)")
-        elif source.path is None or not source.path.exists():
+    for source in unseen:
+        what = f"{source.label} {source.index}'s log of attempt {attempt}"
+        if (source.label, source.index) not in written:
             stderr(f"({what} does not exist: that {source.label} "
-                   + ("never started.)" if run.is_terminal else "has not started yet.)"))
+                   + ("never started.)" if ended else "has not started yet.)"))
         else:
-            stderr(f"({what} is empty: the command started and printed nothing"
-                   + (".)" if run.is_terminal else " yet.)"))
-
-
-def _masked_copy(source: Path, target: Path, mask: Callable[[str], str]) -> None:
-    """Copy a log line by line through `mask` (logs an older air wrote may hold values), byte for byte
-    otherwise (surrogateescape keeps invalid UTF-8 as it was); the copy appears whole or not at all."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with open(source, encoding="utf-8", errors="surrogateescape", newline="") as src, \
-                os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as out:
-            for line in src:
-                out.write(mask(line))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            stderr(f"({what} is empty: the command started and printed nothing" + (".)" if ended else " yet.)"))
 
 
 def _follows(run: Run, follow: bool | None, attempt: int | None) -> bool:

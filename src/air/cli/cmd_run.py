@@ -39,8 +39,6 @@ _LiteralDumper.add_representer(str, _str)
 def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], dry_run: bool, watch: bool,
         watch_node: int | None, idempotency_key: str | None) -> int:
     """Run a workload: its command once per node, with retries, timeouts, logs and MLflow."""
-    from air.cli.remote import remote
-
     s = settings()
     if file_arg and file_opt and file_arg != file_opt:
         raise UserInputError("Give the workload file once: either FILE or -f FILE.")
@@ -52,37 +50,27 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
                              hint="Use: air run -f train.yaml --watch --node 1   (or later: air logs ID --node 1)")
     if idempotency_key is not None and not (0 < len(idempotency_key.strip()) <= 64):
         raise UserInputError("--idempotency-key must be 1 to 64 characters.")
-    client = remote()
-    if client is not None:
-        from air.cli.remote import submit_remote
+    from air.client.models import DryRunAnswer
+    from air.client.sdk import Client
+    from air.workload.loading import load_workload
 
-        answer = submit_remote(client, path, list(overrides), idempotency_key=idempotency_key, dry_run=dry_run,
-                               watch_node=watch_node)
-        if dry_run:
-            return _dry_run(answer["plan"])
-        submitted = {k: answer[k] for k in ("run_id", "status", "existing")}
-        shape = (answer["num_nodes"], answer["per_node"], answer["accelerator"], answer["experiment"])
-    else:
-        from air.runs.submit import prepare, submit
-
-        prepared = prepare(path, list(overrides), s.profile)
-        plan = prepared.plan
-        if watch_node is not None and watch_node >= plan.num_nodes:
-            raise UserInputError(f"--node {watch_node}: the workload has {plan.num_nodes} node(s).",
-                                 hint=f"Nodes are numbered 0 to {plan.num_nodes - 1}.")
-        if dry_run:
-            return _dry_run(plan.describe())
-        run_, existing = submit(prepared, idempotency_key=idempotency_key)
-        submitted = {"run_id": run_.id, "status": run_.status.value, "existing": existing}
-        shape = (plan.num_nodes, plan.per_node, plan.accelerator, plan.experiment)
-    run_id, existing = submitted["run_id"], submitted["existing"]
+    client = Client(profile=s.profile)  # this machine, or a server: one path for both
+    spec = load_workload(path, list(overrides))
+    if watch_node is not None and watch_node >= spec.num_nodes:
+        raise UserInputError(f"--node {watch_node}: the workload has {spec.num_nodes} node(s).",
+                             hint=f"Nodes are numbered 0 to {spec.num_nodes - 1}.")
+    answer = client.send(spec, idempotency_key=idempotency_key, dry_run=dry_run)
+    if isinstance(answer, DryRunAnswer):
+        return _dry_run(answer.plan)
+    run_id, existing = answer.run_id, answer.existing
     if s.json and not watch:
-        envelope(submitted)
+        envelope({"run_id": run_id, "status": answer.status.value, "existing": existing})
     elif s.json:
         event("SUBMITTED", run_id=run_id, existing=existing)
     else:
         what = "Existing run (same idempotency key)" if existing else "Submitted run"
-        status(f"{what} {run_id}  ({shape_text(shape[0], shape[2], shape[0] * shape[1])}, experiment {shape[3]})")
+        shape = shape_text(answer.num_nodes, answer.accelerator, answer.num_nodes * answer.per_node)
+        status(f"{what} {run_id}  ({shape}, experiment {answer.experiment})")
         if not watch:
             status(f"Follow it: air logs {run_id} --follow   Status: air get run {run_id}")
             if quiet():  # the result of a submit is the run's id: `ID=$(air -q run -f train.yaml)`
@@ -90,23 +78,9 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
     if not watch:
         return 0
     try:
-        if client is not None:
-            from air.cli.remote import follow_remote
-            from air.cli.waiting import RemoteWatchExtras
-            from air.cli.watch import watch_events
-            from air.runs.views import run_from_dict
-
-            run_ = run_from_dict(client.get(f"/runs/{run_id}"))
-            extras = RemoteWatchExtras(run_id, json_mode=s.json, verbose=s.verbose, client=client)
-            try:
-                return watch_events(run_, follow_remote(client, run_id, node=watch_node), json_mode=s.json,
-                                    node=watch_node, extras=extras)
-            finally:
-                extras.close()
         from air.cli.watch import watch as watch_run
-        from air.runs.views import log_masker
 
-        return watch_run(run_id, json_mode=s.json, masker=log_masker(run_), verbose=s.verbose, node=watch_node)
+        return watch_run(client, run_id, json_mode=s.json, verbose=s.verbose, node=watch_node)
     except KeyboardInterrupt:
         return detached(run_id, json_mode=s.json)
 

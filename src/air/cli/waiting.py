@@ -2,8 +2,8 @@
 nothing else moves (queued; preparing the attempt: environment build, node start), and with -v the
 supervisor's own log (`supervisor.log`) as `[air]` lines on stderr.
 
-Kept apart from the log streaming in watch.py: this part only reads the store's queue and the
-supervisor's log, and never writes to stdout except JSON events.
+Kept apart from the log streaming in watch.py: this part only reads the run as `air get run` shows it
+(air.Client: this machine's store or a server) and the supervisor's log, and never writes to stdout except JSON events.
 """
 
 from __future__ import annotations
@@ -11,18 +11,17 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from air.cli.output import event, status, stderr
 from air.progress import Spinner, spinner
 from air.runs.logtail import LineCursor
 from air.runs.paths import RunPaths
 from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
 
 if TYPE_CHECKING:
-    from air.client import ServerClient
-    from air.client.models import RunDetail
+    from air.client.models import Run, RunDetail
+    from air.client.sdk import Client
 
 #: How often the queue is looked at again while a run waits (seconds).
 QUEUE_EVERY_S = 1.0
@@ -34,12 +33,14 @@ _NODES_STARTING = re.compile(r"^attempt (\d+): starting \d+ node")
 
 
 class WatchExtras:
-    """Called once per watch poll with the run as it is now; `close()` when the watch ends."""
+    """Called once per watch poll with the run as it is now (air.Client's); `close()` when the watch ends.
+    The queue and progress come from `client.get` (`air get run`), on this machine or through a server."""
 
-    def __init__(self, run_id: str, *, json_mode: bool, verbose: int, store: RunStore | None) -> None:
-        self.run_id, self.json_mode, self.verbose, self.store = run_id, json_mode, verbose, store
+    def __init__(self, client: Client, run_id: str, *, json_mode: bool, verbose: int) -> None:
+        self.client, self.run_id, self.json_mode, self.verbose = client, run_id, json_mode, verbose
         #: The supervisor's log (None through a server: it is there, not here).
-        self.log: LineCursor | None = LineCursor(RunPaths(run_id).supervisor_log) if store is not None else None
+        self.log: LineCursor | None = (LineCursor(RunPaths(run_id).supervisor_log) if client.server is None
+                                       else None)
         self.last_message = ""
         self.started_attempts: set[int] = set()
         self.queue_key: object = None
@@ -83,12 +84,12 @@ class WatchExtras:
             self._spinner.update(text)
 
     # -- the queue ------------------------------------------------------------------------------------
-    def _queue(self, run: Run) -> None:
+    def _queue(self) -> None:
         now = time.monotonic()
         if now < self.next_queue_look:
             return
         self.next_queue_look = now + QUEUE_EVERY_S
-        info = self.queue_now(run)
+        info = self.detail().queue
         if info is None:
             return
         text = f"[{self.run_id}] {info['reason']}"
@@ -106,45 +107,30 @@ class WatchExtras:
                 status(text)  # the spinner updates in place; the first reason also stays in the scroll-back
         self.queue_key = key
 
-    def queue_now(self, run: Run) -> dict[str, Any] | None:
-        """The run's `queue` view (`air get run --json`), None when it does not wait in a queue."""
-        from air.runs.views import queue_dict
-
-        assert self.store is not None
-        return queue_dict(self.store, run)
-
-    def progress_now(self, run: Run) -> list[dict[str, Any]]:
-        """The run's `progress` view: how long each node has been quiet."""
-        from air.runs.views import progress_view
-
-        return progress_view(run)
-
-    def node_ended_now(self, run: Run) -> str | None:
-        """"node 0 ended …; node 1 still running" (views.node_ended_notice), None when it does not apply."""
-        from air.runs.views import node_ended_notice
-
-        return node_ended_notice(run)
+    def detail(self) -> RunDetail:
+        """The run as `air get run` shows it: its queue place, how quiet its nodes are, a node's end."""
+        return self.client.get(self.run_id)
 
     def poll(self, run: Run) -> None:
         """After the status line: the queue reason, or the spinner of the phase the run is in."""
         if run.status is RunStatus.QUEUED:
-            self._queue(run)
+            self._queue()
             return
         self.queue_key = None
         preparing = (
             self.log is not None  # (through a server there is no supervisor log to say when nodes start)
             and run.status is RunStatus.RUNNING
-            and run.current_attempt is not None
-            and run.current_attempt not in self.started_attempts
+            and run.attempt_number is not None
+            and run.attempt_number not in self.started_attempts
         )
         if preparing and not self.json_mode:
-            self._spin(f"[{self.run_id}] preparing attempt {run.current_attempt}: {self.last_message or '…'}")
+            self._spin(f"[{self.run_id}] preparing attempt {run.attempt_number}: {self.last_message or '…'}")
         else:
             self._spin(None)
         if run.status is RunStatus.RUNNING:
-            self._progress(run)
+            self._progress()
 
-    def _progress(self, run: Run) -> None:
+    def _progress(self) -> None:
         """"[run] node 1 quiet for 12m": once each time the quiet nodes (or their minutes) change."""
         from air.runs.views import quiet_summary
 
@@ -152,15 +138,16 @@ class WatchExtras:
         if now < self.next_progress_look:
             return
         self.next_progress_look = now + PROGRESS_EVERY_S
+        detail = self.detail()
         if not self.node_ended_shown:
-            ended = self.node_ended_now(run)
+            ended = detail.node_ended
             if ended is not None:  # said once: node 0 is done, the run waits on the others
                 self.node_ended_shown = True
                 if self.json_mode:
                     event("NODE_ENDED", run_id=self.run_id, node=0, message=ended)
                 else:
                     status(f"[air] {ended}")
-        progress = self.progress_now(run)
+        progress = detail.progress
         quiet = quiet_summary(progress, QUIET_AFTER_S)
         if quiet == self.quiet_shown:
             return
@@ -175,25 +162,3 @@ class WatchExtras:
     def close(self) -> None:
         self.read_supervisor_log()
         self._spin(None)
-
-
-class RemoteWatchExtras(WatchExtras):
-    """The same for a run an air server drives: its queue and progress from `GET /runs/{id}`."""
-
-    def __init__(self, run_id: str, *, json_mode: bool, verbose: int, client: ServerClient) -> None:
-        super().__init__(run_id, json_mode=json_mode, verbose=verbose, store=None)
-        self.client = client
-
-    def _detail(self, run: Run) -> RunDetail:
-        from air.client.models import RunDetail
-
-        return RunDetail.model_validate(self.client.get(f"/runs/{run.id}"))
-
-    def queue_now(self, run: Run) -> dict[str, Any] | None:
-        return self._detail(run).queue
-
-    def progress_now(self, run: Run) -> list[dict[str, Any]]:
-        return self._detail(run).progress
-
-    def node_ended_now(self, run: Run) -> str | None:
-        return self._detail(run).node_ended

@@ -1,58 +1,32 @@
 """Streaming a run's logs: `air run --watch` (status changes and every node's log until the run ends; the
 exit code is the outcome) and `air logs ID --follow` (the same lines, without the status).
 
-A workload's logs are per node (`runs/<id>/attempt_<a>/node_<n>.log`), a local `@distributed` call's per
-rank (`calls/<id>/rank_<r>.log`). With more than one log, each line is prefixed `[node N]` / `[rank N]`
-(in `--json`, the LOG event carries `node` or `rank` instead); `--node N` / `--rank N` narrow to one.
+Both print the events `air.Client.follow` yields, so a run on this machine and one on an air server are
+printed by the same code. With more than one log, each line is prefixed `[node N]` / `[rank N]` (in
+`--json`, the LOG event carries `node` or `rank` instead); `--node N` / `--rank N` narrow to one.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from air.cli.output import event, stderr
 from air.cli.output import status as say_status
-from air.runs.follow import FollowEvent, Lines, LogSource, NewAttempt, follow
+from air.client.models import LinesEvent, NewAttemptEvent, Run, RunEvent, SkippedEvent
 from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
 from air.runs.views import duration_text
 
 if TYPE_CHECKING:
-    from air.cli.waiting import WatchExtras
+    from air.client.sdk import Client
 
-
-class LogPrinter:
-    """Writes lines of some logs to stdout: prefixed when there is more than one, or as LOG events."""
-
-    def __init__(
-        self,
-        sources: Sequence[LogSource],
-        *,
-        json_mode: bool,
-        mask: Callable[[str], str] | None = None,
-        attempt: int | None = None,
-    ) -> None:
-        self.sources = list(sources)
-        self.json_mode = json_mode
-        self.mask = mask or (lambda text: text)
-        self.attempt = attempt
-        self.prefixed = len(self.sources) > 1
-
-    def emit(self, source: LogSource, lines: Sequence[str]) -> None:
-        for line in lines:
-            line = self.mask(line)
-            if self.json_mode:
-                extra = {} if self.attempt is None else {"attempt": self.attempt}
-                event("LOG", **{source.label: source.index}, **extra, line=line)
-            else:
-                sys.stdout.write((source.prefix if self.prefixed else "") + line + "\n")
-        sys.stdout.flush()
+#: What `air.Client.follow` yields.
+Event = RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent
 
 
 def print_follow(
-    events: Iterable[FollowEvent],
+    events: Iterable[Event],
     *,
     json_mode: bool,
     prefixed: bool,
@@ -60,79 +34,50 @@ def print_follow(
     on_run: Callable[[Run], None] | None = None,
     attempt_in_events: bool = True,
 ) -> Run | None:
-    """Print a followed run's lines (from this machine's store or from a server: the same events) and
-    return the run as it was last seen. `prefixed`: more than one log, so lines carry `[node N]`."""
+    """Print a followed run's lines and return the run as it was last seen. `prefixed`: more than one
+    log, so lines carry `[node N]`."""
     last: Run | None = None
     for item in events:
-        if isinstance(item, Run):
-            last = item
+        if isinstance(item, RunEvent):
+            last = item.run
             if on_run is not None:
-                on_run(item)
-        elif isinstance(item, Lines):
-            printer = LogPrinter([item.source] * (2 if prefixed else 1), json_mode=json_mode,
-                                 attempt=item.attempt if attempt_in_events else None)
-            printer.emit(item.source, item.lines)
-        elif isinstance(item, NewAttempt):
+                on_run(item.run)
+        elif isinstance(item, LinesEvent):
+            for line in item.lines:
+                if json_mode:
+                    extra = {"attempt": item.attempt} if attempt_in_events and item.attempt is not None else {}
+                    event("LOG", **{item.label: item.index}, **extra, line=line)
+                else:
+                    sys.stdout.write((f"[{item.label} {item.index}] " if prefixed else "") + line + "\n")
+            sys.stdout.flush()
+        elif isinstance(item, NewAttemptEvent):
             if json_mode:
-                event("RETRY", **({"node": node} if node is not None else {}), attempt=item.attempt,
+                event("RETRY", **({"node": node} if node is not None else {}), attempt=item.new_attempt,
                       previous_attempt=item.previous)
             else:
-                say_status(f"--- attempt {item.attempt} (retry {item.attempt} of the run) ---")
+                say_status(f"--- attempt {item.new_attempt} (retry {item.new_attempt} of the run) ---")
+        else:  # this follower fell behind the run's output: said, not silent
+            stderr(f"air: {item.skipped} line(s) skipped: this follower read more slowly than the run wrote "
+                   "(air logs ID shows them).")
     return last
 
 
-def several_logs(run: Run, node: int | None, rank: int | None) -> bool:
-    """Whether following shows more than one log (then each line is prefixed)."""
-    from air.runs.follow import logs_are_per_rank
-
-    if node is not None or rank is not None:
-        return False
-    return (run.num_accelerators if logs_are_per_rank(run) else run.num_nodes) > 1
-
-
-def watch(
-    run_id: str,
-    *,
-    json_mode: bool,
-    store: RunStore | None = None,
-    node: int | None = None,
-    masker: Callable[[str], str] | None = None,
-    verbose: int = 0,
-) -> int:
-    """Stream status and every node's log (or `node`'s) until terminal; 0 for SUCCESS, 1 otherwise.
-    Also says why a queued run waits, spins while nothing else moves (TTY only) and, with -v, streams
-    the supervisor's log."""
+def watch(client: Client, run_id: str, *, json_mode: bool, node: int | None = None, verbose: int = 0) -> int:
+    """`air run --watch`: status changes and every node's log (or `node`'s) until the run ends, then the
+    outcome; returns the exit code (0 SUCCESS, 1 otherwise). Also says why a queued run waits, spins while
+    nothing else moves (TTY only) and, with -v, streams the supervisor's log (on this machine: through a
+    server it is there)."""
     from air.cli.waiting import WatchExtras
 
-    store = store or RunStore()
-    run = store.get_run(run_id)
-    extras = WatchExtras(run.id, json_mode=json_mode, verbose=verbose, store=store)
-    try:
-        events = follow(run.id, store=store, node=node, mask=masker)
-        return watch_events(run, events, json_mode=json_mode, node=node, extras=extras)
-    finally:
-        extras.close()
-
-
-def watch_events(
-    run: Run,
-    events: Iterable[FollowEvent],
-    *,
-    json_mode: bool,
-    node: int | None,
-    extras: WatchExtras | None = None,
-) -> int:
-    """`--watch`'s output for a followed run (from this machine or from a server): status changes, lines,
-    and the outcome; returns the exit code (0 SUCCESS, 1 otherwise)."""
-    run_id = run.id
+    run = client.get(run_id)
+    run_id = run.run_id
+    extras = WatchExtras(client, run_id, json_mode=json_mode, verbose=verbose)
     shown: list[RunStatus | None] = [None]
 
     def on_run(seen: Run) -> None:
-        if extras is not None:
-            extras.read_supervisor_log()
+        extras.read_supervisor_log()
         show_status(seen)
-        if extras is not None:
-            extras.poll(seen)
+        extras.poll(seen)
 
     def show_status(seen: Run) -> None:
         status = shown[0]
@@ -151,18 +96,23 @@ def watch_events(
             say_status(f"[{run_id}] {seen.status.value}{extra}")
         shown[0] = seen.status
 
-    last = print_follow(events, json_mode=json_mode, prefixed=several_logs(run, node, None), node=node,
-                        on_run=on_run, attempt_in_events=False)
-    run = last or run
-    duration = run.duration_seconds()
-    if json_mode:
-        event("TERMINAL", status=run.status.value, duration_seconds=duration, reason=run.termination_reason,
-              attempts=run.attempt_count)
-    else:
-        # A failure is an error (shown even with -q); a success is a status line.
-        (say_status if run.status is RunStatus.SUCCESS else stderr)(
-            f"[{run_id}] ended {run.status.value} after {duration_text(duration)}"
-            + (f" ({run.attempt_count} attempts)" if run.attempt_count > 1 else "")
-            + (f": {run.termination_reason}" if run.termination_reason and run.status.is_failure() else "")
-        )
-    return 0 if run.status is RunStatus.SUCCESS else 1
+    try:
+        last = print_follow(client.follow(run_id, node=node), json_mode=json_mode,
+                            prefixed=node is None and run.num_nodes > 1, node=node, on_run=on_run,
+                            attempt_in_events=False)
+        ended: Run = last or run
+        duration = ended.duration_seconds
+        if json_mode:
+            event("TERMINAL", status=ended.status.value, duration_seconds=duration,
+                  reason=ended.termination_reason, attempts=ended.attempts)
+        else:
+            # A failure is an error (shown even with -q); a success is a status line.
+            (say_status if ended.status is RunStatus.SUCCESS else stderr)(
+                f"[{run_id}] ended {ended.status.value} after {duration_text(duration)}"
+                + (f" ({ended.attempts} attempts)" if ended.attempts > 1 else "")
+                + (f": {ended.termination_reason}" if ended.termination_reason and ended.status.is_failure()
+                   else "")
+            )
+        return 0 if ended.status is RunStatus.SUCCESS else 1
+    finally:
+        extras.close()

@@ -203,6 +203,22 @@ class RankLog(_Answer):
     exists: bool
 
 
+class LogFile(_Answer):
+    """One log an attempt has written: `label` "node" (or "rank": a local call's), its index, its size."""
+
+    label: str
+    index: int
+    bytes: int
+
+
+class LogList(_Answer):
+    """`GET /runs/{id}/logs`: the logs of one attempt that exist (`air logs --download-to` copies them)."""
+
+    run_id: str
+    attempt: int
+    logs: list[LogFile]
+
+
 class RunDetail(Run):
     """`GET /runs/{id}`, `air get run` and `air.Client.get`: the run with its attempts, folder, how quiet
     its nodes are, its checkpoints and (a call) its rank logs (air.runs.views.run_detail makes it)."""
@@ -370,7 +386,7 @@ def encode_event(event: Event) -> bytes:
 
 __all__ = [
     "API_VERSION", "API_VERSION_HEADER", "Attempt", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
-    "CancelAnswer", "DryRunAnswer", "ErrorBody", "ErrorEvent", "Event", "Health", "LinesEvent", "NewAttemptEvent",
+    "CancelAnswer", "DryRunAnswer", "ErrorBody", "ErrorEvent", "Event", "Health", "LinesEvent", "LogFile", "LogList", "NewAttemptEvent",
     "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "decode_event",
     "encode_event", "event_from", "parse_request",
 ]

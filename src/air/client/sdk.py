@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from air.client.http import ServerClient, server_client
+from air.client.http import RemoteError, ServerClient, server_client
 from air.client.models import (
     BlobsMissingAnswer,
     CancelAnswer,
     DryRunAnswer,
     LinesEvent,
+    LogFile,
+    LogList,
     NewAttemptEvent,
     Run,
     RunDetail,
@@ -42,6 +45,8 @@ if TYPE_CHECKING:
     from air.workload.snapshot import SnapshotPlan
     from air.workload.spec import WorkloadSpec
 
+#: A workload as `submit` takes it: a YAML file's path, or its fields as a mapping.
+Workload = str | os.PathLike[str] | Mapping[str, object]
 #: Seconds between two looks at a run's status while `wait` waits.
 WAIT_POLL_S = 0.5
 
@@ -81,35 +86,37 @@ class Client:
 
     # -- submit -----------------------------------------------------------------------------------------
 
-    def submit(self, workload: str | os.PathLike[str] | Mapping[str, object], *, overrides: Sequence[str] = (),
-               idempotency_key: str | None = None) -> Run:
+    def submit(self, workload: Workload, *, overrides: Sequence[str] = (), idempotency_key: str | None = None) -> Run:
         """Submit a workload (a YAML path, or its fields as a mapping; `overrides` as `--override`); the run
         as it is just after (QUEUED or PENDING). A replayed `idempotency_key` returns the existing run."""
+        answer = self.send(workload, overrides=overrides, idempotency_key=idempotency_key)
+        assert isinstance(answer, SubmitAnswer)
+        return self.get(answer.run_id)
+
+    def plan(self, workload: Workload, *, overrides: Sequence[str] = ()) -> dict[str, object]:
+        """What `air run --dry-run` prints (nodes, commands, environment, snapshot); creates nothing."""
+        answer = self.send(workload, overrides=overrides, dry_run=True)
+        assert isinstance(answer, DryRunAnswer)
+        return answer.plan
+
+    def send(self, workload: Workload | WorkloadSpec, *, overrides: Sequence[str] = (),
+             idempotency_key: str | None = None, dry_run: bool = False) -> SubmitAnswer | DryRunAnswer:
+        """What `air run` prints from: the submit's answer (the run's id, whether a replayed key found it,
+        its shape) or, with `dry_run`, the plan. The workload is validated here, with `air run`'s errors."""
         _check_key(idempotency_key)
         spec = _load(workload, overrides)
         if self.server is not None:
-            answer = submit_to_server(self.server, spec, idempotency_key=idempotency_key, dry_run=False)
-            assert isinstance(answer, SubmitAnswer)
-            return self.get(answer.run_id)
+            return submit_to_server(self.server, spec, idempotency_key=idempotency_key, dry_run=dry_run)
         from air.config import use_reserved_pool
         from air.runs.submit import prepare_spec, submit
 
-        run, _ = submit(prepare_spec(spec, self.profile, use_reserved=use_reserved_pool()),
-                        idempotency_key=idempotency_key)
-        return self.get(run.id)
-
-    def plan(self, workload: str | os.PathLike[str] | Mapping[str, object], *,
-             overrides: Sequence[str] = ()) -> dict[str, object]:
-        """What `air run --dry-run` prints (nodes, commands, environment, snapshot); creates nothing."""
-        spec = _load(workload, overrides)
-        if self.server is not None:
-            answer = submit_to_server(self.server, spec, idempotency_key=None, dry_run=True)
-            assert isinstance(answer, DryRunAnswer)
-            return answer.plan
-        from air.config import use_reserved_pool
-        from air.runs.submit import prepare_spec
-
-        return prepare_spec(spec, self.profile, use_reserved=use_reserved_pool()).plan.describe()
+        prepared = prepare_spec(spec, self.profile, use_reserved=use_reserved_pool())
+        plan = prepared.plan
+        if dry_run:
+            return DryRunAnswer(status="DRY_RUN_OK", plan=plan.describe())
+        run, existing = submit(prepared, idempotency_key=idempotency_key)
+        return SubmitAnswer(run_id=run.id, status=run.status, existing=existing, num_nodes=plan.num_nodes,
+                            per_node=plan.per_node, accelerator=plan.accelerator, experiment=plan.experiment)
 
     # -- read -------------------------------------------------------------------------------------------
 
@@ -156,51 +163,106 @@ class Client:
         return RunList.model_validate({"runs": rows}).runs
 
     def logs(self, run_id: str, *, node: int | None = None, rank: int | None = None, attempt: int | None = None,
-             tail: int | None = None) -> str:
+             tail: int | None = None, minutes: int | None = None) -> str:
         """The last lines of the run's logs (`air logs --no-follow`): every node's (or rank's), each line
-        `[node N] `-prefixed when there is more than one log, or the one asked for. Secrets masked."""
-        events = self._events(run_id, live=False, node=node, rank=rank, attempt=attempt, tail=tail)
+        `[node N] `-prefixed when there is more than one log, or the one asked for; `minutes`: only those
+        written in the last N minutes. Secrets masked."""
+        events = self.events(run_id, live=False, node=node, rank=rank, attempt=attempt, tail=tail, minutes=minutes)
         chunks = [e for e in events if isinstance(e, LinesEvent)]
         several = len({(c.label, c.index) for c in chunks}) > 1
         return "".join(f"[{c.label} {c.index}] {line}\n" if several else f"{line}\n"
                        for c in chunks for line in c.lines)
 
     def follow(self, run_id: str, *, node: int | None = None, rank: int | None = None,
-               attempt: int | None = None, tail: int | None = None
+               attempt: int | None = None, tail: int | None = None, minutes: int | None = None
                ) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
         """The run's events until it ends (`air logs --follow`): its state at every poll (`RunEvent`), new
         log lines (`LinesEvent`) and retries (`NewAttemptEvent`); through a server, `SkippedEvent` when this
         reader fell behind and lines were left out."""
-        return self._events(run_id, live=True, node=node, rank=rank, attempt=attempt, tail=tail)
+        return self.events(run_id, live=True, node=node, rank=rank, attempt=attempt, tail=tail, minutes=minutes)
 
-    def _events(self, run_id: str, *, live: bool,
-                **where: int | None) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
+    def events(self, run_id: str, *, live: bool, minutes: int | None = None,
+               **where: int | None) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
+        """`follow` (`live`) or, once, the run and the last lines of each log (`logs`), as events: what
+        `air logs` prints either way. Problems with the run, `attempt`, `node` or `rank` raise here, before
+        any event (on this machine; through a server, at the first event)."""
         if self.server is not None:
-            return self.server.events(run_id, live=live, **where)
+            return self._streamed(run_id, live=live, where={**where, "minutes": minutes})
         from air.runs.follow import follow, snapshot_lines
         from air.runs.views import attempt_index, log_masker
 
         run = self.store.get_run(run_id)
-        mask = log_masker(run)
+        mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
+        since = None if minutes is None else time.time() - minutes * 60
         if live:
-            items: Iterable[FollowEvent] = follow(run.id, store=self.store, mask=mask, **where)
+            items: Iterable[FollowEvent] = follow(run.id, store=self.store, mask=mask, since=since, **where)
         else:
-            index = attempt_index(self.store, run, where["attempt"])
-            items = [run, *snapshot_lines(run, index, node=where["node"], rank=where["rank"], tail=where["tail"],
-                                          mask=mask)]
+            index = attempt_index(self.store, run, where.get("attempt"))
+            items = [run, *snapshot_lines(run, index, node=where.get("node"), rank=where.get("rank"),
+                                          tail=where.get("tail"), mask=mask, since=since)]
         return (event_from(item) for item in items)
+
+    def _streamed(self, run_id: str, *, live: bool, where: dict[str, int | None]
+                  ) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
+        """The server's follow stream. One that ends before the run does (the server stopped) is an error
+        that says how to reattach, not a quiet end that reads as the run's."""
+        assert self.server is not None
+        last: Run | None = None
+        for item in self.server.events(run_id, live=live, **where):
+            if isinstance(item, RunEvent):
+                last = item.run
+            yield item
+        if live and where.get("attempt") is None and (last is None or not last.is_terminal):
+            raise RemoteError(f"The air server at {self.server.url} stopped streaming run {run_id} before it ended.",
+                              code="UNAVAILABLE", kind="TRANSIENT",
+                              hint=f"The run goes on there; reattach with: air logs {run_id} --follow")
+
+    def log_list(self, run_id: str, attempt: int | None = None) -> LogList:
+        """The logs `attempt` (default: the latest) has written so far: each one's label ("node", or
+        "rank" for a local call), index and size."""
+        if self.server is not None:
+            return LogList.model_validate(self.server.get(f"/runs/{run_id}/logs", attempt=attempt))
+        from air.runs.views import attempt_index, log_files
+
+        run = self.store.get_run(run_id)
+        index = attempt_index(self.store, run, attempt)
+        return LogList(run_id=run.id, attempt=index, logs=[
+            LogFile(label=f["label"], index=f["index"], bytes=f["path"].stat().st_size)
+            for f in log_files(run, index) if f["exists"]])
+
+    def download_logs(self, run_id: str, folder: str | os.PathLike[str], attempt: int | None = None) -> LogList:
+        """Copy every log of `attempt` (default: the latest) to `folder`/logs/`<label>_<index>.log`, secret
+        values masked; what was copied. A copy that cannot be masked is refused before any file is written."""
+        listed = self.log_list(run_id, attempt)
+        target = Path(folder) / "logs"
+        if self.server is not None:
+            target.mkdir(parents=True, exist_ok=True)
+            for log in listed.logs:
+                self.server.download(f"/runs/{listed.run_id}/logs/{log.label}/{log.index}",
+                                     target / f"{log.label}_{log.index}.log", attempt=listed.attempt)
+            return listed
+        from air.runs.views import log_files, log_masker
+
+        run = self.store.get_run(listed.run_id)
+        mask = log_masker(run)
+        mask("")  # resolves the values now: a copy is refused before any file is written
+        target.mkdir(parents=True, exist_ok=True)
+        for found in log_files(run, listed.attempt):
+            if found["exists"]:
+                _masked_copy(found["path"], target / f"{found['label']}_{found['index']}.log", mask)
+        return listed
 
     # -- act --------------------------------------------------------------------------------------------
 
-    def cancel(self, run_id: str) -> Run:
-        """Cancel the run (TERMINATING, then CANCELED once every process is gone); the run after."""
+    def cancel(self, run_id: str) -> CancelAnswer:
+        """Cancel the run: the status the cancel left it in (TERMINATING until every process is gone, then
+        CANCELED; an ended run keeps its own). `wait` waits for the end."""
         if self.server is not None:
-            CancelAnswer.model_validate(self.server.post(f"/runs/{run_id}/cancel"))
-        else:
-            from air.runs.cancel import cancel_run, canceled_by, local_user
+            return CancelAnswer.model_validate(self.server.post(f"/runs/{run_id}/cancel"))
+        from air.runs.cancel import cancel_run, canceled_by, local_user
 
-            cancel_run(self.store, self.store.get_run(run_id).id, reason=canceled_by(local_user()))
-        return self.get(run_id)
+        found = self.store.get_run(run_id)
+        return CancelAnswer(run_id=found.id, status=cancel_run(self.store, found.id, reason=canceled_by(local_user())))
 
     def wait(self, run_id: str, timeout: float | None = None, *, poll_s: float = WAIT_POLL_S) -> Run:
         """Block until the run ends; the ended run. `RunWaitTimeout` after `timeout` seconds (the run goes on)."""
@@ -223,13 +285,32 @@ def _check_key(key: str | None) -> None:
         raise UserInputError("The idempotency key must be 1 to 64 characters.")
 
 
-def _load(workload: str | os.PathLike[str] | Mapping[str, object], overrides: Sequence[str]) -> WorkloadSpec:
-    """A workload validated here, with the errors `air run` gives (a YAML path, or its fields)."""
+def _load(workload: Workload | WorkloadSpec, overrides: Sequence[str]) -> WorkloadSpec:
+    """A workload validated here, with the errors `air run` gives (a YAML path, or its fields); a spec
+    already validated as it is."""
     from air.workload.loading import load_workload, parse_workload
+    from air.workload.spec import WorkloadSpec
 
+    if isinstance(workload, WorkloadSpec):
+        return workload
     if isinstance(workload, Mapping):
         return parse_workload(workload, source="the workload given to air.Client", overrides=overrides)
     return load_workload(os.fspath(workload), overrides)
+
+
+def _masked_copy(source: Path, target: Path, mask: Callable[[str], str]) -> None:
+    """Copy a log line by line through `mask` (logs an older air wrote may hold values), byte for byte
+    otherwise (surrogateescape keeps invalid UTF-8 as it was); the copy appears whole or not at all."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with open(source, encoding="utf-8", errors="surrogateescape", newline="") as src, \
+                os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as out:
+            for line in src:
+                out.write(mask(line))
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _sha256(path: Path) -> str:

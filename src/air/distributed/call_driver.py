@@ -14,6 +14,7 @@ import sys
 
 import cloudpickle
 
+from air.client.models import CallRequest
 from air.errors import WorkloadFailureException
 from air.files import atomic_write_bytes, atomic_write_text
 from air.runs.paths import CallPaths
@@ -21,34 +22,21 @@ from air.runs.states import FailureClass, RunStatus
 from air.runs.store import Run, RunStore
 
 
-def start_call(store: RunStore, *, user: str, payload: bytes, name: str, num_accelerators: int,
-               accelerator_type: str, timeout: float | None, max_retries: int, preload: list[str],
-               experiment: str, hang_timeout: float | None = None, use_reserved: bool | None = None,
-               pool_asked: str | None = None) -> Run:
+def start_call(store: RunStore, user: str, call: CallRequest, payload: bytes) -> Run:
     """Check the shape against this machine's default profile, record the run (kind `call`, owned by
     `user`), write its request and payload, and start its driver. Bad input raises before anything exists."""
-    from air.backends import backend_for
-    from air.config import load_config, resolve_profile
-    from air.distributed.remote import plan_shape
+    from air.config import resolve_profile
+    from air.distributed.remote import create_call_run
     from air.distributed.shape import CallSettings
 
-    profile = resolve_profile(None)
-    backend = backend_for(profile, ledger=store)
-    accelerator, num_nodes = plan_shape(backend, CallSettings(num_accelerators, accelerator_type, True, timeout))
-    backend.check_shape(accelerator, num_nodes)
-    pool = load_config().call_pool(backend.name, "CPU" if accelerator.is_cpu else "GPU",
-                                   accelerator.per_node * num_nodes, use_reserved, pool_asked)
-    run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
-                           num_accelerators=accelerator.per_node * num_nodes, num_nodes=num_nodes,
-                           backend=backend.name, profile=profile.name, kind="call", run_name=name, user=user,
-                           pool=pool).run
+    run, *_ = create_call_run(
+        store, resolve_profile(None), CallSettings(call.num_accelerators, call.accelerator_type, True, call.timeout),
+        call.name, experiment=call.experiment, use_reserved=call.use_reserved_pool, pool_asked=call.pool, user=user)
     paths = CallPaths(run.id)
     try:
         paths.create()
         atomic_write_bytes(paths.payload, payload)
-        atomic_write_text(paths.request, json.dumps({
-            "name": name, "timeout": timeout, "hang_timeout": hang_timeout, "max_retries": max_retries,
-            "preload": preload, "accelerator": accelerator.name, "num_nodes": num_nodes}))
+        atomic_write_text(paths.request, call.model_dump_json(exclude={"payload_b64"}))  # its shape: the run's
         with open(paths.driver_log, "ab") as log:
             subprocess.Popen([sys.executable, "-m", "air.distributed.call_driver", run.id], stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True, cwd=str(paths.folder))
@@ -90,8 +78,8 @@ def main(argv: list[str]) -> int:
         sandbox = run_sandbox(store, run.id, run.user, writable=[checkpoint_dir])
         if sandbox is not None:  # the ranks' cwd is this process's: one they can see in their view
             os.chdir(sandbox.scratch)
-        job = CallJob(run.id, backend, parse_accelerator_type(request["accelerator"]), request["num_nodes"],
-                      paths.payload.read_bytes(), request["name"], request["timeout"], False, {},
+        job = CallJob(run.id, backend, parse_accelerator_type(run.accelerator_type), run.num_nodes,
+                      paths.payload.read_bytes(), request["name"], request["timeout"], False,
                       tuple(request["preload"]), hang_timeout_s=request.get("hang_timeout"),
                       checkpoint_dir=checkpoint_dir)
         job.sandbox = sandbox

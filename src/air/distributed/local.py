@@ -33,14 +33,12 @@ def serialize_call(func: Callable[..., object], args: Sequence[object], kwargs: 
 
 def _find_unpicklable(func: Callable[..., object], args: Sequence[object],
                       kwargs: Mapping[str, object]) -> tuple[str, Exception | None]:
-    names: list[str] = []
     try:
         params = list(inspect.signature(func).parameters)
     except (TypeError, ValueError):
         params = []
     for index, value in enumerate(args):
         label = f"argument '{params[index]}' (position {index})" if index < len(params) else f"argument {index}"
-        names.append(label)
         try:
             cloudpickle.dumps(value)
         except Exception as exc:
@@ -64,32 +62,34 @@ OMP_NOTE = ("Setting OMP_NUM_THREADS environment variable for each process to be
 
 
 def rank_env(base: Mapping[str, str], *, rank: int, local_rank: int, world_size: int, local_world_size: int,
-             node_rank: int, master_addr: str, master_port: int, gpu_ids: Sequence[str] | None,
-             accelerator_kind: str, run_id: str, restart_count: int = 0, max_restarts: int = 0,
+             node_rank: int, accelerator_kind: str, run_id: str, restart_count: int = 0, max_restarts: int = 0,
              num_nodes: int = 1) -> dict[str, str]:
     """The environment of one rank: what torchrun's LocalElasticAgent gives its workers (SPEC: contract with
     the user's code), so `torch.distributed.is_torchelastic_launched()` is True and frameworks (Lightning's
     TorchElasticEnvironment, accelerate, HF Trainer) take an air rank for a torchrun worker and give their
     own errors. One worker group per node and one role, as torchrun runs them: GROUP_* is the node,
     ROLE_* the whole world. TORCHELASTIC_RUN_ID is the air run (or call) id, the restart count its attempt.
-    OMP_NUM_THREADS=1 only when unset and a node runs more than one rank (torchrun's rule, OMP_NOTE)."""
+    OMP_NUM_THREADS=1 only when unset and a node runs more than one rank (torchrun's rule, OMP_NOTE).
+    MASTER_ADDR, MASTER_PORT and CUDA_VISIBLE_DEVICES are the backend's: only placement decides them."""
     env = dict(base)
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(local_world_size), "NODE_RANK": str(node_rank), "GROUP_RANK": str(node_rank),
         "GROUP_WORLD_SIZE": str(num_nodes), "ROLE_NAME": "default",
-        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size), "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port), "PYTHONUNBUFFERED": "1", AIR_ACCELERATOR_KIND: accelerator_kind,
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(world_size), "PYTHONUNBUFFERED": "1",
+        AIR_ACCELERATOR_KIND: accelerator_kind,
         "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_RESTART_COUNT": str(restart_count), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
     })
     if "OMP_NUM_THREADS" not in base and local_world_size > 1:
         env["OMP_NUM_THREADS"] = "1"
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default for its workers
-    if gpu_ids is not None:
-        # Like torchrun: every rank sees the node's GPUs, and uses device LOCAL_RANK among them.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
     return env
+
+
+def call_experiment() -> str:
+    """The MLflow experiment a call's run goes into: the caller's MLFLOW_EXPERIMENT_NAME, else air's."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed"
 
 
 def warm_enabled() -> bool:
@@ -115,11 +115,10 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
     store = RunStore()
     machine = MachineAccelerators((), cpu_slots()) if accelerator.is_cpu else discover()
     backend = LocalBackend(machine, ledger=None if nested else store)
-    experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed"
-    run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
+    run = store.create_run(experiment=call_experiment(), accelerator_type=accelerator.name,
                            num_accelerators=shape.world_size, num_nodes=1, backend=backend.name, kind="call",
                            run_name=name).run
-    job = CallJob(run.id, backend, accelerator, 1, payload, name, settings.timeout, True, {},
+    job = CallJob(run.id, backend, accelerator, 1, payload, name, settings.timeout, True,
                   preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
                   local=True)
     return drive_call(store, job, 0)

@@ -20,7 +20,6 @@ from air.constants import ECHO_WINDOW_S
 from air.errors import AirError, LocalExecutionTimeoutError, RankFailedError, SerializationError
 from air.files import atomic_write_bytes
 from air.launcher.node import ProcessExit, read_tail
-from air.runs.paths import CALL_PAYLOAD_FILE
 
 
 @dataclass(frozen=True)
@@ -36,12 +35,8 @@ class RankOutcome:
     raised_at: float = 0.0
 
 
-#: What the ranks run (air.runs.paths owns the name). Each rank answers in its `outcome_path`; the caller
-#: removes both when the call is over.
-PAYLOAD_FILE = CALL_PAYLOAD_FILE
-
-
 def outcome_path(call_dir: Path, rank: int) -> Path:
+    """Where a rank answers (beside the payload it ran, air.runs.paths.CALL_PAYLOAD_FILE)."""
     return call_dir / f"rank_{rank}.outcome"
 
 

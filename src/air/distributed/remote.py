@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air.accelerators import AcceleratorType
 from air.backends import Backend, backend_for
@@ -35,8 +35,8 @@ from air.backends.base import (
     NodeLaunch,
 )
 from air.constants import CANCEL_CHECK_S, release_timeout_s
-from air.distributed.local import OMP_NOTE, rank_env, serialize_call, warm_enabled
-from air.distributed.outcome import PAYLOAD_FILE, done_path, hang_path, outcome_path, read_outcome, resolve
+from air.distributed.local import OMP_NOTE, call_experiment, rank_env, serialize_call, warm_enabled
+from air.distributed.outcome import done_path, hang_path, outcome_path, read_outcome, resolve
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
@@ -45,9 +45,9 @@ from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec
 from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
-from air.runs.paths import CallPaths
+from air.runs.paths import CALL_PAYLOAD_FILE, CallPaths
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
-from air.runs.store import RunStore
+from air.runs.store import Run, RunStore
 from air.settings import (
     AIR_ACCELERATOR_TYPE,
     AIR_ATTEMPT,
@@ -60,40 +60,56 @@ from air.settings import (
 )
 from air.tracking.attempt_tracking import AttemptTracking
 
+if TYPE_CHECKING:
+    from air.config import Profile
+
 _log = logging.getLogger("air.call")
 
 
 
 def run_remote(func: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object],
-               settings: CallSettings, *, profile_name: str | None = None, echo: bool = True,
-               extra_env: Mapping[str, str] | None = None, max_retries: int = 0) -> list[Any]:
+               settings: CallSettings, *, profile_name: str | None = None, max_retries: int = 0) -> list[Any]:
     """Run `func(*args, **kwargs)` once per rank on the profile's backend; block; return every rank's value.
     With an air server configured (AIR_SERVER_URL + AIR_TOKEN, or a `server` profile), the server drives it."""
     from air.client import server_client
-    from air.config import load_config, remote_pool_id, resolve_profile, use_reserved_pool
+    from air.config import remote_pool_id, resolve_profile, use_reserved_pool
 
     client = server_client(profile_name)
     if client is not None:
         from air.distributed.remote_server import call_through_server
 
-        return call_through_server(client, func, args, kwargs, settings, echo=echo, max_retries=max_retries)
+        return call_through_server(client, func, args, kwargs, settings, max_retries=max_retries)
     profile = resolve_profile(profile_name)
     store = RunStore()
+    payload = serialize_call(func, args, kwargs)
+    name = getattr(func, "__name__", "fn")
+    run, backend, accelerator, num_nodes = create_call_run(
+        store, profile, settings, name, experiment=call_experiment(), use_reserved=use_reserved_pool(),
+        pool_asked=remote_pool_id())
+    job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, True,
+                  preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
+                  checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
+    return drive_call(store, job, max_retries)
+
+
+def create_call_run(store: RunStore, profile: Profile, settings: CallSettings, name: str, *, experiment: str,
+                    use_reserved: bool | None, pool_asked: str | None,
+                    user: str | None = None) -> tuple[Run, Backend, AcceleratorType, int]:
+    """A `remote=True` call's run (kind `call`), recorded once its shape fits the profile's backend (here,
+    or by an air server for `user`): the run, its backend, node type and node count. Bad input raises
+    before anything exists."""
+    from air.config import load_config
+
     backend = backend_for(profile, ledger=store)
     accelerator, num_nodes = plan_shape(backend, settings)
     backend.check_shape(accelerator, num_nodes)
-    pool = load_config().call_pool(backend.name, "CPU" if accelerator.is_cpu else "GPU",
-                                   accelerator.per_node * num_nodes, use_reserved_pool(), remote_pool_id())
-    payload = serialize_call(func, args, kwargs)
-    name = getattr(func, "__name__", "fn")
-    experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "air-distributed"
-    run = store.create_run(experiment=experiment, accelerator_type=accelerator.name,
-                           num_accelerators=accelerator.per_node * num_nodes, num_nodes=num_nodes,
-                           backend=backend.name, profile=profile.name, kind="call", run_name=name, pool=pool).run
-    job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, echo,
-                  dict(extra_env or {}), preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
-                  checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
-    return drive_call(store, job, max_retries)
+    world = accelerator.per_node * num_nodes
+    pool = load_config().call_pool(backend.name, "CPU" if accelerator.is_cpu else "GPU", world, use_reserved,
+                                   pool_asked)
+    run = store.create_run(experiment=experiment, accelerator_type=accelerator.name, num_accelerators=world,
+                           num_nodes=num_nodes, backend=backend.name, profile=profile.name, kind="call",
+                           run_name=name, user=user, pool=pool).run
+    return run, backend, accelerator, num_nodes
 
 
 def drive_call(store: RunStore, job: CallJob, max_retries: int) -> list[Any]:
@@ -139,9 +155,8 @@ def _end_internal(store: RunStore, run_id: str, exc: BaseException) -> None:
 # ---- shape ---------------------------------------------------------------------------------------
 
 
-def plan_shape(backend: Backend, settings: CallSettings) -> tuple[AcceleratorType, int]:
-    """Node shape and node count for a remote call: how many ranks, on which accelerator, planned by
-    the backend (a full type such as `GPU_8xH100` fixes the ranks per node; a bare model packs them)."""
+def required_shape(settings: CallSettings) -> tuple[int, str]:
+    """A remote call's rank count and accelerator type, both of which it must name (no machine to default to)."""
     count = settings.num_accelerators
     raw = (settings.accelerator_type or "").strip()
     if count is None or not raw:
@@ -151,7 +166,13 @@ def plan_shape(backend: Backend, settings: CallSettings) -> tuple[AcceleratorTyp
             hint="For example @distributed(num_accelerators=16, accelerator_type='GPU_8xH100', remote=True), "
             "or accelerator_type='CPU' to run CPU ranks.",
         )
-    return backend.plan_shape(count, raw)
+    return count, raw
+
+
+def plan_shape(backend: Backend, settings: CallSettings) -> tuple[AcceleratorType, int]:
+    """Node shape and node count for a remote call, planned by the backend (a full type such as
+    `GPU_8xH100` fixes the ranks per node; a bare model packs them)."""
+    return backend.plan_shape(*required_shape(settings))
 
 
 # ---- the call's side of the run ------------------------------------------------------------------
@@ -164,9 +185,8 @@ class CallJob:
     MLflow run is made only if a rank uses MLflow (LazyCallTracking), so the call does not wait for it."""
 
     def __init__(self, run_id: str, backend: Backend, accelerator: AcceleratorType, num_nodes: int,
-                 payload: bytes, name: str, timeout_s: float | None, echo: bool, extra_env: dict[str, str],
-                 preload: tuple[str, ...], *, hang_timeout_s: float | None = None,
-                 checkpoint_dir: str | None = None, local: bool = False) -> None:
+                 payload: bytes, name: str, timeout_s: float | None, echo: bool, preload: tuple[str, ...], *,
+                 hang_timeout_s: float | None = None, checkpoint_dir: str | None = None, local: bool = False) -> None:
         self.run_id = run_id
         self.hang_timeout_s = hang_timeout_s
         self.checkpoint_dir = checkpoint_dir
@@ -179,7 +199,6 @@ class CallJob:
         self.name = name
         self.timeout_s = timeout_s
         self.echo = echo
-        self.extra_env = extra_env
         self.preload = preload
         self.warm = warm_enabled()  # as for a local call: every node forks its ranks from one zygote
         #: The retries the run may make (drive_call sets it): the ranks' TORCHELASTIC_MAX_RESTARTS.
@@ -280,7 +299,6 @@ class CallJob:
             for key in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME"):
                 if os.environ.get(key):
                     base[key] = os.environ[key]
-        base.update(self.extra_env)
         if self.local and "OMP_NUM_THREADS" in os.environ:  # the caller's own choice (rank_env keeps it)
             base["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
         # The run's MLflow credential is masked in the ranks' logs like a secret.
@@ -291,14 +309,14 @@ class CallJob:
             for local in range(self.per_node):
                 rank = node * self.per_node + local
                 env = rank_env(base, rank=rank, local_rank=local, world_size=self.world,
-                               local_world_size=self.per_node, node_rank=node, master_addr="", master_port=0,
-                               gpu_ids=None, accelerator_kind=self.accelerator.kind, run_id=self.run_id,
+                               local_world_size=self.per_node, node_rank=node,
+                               accelerator_kind=self.accelerator.kind, run_id=self.run_id,
                                restart_count=attempt, max_restarts=self.max_restarts, num_nodes=self.num_nodes)
                 procs.append(ProcessSpec(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", "air.distributed.worker", NODE_DIR],
                                          env=env, log_path=self.log_paths[rank], cwd=os.getcwd(), hide=hide,
                                          node=node, rank=rank, done_file=done_path(self.call_dir, rank).name))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],
-                                       files={PAYLOAD_FILE: self.payload},
+                                       files={CALL_PAYLOAD_FILE: self.payload},
                                        warm_preload=self.preload if self.warm else None, sandbox=self.sandbox))
         yield launches
 
@@ -350,4 +368,4 @@ class CallJob:
                     f"alive: delete the model first. Stacks: {hang}")
 
 
-__all__ = ["CallJob", "drive_call", "plan_shape", "run_remote"]
+__all__ = ["CallJob", "create_call_run", "drive_call", "plan_shape", "required_shape", "run_remote"]

@@ -22,8 +22,9 @@ from typing import Any
 import cloudpickle
 
 from air.constants import release_timeout_s
-from air.distributed.outcome import PAYLOAD_FILE, done_path, error, hang_path, ok, write_outcome
+from air.distributed.outcome import done_path, error, hang_path, ok, write_outcome
 from air.launcher.zygote import exit_now, import_with_gc_off
+from air.runs.paths import CALL_PAYLOAD_FILE
 from air.settings import (
     AIR_LAUNCHER_PID,
     AIR_MLFLOW_ENV_FILE,
@@ -130,7 +131,7 @@ def main(call_dir: Path) -> int:
         import_with_gc_off(preload)  # one that fails is imported again by the function, failing there
         gc.enable()
     try:
-        with open(call_dir / PAYLOAD_FILE, "rb") as fh:
+        with open(call_dir / CALL_PAYLOAD_FILE, "rb") as fh:
             func, args, kwargs = cloudpickle.load(fh)
     except Exception as exc:
         write_outcome(call_dir, error(rank, exc, _user_traceback(exc)))

@@ -165,7 +165,6 @@ def _build_error(lines: list[str], candidates: list[Dependency], what: str) -> E
         "options), or check that the package exists for this Python and platform.",
     )
     err.dependencies = [d.display for d in named]  # type: ignore[attr-defined]
-    err.installer_error = detail  # type: ignore[attr-defined]
     return err
 
 

@@ -110,15 +110,4 @@ def _cancel_one(store: RunStore, run_id: str, *, reason: str) -> RunStatus:
         return store.get_run(run.id).status
 
 
-def active_run_ids(store: RunStore) -> list[str]:
-    """Every run that is not over yet (what `air cancel --all` ends)."""
-    return [r.id for r in store.list_runs(limit=None)]
-
-
-def cancel_runs(store: RunStore, run_ids: list[str], *, reason: str = CANCEL_REASON) -> dict[str, RunStatus]:
-    """Cancel each run in turn: run id -> its status afterwards."""
-    return {run_id: cancel_run(store, run_id, reason=reason) for run_id in run_ids}
-
-
-__all__ = ["CANCEL_REASON", "active_run_ids", "cancel_run", "cancel_runs", "cancel_sweep_children", "canceled_by",
-           "local_user"]
+__all__ = ["CANCEL_REASON", "cancel_run", "cancel_sweep_children", "canceled_by", "local_user"]

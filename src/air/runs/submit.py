@@ -25,7 +25,6 @@ from air.runs.access import Grant, Level, grants_to_json
 from air.runs.paths import RunPaths
 from air.runs.states import FailureClass, RunStatus
 from air.runs.store import Run, RunStore
-from air.workload.loading import load_workload
 from air.workload.plan import RunPlan, make_plan
 from air.workload.spec import WorkloadSpec
 
@@ -47,16 +46,10 @@ class Prepared:
     pool: str | None = None
 
 
-def prepare(path: str | Path, overrides: list[str] | tuple[str, ...] = (), profile: str | None = None) -> Prepared:
-    """Everything `--dry-run` shows and `air run` needs; raises UserInputError on bad input."""
-    from air.config import use_reserved_pool
-
-    return prepare_spec(load_workload(path, overrides), profile, use_reserved=use_reserved_pool())
-
-
 def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store: Path | None = None,
                  use_reserved: bool | None = None) -> Prepared:
-    """`prepare` for a spec already validated (`air server` gets it over HTTP); `secret_store` is where
+    """Everything `--dry-run` shows and `air run` needs, for a spec already validated (air.Client loads it;
+    `air server` gets it over HTTP); raises UserInputError on bad input. `secret_store` is where
     its secrets are (a server user's store; default $AIR_HOME/secrets.json); `use_reserved` is the
     submitter's DATABRICKS_USE_RESERVED_GPU_POOL."""
     from air.config import config_path, load_config, resolve_profile

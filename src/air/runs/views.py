@@ -83,10 +83,10 @@ def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dic
     return None if info is None else info.to_dict()
 
 
-def run_summary(store: RunStore, run: Run) -> dict[str, object]:
-    """A row of `air list runs --json` and `GET /runs` (air.client.models.Run): `run_dict` and, for a
-    QUEUED run, why it waits (`queue`)."""
-    return {**run_dict(run), "queue": queue_dict(store, run)}
+def run_summary(store: RunStore, run: Run, *, capacity: int | None = None) -> dict[str, object]:
+    """A row of `air list runs --json`, `GET /runs` (air.client.models.Run) and the runs page: `run_dict`
+    and, for a QUEUED run, why it waits (`queue`; `capacity` as queue_dict takes it)."""
+    return {**run_dict(run), "queue": queue_dict(store, run, capacity=capacity)}
 
 
 def mlflow_link(run: Run) -> str | None:
@@ -196,7 +196,7 @@ def checkpoint_view(run: Run) -> dict[str, object]:
 def run_detail(store: RunStore, run: Run, *, pages_base: str | None = None) -> dict[str, object]:
     """`air get run --json`: the run, its attempts, MLflow link, web page (`run_page_url`), folder, queue
     place and (calls) rank logs."""
-    data = run_dict(run)
+    data = run_summary(store, run)
     data["mlflow_url"] = mlflow_link(run)
     data["mlflow_recording"] = mlflow_recording(run)
     data["page_url"] = run_page_url(run.id, pages_base)
@@ -204,7 +204,6 @@ def run_detail(store: RunStore, run: Run, *, pages_base: str | None = None) -> d
         {**asdict(a), "status": a.status.value, "failure_class": a.failure_class.value if a.failure_class else None}
         for a in store.list_attempts(run.id)]
     data["folder"] = str(run_folder(run))
-    data["queue"] = queue_dict(store, run)
     data["progress"] = progress_view(run)
     data["node_ended"] = node_ended_notice(run)
     data.update(checkpoint_view(run))
@@ -308,12 +307,7 @@ def run_list_page(
         visible_to=visible_to,
     )
     capacities = _capacities()
-    rows = []
-    for run in runs[:per_page]:
-        row = run_dict(run)
-        row["queue"] = (queue_dict(store, run, capacity=capacities.get(run.slot_kind))
-                        if run.status is RunStatus.QUEUED else None)
-        rows.append(row)
+    rows = [run_summary(store, run, capacity=capacities.get(run.slot_kind)) for run in runs[:per_page]]
     if page == 1 and len(runs) <= per_page:
         counted = len(runs)
     else:
@@ -541,16 +535,6 @@ def attempt_views(store: RunStore, run: Run) -> list[dict[str, Any]]:
             "width_pct": round(max((a_end - a.started_at) / span * 100, 0.5), 2),
         })
     return out
-
-
-def masked_spec(run: Run) -> dict[str, Any]:
-    """The spec as submitted, its secret values hidden (or why it is not shown)."""
-    from air.errors import AirError
-
-    try:
-        return {"text": log_masker(run)(run.spec_yaml), "error": None}
-    except AirError as exc:
-        return {"text": "", "error": exc.message}
 
 
 def attempt_stacks(run: Run, attempt: int) -> list[dict[str, object]]:

@@ -23,6 +23,7 @@ from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.store import RunStore
 from air.server.tokens import Principal, verify_token
 from air.server.uploads import ServerPaths
+from air.web.auth import bearer_token
 from air.web.security import SecurityHeaders
 
 API = "/api/v1"
@@ -64,11 +65,10 @@ def store_of(request: Request) -> RunStore:
 
 def principal(request: Request) -> Principal:
     """The caller, from the bearer token; 401 when there is none or it is not valid."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    found = verify_token(store_of(request), token.strip()) if scheme.lower() == "bearer" else None
+    found = verify_token(store_of(request), bearer_token(request))
     if found is None:
-        raise AuthError("A valid air token is required." if header else "No token given.", status=401,
+        given = request.headers.get("authorization")
+        raise AuthError("A valid air token is required." if given else "No token given.", status=401,
                         hint="Send Authorization: Bearer <token> (AIR_TOKEN, or the profile's token_path); "
                         "an admin makes one with: air server token create NAME")
     return found
@@ -76,8 +76,7 @@ def principal(request: Request) -> Principal:
 
 def token_still_valid(request: Request) -> bool:
     """Whether the request's bearer token is still valid (a long stream asks again as it goes)."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and verify_token(store_of(request), token.strip()) is not None
+    return verify_token(store_of(request), bearer_token(request)) is not None
 
 
 def pages_base(request: Request) -> str:

@@ -521,7 +521,6 @@ def mount_door(app: FastAPI, socket_path: Path, *, public: str, server_credentia
 
     app.add_api_route(MLFLOW_PREFIX, handle, methods=methods, include_in_schema=False)
     app.add_api_route(MLFLOW_PREFIX + "/{rest:path}", handle, methods=methods, include_in_schema=False)
-    app.state.mlflow_door = door
     app.state.mlflow_uri = door.public  # the pages' MLflow link: the door
     inner = app.router.lifespan_context
 

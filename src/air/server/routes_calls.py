@@ -38,11 +38,7 @@ async def submit_call(request: Request, who: Caller) -> dict[str, object]:
                              hint="Send the cloudpickled call, base64-encoded.") from None
     if not payload:
         raise UserInputError("Malformed call: payload_b64 is empty.", hint="Send the cloudpickled call, base64-encoded.")
-    run = await run_in_threadpool(
-        start_call, store_of(request), user=who.user, payload=payload, name=call.name,
-        num_accelerators=call.num_accelerators, accelerator_type=call.accelerator_type, timeout=call.timeout,
-        hang_timeout=call.hang_timeout, max_retries=call.max_retries, preload=call.preload,
-        experiment=call.experiment, use_reserved=call.use_reserved_pool, pool_asked=call.pool)
+    run = await run_in_threadpool(start_call, store_of(request), who.user, call, payload)
     answer = CallAnswer(run_id=run.id, num_nodes=run.num_nodes, world=run.num_accelerators, status=run.status)
     return answer.model_dump(mode="json")
 

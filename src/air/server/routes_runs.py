@@ -33,7 +33,6 @@ from air.runs.access import Level
 from air.runs.follow import FollowEvent, log_sources, snapshot_lines
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
-from air.runs.store import Run
 from air.runs.views import attempt_index, log_files, run_detail, run_summary
 from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
 from air.server.fanout import hub_of, reader_following, take_ndjson
@@ -80,6 +79,8 @@ async def json_body(request: Request, limit: int = MAX_JSON_BYTES) -> object:
 #: An integer query parameter that reaches SQLite: bounded, so a 30-digit one is a 400, not an overflow.
 QueryInt = Annotated[int, Query(le=MAX_QUERY_INT, ge=-MAX_QUERY_INT)]
 OptionalQueryInt = Annotated[int | None, Query(le=MAX_QUERY_INT, ge=-MAX_QUERY_INT)]
+#: A node, rank or attempt index, a line count or minutes: 0 or more (a 400 that says so otherwise).
+IndexQuery = Annotated[int | None, Query(le=MAX_QUERY_INT, ge=0)]
 
 
 # ---- runs -----------------------------------------------------------------------------------------
@@ -170,9 +171,9 @@ def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, object]:
 
 
 @router.get("/runs/{run_id}/follow")
-def follow_run(request: Request, run_id: str, who: Caller, node: OptionalQueryInt = None,
-               rank: OptionalQueryInt = None, attempt: OptionalQueryInt = None, tail: OptionalQueryInt = None,
-               live: bool = True, minutes: OptionalQueryInt = None) -> StreamingResponse:
+def follow_run(request: Request, run_id: str, who: Caller, node: IndexQuery = None, rank: IndexQuery = None,
+               attempt: IndexQuery = None, tail: IndexQuery = None, live: bool = True,
+               minutes: IndexQuery = None) -> StreamingResponse:
     """A run's events as NDJSON (`{"run": ...}`, `{"lines": [...], "label", "index", "attempt"}`,
     `{"new_attempt": N, "previous": M}`) until it ends; `live=0`: the last lines of each log, once.
     Problems found before streaming are plain 4xx answers."""
@@ -180,9 +181,6 @@ def follow_run(request: Request, run_id: str, who: Caller, node: OptionalQueryIn
 
     store = store_of(request)
     run = readable_run(store, run_id, who)
-    for value, what in ((node, "node"), (rank, "rank"), (attempt, "attempt"), (tail, "tail"), (minutes, "minutes")):
-        if value is not None and value < 0:
-            raise UserInputError(f"{what} must be 0 or more, got {value}.")
     since = None if minutes is None else time.time() - minutes * 60  # the clock of the machine with the logs
     mask = log_masker(run)
     stopping = getattr(request.app.state, "stopping", None)
@@ -236,17 +234,11 @@ def follow_run(request: Request, run_id: str, who: Caller, node: OptionalQueryIn
     return StreamingResponse(body(), media_type="application/x-ndjson", headers={"X-Accel-Buffering": "no"})
 
 
-def _attempt_of(request: Request, run: Run, attempt: int | None) -> int:
-    if attempt is not None and attempt < 0:
-        raise UserInputError(f"attempt must be 0 or more, got {attempt}.")
-    return attempt_index(store_of(request), run, attempt)
-
-
 @router.get("/runs/{run_id}/logs")
-def list_logs(request: Request, run_id: str, who: Caller, attempt: OptionalQueryInt = None) -> dict[str, object]:
+def list_logs(request: Request, run_id: str, who: Caller, attempt: IndexQuery = None) -> dict[str, object]:
     """The logs of one attempt (`air logs --download-to`): each one's label, index and size in bytes."""
     run = readable_run(store_of(request), run_id, who)
-    index = _attempt_of(request, run, attempt)
+    index = attempt_index(store_of(request), run, attempt)
     logs = [{"label": f["label"], "index": f["index"], "bytes": f["path"].stat().st_size}
             for f in log_files(run, index) if f["exists"]]
     return {"run_id": run.id, "attempt": index, "logs": logs}
@@ -254,12 +246,12 @@ def list_logs(request: Request, run_id: str, who: Caller, attempt: OptionalQuery
 
 @router.get("/runs/{run_id}/logs/{label}/{index}")
 def download_log(request: Request, run_id: str, label: str, index: int, who: Caller,
-                 attempt: OptionalQueryInt = None) -> StreamingResponse:
+                 attempt: IndexQuery = None) -> StreamingResponse:
     """One whole log as text, the run's secrets masked line by line (failing closed before any byte)."""
     from air.runs.views import log_masker
 
     run = readable_run(store_of(request), run_id, who)
-    number = _attempt_of(request, run, attempt)
+    number = attempt_index(store_of(request), run, attempt)
     found = next((f for f in log_files(run, number) if (f["label"], f["index"]) == (label, index) and f["exists"]),
                  None)
     if found is None:

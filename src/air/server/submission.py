@@ -35,11 +35,9 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: ob
     from air.server.visibility import check_groups
     from air.workload.loading import parse_workload
 
-    if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
-        raise UserInputError("The submit body must be an object with 'spec' (the workload, as a mapping).")
     request = parse_request(SubmitRequest, body, "submit request")
     spec_data: dict[str, object] = dict(request.spec)
-    manifest = request.snapshot.model_dump(exclude_none=True) if request.snapshot is not None else None
+    manifest = request.snapshot
     environment = spec_data.get("environment")
     if isinstance(environment, dict) and isinstance(environment.get("dependencies"), str):
         raise UserInputError("environment.dependencies must reach the server as a list of requirements.",

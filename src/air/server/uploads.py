@@ -22,11 +22,12 @@ import posixpath
 import re
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypedDict
+from typing import BinaryIO
 
+from air.client.models import SnapshotManifest
 from air.constants import SERVER_MAX_SNAPSHOT_FILES
 from air.errors import UserInputError
 from air.home import AirHome
@@ -86,7 +87,7 @@ def check_digest(digest: object) -> str:
 
 def missing_blobs(paths: ServerPaths, digests: list[str]) -> list[str]:
     """The blobs of `digests` the server does not have yet (what the client must upload)."""
-    if not isinstance(digests, list) or len(digests) > SERVER_MAX_SNAPSHOT_FILES:
+    if len(digests) > SERVER_MAX_SNAPSHOT_FILES:
         raise UserInputError(f"'digests' must be a list of at most {SERVER_MAX_SNAPSHOT_FILES} blob names.")
     return sorted({d for d in digests if not paths.blob(d).exists()})
 
@@ -132,17 +133,6 @@ class BlobUpload:
         self.tmp.unlink(missing_ok=True)
 
 
-def store_blob(paths: ServerPaths, digest: str, chunks: Iterable[bytes]) -> int:
-    """Write a blob from byte chunks; its sha256 must be its name (else nothing is kept). Returns its size."""
-    upload = BlobUpload(paths, digest)
-    try:
-        for chunk in chunks:
-            upload.write(chunk)
-        return upload.finish()
-    finally:
-        upload.discard()
-
-
 #: Pieces of a streamed body are gathered up to this size before a worker thread writes them.
 _WRITE_BATCH = 1 << 20
 
@@ -177,46 +167,31 @@ def _check_path(path: object) -> str:
     return path
 
 
-class ManifestFile(TypedDict, total=False):
-    """One file of a snapshot manifest, as `_check_manifest` has checked it (`target` for a link, else
-    `sha256`)."""
-
-    path: str
-    mode: str
-    sha256: str
-    target: str
-
-
-def _check_manifest(manifest: object) -> tuple[str, list[ManifestFile]]:
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
-        raise UserInputError("'snapshot' must be an object with 'name' and a list 'files'.")
-    name = manifest.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name) or name in (".", ".."):
-        raise UserInputError(f"Snapshot name {str(name)[:80]!r} is not a folder name.")
-    files = manifest["files"]
+def _check_manifest(manifest: SnapshotManifest) -> None:
+    """What the model cannot say of a manifest (its types are the model's): names, modes, digests, links."""
+    name, files = manifest.name, manifest.files
+    if not _NAME_RE.match(name) or name in (".", ".."):
+        raise UserInputError(f"Snapshot name {name[:80]!r} is not a folder name.")
     if len(files) > SERVER_MAX_SNAPSHOT_FILES:
         raise UserInputError(f"A snapshot may hold at most {SERVER_MAX_SNAPSHOT_FILES} files; this one has {len(files)}.",
                              hint="List large data in .gitignore, or narrow code_source.snapshot.include_paths.")
     seen: set[str] = set()
     links: dict[str, str] = {}
     for entry in files:
-        if not isinstance(entry, dict):
-            raise UserInputError("Each snapshot file must be an object {path, mode, sha256 | target}.")
-        path = _check_path(entry.get("path"))
+        path = _check_path(entry.path)
         if path in seen:
             raise UserInputError(f"Snapshot file {path!r} is listed twice.")
         seen.add(path)
-        mode = entry.get("mode")
-        if mode not in _MODES:
-            raise UserInputError(f"Snapshot file {path!r}: mode {mode!r} is not one of {', '.join(_MODES)}.")
-        if mode == "120000":
-            target = entry.get("target")
-            if not isinstance(target, str) or not target or len(target) > 4096 or "\x00" in target:
+        if entry.mode not in _MODES:
+            raise UserInputError(f"Snapshot file {path!r}: mode {entry.mode!r} is not one of {', '.join(_MODES)}.")
+        if entry.mode == "120000":
+            target = entry.target
+            if not target or len(target) > 4096 or "\x00" in target:
                 raise UserInputError(f"Snapshot link {path!r}: its target must be a relative path, got "
                                      f"{str(target)[:200]!r}.")
             links[path] = target
         else:
-            check_digest(entry.get("sha256"))
+            check_digest(entry.sha256)
     leaving = leaving_links(links)  # resolved against the whole tree, every link followed, not lexically
     if leaving:
         first = leaving[0]
@@ -230,20 +205,19 @@ def _check_manifest(manifest: object) -> tuple[str, list[ManifestFile]]:
             if parent in seen:
                 raise UserInputError(f"Snapshot file {parent!r} is also the folder of {path!r}.")
             parent = posixpath.dirname(parent)
-    return name, files
 
 
-def build_snapshot(paths: ServerPaths, manifest: object) -> Path:
+def build_snapshot(paths: ServerPaths, manifest: SnapshotManifest) -> Path:
     """The folder holding the snapshot `manifest` describes, built from blobs once (then reused). Every
     check comes first: a bad manifest or a missing blob writes nothing."""
-    name, files = _check_manifest(manifest)
-    lacking = sorted({f["sha256"] for f in files if f["mode"] != "120000" and not paths.blob(f["sha256"]).exists()})
+    _check_manifest(manifest)
+    name, files = manifest.name, manifest.files
+    lacking = sorted({str(f.sha256) for f in files if f.mode != "120000" and not paths.blob(str(f.sha256)).exists()})
     if lacking:
         raise UserInputError(f"{len(lacking)} blob(s) of the snapshot were not uploaded (first: {lacking[0]}).",
                              hint="Upload them first (POST /api/v1/blobs/missing says which).")
-    canonical = json.dumps({"name": name, "files": sorted(
-        ({k: f.get(k) for k in ("path", "mode", "sha256", "target")} for f in files), key=lambda f: f["path"])},
-        sort_keys=True)
+    canonical = json.dumps({"name": name, "files": sorted((f.model_dump() for f in files), key=lambda f: f["path"])},
+                           sort_keys=True)
     key = hashlib.sha256(canonical.encode()).hexdigest()
     final = paths.uploads / key
     if (final / name).is_dir():
@@ -254,13 +228,13 @@ def build_snapshot(paths: ServerPaths, manifest: object) -> Path:
         root = staging / name
         root.mkdir()
         for entry in files:
-            dest = root / entry["path"]
+            dest = root / entry.path
             dest.parent.mkdir(parents=True, exist_ok=True)
-            if entry["mode"] == "120000":
-                os.symlink(entry["target"], dest)
+            if entry.mode == "120000":
+                os.symlink(str(entry.target), dest)
                 continue
-            shutil.copyfile(paths.blob(entry["sha256"]), dest)  # a copy: a link would share the blob's mode
-            os.chmod(dest, _MODES[entry["mode"]] or 0o644)
+            shutil.copyfile(paths.blob(str(entry.sha256)), dest)  # a copy: a link would share the blob's mode
+            os.chmod(dest, _MODES[entry.mode] or 0o644)
         try:
             os.rename(staging, final)
         except OSError:  # built meanwhile by another request: theirs is the same
@@ -272,5 +246,4 @@ def build_snapshot(paths: ServerPaths, manifest: object) -> Path:
     return final / name
 
 
-__all__ = ["BlobUpload", "ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "receive_blob",
-           "store_blob"]
+__all__ = ["BlobUpload", "ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "receive_blob"]

@@ -99,23 +99,20 @@ _SpecDumper.add_representer(str, _block_str)
 
 
 def _as_written(run: Run) -> dict[str, Any]:
-    """The spec as `views.masked_spec` shows it, re-written with `|` blocks for multi-line strings (the
-    store keeps a command as one escaped string), and masked once more as written: a secret value that
-    the escaped form hid from the masker is hidden in the block form too."""
-    spec = views.masked_spec(run)
-    if spec.get("error") or not spec.get("text"):
-        return spec
+    """The spec as submitted, its secret values hidden (or why it is not shown), re-written with `|`
+    blocks for multi-line strings (the store keeps a command as one escaped string) and masked once more
+    as written: a secret value that the escaped form hid from the masker is hidden in the block form too."""
     try:
-        data = yaml.safe_load(spec["text"])
-    except yaml.YAMLError:
-        return spec
-    if not isinstance(data, dict):
-        return spec
-    text = yaml.dump(data, Dumper=_SpecDumper, sort_keys=False, allow_unicode=True, width=120)
-    try:
-        return {**spec, "text": views.log_masker(run)(text)}
+        mask = views.log_masker(run)
+        text = mask(run.spec_yaml)
+        data = yaml.safe_load(text) if text else None
+        if isinstance(data, dict):
+            text = mask(yaml.dump(data, Dumper=_SpecDumper, sort_keys=False, allow_unicode=True, width=120))
     except AirError as exc:
         return {"text": "", "error": exc.message}
+    except yaml.YAMLError:
+        pass  # shown as stored (masked)
+    return {"text": text, "error": None}
 
 
 def _templates() -> Jinja2Templates:

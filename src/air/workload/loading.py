@@ -24,6 +24,7 @@ from air.errors import UserInputError
 from air.workload.schema import model_at, unknown_key_message
 from air.workload.spec import WorkloadSpec
 from air.workload.spec_rules import MAX_YAML_BYTES, dotted, show_value
+from air.workload.sweep_spec import merge_parameters as deep_merge
 
 # ---- problems and the error that lists them ---------------------------------------------------------
 
@@ -388,24 +389,12 @@ def _compose(path: Path, shown: str, *, chain: tuple[Path, ...], budget: _Budget
             )
         part = _compose(base, _short(base, chain[0].parent), chain=chain, budget=budget)
         _rebase_paths(part.data, base.parent)
-        merged = _merge(merged, part.data)
+        merged = deep_merge(merged, part.data)
         merged_lines.update(part.lines)
         problems += part.problems
         bases += [*part.bases, base]
     merged_lines.update(lines)
-    return Composed(_merge(merged, data), merged_lines, problems, bases)
-
-
-def _merge(base: dict[str, object], top: Mapping[str, object]) -> dict[str, object]:
-    """`top` over `base`: mappings merge key by key (recursively); any other value replaces."""
-    out = dict(base)
-    for key, value in top.items():
-        current = out.get(key)
-        if isinstance(value, dict) and isinstance(current, dict):
-            out[key] = _merge(current, value)
-        else:
-            out[key] = value
-    return out
+    return Composed(deep_merge(merged, data), merged_lines, problems, bases)
 
 
 def _rebase_paths(data: dict[str, object], folder: Path) -> None:

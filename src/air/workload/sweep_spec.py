@@ -97,7 +97,8 @@ class ForEachSpec(BaseModel):
 
 
 def merge_parameters(base: Mapping[str, object] | None, item: Mapping[str, object]) -> dict[str, object]:
-    """`item` over `base`: a key of both whose values are both maps merges key by key; otherwise the item wins."""
+    """`item` over `base`: a key of both whose values are both maps merges key by key; otherwise the item wins.
+    `_bases_` merge the same way (a workload over its bases)."""
     merged = dict(base or {})
     for key, value in item.items():
         old = merged.get(key)
