@@ -133,6 +133,13 @@ class AirHome:
         return self.root / "admission.log"
 
     @property
+    def tracking_pending(self) -> Path:
+        """`tracking_pending/<run_id>`: one empty marker per ended run whose attempts' MLflow runs are still
+        to be made (the tracking server was away past the supervisor's wait); `air server` back-fills them
+        and removes the marker (air/runs/reconcile.py `backfill_pending`)."""
+        return self.root / "tracking_pending"
+
+    @property
     def bin(self) -> Path:
         """`bin/`: the `ray` shim local workload nodes find first on their PATH."""
         return self.root / "bin"

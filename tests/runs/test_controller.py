@@ -72,6 +72,9 @@ class FakeHandle:
     def ended_nodes(self) -> set[int]:
         return set()
 
+    def take_system_samples(self) -> None:
+        return None  # the nodes run "here": the attempt's tracking samples this machine
+
 
 class FakeBackend:
     """Capacity is granted at once unless `queued` (then it waits for should_stop); each start takes the

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
+from air.launcher.machine import NodeSamples
 from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.progress import Silence
 from air.launcher.sandbox import Sandbox
@@ -179,6 +180,11 @@ class AttemptHandle(Protocol):
     def ended_nodes(self) -> set[int]:
         """Node ranks all of whose processes have exited while the attempt goes on ("node 0 ended; node 1
         still running")."""
+        ...
+
+    def take_system_samples(self) -> Mapping[int, NodeSamples] | None:
+        """Node rank → the system metrics its node sampled of its own host since the last call (a Ray node's
+        agent); None where the nodes run on this machine, which the attempt's tracking then samples itself."""
         ...
 
 

@@ -318,6 +318,10 @@ class LocalAttempt:
         running = {self._owners[i][0] for i, p in enumerate(self.launch.popens) if p.poll() is None}
         return {self._launches[n].node_rank for n in range(len(self._launches)) if n not in running}
 
+    def take_system_samples(self) -> None:
+        """None: the nodes run on this machine, which the attempt's tracking samples itself."""
+        return None
+
     def stacks(self, node: int, process: int) -> str:
         if self.launch is None:
             return "(not started)"

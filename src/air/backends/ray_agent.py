@@ -12,6 +12,11 @@ are buffered, or on an event (every process exited, an error line, a silence cha
 whatever its line rate. If the submitting side falls behind, the oldest unshipped lines are dropped
 and counted (`NodePoll.dropped`): the node's log on the submitting side and supervisor.log say so.
 
+While a launch runs, the agent samples its own host for the run's system metrics (CPU, memory, the
+node's own GPUs; air.launcher.machine, the reader the local backend's sampler uses too) every
+DEFAULT_INTERVAL_S in a small daemon thread, keeping a bounded list of samples that ride on the poll
+replies (`NodePoll.samples`, with the node's `host`): no extra calls, and no MLflow on the node.
+
 A *sentinel* process per launch watches the agent: if the agent dies (its raylet was killed, the
 driver went away and Ray reaped its actors), the sentinel ends every process carrying the launch's
 tag, so a lost node or a dead supervisor leaves no training process holding GPUs behind. (Ray itself
@@ -44,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from air.backends.base import node_work_root
 from air.constants import TERMINATE_GRACE_S
 from air.files import atomic_write_bytes
+from air.launcher.machine import NodeSampler, Sample
 from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.procs import reap_tag as reap_launch_tag
 from air.launcher.procs import tagged_processes
@@ -117,6 +123,11 @@ class NodePoll:
     silences: list[tuple[int, float, bool]] = field(default_factory=list)
     #: The node's complete log, on the node (where dropped lines can still be read).
     node_log: str = ""
+    #: This host's system metrics sampled since the previous reply (timestamp ms, metrics), and its hostname.
+    samples: list[Sample] = field(default_factory=list)
+    host: str = ""
+    #: Why this node's system metrics stopped or lack its GPUs ("" if nothing is wrong).
+    sampling_problem: str = ""
 
 
 class NodeAgent:
@@ -147,6 +158,8 @@ class NodeAgent:
         self._sentinel: subprocess.Popen[bytes] | None = None
         self._attempt = 0
         self._ray_tmpdirs: list[Path] = []
+        self._sampler: NodeSampler | None = None  # this host's system metrics while a launch runs
+        self._host = socket.gethostname()
 
     # -- what this node is ------------------------------------------------------------------------
 
@@ -268,9 +281,29 @@ class NodeAgent:
         if warm_preload is not None and python_can_fork():
             warm = WarmStart.for_launch(warm_preload, [spec.env for spec in specs], grace_s=grace_s)
         self._launch = start_processes(specs, on_line=self._on_line, tag=tag, grace_s=grace_s, warm=warm)
+        self._start_sampler()
         self._thread = threading.Thread(target=self._wait, name="air-agent-wait", daemon=True)
         self._thread.start()
         return list(self._launch.pids)
+
+    def _start_sampler(self) -> None:
+        """Sample this host (its CPU, memory and this agent's own GPUs) while the launch runs."""
+        import ray
+
+        self._stop_sampler()
+        # (Ray is always connected in an actor; an agent used in-process, as in a unit test, must not start one.)
+        gpus = [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()] if ray.is_initialized() else []
+        sampler = NodeSampler(gpus)
+        try:
+            sampler.start()
+        except Exception as exc:  # the node runs without system metrics, and the submitting side is told
+            sampler.error = f"tracking: no system metrics: {type(exc).__name__}: {exc}"
+        self._sampler = sampler
+
+    def _stop_sampler(self) -> None:
+        """End sampling (one last sample); what it holds still ships with the next replies."""
+        if self._sampler is not None:
+            self._sampler.stop()
 
     def _start_sentinel(self, tag: str) -> None:
         # Neither the launch's tag nor the Ray node's marker: stopping either must not stop the sentinel.
@@ -346,6 +379,7 @@ class NodeAgent:
             reservation.release()
         self._ports = []
         self._stop_sentinel()
+        self._stop_sampler()  # its last sample ships with the exits
         with self._cond:
             self._close_node_log()
             self._result = exits
@@ -396,9 +430,12 @@ class NodeAgent:
             now_wall = time.time()
             self._reported = {i: (now_wall - silent, stopped) for i, silent, stopped in silences}
             self._replied_at = time.monotonic()
+            sampler = self._sampler
+            samples = sampler.take() if sampler is not None else []
             # The exits only with the last lines: the submitting side stops asking once it has them.
             return NodePoll(lines, end, self._dropped, self._result if complete else None, launch is not None, silences,
-                            self.node_log_path() if self._attempt else "")
+                            self.node_log_path() if self._attempt else "", samples, self._host,
+                            sampler.problems() if sampler is not None else "")
 
     def _free(self, cursor: int) -> None:
         """Forget the lines before `cursor` (the caller has them)."""
@@ -455,6 +492,7 @@ class NodeAgent:
         thread = self._thread
         if thread is not None:
             thread.join(timeout=TERMINATE_GRACE_S * 3 + 30)
+        self._stop_sampler()
         with self._cond:
             return self._result
 

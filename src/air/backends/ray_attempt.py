@@ -5,6 +5,10 @@ health. An agent that stops answering is checked against the cluster's view of i
 from Ray at most every few seconds): a node Ray declared dead ends the attempt with
 `lost_node = "node <address> lost"`; the other nodes' process trees are ended, all at once under one
 deadline.
+
+Each agent samples its own host (ray_agent.py); the samples arrive on the poll replies and wait here, per
+node and bounded, until the attempt's tracking takes them (`take_system_samples`): the submitting side
+reads nothing of the nodes' machines itself.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from air.backends.base import (
 from air.backends.ray_agent import MAX_BUFFERED_LINES, NodePoll
 from air.backends.ray_capacity import import_ray
 from air.constants import TERMINATE_GRACE_S
+from air.launcher.machine import MAX_KEPT_SAMPLES, NodeSamples
 from air.launcher.node import ProcessExit
 from air.launcher.progress import Silence
 
@@ -130,6 +135,9 @@ class RayAttempt:
         self.polls = 0
         #: Node rank → its complete log on that node (the agent writes it where the lines are made).
         self.node_logs: dict[int, str] = {}
+        #: Node rank → the system metrics its agent sampled of its host, not yet taken by tracking.
+        self._samples: dict[int, NodeSamples] = {}
+        self._samples_lock = threading.Lock()
 
     # -- lines --------------------------------------------------------------------------------------
 
@@ -171,8 +179,30 @@ class RayAttempt:
         if reply.node_log:
             self.node_logs[launch.node_rank] = reply.node_log
         self._silences[node] = (list(reply.silences), time.monotonic())
+        if reply.samples or reply.sampling_problem:
+            self._keep_samples(node, reply)
         if reply.exits is not None and self._exits[node] is None:
             self._exits[node] = list(reply.exits)
+
+    def _keep_samples(self, node: int, reply: NodePoll) -> None:
+        """Keep a node's new samples for tracking (the newest MAX_KEPT_SAMPLES while nobody takes them)."""
+        info = self._infos[node]
+        with self._samples_lock:
+            got = self._samples.get(self._launches[node].node_rank)
+            if got is None:
+                labels = {"host": reply.host or str(info.get("hostname", "")), "ray_node_id": str(info.get("node_id", "")),
+                          "ip": str(info.get("ip", ""))}
+                got = self._samples[self._launches[node].node_rank] = NodeSamples(labels)
+            got.samples.extend(reply.samples)
+            del got.samples[:-MAX_KEPT_SAMPLES]
+            got.problem = reply.sampling_problem
+
+    def take_system_samples(self) -> dict[int, NodeSamples]:
+        """Node rank → the system metrics its agent sampled of its own host since the last call (with the
+        host, Ray node id and IP that tell the nodes apart)."""
+        with self._samples_lock:
+            out, self._samples = self._samples, {}
+        return out
 
     def dropped(self) -> dict[int, int]:
         """Node rank → lines its agent dropped so far (nodes that dropped none are left out)."""

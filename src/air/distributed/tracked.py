@@ -24,6 +24,7 @@ from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
 from air.tracking.attempt_tracking import AttemptTracking
 from air.tracking.handle import TrackingHandle
 from air.tracking.store import tracking_enabled
+from air.tracking.sysmetrics import TakeSamples
 
 
 def _warn(message: str) -> None:
@@ -57,7 +58,8 @@ class LazyCallTracking(AttemptTracking):
         """The ranks read the run's variables from this file once it exists (mlflow_gate.py)."""
         return {AIR_MLFLOW_ENV_FILE: str(self.env_file)}
 
-    def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int) -> None:
+    def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int,
+                       take_samples: TakeSamples | None = None) -> None:
         """None: a local call's MLflow run does not exist while its ranks start (and a call is short)."""
 
     def _on_request(self) -> None:

@@ -111,10 +111,7 @@ class RayLaunchBootstrap:
             print(f"[air] Ray cluster up at {address}: {joined} of {num_nodes} node(s)"
                   + (f", dashboard {node.dashboard_url}" if node.dashboard_url else ""), flush=True)
             os.environ[AIR_RAY_METRICS_PORT] = str(node.metrics_export_port)
-            from air.backends.ray_train_report import enable_train_report_logging
-
-            enable_train_report_logging()
-            monitor = _node_monitor(node.metrics_export_port, head=True)
+            monitor = _driver_tracking(node.metrics_export_port)
             return self.func(*args, **kwargs)
         finally:
             if monitor is not None:
@@ -137,6 +134,19 @@ class RayLaunchBootstrap:
 
             return kind, discover().gpu_model
         return kind, None
+
+
+def _driver_tracking(port: int) -> RayMetricsMonitor | None:
+    """The driver's tracking, before the user's function runs: the head's RayMetricsMonitor, then Ray
+    Train's report callback. In this order: `_node_monitor` waits for a lazily made call run, and the
+    callback is added only when MLFLOW_RUN_ID is set. The other way round, a call whose run the caller made
+    after the Ray head was up (its `import mlflow` and a fresh store's schema took 18 s on the loaded dev
+    VM, the head's start less) lost every `ray.train.report` although the run existed before `fit()`."""
+    monitor = _node_monitor(port, head=True)
+    from air.backends.ray_train_report import enable_train_report_logging
+
+    enable_train_report_logging()
+    return monitor
 
 
 def _node_monitor(port: int, head: bool = False) -> RayMetricsMonitor | None:

@@ -265,7 +265,8 @@ class RunController:
             attempt.verdict = AttemptVerdict.failed(exc.message, FailureClass.SETUP, exc.error)
             return Phase.FINISH
         gpus = None if self._allocation.accelerator.is_cpu else self._allocation.slots_per_node
-        tracking.start_samplers(gpus, self.job.num_nodes)
+        # A backend whose nodes sample their own hosts (Ray's agents) hands their samples over instead.
+        tracking.start_samplers(gpus, self.job.num_nodes, attempt.handle.take_system_samples)
         return Phase.WAIT
 
     def _wait(self) -> Phase:
@@ -560,6 +561,11 @@ class RunController:
             self.job.say(f"tracking: the attempt's MLflow run was not ended within {TRACKING_END_S:g} s; left as it is")
         elif took > 1.0:
             self.job.say(f"tracking: the attempt's MLflow run ended {took:.1f} s after the run's end state")
+        from air.runs.reconcile import mark_tracking_pending
+
+        if mark_tracking_pending(self.store, self.run_id):  # given up: `air server` makes it once MLflow is back
+            self.job.say("tracking: the run is marked \"tracking pending\": `air server` makes its attempt's "
+                         "MLflow run (logs and locally logged metrics included) once its MLflow answers")
 
     def _release(self) -> None:
         allocation, self._allocation = self._allocation, None

@@ -30,26 +30,21 @@ OnReady = Callable[[str, str, "MLflowState | None"], None]
 _log = logging.getLogger("air.server")
 
 
-class _Server:
+def _server(config: uvicorn.Config, stopping: threading.Event) -> uvicorn.Server:
     """uvicorn.Server that also tells the app's open streams to end when a stop signal comes."""
+    import uvicorn
 
-    def __init__(self, config: uvicorn.Config, stopping: threading.Event) -> None:
-        import uvicorn
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            stopping.set()
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # a stop we asked for is a clean exit (0), not death by signal
 
-        class Server(uvicorn.Server):
-            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-                stopping.set()
-                super().handle_exit(sig, frame)
-                self._captured_signals.clear()  # a stop we asked for is a clean exit (0), not death by signal
-
-        self.server = Server(config)
-
-    def run(self) -> None:
-        self.server.run()
+    return Server(config)
 
 
 #: The modules of the detached processes this server starts and never waits for.
-_DETACHED = ("air.runs.supervisor", "air.distributed.call_driver")
+_DETACHED = ("air.runs.supervisor", "air.distributed.call_driver", "air.tracking.backfill")
 
 
 def _reap_detached(known: set[int]) -> None:
@@ -69,19 +64,28 @@ def _reap_detached(known: set[int]) -> None:
             continue
 
 
-def _housekeeping(store: RunStore, stopping: threading.Event) -> None:
-    """Collect the exit status of supervisors this server started (none lingers as a zombie), and end
-    runs whose supervisor died (what every local `air` command does, here without one being typed)."""
+def _housekeeping(store: RunStore, stopping: threading.Event, tracking_ready: Callable[[], bool] = lambda: True) -> None:
+    """Collect the exit status of supervisors this server started (none lingers as a zombie), end runs
+    whose supervisor died (what every local `air` command does, here without one being typed), and, once
+    `tracking_ready()` (its MLflow answers) and then every BACKFILL_EVERY_S, make the MLflow runs of runs
+    marked "tracking pending" (their supervisor gave up while MLflow was away: reconcile.backfill_pending)."""
     from air.runs.follow import RECONCILE_EVERY_S
-    from air.runs.reconcile import reconcile
+    from air.runs.reconcile import BACKFILL_EVERY_S, backfill_pending, reconcile
 
     known: set[int] = set()
+    backfill_at = 0.0
     while not stopping.wait(RECONCILE_EVERY_S):
         _reap_detached(known)
         try:
             reconcile(store)
         except Exception as exc:  # a failed check is tried again at the next tick
             _log.warning("could not check run supervisors: %s", exc)
+        if time.monotonic() >= backfill_at and tracking_ready():
+            backfill_at = time.monotonic() + BACKFILL_EVERY_S
+            try:
+                backfill_pending(store)
+            except Exception as exc:  # tried again at the next pass
+                _log.warning("could not back-fill the MLflow runs of runs marked tracking pending: %s", exc)
 
 
 def check_server_home() -> str:
@@ -190,17 +194,18 @@ def _serve(host: str, port: int, *, mlflow_socket: Path | None, tls_cert: Path |
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, ssl_certfile=str(tls_cert) if tls_cert else None,
                             ssl_keyfile=str(tls_key) if tls_key else None)
-    server = _Server(config, stopping)
-    threading.Thread(target=_housekeeping, args=(RunStore(), stopping), name="air-server-housekeeping",
-                     daemon=True).start()
+    server = _server(config, stopping)
+    threading.Thread(target=_housekeeping, args=(RunStore(), stopping, lambda: mlflow_state is None or
+                                                 mlflow_state.state in ("ready", "off")),
+                     name="air-server-housekeeping", daemon=True).start()
     from air.runs.admission import start_in_thread
 
     start_in_thread(RunStore, stopping)  # queued runs are rows: this one thread starts their supervisors in turn
 
     def announce() -> None:
-        while not server.server.started and not stopping.is_set():
+        while not server.started and not stopping.is_set():
             time.sleep(0.05)
-        if server.server.started and on_ready is not None:
+        if server.started and on_ready is not None:
             on_ready(f"{'https' if tls_cert else 'http'}://{host}:{port}", door or app.state.mlflow_uri, mlflow_state)
 
     threading.Thread(target=announce, name="air-server-ready", daemon=True).start()

@@ -26,7 +26,7 @@ from air.tracking.handle import TrackingHandle
 from air.tracking.store import is_http, tracking_enabled, tracking_uri
 
 if TYPE_CHECKING:
-    from air.tracking.sysmetrics import SystemMetricsSampler
+    from air.tracking.sysmetrics import NodeMetricsLogger, SystemMetricsSampler, TakeSamples
 
 #: The nodes' MLflow HTTP retries (MLflow's defaults, but 10 tries, MLflow's maximum, instead of 7: backoff
 #: doubles from 2 s up to urllib3's 120 s cap, so a queued metric is retried for ~10 minutes, not ~4: an
@@ -57,7 +57,7 @@ class AttemptTracking:
         self.handle = handle
         self.attempt = attempt
         self.warn = warn
-        self.samplers: list[SystemMetricsSampler] = []
+        self.samplers: list[SystemMetricsSampler | NodeMetricsLogger] = []
 
     @classmethod
     def off(cls, attempt: int = 0) -> AttemptTracking:
@@ -122,14 +122,24 @@ class AttemptTracking:
         attempt's end is recorded after its MLflow run id (readers of an ended attempt see it). Here: at once."""
         return True
 
-    def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int) -> None:
-        """System metrics of the nodes on this machine (its CPU and memory; each node's own GPUs, None
-        for CPU runs): one sampler thread and one MLflow batch per interval for all of them."""
+    def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int,
+                       take_samples: TakeSamples | None = None) -> None:
+        """System metrics of the nodes: one thread and one MLflow batch per interval for all of them. Nodes
+        that sample their own hosts (`take_samples()` is not None: a Ray attempt's agents) have what they
+        sampled logged; else this machine is sampled for its nodes (its CPU and memory; each node's own
+        GPUs, None for CPU runs)."""
         if self.handle is None:
             return
         try:
-            from air.tracking.sysmetrics import SystemMetricsSampler
+            from air.tracking.sysmetrics import NodeMetricsLogger, SystemMetricsSampler
 
+            first = take_samples() if take_samples is not None else None
+            if take_samples is not None and first is not None:
+                logger = NodeMetricsLogger(self.handle.run_id, take_samples, tracking_uri=self.handle.tracking_uri,
+                                           warn=self.warn, first=first)
+                logger.start()
+                self.samplers.append(logger)
+                return
             nodes: dict[int, list[int] | None] = {}
             for node in range(num_nodes):
                 nodes[node] = None
@@ -299,10 +309,12 @@ class WorkloadTracking(AttemptTracking):
             env |= {**NODE_HTTP_RETRIES, **self._user_http}
         return env
 
-    def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int) -> None:
-        """Sampling starts when the run exists (nothing is logged before it does)."""
-        self.when_ready(lambda: None if self._ending else AttemptTracking.start_samplers(self, gpus_per_node,
-                                                                                         num_nodes))
+    def start_samplers(self, gpus_per_node: Sequence[Sequence[str]] | None, num_nodes: int,
+                       take_samples: TakeSamples | None = None) -> None:
+        """Sampling starts when the run exists (nothing is logged before it does). Nodes that sample their
+        own hosts keep their samples until then: logged even if the attempt ended first."""
+        self.when_ready(lambda: None if self._ending and take_samples is None
+                        else AttemptTracking.start_samplers(self, gpus_per_node, num_nodes, take_samples))
 
     def wait_ready(self, timeout_s: float | None = None) -> bool:
         """Join the creating thread (bounded: `CREATE_WAIT_S` by default); False (one warning) if it is
@@ -318,17 +330,30 @@ class WorkloadTracking(AttemptTracking):
                       "ends without it")
         return False
 
+    @staticmethod
+    def _shortened(seconds: float) -> float:
+        """`seconds`, or less under the tests' AIR_TRACKING_GIVE_UP_S (it never lengthens a wait)."""
+        from air.settings import AIR_TRACKING_GIVE_UP_S
+
+        try:
+            return min(seconds, max(0.0, float(os.environ.get(AIR_TRACKING_GIVE_UP_S) or seconds)))
+        except ValueError:
+            return seconds
+
     def end(self, status: str, reason: str | None = None, *, node_logs: Mapping[int, Path] | None = None,
             rank_logs: Mapping[int, Path] | None = None) -> None:
         self._ending = True
-        if not self.wait_ready() and not self._ready.wait(self.LATE_WAIT_S):
+        late_s = self._shortened(self.LATE_WAIT_S)
+        if (not self.wait_ready(self._shortened(0.0 if self._late_warned else self.CREATE_WAIT_S))
+                and not self._ready.wait(late_s)):
             # The supervisor lives on for this: the run is made (its logs and status below) as soon as the
-            # server answers; only after LATE_WAIT_S more it gives up (reconcile's back-fill is for dead ones).
+            # server answers; only after LATE_WAIT_S more it gives up. The controller then marks the run
+            # "tracking pending" (air.runs.reconcile): `air server` makes the run once its MLflow is back.
             with self._lock:
                 self._ended = True
             self._give_up.set()
-            self.warn(f"tracking: the attempt's MLflow run could not be made within {self.LATE_WAIT_S:g} s "
-                      "after its end; given up")
+            self.warn(f"tracking: the attempt's MLflow run could not be made within {late_s:g} s "
+                      "after its end; given up (made afterwards by `air server` once its MLflow answers)")
             from air.tracking.node_hook import write_env
 
             try:

@@ -9,10 +9,17 @@ RUN_ID`): `import mlflow` and a server that is still away (the MLflow client's r
 command's path. A back-filled attempt's run is noted in its `tracking.json` (the store's id is taken from
 there, as for any attempt: ended.refs_of) and is not made again. air's runs layer finds the attempts
 (runs/reconcile.py); this module knows only files and MLflow.
+
+A job may name the run's "tracking pending" marker (reconcile.py `backfill_pending`): the process then holds
+an exclusive lock on it while it works and skips attempts whose note exists by the time it holds it, so two
+passes of `air server` (or a pass and reconcile) never make one attempt's run twice; the marker itself is
+removed by the server's next pass, once nothing is missing.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import json
 import os
 import subprocess
@@ -21,6 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from air.settings import AIR_MLFLOW_DOOR
 from air.tracking.ended import note
 
 if TYPE_CHECKING:
@@ -64,7 +72,7 @@ class BackfillAttempt(TypedDict):
     spool: str  # what its nodes logged locally meanwhile (node_hook.spool_of), copied in
 
 
-class BackfillJob(TypedDict):
+class _Job(TypedDict):
     """What the detached back-fill process is handed (as JSON on its command line)."""
 
     experiment: str
@@ -72,6 +80,12 @@ class BackfillJob(TypedDict):
     params_file: str
     tags: dict[str, str]
     attempts: list[BackfillAttempt]
+
+
+class BackfillJob(_Job, total=False):
+    """A job, and optionally the run's "tracking pending" marker (held locked while the job works)."""
+
+    marker: str
 
 
 def backfill_later(job: BackfillJob, log: Path) -> bool:
@@ -91,16 +105,38 @@ def backfill_later(job: BackfillJob, log: Path) -> bool:
 
 def _backfill(job: BackfillJob) -> int:
     """`job`: experiment, run_name, tags, params_file and attempts, each with index, status (air's),
-    started_at, ended_at, node_logs ({node: path}) and ref (its tracking note, written once made).
+    started_at, ended_at, node_logs ({node: path}) and ref (its tracking note, written once made); with
+    `marker`, only while this process holds it locked (see the module's docstring).
     1 when a run could not be made or ended (a later pass tries again: the note is written only when
     the run was made)."""
+    marker = job.get("marker")
+    if marker is None:
+        return _make_runs(job)
+    try:
+        held = os.open(marker, os.O_RDONLY)
+    except FileNotFoundError:
+        return 0  # removed meanwhile: a pass found nothing missing
+    try:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return 0  # another back-fill of this run is at work: it makes them
+        return _make_runs(job)
+    finally:
+        os.close(held)
+
+
+def _make_runs(job: BackfillJob) -> int:
     from air.tracking.attempt import start_attempt_run
     from air.tracking.store import client, http_limits
     from air.tracking.ui import write_tracking_ref
 
+    door = os.environ.get(AIR_MLFLOW_DOOR)  # under `air server`: links name its door, as the supervisor's do
     failed = 0
     for attempt in job["attempts"]:
         index = int(attempt["index"])
+        if Path(attempt["ref"]).exists():
+            continue  # made meanwhile (an earlier back-fill): never twice
         tags = {**job["tags"], "air.attempt": str(index), "air.backfilled": "true"}
         handle = start_attempt_run(job["experiment"], job.get("run_name"), tags=tags,
                                    params=_parameters(Path(job["params_file"])), warn=_say)
@@ -120,7 +156,7 @@ def _backfill(job: BackfillJob) -> int:
         except Exception as exc:  # the run exists; it is noted, and its status said here
             _say(f"could not end the back-filled MLflow run {handle.run_id}: {exc}")
             failed += 1
-        write_tracking_ref(Path(attempt["ref"]), handle)
+        write_tracking_ref(Path(attempt["ref"]), dataclasses.replace(handle, tracking_uri=door) if door else handle)
         _say(f"attempt {index}'s MLflow run {handle.run_id} made afterwards ({status}): the tracking server "
              "was away while it ran")
     return 1 if failed else 0

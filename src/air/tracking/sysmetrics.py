@@ -1,15 +1,18 @@
 """Per-node system metrics while an attempt runs: CPU, memory, and GPUs through NVML.
 
-One sampler serves every node of an attempt that runs on this machine: one thread, one reading of the
-machine per interval and one `log_batch` for all of them (not a thread and a store connection per node:
-at 16+ nodes those ran MLflow's connection pool dry and stalled the attempt's end). Each node is labelled
-with the host it really runs on (the `air.host.node_<n>` tag).
+Nodes on this machine (the local backend): one sampler serves every node of the attempt, one thread, one
+reading of the machine per interval (air.launcher.machine's reader) and one `log_batch` for all of them
+(not a thread and a store connection per node: at 16+ nodes those ran MLflow's connection pool dry and
+stalled the attempt's end). Nodes elsewhere (a Ray node's agent): each node samples its own host with the
+same reader and its samples ride on the agent's poll replies; `NodeMetricsLogger` logs what arrived, one
+thread and one `log_batch` per interval for all nodes, with each sample's timestamp from its node. Either
+way each node is labelled with the host it really runs on (the `air.host.node_<n>` tag).
 
 Why not MLflow's `SystemMetricsMonitor`: it stops as soon as the run is not RUNNING, and the user's
 code ends the shared run at exit (MLflow's atexit `end_run`) while other nodes are still training; it
-also batches metrics until its own flush heuristics fire. This sampler keeps MLflow's metric names (so
+also batches metrics until its own flush heuristics fire. These samplers keep MLflow's metric names (so
 the UI's system-metrics charts look as usual) under per-node prefixes (`system/node_<n>/...`, as in the
-reference), logs every sample, and is a daemon thread that `stop()` ends: it cannot keep a process
+reference), log every sample, and are daemon threads that `stop()` ends: they cannot keep a process
 alive after the attempt.
 """
 
@@ -18,19 +21,62 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from air.launcher.machine import DEFAULT_INTERVAL_S, MachineReader, NodeSamples, Sample
 from air.tracking.store import Warn, client, default_warn, http_limits, short_message, tracking_uri
 
-#: Seconds between samples (the reference's sidecar samples every 2 s).
-DEFAULT_INTERVAL_S = 2.0
-
+if TYPE_CHECKING:
+    from mlflow.entities import Metric, RunTag
 
 #: MLflow's limit on metrics in one `log_batch` call.
 MAX_METRICS_PER_BATCH = 1000
 
+#: What a node-sampled attempt hands the logger: node rank -> what arrived from it since the last call
+#: (None: its nodes are not sampled where they run, so this machine is sampled instead).
+TakeSamples = Callable[[], Mapping[int, NodeSamples] | None]
 
-class SystemMetricsSampler:
+
+def nodes_named(ranks: Sequence[int]) -> str:
+    """How warnings name nodes: "node 0", "nodes 0-31", "nodes 1,3"."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"node {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"nodes {ranks[0]}-{ranks[-1]}"
+    return "nodes " + ",".join(map(str, ranks))
+
+
+class _BatchLogger:
+    """Logs metrics and tags into one MLflow run in `log_batch` calls; the first failure stops it, with one
+    warning."""
+
+    def __init__(self, run_id: str, tracking_uri: str | None, warn: Warn | None) -> None:
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri or _default_uri()
+        self.warn = warn or default_warn
+        self._failed = False
+
+    @property
+    def what(self) -> str:
+        raise NotImplementedError
+
+    def _send(self, batch: Sequence[Metric], tags: Sequence[RunTag]) -> bool:
+        try:
+            with http_limits(self.tracking_uri):
+                mlflow_client = client(self.tracking_uri)
+                for start in range(0, max(len(batch), 1), MAX_METRICS_PER_BATCH):
+                    mlflow_client.log_batch(self.run_id, metrics=list(batch[start : start + MAX_METRICS_PER_BATCH]),
+                                            tags=list(tags) if start == 0 else [])
+        except Exception as exc:
+            self._failed = True
+            self.warn(f"tracking: system metrics of {self.what} stopped: {short_message(exc)}")
+            return False
+        return True
+
+
+class SystemMetricsSampler(_BatchLogger):
     """Samples this machine every `interval_s` and logs into `run_id` as `system/node_<n>/<name>`.
 
     `gpu_indices` are the NVML indices of the node's GPUs (None: all); they are logged as `gpu_0`,
@@ -49,24 +95,19 @@ class SystemMetricsSampler:
         warn: Warn | None = None,
         nodes: Mapping[int, Sequence[int] | None] | None = None,
     ) -> None:
-        self.run_id = run_id
+        super().__init__(run_id, tracking_uri, warn)
         self.nodes: dict[int, list[int] | None] = (
             {n: list(g) if g is not None else None for n, g in nodes.items()} if nodes
             else {node_rank: list(gpu_indices) if gpu_indices is not None else None})
         self.node_rank = min(self.nodes)
         self.interval_s = interval_s
-        self.tracking_uri = tracking_uri or _default_uri()
         self.gpu_indices = self.nodes[self.node_rank]
-        self.warn = warn or default_warn
         self.prefix = f"system/node_{self.node_rank}/"
         self.host = socket.gethostname()
         self.step = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._gpus: dict[int, list[object]] = {}  # pynvml's device handles, per node
-        self._nvml = False
-        self._failed = False
-        self._cpu_last: tuple[float, float] | None = None
+        self._reader = MachineReader(self.nodes, warn=self.warn, what=self.what)
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -74,8 +115,7 @@ class SystemMetricsSampler:
         """Begin sampling in a daemon thread; a second call does nothing."""
         if self._thread is not None:
             return
-        self._cpu_percent()  # prime: the first reading covers the time since start()
-        self._init_gpus()
+        self._reader.open()  # primed: the first reading covers the time since start()
         self._thread = threading.Thread(target=self._loop, name="air-sysmetrics", daemon=True)
         self._thread.start()
 
@@ -86,14 +126,7 @@ class SystemMetricsSampler:
         self._stop.set()
         self._thread.join(timeout_s)
         self._thread = None
-        if self._nvml:
-            try:
-                import pynvml
-
-                pynvml.nvmlShutdown()
-            except Exception:
-                pass
-            self._nvml = False
+        self._reader.close()
 
     def __enter__(self) -> SystemMetricsSampler:
         self.start()
@@ -107,58 +140,18 @@ class SystemMetricsSampler:
     @property
     def what(self) -> str:
         """How warnings name the sampled nodes: "node 0", "nodes 0-31"."""
-        ranks = sorted(self.nodes)
-        if len(ranks) == 1:
-            return f"node {ranks[0]}"
-        if ranks == list(range(ranks[0], ranks[-1] + 1)):
-            return f"nodes {ranks[0]}-{ranks[-1]}"
-        return "nodes " + ",".join(map(str, ranks))
+        return nodes_named(list(self.nodes))
 
     def sample(self, node: int | None = None) -> dict[str, float]:
         """One reading of `node` (default: the first), with MLflow's metric names (no prefix)."""
-        return self._sample_all()[self.node_rank if node is None else node]
-
-    def _sample_all(self) -> dict[int, dict[str, float]]:
-        """One reading of the machine, shared by its nodes, plus each node's own GPUs."""
-        import psutil
-
-        mem = psutil.virtual_memory()
-        machine: dict[str, float] = {
-            "cpu_utilization_percentage": self._cpu_percent(),
-            "system_memory_usage_megabytes": mem.used / 1e6,
-            "system_memory_usage_percentage": mem.used / mem.total * 100,
-        }
-        out = {}
-        for node in self.nodes:
-            metrics = dict(machine)
-            for i, handle in enumerate(self._gpus.get(node, [])):
-                metrics.update(_gpu_sample(i, handle))
-            out[node] = {k: round(v, 2) for k, v in metrics.items()}
-        return out
-
-    def _cpu_percent(self) -> float:
-        """Machine CPU use since this sampler's previous reading.
-
-        Not `psutil.cpu_percent(None)`: its "since last call" state is global to the process, so two
-        samplers in one supervisor (two local nodes) would cut each other's intervals.
-        """
-        import psutil
-
-        t = psutil.cpu_times()
-        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # in user already
-        idle = t.idle + getattr(t, "iowait", 0.0)
-        last, self._cpu_last = self._cpu_last, (total, idle)
-        if last is None or total <= last[0]:
-            return 0.0
-        busy = 1.0 - (idle - last[1]) / (total - last[0])
-        return min(100.0, max(0.0, busy * 100.0))
+        return self._reader.read()[self.node_rank if node is None else node]
 
     def _loop(self) -> None:
         """Sample, log, wait; the last sample is taken when `stop()` is called."""
         while True:
             stopping = self._stop.wait(self.interval_s)
             try:
-                metrics = self._sample_all()
+                metrics = self._reader.read()
             except Exception as exc:
                 self.warn(f"tracking: system metrics of {self.what} stopped: {exc}")
                 return
@@ -175,64 +168,107 @@ class SystemMetricsSampler:
         batch = [Metric(f"system/node_{node}/{k}", v, now, self.step)
                  for node, values in metrics.items() for k, v in values.items()]
         tags = [RunTag(f"air.host.node_{node}", self.host) for node in metrics] if self.step == 0 else []
-        try:
-            with http_limits(self.tracking_uri):
-                mlflow_client = client(self.tracking_uri)
-                for start in range(0, max(len(batch), 1), MAX_METRICS_PER_BATCH):
-                    mlflow_client.log_batch(self.run_id, metrics=batch[start : start + MAX_METRICS_PER_BATCH],
-                                            tags=tags if start == 0 else [])
-        except Exception as exc:
-            self._failed = True
-            self.warn(f"tracking: system metrics of {self.what} stopped: {short_message(exc)}")
+        if self._send(batch, tags):
+            self.step += 1
+
+
+class NodeMetricsLogger(_BatchLogger):
+    """Logs the system metrics that nodes sampled of their own hosts (`take()`: what arrived since the last
+    call, node rank -> NodeSamples), every `interval_s`, as one batch for all nodes: `system/node_<n>/<name>`
+    at the node's own timestamps, steps counted per node, and on a node's first sample its labels as tags
+    (`air.host.node_<n>`, `air.ray_node_id.node_<n>`, ...). A node's problem is warned once per attempt;
+    `stop()` logs what is left. It reads nothing of this machine: the supervisor's cost per node is one
+    dict of numbers per sample."""
+
+    def __init__(self, run_id: str, take: TakeSamples, interval_s: float = DEFAULT_INTERVAL_S, *,
+                 tracking_uri: str | None = None, warn: Warn | None = None,
+                 first: Mapping[int, NodeSamples] | None = None) -> None:
+        super().__init__(run_id, tracking_uri, warn)
+        self.take = take
+        self.interval_s = interval_s
+        self.steps: dict[int, int] = {}  # node -> samples logged
+        self.nodes: set[int] = set()
+        self._pending: dict[int, NodeSamples] = {}
+        self._problems: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if first:
+            self._add(first)
+
+    @property
+    def what(self) -> str:
+        return nodes_named(sorted(self.nodes | set(self._pending))) if self.nodes | set(self._pending) else "the nodes"
+
+    def start(self) -> None:
+        if self._thread is not None:
             return
-        self.step += 1
+        self._thread = threading.Thread(target=self._loop, name="air-node-sysmetrics", daemon=True)
+        self._thread.start()
 
-    def _init_gpus(self) -> None:
-        """NVML handles of each node's GPUs; none (silently) on a machine without NVIDIA GPUs."""
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception:
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Log what arrived since the last batch and end the thread (idempotent)."""
+        if self._thread is None:
             return
-        self._nvml = True
-        try:
-            for node, indices in self.nodes.items():
-                if indices is None:
-                    indices = list(range(pynvml.nvmlDeviceGetCount()))
-                self._gpus[node] = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
-        except Exception as exc:
-            self.warn(f"tracking: no GPU metrics for {self.what}: {short_message(exc)}")
-            self._gpus = {}
+        self._stop.set()
+        self._thread.join(timeout_s)
+        self._thread = None
 
+    def _add(self, arrived: Mapping[int, NodeSamples]) -> None:
+        for node, got in arrived.items():
+            pending = self._pending.get(node)
+            if pending is None:
+                self._pending[node] = NodeSamples(dict(got.labels), list(got.samples), got.problem)
+            else:
+                pending.samples.extend(got.samples)
+                pending.labels.update(got.labels)
+                pending.problem = got.problem or pending.problem
 
-def _gpu_sample(i: int, handle: object) -> dict[str, float]:
-    """Utilisation, memory and power of one GPU; readings a GPU does not support are left out."""
-    import pynvml
+    def _loop(self) -> None:
+        while True:
+            stopping = self._stop.wait(self.interval_s)
+            try:
+                self._add(self.take() or {})
+            except Exception as exc:  # tracking never fails a run
+                self.warn(f"tracking: system metrics of {self.what} stopped: {short_message(exc)}")
+                return
+            self._flush()
+            if stopping or self._failed:
+                return
 
-    out: dict[str, float] = {}
-    try:
-        util = pynvml.nvmlDeviceGetUtilizationRates(handle)
-        out[f"gpu_{i}_utilization_percentage"] = float(util.gpu)
-    except pynvml.NVMLError:
-        pass
-    try:
-        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        out[f"gpu_{i}_memory_usage_megabytes"] = mem.used / 1e6
-        out[f"gpu_{i}_memory_usage_percentage"] = mem.used / mem.total * 100
-    except pynvml.NVMLError:
-        pass
-    try:
-        power_mw = pynvml.nvmlDeviceGetPowerUsage(handle)
-        limit_mw = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)
-        out[f"gpu_{i}_power_usage_watts"] = power_mw / 1000
-        if limit_mw:
-            out[f"gpu_{i}_power_usage_percentage"] = power_mw / limit_mw * 100
-    except pynvml.NVMLError:
-        pass
-    return out
+    def _flush(self) -> None:
+        """Log every pending sample of every node as one batch (chunked at MLflow's limit)."""
+        from mlflow.entities import Metric, RunTag
+
+        pending, self._pending = self._pending, {}
+        batch: list[Metric] = []
+        tags: list[RunTag] = []
+        for node, got in sorted(pending.items()):
+            self._warn_problem(node, got.problem)
+            if not got.samples:
+                if node not in self.nodes:  # labels wait for the node's first sample
+                    self._pending[node] = got
+                continue
+            if node not in self.nodes:
+                self.nodes.add(node)
+                tags += [RunTag(f"air.{key}.node_{node}", value) for key, value in got.labels.items() if value]
+            step = self.steps.get(node, 0)
+            for ts_ms, values in got.samples:
+                batch += [Metric(f"system/node_{node}/{k}", v, ts_ms, step) for k, v in values.items()]
+                step += 1
+            self.steps[node] = step
+        if batch or tags:
+            self._send(batch, tags)
+
+    def _warn_problem(self, node: int, problem: str) -> None:
+        """A node's problem, once per attempt (the same words from other nodes are not repeated)."""
+        if problem and problem not in self._problems:
+            self._problems.add(problem)
+            self.warn(f"{problem} (node {node}; other nodes saying the same are not named)")
 
 
 def _default_uri() -> str:
     """The node's tracking URI: the one air exported, else air's default."""
     return tracking_uri()
+
+
+__all__ = ["DEFAULT_INTERVAL_S", "NodeMetricsLogger", "Sample", "SystemMetricsSampler", "TakeSamples"]
