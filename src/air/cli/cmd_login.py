@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import click
@@ -43,6 +41,7 @@ def login(url: str, extra: tuple[str, ...], make_default: bool) -> None:
     """
     from air.client import RemoteError, ServerClient
     from air.config import LOCAL_PROFILE, load_config
+    from air.files import atomic_write_bytes, atomic_write_text
     from air.home import AirHome
 
     if extra:  # not echoed back: it may be the token
@@ -80,14 +79,16 @@ def login(url: str, extra: tuple[str, ...], make_default: bool) -> None:
     home.tokens.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(home.tokens, 0o700)
     previous = token_file.read_bytes() if token_file.is_file() else None
-    _write_private(token_file, token + "\n")
+    atomic_write_text(token_file, token + "\n", mode=0o600)
     try:
-        _write_checked_config(path, yaml.safe_dump(raw, sort_keys=False, default_flow_style=False))
+        # config.yaml replaced only with a file air reads back as valid, its mode kept
+        atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False, default_flow_style=False), check=load_config,
+                          mode=path.stat().st_mode & 0o777 if path.exists() else 0o600)
     except BaseException:  # a refused config leaves the token as it was
         if previous is None:
             token_file.unlink(missing_ok=True)
         else:
-            _write_private(token_file, previous.decode("utf-8"))
+            atomic_write_bytes(token_file, previous, mode=0o600)
         raise
     user = who.get("user") if isinstance(who, dict) else None
     if settings().json:
@@ -112,34 +113,3 @@ def _read_token() -> str:
     if any(c.isspace() for c in token) or len(token) > 512:
         raise UserInputError("That does not look like an air server token (one word, no spaces).")
     return token
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read, whole or not at all."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_checked_config(path: Path, text: str) -> None:
-    """Replace config.yaml only with a file air reads back as valid (tmp + rename, its mode kept)."""
-    from air.config import load_config
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".yaml", dir=path.parent)
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        load_config(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

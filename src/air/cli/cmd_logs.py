@@ -11,9 +11,9 @@ import click
 from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import stderr
-from air.client.models import LinesEvent
+from air.client.models import LinesEvent, Run
 from air.errors import AirError, NotFoundError, UserInputError
-from air.runs.store import Run
+from air.runs.follow import log_sources
 
 if TYPE_CHECKING:
     from air.cli.watch import Event
@@ -79,24 +79,21 @@ def logs(
     """Print a run's logs: every node's (a workload) or rank's (a @distributed call); follows an active run."""
     from air.cli.watch import print_follow
     from air.client.sdk import Client
-    from air.runs.follow import log_sources
-    from air.runs.views import run_from_dict
 
     if minutes is not None and (tail is not None or download_to):
         raise UserInputError("--minutes chooses lines by time; it goes with neither --tail nor --download-to.",
                              hint=f"Use one: air logs {run_id} --minutes {minutes}   or   --tail N")
     client = Client(profile=settings().profile)  # this machine's runs, or a server's: one path for both
-    shown = client.get_data(run_id)
-    run = run_from_dict(shown)
-    if _a_sweep(run.id, bool(shown.get("is_sweep"))) or _never_started(run):
+    run = client.get(run_id)
+    if _a_sweep(run.id, run.is_sweep) or _never_started(run):
         return
-    if run.current_attempt is None and follow is False:
+    if run.attempt_number is None and follow is False:
         raise NotFoundError(
             f"Run {run.id} has not started an attempt yet ({run.status.value}).",
             hint=f"Wait for it with: air logs {run.id} --follow",
         )
     # Checks --node/--rank before anything is read or written.
-    sources = log_sources(run, attempt if attempt is not None else run.current_attempt or 0, node=node, rank=rank)
+    sources = log_sources(run, attempt if attempt is not None else run.attempt_number or 0, node=node, rank=rank)
     if download_to:
         copied = client.download_logs(run.id, download_to, attempt)
         stderr(f"Copied {len(copied.logs)} log(s) of attempt {copied.attempt} to {Path(download_to) / 'logs'} "
@@ -109,7 +106,7 @@ def logs(
     if minutes is not None:
         _say_none_since(minutes, seen)
         return
-    shown_attempt = attempt if attempt is not None else (last.attempt_number if last else run.current_attempt) or 0
+    shown_attempt = attempt if attempt is not None else (last or run).attempt_number or 0
     _say_empty(client, run, shown_attempt, node, rank, seen, ended=last.is_terminal if last else run.is_terminal)
 
 
@@ -130,7 +127,7 @@ def _a_sweep(run_id: str, is_sweep: bool) -> bool:
 def _never_started(run: Run) -> bool:
     """A run that ended before any attempt (canceled while queued) has no log and never will: say so
     instead of "wait for it"."""
-    if run.current_attempt is not None or not run.is_terminal:
+    if run.attempt_number is not None or not run.is_terminal:
         return False
     reason = f": {run.termination_reason}" if run.termination_reason else ""
     stderr(f"Run {run.id} never started, so it has no logs: it ended {run.status.value} before its first "
@@ -150,8 +147,6 @@ def _say_empty(client: Client, run: Run, attempt: int, node: int | None, rank: i
                seen: set[tuple[str, int]], *, ended: bool) -> None:
     """A log that printed nothing gets a line on stderr saying so and why: the node (or rank) has not
     started, or started and printed nothing. Silence would read as a broken `air logs`."""
-    from air.runs.follow import log_sources
-
     try:
         unseen = [s for s in log_sources(run, attempt, node=node, rank=rank) if (s.label, s.index) not in seen]
         written = {(log.label, log.index) for log in client.log_list(run.id, attempt).logs} if unseen else set()
@@ -170,4 +165,4 @@ def _follows(run: Run, follow: bool | None, attempt: int | None) -> bool:
     """Like the hosted CLI and `sky logs`: an active run is followed unless --no-follow or an old attempt."""
     if follow is not None:
         return follow
-    return not run.is_terminal and not (attempt is not None and attempt != run.current_attempt)
+    return not run.is_terminal and not (attempt is not None and attempt != run.attempt_number)

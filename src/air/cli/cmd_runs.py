@@ -44,10 +44,10 @@ def get_run(run_id: str) -> None:
 @common
 def get_pools() -> None:
     """Pools: each one's accelerator type and total/used/idle accelerators (config.yaml `pools:`)."""
-    from air.cli.remote import remote
+    from air.client import server_client
     from air.runs.views import pools_view
 
-    client = remote()
+    client = server_client(settings().profile)  # a server profile's, or None: this machine
     data = client.get("/pools") if client is not None else pools_view(RunStore())
     if settings().json:
         envelope(data)

@@ -22,10 +22,10 @@ def secrets() -> None:
 @common
 def put(scope: str, key: str) -> None:
     """Store a secret; its value is read from stdin (never from the command line)."""
-    from air.cli.remote import remote
+    from air.client import server_client
     from air.workload.secrets import put_secret
 
-    client = remote()
+    client = server_client(settings().profile)  # a server profile's, or None: this machine
     if sys.stdin.isatty():
         value = click.prompt(f"Value of {scope}/{key}", hide_input=True)
     else:
@@ -41,10 +41,10 @@ def put(scope: str, key: str) -> None:
 @common
 def list_() -> None:
     """Scopes and keys (never values)."""
-    from air.cli.remote import remote
+    from air.client import server_client
     from air.workload.secrets import list_secrets
 
-    client = remote()
+    client = server_client(settings().profile)  # a server profile's, or None: this machine
     items = ([(i["scope"], i["key"]) for i in client.get("/secrets")["secrets"]] if client is not None
              else list_secrets())
     if settings().json:
@@ -60,10 +60,10 @@ def list_() -> None:
 @common
 def delete(scope: str, key: str) -> None:
     """Remove a secret."""
-    from air.cli.remote import remote
+    from air.client import server_client
     from air.workload.secrets import delete_secret
 
-    client = remote()
+    client = server_client(settings().profile)  # a server profile's, or None: this machine
     if client is not None:
         client.call("DELETE", f"/secrets/{scope}/{key}")
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from air.cli.output import event, status, stderr
 from air.progress import Spinner, spinner
@@ -20,11 +20,9 @@ from air.runs.paths import RunPaths
 from air.runs.states import RunStatus
 
 if TYPE_CHECKING:
-    from air.client.models import Run, RunDetail
+    from air.client.models import Run
     from air.client.sdk import Client
 
-#: How often the queue is looked at again while a run waits (seconds).
-QUEUE_EVERY_S = 1.0
 #: How often a running run's progress is looked at, and how long a node must be quiet to be named.
 PROGRESS_EVERY_S = 5.0
 QUIET_AFTER_S = 60.0
@@ -34,7 +32,8 @@ _NODES_STARTING = re.compile(r"^attempt (\d+): starting \d+ node")
 
 class WatchExtras:
     """Called once per watch poll with the run as it is now (air.Client's); `close()` when the watch ends.
-    The queue and progress come from `client.get` (`air get run`), on this machine or through a server."""
+    The queue comes with the run's events, progress from `client.get` (`air get run`), on this machine or
+    through a server."""
 
     def __init__(self, client: Client, run_id: str, *, json_mode: bool, verbose: int) -> None:
         self.client, self.run_id, self.json_mode, self.verbose = client, run_id, json_mode, verbose
@@ -44,7 +43,6 @@ class WatchExtras:
         self.last_message = ""
         self.started_attempts: set[int] = set()
         self.queue_key: object = None
-        self.next_queue_look = 0.0
         self._stack = contextlib.ExitStack()
         self._spinner: Spinner | None = None
         self.next_progress_look = 0.0
@@ -84,12 +82,8 @@ class WatchExtras:
             self._spinner.update(text)
 
     # -- the queue ------------------------------------------------------------------------------------
-    def _queue(self) -> None:
-        now = time.monotonic()
-        if now < self.next_queue_look:
-            return
-        self.next_queue_look = now + QUEUE_EVERY_S
-        info = self.detail().queue
+    def _queue(self, info: dict[str, Any] | None) -> None:
+        """Why the run waits, as its follow event says (air.client.models.event_from)."""
         if info is None:
             return
         text = f"[{self.run_id}] {info['reason']}"
@@ -107,14 +101,10 @@ class WatchExtras:
                 status(text)  # the spinner updates in place; the first reason also stays in the scroll-back
         self.queue_key = key
 
-    def detail(self) -> RunDetail:
-        """The run as `air get run` shows it: its queue place, how quiet its nodes are, a node's end."""
-        return self.client.get(self.run_id)
-
     def poll(self, run: Run) -> None:
         """After the status line: the queue reason, or the spinner of the phase the run is in."""
         if run.status is RunStatus.QUEUED:
-            self._queue()
+            self._queue(run.queue)
             return
         self.queue_key = None
         preparing = (
@@ -138,7 +128,7 @@ class WatchExtras:
         if now < self.next_progress_look:
             return
         self.next_progress_look = now + PROGRESS_EVERY_S
-        detail = self.detail()
+        detail = self.client.get(self.run_id)  # as `air get run` shows it: how quiet its nodes are, a node's end
         if not self.node_ended_shown:
             ended = detail.node_ended
             if ended is not None:  # said once: node 0 is done, the run waits on the others

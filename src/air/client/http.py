@@ -137,19 +137,12 @@ class ServerClient:
         with self._request("GET", path) as response:
             return bytes(response.read())
 
-    def download(self, path: str, target: Path, **params: object) -> int:
-        """A streamed answer written to `target` (whole or not at all: through a temporary file); its bytes."""
-        partial = target.with_name(f".{target.name}.part")
-        written = 0
-        try:
-            with self._request("GET", path, params=params, timeout=None) as response, open(partial, "wb") as out:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
-                    written += len(chunk)
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
-        return written
+    def download(self, path: str, target: Path, **params: object) -> None:
+        """A streamed answer written to `target`, whole or not at all (air.files)."""
+        from air.files import atomic_write_bytes
+
+        with self._request("GET", path, params=params, timeout=None) as response:
+            atomic_write_bytes(target, iter(lambda: response.read(1 << 20), b""))
 
     def get(self, path: str, **params: object) -> Any:
         return self.call("GET", path, params=params)

@@ -24,6 +24,7 @@ from air.runs.states import AttemptStatus, FailureClass, RunStatus
 
 if TYPE_CHECKING:
     from air.runs.follow import FollowEvent
+    from air.runs.store import RunStore
 
 #: The version of the API this air speaks (the `/api/v1` routes and these models). Raised when a route or
 #: a model changes in a way an older client cannot read.
@@ -166,6 +167,11 @@ class Run(_Answer):
     @field_serializer("submitted_at", "started_at", "ended_at")
     def _times(self, value: _dt.datetime | None) -> str | None:
         return _rfc3339(value)
+
+    @property
+    def id(self) -> str:
+        """`run_id`, as a store's run names it (air.runs.follow.log_sources reads either)."""
+        return self.run_id
 
     @property
     def is_terminal(self) -> bool:
@@ -366,16 +372,19 @@ def decode_event(line: bytes | str) -> Event | None:
     return None
 
 
-def event_from(item: FollowEvent) -> RunEvent | LinesEvent | NewAttemptEvent:
+def event_from(item: FollowEvent, store: RunStore | None = None) -> RunEvent | LinesEvent | NewAttemptEvent:
     """What `air.runs.follow` yields on the run's machine (a store `Run`, `Lines`, `NewAttempt`) as the
-    event a client reads: the server streams it, the SDK yields it when it follows a run locally."""
+    event a client reads: the server streams it, the SDK yields it when it follows a run locally. With
+    `store`, a QUEUED run's event says why it waits (`queue`: `air run --watch` prints it without asking)."""
     from air.runs.follow import Lines, NewAttempt
-    from air.runs.views import run_dict
+    from air.runs.views import run_dict, run_summary
 
     if isinstance(item, Lines):
         return LinesEvent(lines=item.lines, label=item.source.label, index=item.source.index, attempt=item.attempt)
     if isinstance(item, NewAttempt):
         return NewAttemptEvent(new_attempt=item.attempt, previous=item.previous)
+    if store is not None and item.status is RunStatus.QUEUED:
+        return RunEvent(run=Run.model_validate(run_summary(store, item)))
     return RunEvent(run=Run.model_validate(run_dict(item)))
 
 

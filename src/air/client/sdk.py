@@ -9,11 +9,9 @@ models either way, so code written against one runs against the other.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +21,6 @@ from air.client.models import (
     CancelAnswer,
     DryRunAnswer,
     LinesEvent,
-    LogFile,
     LogList,
     NewAttemptEvent,
     Run,
@@ -188,8 +185,8 @@ class Client:
         any event (on this machine; through a server, at the first event)."""
         if self.server is not None:
             return self._streamed(run_id, live=live, where={**where, "minutes": minutes})
-        from air.runs.follow import follow, snapshot_lines
-        from air.runs.views import attempt_index, log_masker
+        from air.runs.follow import follow, snapshot
+        from air.runs.views import log_masker
 
         run = self.store.get_run(run_id)
         mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
@@ -197,10 +194,9 @@ class Client:
         if live:
             items: Iterable[FollowEvent] = follow(run.id, store=self.store, mask=mask, since=since, **where)
         else:
-            index = attempt_index(self.store, run, where.get("attempt"))
-            items = [run, *snapshot_lines(run, index, node=where.get("node"), rank=where.get("rank"),
-                                          tail=where.get("tail"), mask=mask, since=since)]
-        return (event_from(item) for item in items)
+            items = snapshot(self.store, run, where.get("attempt"), node=where.get("node"), rank=where.get("rank"),
+                             tail=where.get("tail"), mask=mask, since=since)
+        return (event_from(item, self.store) for item in items)
 
     def _streamed(self, run_id: str, *, live: bool, where: dict[str, int | None]
                   ) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
@@ -222,13 +218,9 @@ class Client:
         "rank" for a local call), index and size."""
         if self.server is not None:
             return LogList.model_validate(self.server.get(f"/runs/{run_id}/logs", attempt=attempt))
-        from air.runs.views import attempt_index, log_files
+        from air.runs.views import log_list
 
-        run = self.store.get_run(run_id)
-        index = attempt_index(self.store, run, attempt)
-        return LogList(run_id=run.id, attempt=index, logs=[
-            LogFile(label=f["label"], index=f["index"], bytes=f["path"].stat().st_size)
-            for f in log_files(run, index) if f["exists"]])
+        return LogList.model_validate(log_list(self.store, self.store.get_run(run_id), attempt))
 
     def download_logs(self, run_id: str, folder: str | os.PathLike[str], attempt: int | None = None) -> LogList:
         """Copy every log of `attempt` (default: the latest) to `folder`/logs/`<label>_<index>.log`, secret
@@ -241,15 +233,17 @@ class Client:
                 self.server.download(f"/runs/{listed.run_id}/logs/{log.label}/{log.index}",
                                      target / f"{log.label}_{log.index}.log", attempt=listed.attempt)
             return listed
-        from air.runs.views import log_files, log_masker
+        from air.files import atomic_write_bytes
+        from air.runs.views import log_masker, masked_log, written_logs
 
         run = self.store.get_run(listed.run_id)
         mask = log_masker(run)
         mask("")  # resolves the values now: a copy is refused before any file is written
         target.mkdir(parents=True, exist_ok=True)
-        for found in log_files(run, listed.attempt):
-            if found["exists"]:
-                _masked_copy(found["path"], target / f"{found['label']}_{found['index']}.log", mask)
+        for source in written_logs(self.store, run, listed.attempt)[1]:
+            if source.path is not None:  # (surrogateescape: invalid UTF-8 copied as it was)
+                lines = (line.encode(errors="surrogateescape") for line in masked_log(source.path, mask))
+                atomic_write_bytes(target / f"{source.label}_{source.index}.log", lines, mode=0o600)
         return listed
 
     # -- act --------------------------------------------------------------------------------------------
@@ -298,33 +292,10 @@ def _load(workload: Workload | WorkloadSpec, overrides: Sequence[str]) -> Worklo
     return load_workload(os.fspath(workload), overrides)
 
 
-def _masked_copy(source: Path, target: Path, mask: Callable[[str], str]) -> None:
-    """Copy a log line by line through `mask` (logs an older air wrote may hold values), byte for byte
-    otherwise (surrogateescape keeps invalid UTF-8 as it was); the copy appears whole or not at all."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with open(source, encoding="utf-8", errors="surrogateescape", newline="") as src, \
-                os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape", newline="") as out:
-            for line in src:
-                out.write(mask(line))
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def upload_snapshot(client: ServerClient, snapshot: SnapshotPlan) -> SnapshotManifest:
     """Ship a planned snapshot: build it here (content-addressed, cached), ask the server which blobs it
     lacks, upload those; returns the manifest the submit names."""
-    from air.workload.snapshot import MODE_LINK
+    from air.workload.snapshot import MODE_LINK, sha256_file
     from air.workload.snapshot_store import materialize_snapshot
 
     folder = materialize_snapshot(snapshot)
@@ -335,7 +306,7 @@ def upload_snapshot(client: ServerClient, snapshot: SnapshotPlan) -> SnapshotMan
         if entry.mode == MODE_LINK:
             files.append({"path": entry.path, "mode": entry.mode, "target": os.readlink(path)})
             continue
-        digest = _sha256(path)
+        digest = sha256_file(path)
         local[digest] = path
         files.append({"path": entry.path, "mode": entry.mode, "sha256": digest})
     missing = BlobsMissingAnswer.model_validate(client.post("/blobs/missing", {"digests": sorted(local)})).missing

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from air.errors import NotFoundError, UserInputError
 from air.runs.logtail import LineCursor, lines_since, tail_lines
@@ -40,10 +41,6 @@ class LogSource:
     index: int
     path: Path | None = None
 
-    @property
-    def prefix(self) -> str:
-        return f"[{self.label} {self.index}] "
-
 
 @dataclass(frozen=True)
 class Lines:
@@ -69,13 +66,28 @@ class NewAttempt:
 FollowEvent = Run | Lines | NewAttempt
 
 
-def logs_are_per_rank(run: Run, rank: int | None = None) -> bool:
+class RunShape(Protocol):
+    """What `log_sources` reads of a run: a store `Run`, or the API's (air.client.models.Run)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def num_nodes(self) -> int: ...
+    @property
+    def num_accelerators(self) -> int: ...
+
+
+def logs_are_per_rank(run: RunShape, rank: int | None = None) -> bool:
     """A local call's logs are its ranks' (it has one node); a remote call's are its nodes', unless a
     rank is asked for (its rank logs are in the call folder when the cluster shares this file system)."""
     return run.kind == "call" and (run.backend == "local" or rank is not None)
 
 
-def log_sources(run: Run, attempt: int, *, node: int | None = None, rank: int | None = None) -> list[LogSource]:
+def log_sources(run: RunShape, attempt: int, *, node: int | None = None, rank: int | None = None) -> list[LogSource]:
     """The logs `air logs` / `--watch` show for `attempt`: every node's (or rank's), or the one asked for.
     A --node/--rank that does not fit the run is a NotFoundError / UserInputError saying what does."""
     if logs_are_per_rank(run, rank):
@@ -125,12 +137,19 @@ def _read_on(cursor: LineCursor, final: bool, limit: int | None = None) -> list[
     return lines
 
 
-def snapshot_lines(
-    run: Run, attempt: int, *, node: int | None, rank: int | None, tail: int | None, mask: Callable[[str], str],
-    since: float | None = None,
-) -> list[Lines]:
-    """`air logs` without following: the last lines of each log of `attempt` that exists (with `since`,
-    only those written from then on: `--minutes`). NotFoundError when none does."""
+def attempt_index(store: RunStore, run: Run, attempt: int | None) -> int:
+    """The attempt whose logs `air logs`/the API read: `attempt`, else the current one (0 before any)."""
+    return store.get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
+
+
+def snapshot(
+    store: RunStore, run: Run, attempt: int | None, *, node: int | None, rank: int | None, tail: int | None,
+    mask: Callable[[str], str], since: float | None = None,
+) -> list[FollowEvent]:
+    """`air logs` without following (on this machine or through a server): the run, then the last lines
+    of each log of `attempt` (default: the latest) that exists (with `since`, only those written from then
+    on: `--minutes`). NotFoundError when none does."""
+    attempt = attempt_index(store, run, attempt)
     sources = log_sources(run, attempt, node=node, rank=rank)
     present = [s for s in sources if s.path is not None and s.path.exists()]
     if not present:
@@ -140,8 +159,8 @@ def snapshot_lines(
             + (f" ({run.status.value})." if run.is_terminal else " yet.")
         )
     limit = tail if tail is not None else DEFAULT_TAIL
-    return [_masked(s, tail_lines(s.path, limit) if since is None else lines_since(s.path, since, limit), mask, attempt)
-            for s in present if s.path is not None]
+    return [run, *(_masked(s, tail_lines(s.path, limit) if since is None else lines_since(s.path, since, limit),
+                           mask, attempt) for s in present if s.path is not None)]
 
 
 class Following:
@@ -284,5 +303,5 @@ def follow(
             time.sleep(POLL_S)
 
 
-__all__ = ["FollowEvent", "Following", "Lines", "LogSource", "NewAttempt", "follow", "log_sources", "logs_are_per_rank",
-           "snapshot_lines"]
+__all__ = ["FollowEvent", "Following", "Lines", "LogSource", "NewAttempt", "attempt_index", "follow", "log_sources",
+           "logs_are_per_rank", "snapshot"]

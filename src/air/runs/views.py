@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from air.runs.access import Viewer
 from air.runs.paths import CallPaths, RunPaths
-from air.runs.records import RUN_FIELDS
-from air.runs.states import FailureClass, PriorityClass, RunStatus
+from air.runs.states import RunStatus
 from air.runs.store import Run, RunStore
 
 if TYPE_CHECKING:
     from air.config import AirConfig
+    from air.runs.follow import LogSource
 from air.runs.sweep import child_run, is_sweep_spec, list_tasks, max_concurrent_of, parent_of
 
 
@@ -445,11 +445,6 @@ def _ray_pools(store: RunStore, config: AirConfig, gpu_model: str) -> list[dict[
     return rows
 
 
-def attempt_index(store: RunStore, run: Run, attempt: int | None) -> int:
-    """The attempt whose logs `air logs`/the API read: `attempt`, else the current one (0 before any)."""
-    return store.get_attempt(run.id, attempt).index if run.current_attempt is not None else 0
-
-
 def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:
     """The logs of one attempt a page shows: a local call's per rank, any other run's per node
     (`air.runs.follow.log_sources`, what `air logs` reads)."""
@@ -457,6 +452,31 @@ def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:
 
     return [{"label": s.label, "index": s.index, "path": s.path, "exists": s.path is not None and s.path.exists()}
             for s in log_sources(run, attempt)]
+
+
+def written_logs(store: RunStore, run: Run, attempt: int | None) -> tuple[int, list[LogSource]]:
+    """The logs of `attempt` (default: the latest) that exist so far, and its index: what the API's
+    `GET /runs/{id}/logs` lists and `air logs --download-to` copies (on this machine or through a server)."""
+    from air.runs.follow import attempt_index, log_sources
+
+    index = attempt_index(store, run, attempt)
+    return index, [s for s in log_sources(run, index) if s.path is not None and s.path.exists()]
+
+
+def log_list(store: RunStore, run: Run, attempt: int | None) -> dict[str, object]:
+    """`written_logs` as the API words it (air.client.models.LogList): each log's label, index and size."""
+    index, written = written_logs(store, run, attempt)
+    return {"run_id": run.id, "attempt": index,
+            "logs": [{"label": s.label, "index": s.index, "bytes": s.path.stat().st_size} for s in written if s.path]}
+
+
+def masked_log(path: Path, mask: Callable[[str], str]) -> Iterator[str]:
+    """A whole log line by line through `mask` (logs an older air wrote may hold values), byte for byte
+    otherwise: surrogateescape keeps invalid UTF-8 as it was (encode it back the same way)."""
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as log:
+        for line in log:
+            text, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+            yield mask(text) + end
 
 
 def log_masker(run: Run) -> Callable[[str], str]:
@@ -582,14 +602,3 @@ def attempt_metrics(mlflow_run_id: str | None) -> dict[str, object]:
             node, _, name = key.removeprefix("system/").partition("/")
             system.setdefault(node, {})[name or node] = points
     return {"training": training, "system": system}
-
-def run_from_dict(data: dict[str, Any]) -> Run:
-    """The run a `run_dict` was made from (what a client of `air server` prints from)."""
-    times = ("submitted_at", "started_at", "ended_at")
-    values = {name: data[name] for name in RUN_FIELDS if name in data and name not in times}
-    for name in times:  # an older server sends submitted_at/ended_at as epoch seconds, with no `_epoch`
-        values[name] = data[f"{name}_epoch"] if f"{name}_epoch" in data else data.get(name)
-    values["status"] = RunStatus(data["status"])
-    values["failure_class"] = FailureClass(data["failure_class"]) if data.get("failure_class") else None
-    values["priority_class"] = PriorityClass(data.get("priority_class") or PriorityClass.NORMAL)
-    return Run(**values)

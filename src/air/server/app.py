@@ -156,12 +156,7 @@ def _mount_pages(app: FastAPI) -> None:
 
     store: RunStore = app.state.store
 
-    def authenticate(token: str) -> WebUser | None:
-        found = verify_token(store, token)
-        return WebUser(found.user, admin=found.admin, token_id=found.token_id) if found else None
-
-    def token_holder(token_id: str) -> WebUser | None:
-        found = verify_token_id(store, token_id)
+    def page_user(found: Principal | None) -> WebUser | None:
         return WebUser(found.user, admin=found.admin, token_id=found.token_id) if found else None
 
     def audit(actor: str, action: str, target: str | None, detail: Mapping[str, object]) -> None:
@@ -173,8 +168,9 @@ def _mount_pages(app: FastAPI) -> None:
 
     from air.server.visibility import current_policy
 
-    pages = create_web_app(store, authenticator=authenticate, token_holder=token_holder, mlflow_url=mlflow_ui,
-                           audit=audit, access=current_policy)
+    pages = create_web_app(store, authenticator=lambda token: page_user(verify_token(store, token)),
+                           token_holder=lambda token_id: page_user(verify_token_id(store, token_id)),
+                           mlflow_url=mlflow_ui, audit=audit, access=current_policy)
 
     @app.get("/", include_in_schema=False)
     def home() -> RedirectResponse:

@@ -1,8 +1,8 @@
 """Who did what on `air server`: an append-only log (table `audit_log` of the server's run store).
 
-Token create/revoke, permission changes, cancels, logins and logouts each add one row: when, who (the air
-user, or `os:<name>` for an admin at the server's shell), the action, its target (a run or token id) and
-a short detail. Never a token, a secret or a session id. `air server audit` prints it.
+Token create/revoke, permission changes, cancels, logins and logouts (air.web.app) each add one row:
+when, who (the air user, or `os:<name>` for an admin at the server's shell), the action, its target (a run
+or token id) and a short detail. Never a token, a secret or a session id. `air server audit` prints it.
 """
 
 from __future__ import annotations
@@ -14,13 +14,11 @@ from dataclasses import asdict, dataclass
 
 from air.runs.store import RunStore
 
-#: The actions air records (others may be added; they are plain text).
+#: The actions air records here (the pages record "login" and "logout"; they are plain text).
 TOKEN_CREATE = "token.create"
 TOKEN_REVOKE = "token.revoke"
 PERMISSIONS_CHANGE = "run.permissions"
 RUN_CANCEL = "run.cancel"
-LOGIN = "login"
-LOGOUT = "logout"
 #: What `air server audit` shows unless --limit says otherwise.
 DEFAULT_LIMIT = 100
 
@@ -67,5 +65,5 @@ def shell_actor() -> str:
     return f"os:{local_user()}"
 
 
-__all__ = ["DEFAULT_LIMIT", "LOGIN", "LOGOUT", "PERMISSIONS_CHANGE", "RUN_CANCEL", "TOKEN_CREATE", "TOKEN_REVOKE",
+__all__ = ["DEFAULT_LIMIT", "PERMISSIONS_CHANGE", "RUN_CANCEL", "TOKEN_CREATE", "TOKEN_REVOKE",
            "AuditEntry", "entries", "record", "shell_actor"]

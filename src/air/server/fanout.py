@@ -6,21 +6,15 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 
-from air.client.models import ErrorEvent, RunEvent, SkippedEvent, encode_event, event_from
-from air.client.models import Run as ClientRun
+from air.client.models import ErrorEvent, SkippedEvent, encode_event, event_from
 from air.runs.fanout import Follower, FollowHub, Item, Skipped, reader_following
 from air.runs.follow import FollowEvent
-from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
-from air.runs.views import run_summary
+from air.runs.store import RunStore
 
 
 def ndjson_line(event: FollowEvent, store: RunStore | None = None) -> bytes:
-    """An event as its NDJSON line; with `store`, a QUEUED run's event says why it waits (`queue`), so a
-    caller following it says so without asking (air.distributed.remote_server)."""
-    if store is not None and isinstance(event, Run) and event.status is RunStatus.QUEUED:
-        return encode_event(RunEvent(run=ClientRun.model_validate(run_summary(store, event))))
-    return encode_event(event_from(event))
+    """An event as its NDJSON line (with `store`, a QUEUED run's says why it waits: `event_from`)."""
+    return encode_event(event_from(event, store))
 
 
 def hub_of(app: Starlette) -> FollowHub:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -30,14 +30,18 @@ from air.client.models import (
 from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.access import Level
-from air.runs.follow import FollowEvent, log_sources, snapshot_lines
+from air.runs.cancel import cancel_run as cancel
+from air.runs.cancel import canceled_by
+from air.runs.follow import log_sources, snapshot
 from air.runs.states import RunStatus
 from air.runs.states import statuses as parse_statuses
-from air.runs.views import attempt_index, log_files, run_detail, run_summary
+from air.runs.views import log_list, log_masker, masked_log, pools_view, run_detail, run_summary, written_logs
 from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
+from air.server.audit import RUN_CANCEL, record
 from air.server.fanout import hub_of, reader_following, take_ndjson
+from air.server.submission import submit_request
 from air.server.uploads import ServerPaths, check_digest, missing_blobs, receive_blob
-from air.server.visibility import current_policy, readable_run, run_visible, viewer_for
+from air.server.visibility import change_permissions, current_policy, readable_run, run_visible, viewer_for
 
 router = APIRouter()
 
@@ -108,8 +112,6 @@ def list_runs(request: Request, who: Caller, all_users: bool = False,
 
 @router.get("/pools")
 def list_pools(request: Request, who: Caller) -> dict[str, object]:
-    from air.runs.views import pools_view
-
     store = store_of(request)
     data = pools_view(store)
     policy = current_policy()
@@ -136,8 +138,6 @@ def get_run(request: Request, run_id: str, who: Caller) -> dict[str, object]:
 
 @router.post("/runs")
 async def submit_run(request: Request, who: Caller) -> dict[str, object]:
-    from air.server.submission import submit_request
-
     body = await json_body(request)
     return await run_in_threadpool(submit_request, store_of(request), _paths(request), who, body,
                                    critical_users=getattr(request.app.state, "critical_users", frozenset()))
@@ -146,8 +146,6 @@ async def submit_run(request: Request, who: Caller) -> dict[str, object]:
 @router.put("/runs/{run_id}/permissions")
 async def put_permissions(request: Request, run_id: str, who: Caller) -> dict[str, object]:
     """Replace who else may see or act on the run (the workload's `permissions` form); CAN_MANAGE only."""
-    from air.server.visibility import change_permissions
-
     body = await json_body(request)
     run = await run_in_threadpool(change_permissions, store_of(request), run_id, who, body)
     return {"run_id": run.id, "permissions": json.loads(run.permissions or "[]")}
@@ -155,10 +153,6 @@ async def put_permissions(request: Request, run_id: str, who: Caller) -> dict[st
 
 @router.post("/runs/{run_id}/cancel")
 def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, object]:
-    from air.runs.cancel import cancel_run as cancel
-    from air.runs.cancel import canceled_by
-    from air.server.audit import RUN_CANCEL, record
-
     store = store_of(request)
     run = readable_run(store, run_id, who)
     if not run_visible(run, who, need=Level.CAN_MANAGE_RUN):
@@ -177,18 +171,14 @@ def follow_run(request: Request, run_id: str, who: Caller, node: IndexQuery = No
     """A run's events as NDJSON (`{"run": ...}`, `{"lines": [...], "label", "index", "attempt"}`,
     `{"new_attempt": N, "previous": M}`) until it ends; `live=0`: the last lines of each log, once.
     Problems found before streaming are plain 4xx answers."""
-    from air.runs.views import log_masker
-
     store = store_of(request)
     run = readable_run(store, run_id, who)
     since = None if minutes is None else time.time() - minutes * 60  # the clock of the machine with the logs
     mask = log_masker(run)
     stopping = getattr(request.app.state, "stopping", None)
     if not live:
-        index = attempt_index(store, run, attempt)
-        first: list[FollowEvent] = [run, *snapshot_lines(run, index, node=node, rank=rank, tail=tail, mask=mask,
-                                                               since=since)]
-        return StreamingResponse((encode_event(event_from(item)) for item in first),
+        first = snapshot(store, run, attempt, node=node, rank=rank, tail=tail, mask=mask, since=since)
+        return StreamingResponse((encode_event(event_from(item, store)) for item in first),
                                  media_type="application/x-ndjson")
     log_sources(run, run.current_attempt or 0, node=node, rank=rank)  # a wrong --node is a 4xx now
 
@@ -237,35 +227,24 @@ def follow_run(request: Request, run_id: str, who: Caller, node: IndexQuery = No
 @router.get("/runs/{run_id}/logs")
 def list_logs(request: Request, run_id: str, who: Caller, attempt: IndexQuery = None) -> dict[str, object]:
     """The logs of one attempt (`air logs --download-to`): each one's label, index and size in bytes."""
-    run = readable_run(store_of(request), run_id, who)
-    index = attempt_index(store_of(request), run, attempt)
-    logs = [{"label": f["label"], "index": f["index"], "bytes": f["path"].stat().st_size}
-            for f in log_files(run, index) if f["exists"]]
-    return {"run_id": run.id, "attempt": index, "logs": logs}
+    store = store_of(request)
+    return log_list(store, readable_run(store, run_id, who), attempt)
 
 
 @router.get("/runs/{run_id}/logs/{label}/{index}")
 def download_log(request: Request, run_id: str, label: str, index: int, who: Caller,
                  attempt: IndexQuery = None) -> StreamingResponse:
     """One whole log as text, the run's secrets masked line by line (failing closed before any byte)."""
-    from air.runs.views import log_masker
-
-    run = readable_run(store_of(request), run_id, who)
-    number = attempt_index(store_of(request), run, attempt)
-    found = next((f for f in log_files(run, number) if (f["label"], f["index"]) == (label, index) and f["exists"]),
-                 None)
+    store = store_of(request)
+    run = readable_run(store, run_id, who)
+    number, written = written_logs(store, run, attempt)
+    found = next((s.path for s in written if (s.label, s.index) == (label, index)), None)
     if found is None:
         raise NotFoundError(f"Run {run.id} has no log of {label} {index} in attempt {number}.")
     mask = log_masker(run)
     mask("")  # a secret that cannot be resolved refuses here, as a 4xx, not mid-file
-
-    def body() -> Iterator[bytes]:
-        with open(found["path"], encoding="utf-8", errors="replace", newline="") as log:
-            for line in log:
-                text, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
-                yield (mask(text) + end).encode()
-
-    return StreamingResponse(body(), media_type="text/plain; charset=utf-8")
+    return StreamingResponse((line.encode(errors="surrogateescape") for line in masked_log(found, mask)),
+                             media_type="text/plain; charset=utf-8")
 
 
 # ---- blobs ----------------------------------------------------------------------------------------

@@ -396,7 +396,7 @@ def _hash_worktree(root: Path, paths: Iterable[str], notes: list[str]) -> list[S
                 links[rel] = os.fsdecode(target)
             elif stat.S_ISREG(st.st_mode):
                 mode = MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
-                entries.append(SnapshotEntry(rel, mode, st.st_size, _sha256_file(path)))
+                entries.append(SnapshotEntry(rel, mode, st.st_size, sha256_file(path)))
             elif not stat.S_ISDIR(st.st_mode):
                 notes.append(f"skipped {rel}: not a regular file")
         except FileNotFoundError:
@@ -406,7 +406,8 @@ def _hash_worktree(root: Path, paths: Iterable[str], notes: list[str]) -> list[S
     return entries
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file's content (its snapshot digest, and the name of its blob on a server)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
@@ -446,4 +447,5 @@ __all__ = [
     "SnapshotEntry",
     "SnapshotPlan",
     "plan_snapshot",
+    "sha256_file",
 ]
