@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from test_admission import admission_loops, air, one_slot, submit, supervisors_of, workload
 
+from air.client.sdk import Client
 from air.home import AirHome
 from air.runs.admission import ensure_loop, loop_running, waiting_for_local_loop
 from air.runs.states import RunStatus
@@ -72,5 +73,7 @@ def test_rows_not_queued_by_air_run_start_no_loop(monkeypatch: pytest.MonkeyPatc
     with store.writer() as conn:
         conn.execute("UPDATE runs SET local_admission = 1 WHERE id = ?", (row.id,))
     assert waiting_for_local_loop(store)
-    air("cancel", row.id)
+    # Canceled in this process through air.Client (`air cancel`'s own path): an `air cancel` process would first
+    # start the loop this row now asks for, and that loop could admit the row before the cancel (a race).
+    Client().cancel(row.id)
     assert store.get_run(row.id).status is RunStatus.CANCELED and not waiting_for_local_loop(store)
