@@ -234,7 +234,8 @@ AIR_FAKE_GPUS = _internal(
 AIR_TRACKING_GIVE_UP_S = _internal(
     "AIR_TRACKING_GIVE_UP_S",
     "Tests only: caps (never lengthens) each of a supervisor's waits, at an attempt's end, for its MLflow run "
-    "to be made through a tracking server that is away, so a test sees the give-up (and the later back-fill) soon.",
+    "to be made through a tracking server that is away, and its nodes' wait for that run at `import mlflow`, so "
+    "a test sees the give-up (and the later back-fill) soon.",
 )
 AIR_RAY_NODE = _internal(
     "AIR_RAY_NODE", "Carried by every process of one air-started Ray node, so stopping it ends them all."

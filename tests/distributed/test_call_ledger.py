@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from air.runs.queue import queue_info
@@ -69,6 +70,8 @@ def rank_job() -> int:
     import os
     rank = os.environ["RANK"]
     (folder / f"rank_{rank}.start").write_text(str(time.time()))
+    import psutil
+    (folder / f"rank_{rank}.zygote").write_text(str(psutil.Process(os.getppid()).ppid()))  # the leader's parent
     while not marker.exists():
         time.sleep(0.05)
     (folder / f"rank_{rank}.end").write_text(str(time.time()))
@@ -109,6 +112,9 @@ def test_a_call_waits_for_the_workload_that_holds_every_slot(tmp_path: Path) -> 
                         timeout=120)
         assert f"run {call.id} (rank_job) is queued: waiting for 2 CPU slots" in said[0] and held in said[0], said
         assert not list(tmp_path.glob("rank_*.start"))  # queued: no rank started
+        # ...but its zygote is there (started before the run was recorded): it imports while the call waits.
+        zygotes = [p.pid for p in psutil.Process(proc.pid).children() if "air.launcher.zygote" in p.cmdline()]
+        assert len(zygotes) == 1, psutil.Process(proc.pid).children()
         marker.touch()
         proc.wait(timeout=180)
     finally:
@@ -118,6 +124,7 @@ def test_a_call_waits_for_the_workload_that_holds_every_slot(tmp_path: Path) -> 
     workload_end = max(stamp(tmp_path / f"node_{n}.end") for n in (0, 1))
     rank_start = min(stamp(tmp_path / f"rank_{r}.start") for r in (0, 1))
     assert rank_start > workload_end, (rank_start, workload_end)  # its ranks started once the workload ended
+    assert {int((tmp_path / f"rank_{r}.zygote").read_text()) for r in (0, 1)} == set(zygotes)  # forked by it
     store = RunStore()
     assert store.get_run(held).status is RunStatus.SUCCESS
     assert store.get_run(call.id).status is RunStatus.SUCCESS

@@ -53,6 +53,26 @@ def test_two_calls_in_a_row_reuse_the_zygote_and_another_world_size_replaces_it(
     assert alive([zygote]) == []  # the old one ended before the new world size ran
 
 
+def test_the_first_call_forks_from_the_zygote_started_before_its_run_was_recorded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The zygote starts (and imports) while the call's run is recorded and its slots claimed, from the
+    caller's whole environment; the launch adopts it, and its ranks still get exactly their own
+    environment: what the launch sets wins over the caller's, and what it unsets is gone."""
+    KEPT.shutdown()  # no zygote of an earlier test: this call's is the first
+    monkeypatch.setenv("MASTER_PORT", "1")  # as inside some other launcher: the launch sets its own
+    monkeypatch.setenv("RANK", "7")
+    ranks = cpu2(wp.sees_env).distributed()
+    zygote = ranks[0]["zygote"]
+    kept = KEPT.current()
+    assert kept is not None and kept.popen.pid == zygote and not kept.provisional
+    # Started before the launch existed: its own environment is the caller's (the launch's would lack both).
+    assert ranks[0]["zygote_env"].get("MASTER_PORT") == "1" and ranks[0]["zygote_env"].get("RANK") == "7"
+    assert sorted(r["rank"] for r in ranks) == ["0", "1"]
+    assert {r["port"] for r in ranks} != {"1"} and len({r["port"] for r in ranks}) == 1
+    # The next call of the same shape runs on it as on any kept zygote.
+    assert {r["zygote"] for r in cpu2(wp.sees_env).distributed()} == {zygote}
+
+
 def test_a_call_after_an_exception_in_the_previous_call_works() -> None:
     with pytest.raises(ValueError, match="rank 1 gives up"):
         cpu2(_fails_on_rank_1).distributed()

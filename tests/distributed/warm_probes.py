@@ -83,6 +83,15 @@ def remembers() -> dict[str, object]:
             "user_module_loaded": "warm_user_module" in sys.modules}
 
 
+def sees_env() -> dict[str, object]:
+    """What the rank's environment says, and what its kept zygote's own (its /proc environ) says."""
+    import psutil
+
+    zygote = psutil.Process(psutil.Process(os.getppid()).ppid())
+    return {"zygote": zygote.pid, "zygote_env": zygote.environ(), "rank": os.environ["RANK"],
+            "port": os.environ["MASTER_PORT"]}
+
+
 def sleeps() -> None:
     """Names torch (the same preload as `remembers`), then blocks until ended."""
     import time

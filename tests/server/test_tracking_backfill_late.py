@@ -4,7 +4,8 @@ ends while `air server` (and its MLflow) is away, whose supervisor gives up wait
 node log, the metrics its node logged locally meanwhile), links it in the store and removes the marker; it is
 made once. Real server, real supervisor and node, real MLflow behind the door.
 
-AIR_TRACKING_GIVE_UP_S (a test knob) shortens the supervisor's waits (300 s + 240 s) to seconds, and
+AIR_TRACKING_GIVE_UP_S (a test knob) shortens the supervisor's waits (300 s + 240 s) and its node's (120 s)
+to seconds, and
 AIR_MLFLOW_HOLD keeps the server's MLflow "starting" while the run starts, so the order is certain however
 loaded the machine is."""
 

@@ -39,7 +39,7 @@ from air.home import AirHome
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
 from air.launcher.progress import Silence
 from air.launcher.sandbox import Sandbox
-from air.launcher.warm import python_can_fork
+from air.launcher.warm import prestart_kept, python_can_fork
 from air.settings import AIR_LAUNCHER_PID, AIR_NODE_SLOTS, AIR_PROCESS_TAG, AIR_SUPERVISOR, node_environ
 
 QUEUE_POLL_S = 0.2
@@ -212,9 +212,20 @@ def _node_environment(launch: NodeLaunch) -> dict[str, str]:
     environment its launch carries (the supervisor built it whole)."""
     if launch.ray_shim:
         return {}
-    env = {k: v for k, v in node_environ(os.environ).items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
+    env = _call_node_environment()
     env[AIR_LAUNCHER_PID] = str(os.getpid())
     return env
+
+
+def _call_node_environment() -> dict[str, str]:
+    """This machine's environment as a call node's processes start from it: without any outer launch's tag."""
+    return {k: v for k, v in node_environ(os.environ).items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
+
+
+def prestart_call_zygote(preload: Sequence[str], module: str, processes: int, cwd: str) -> None:
+    """Start the zygote a local call's ranks will fork from now, before the call's run is recorded and
+    its slots claimed, so its imports run beside that work (launcher/warm.py prestart_kept)."""
+    prestart_kept(preload, module, processes, _call_node_environment(), cwd, grace_s=TERMINATE_GRACE_S)
 
 
 def _with_work(sandbox: Sandbox | None, work: Path) -> Sandbox | None:

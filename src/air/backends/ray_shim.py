@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -219,25 +220,66 @@ def _head_alive(host: str, port: int) -> bool:
         return False
 
 
+#: What Ray says when its node did not register within its fixed 30 s (ray/_private/node.py, no setting).
+_STARTUP_TIMEOUT = "timed out during startup"
+#: Tries of a `ray start` that timed out that way (a busy machine), its partial node ended between them.
+START_TRIES = 3
+#: What of a `ray start`'s own output is passed on (it prints a page at most).
+_MAX_START_OUTPUT = 1 << 20
+
+
 def _start(args: Sequence[str]) -> int:
-    rewritten, notes = rewrite_start(args, os.environ)
-    for note in notes:
-        print(f"[air] ray start: {note}", flush=True)  # stdout, like ray's own notes (seed 000 hides stderr)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     marker = _marker(os.environ)
     env[AIR_RAY_NODE] = marker
-    given = _options(rewritten)
-    block = "block" in given
-    joining = "address" in given and "head" not in given
-    command = [*_real_ray(), "start", *rewritten]
-    if not (block and joining):
-        # Nothing to watch: become the real `ray start`, so `kill $!` of a backgrounded
-        # `ray start --head --block &` reaches Ray itself, not a wrapper that dies alone.
-        sys.stdout.flush()
-        os.execve(command[0], command, env)
-    # A joining node with --block: run it, and end it (exit 0) once the head is gone.
+    for attempt in range(1, START_TRIES + 1):
+        rewritten, notes = rewrite_start(args, os.environ)  # free ports picked afresh for every try
+        if attempt == 1:
+            for note in notes:
+                print(f"[air] ray start: {note}", flush=True)  # stdout, like ray's (seed 000 hides stderr)
+        given = _options(rewritten)
+        command = [*_real_ray(), "start", *rewritten]
+        block, joining = "block" in given, "address" in given and "head" not in given
+        if block and joining:
+            return _join_blocking(command, env, given, marker)
+        if block:
+            # Become the real `ray start`, so `kill $!` of a backgrounded `ray start --head --block &`
+            # reaches Ray itself, not a wrapper that dies alone.
+            sys.stdout.flush()
+            os.execve(command[0], command, env)
+        code, timed_out = _run_watching(command, env)
+        if code == 0 or not timed_out or attempt == START_TRIES:
+            return code
+        ended = stop_marked(marker, grace_s=3.0)
+        print(f"[air] ray start: Ray gave up waiting for this node to register (its fixed 30 s; the machine is "
+              f"busy); ended its {ended} partial process(es), trying again ({attempt + 1} of {START_TRIES})",
+              flush=True)
+    return 1  # pragma: no cover - the loop returns
+
+
+def _run_watching(command: Sequence[str], env: Mapping[str, str]) -> tuple[int, bool]:
+    """Run a `ray start` that returns once its node is up; then pass its output on. Its exit code, and
+    whether it failed on Ray's node-startup timeout. The output goes through unlinked files, not pipes:
+    the daemons it leaves running inherit them, and a pipe whose reader is gone would end them."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(command, env=dict(env), stdout=out, stderr=err)
+        _forward_signals_to(child)
+        code = child.wait()
+        said = b""
+        for source, sink in ((out, sys.stdout.buffer), (err, sys.stderr.buffer)):
+            source.seek(0)
+            text = source.read(_MAX_START_OUTPUT)
+            sink.write(text)
+            sink.flush()
+            said += text
+    return code, _STARTUP_TIMEOUT.encode() in said
+
+
+def _join_blocking(command: Sequence[str], env: Mapping[str, str], given: Mapping[str, tuple[int, str | None]],
+                   marker: str) -> int:
+    """A joining node with --block: run it, and end it (exit 0) once the head is gone."""
     host, _, port = (given["address"][1] or "").rpartition(":")
-    child = subprocess.Popen(command, env=env)
+    child = subprocess.Popen(command, env=dict(env))
     _forward_signals_to(child)
     seen_head = misses = 0
     while child.poll() is None:

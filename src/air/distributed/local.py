@@ -55,6 +55,9 @@ def _find_unpicklable(func: Callable[..., object], args: Sequence[object],
     return "The call", None
 
 
+#: The module every call's rank runs (`python -m`), on any backend.
+RANK_MODULE = "air.distributed.worker"
+
 #: torchrun's note when it sets OMP_NUM_THREADS for its workers (torch/distributed/run.py), said once per call.
 OMP_NOTE = ("Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your "
             "system being overloaded, please further tune the variable for optimal performance in your "
@@ -102,14 +105,18 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
     """A local call: a run of kind `call` on the local backend, driven here by the run controller like
     any run. A top-level call claims its slots from the slot ledger, waiting (with the reason on stderr)
     while other runs hold them; a call inside a run's node (AIR_RUN_ID is set) runs on its node's slots."""
-    from air.accelerators import MachineAccelerators, discover
-    from air.backends.local import LocalBackend
-    from air.distributed.remote import CallJob, drive_call
-    from air.runs.store import RunStore
+    from air.backends.local import LocalBackend, prestart_call_zygote
 
     shape = resolve_local(settings)
     accelerator = shape.accelerator
     payload = serialize_call(func, args, kwargs)
+    preload = preload_for(func, args, kwargs)
+    if warm_enabled():  # its imports (torch: seconds) run while the run is recorded and its slots claimed
+        prestart_call_zygote(preload, RANK_MODULE, shape.world_size, os.getcwd())
+    from air.accelerators import MachineAccelerators, discover  # (after it: ~40 ms of imports)
+    from air.distributed.remote import CallJob, drive_call
+    from air.runs.store import RunStore
+
     name = getattr(func, "__name__", "fn")
     nested = bool(os.environ.get(AIR_RUN_ID))
     store = RunStore()
@@ -119,6 +126,5 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
                            num_accelerators=shape.world_size, num_nodes=1, backend=backend.name, kind="call",
                            run_name=name).run
     job = CallJob(run.id, backend, accelerator, 1, payload, name, settings.timeout, True,
-                  preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
-                  local=True)
+                  preload, hang_timeout_s=settings.hang_timeout, local=True)
     return drive_call(store, job, 0)

@@ -35,7 +35,14 @@ from air.backends.base import (
     NodeLaunch,
 )
 from air.constants import CANCEL_CHECK_S, release_timeout_s
-from air.distributed.local import OMP_NOTE, call_experiment, rank_env, serialize_call, warm_enabled
+from air.distributed.local import (
+    OMP_NOTE,
+    RANK_MODULE,
+    call_experiment,
+    rank_env,
+    serialize_call,
+    warm_enabled,
+)
 from air.distributed.outcome import done_path, hang_path, outcome_path, read_outcome, resolve
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
@@ -312,7 +319,7 @@ class CallJob:
                                local_world_size=self.per_node, node_rank=node,
                                accelerator_kind=self.accelerator.kind, run_id=self.run_id,
                                restart_count=attempt, max_restarts=self.max_restarts, num_nodes=self.num_nodes)
-                procs.append(ProcessSpec(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", "air.distributed.worker", NODE_DIR],
+                procs.append(ProcessSpec(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", RANK_MODULE, NODE_DIR],
                                          env=env, log_path=self.log_paths[rank], cwd=os.getcwd(), hide=hide,
                                          node=node, rank=rank, done_file=done_path(self.call_dir, rank).name))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],

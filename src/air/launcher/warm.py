@@ -328,8 +328,12 @@ class KeptZygote:
     """A zygote kept between the launches of this caller (see serve() in zygote.py) and how to reach it."""
 
     def __init__(self, key: tuple[object, ...], popen: subprocess.Popen[bytes], sock: socket.socket,
-                 grace_s: float) -> None:
+                 grace_s: float, env: dict[str, str]) -> None:
         self.key = key
+        #: Its own environment: what every launch's processes inherit, less what each plan unsets.
+        self.env = env
+        #: Started before its first launch was ready (prestart_kept): that launch adopts it.
+        self.provisional = False
         self.popen = popen
         self.sock = sock
         self.grace_s = grace_s
@@ -374,7 +378,7 @@ class KeptZygote:
             raise started["error"]  # type: ignore[misc]
         popen = started["popen"]
         assert isinstance(popen, subprocess.Popen) and popen.stdout is not None and popen.stderr is not None
-        kept = cls(key, popen, ours, warm.grace_s)
+        kept = cls(key, popen, ours, warm.grace_s, dict(env))
         # What it writes while preloading goes to the first launch's first log (as a one-shot zygote's).
         kept._own_pipes = [(0, "stdout", popen.stdout), (0, "stderr", popen.stderr)]
         setup = {"preload": list(warm.preload), "sys_path": list(warm.sys_path), "modules": list(modules),
@@ -471,6 +475,9 @@ class _KeptZygotes:
             if os.getpid() != self._owner:  # a forked copy of the caller: its parent's zygote is not its own
                 self._kept, self._owner = None, os.getpid()
             kept = self._kept
+            if kept is not None and kept.provisional and kept.alive() and _adoptable(kept, key, env):
+                kept.key, kept.provisional = key, False
+                return kept
             if kept is not None and kept.key != key and kept.alive() and kept.in_flight:
                 return None  # another call of this caller runs on it right now: this one goes one-shot
             if kept is not None and (kept.key != key or not kept.alive()):
@@ -480,6 +487,23 @@ class _KeptZygotes:
             if kept is None:
                 kept = self._kept = KeptZygote.start(warm, key, env, modules, cwd)
             return kept
+
+    def prestart(self, warm: WarmStart, key: tuple[object, ...], env: dict[str, str], modules: Sequence[str],
+                 cwd: str | None) -> None:
+        """Start a provisional kept zygote, unless the kept one may serve this launch (its key but for the
+        environment is this one's: the launch decides) or is busy; an idle one of another shape is replaced
+        now, as the launch would replace it."""
+        with self._lock:
+            if os.getpid() != self._owner:
+                self._kept, self._owner = None, os.getpid()
+            kept = self._kept
+            if kept is not None and kept.alive() and (kept.in_flight or _same_but_env(kept.key, key)):
+                return
+            self._kept = None
+            if kept is not None:
+                kept.end()
+            self._kept = KeptZygote.start(warm, key, env, modules, cwd)
+            self._kept.provisional = True
 
     def drop(self, kept: KeptZygote) -> None:
         with self._lock:
@@ -504,6 +528,43 @@ class _KeptZygotes:
 
 KEPT = _KeptZygotes()
 
+#: What no kept zygote's environment holds: each launch's own (its tag, heartbeat and stacks files).
+_KEPT_LEFT_OUT = frozenset({AIR_PROCESS_TAG, AIR_HEARTBEAT_FILE, AIR_STACKS_FILE})
+#: The position of the environment in a kept zygote's key (see _kept_key).
+_KEY_ENV = 6
+
+
+def _kept_key(warm: WarmStart, names: Sequence[str], cwd: str | None, env: Mapping[str, str]) -> tuple[object, ...]:
+    """What a kept zygote must share with a launch to run it: the same Python, preload, sys.path, modules,
+    world size, cwd, environment and idle time."""
+    return (warm.python, warm.preload, warm.sys_path, tuple(names), warm.world_size, cwd,
+            tuple(sorted(env.items())), warm_idle_s())
+
+
+def _adoptable(kept: KeptZygote, key: tuple[object, ...], env: Mapping[str, str]) -> bool:
+    """A provisional zygote (started with the caller's whole environment) can run a first launch of the
+    same key but for the environment when the launch's shared environment is part of its own: the
+    launch's plans unset the rest (what each launch sets itself: ports, ranks, its devices)."""
+    return _same_but_env(kept.key, key) and all(kept.env.get(k) == v for k, v in env.items())
+
+
+def _same_but_env(one: tuple[object, ...], other: tuple[object, ...]) -> bool:
+    return one[:_KEY_ENV] + one[_KEY_ENV + 1:] == other[:_KEY_ENV] + other[_KEY_ENV + 1:]
+
+
+def prestart_kept(preload: Sequence[str], module: str, world_size: int, env: Mapping[str, str],
+                  cwd: str | None, *, grace_s: float) -> None:
+    """Start this caller's kept zygote before its first launch is ready, so its imports (seconds, for
+    torch) overlap what comes before the launch (the run's record, its slot claim, tracking) instead of
+    following it. `env`: the environment every process of the launch starts from (the caller's, as the
+    backend gives it). The launch adopts it (see _adoptable); one that cannot is started anew, as today."""
+    if warm_idle_s() <= 0 or not python_can_fork() or 2 * world_size + 1 > _MAX_FDS:
+        return
+    warm = WarmStart(python=sys.executable, preload=tuple(preload), sys_path=tuple(p for p in sys.path if p),
+                     world_size=world_size, grace_s=grace_s, keep=True)
+    base = {k: v for k, v in env.items() if k not in _KEPT_LEFT_OUT}
+    KEPT.prestart(warm, _kept_key(warm, [module], cwd, base), base, [module], cwd)
+
 
 def start_kept(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[dict[str, str]],
                cwds: Sequence[str | None], tag: str) -> Zygote | None:
@@ -516,19 +577,22 @@ def start_kept(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[d
     if len(f"{AIR_PROCESS_TAG}={tag}") > len(TAG_SLOT_ENV) + 1 + TAG_SLOT_LEN:
         return None
     modules = [warm.module_of(argv) for argv in argvs]
-    left_out = {*warm.call_env, AIR_PROCESS_TAG, AIR_HEARTBEAT_FILE, AIR_STACKS_FILE}
+    left_out = {*warm.call_env, *_KEPT_LEFT_OUT}
     base = {k: v for k, v in common_env(envs).items() if k not in left_out}
     names = sorted({module for module, _ in modules})
-    key = (warm.python, warm.preload, warm.sys_path, tuple(names), warm.world_size, cwds[0],
-           tuple(sorted(base.items())), warm_idle_s())
+    key = _kept_key(warm, names, cwds[0], base)
     out_pipes = [os.pipe() for _ in argvs]
     err_pipes = [os.pipe() for _ in argvs]
     status_r, status_w = os.pipe()
     sent = [status_w, *[w for _, w in out_pipes], *[w for _, w in err_pipes]]
     n = len(argvs)
-    procs = proc_plans(modules, envs, cwds, base, range(1, n + 1), range(n + 1, 2 * n + 1))
-    plan = {"procs": procs, "status": 0, "tag": tag, "grace_s": warm.grace_s, "store": store_plan(warm)}
-    data = json.dumps(plan).encode()
+
+    def plan_over(shared: dict[str, str]) -> bytes:
+        procs = proc_plans(modules, envs, cwds, shared, range(1, n + 1), range(n + 1, 2 * n + 1))
+        return json.dumps({"procs": procs, "status": 0, "tag": tag, "grace_s": warm.grace_s,
+                           "store": store_plan(warm)}).encode()
+
+    data = plan_over(base)
     kept: KeptZygote | None = None
     try:
         if len(data) <= _MAX_PLAN:
@@ -536,6 +600,8 @@ def start_kept(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence[d
                 candidate = KEPT.get(warm, key, base, names, cwds[0])
                 if candidate is None:
                     break
+                if candidate.env != base:  # an adopted provisional one: over its own, larger environment
+                    data = plan_over(candidate.env)
                 if candidate.submit(data, sent):
                     kept = candidate
                     break

@@ -117,6 +117,7 @@ def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
     child (a kept zygote's: each running launch's leader, which ends its own launch), keep reaping, leave."""
     global _stopping
     _stopping = True
+    _reap_leaders()  # a kept zygote's leaders that already ended (it reaps them only every 0.2 s)
     running = [*_children, *_leaders]
     if not _forking_done and not running:
         os._exit(128 + signal.SIGTERM)

@@ -330,21 +330,11 @@ class WorkloadTracking(AttemptTracking):
                       "ends without it")
         return False
 
-    @staticmethod
-    def _shortened(seconds: float) -> float:
-        """`seconds`, or less under the tests' AIR_TRACKING_GIVE_UP_S (it never lengthens a wait)."""
-        from air.settings import AIR_TRACKING_GIVE_UP_S
-
-        try:
-            return min(seconds, max(0.0, float(os.environ.get(AIR_TRACKING_GIVE_UP_S) or seconds)))
-        except ValueError:
-            return seconds
-
     def end(self, status: str, reason: str | None = None, *, node_logs: Mapping[int, Path] | None = None,
             rank_logs: Mapping[int, Path] | None = None) -> None:
         self._ending = True
-        late_s = self._shortened(self.LATE_WAIT_S)
-        if (not self.wait_ready(self._shortened(0.0 if self._late_warned else self.CREATE_WAIT_S))
+        late_s = _shortened(self.LATE_WAIT_S)
+        if (not self.wait_ready(_shortened(0.0 if self._late_warned else self.CREATE_WAIT_S))
                 and not self._ready.wait(late_s)):
             # The supervisor lives on for this: the run is made (its logs and status below) as soon as the
             # server answers; only after LATE_WAIT_S more it gives up. The controller then marks the run
@@ -371,6 +361,16 @@ class WorkloadTracking(AttemptTracking):
         super().end(status, reason, node_logs=node_logs, rank_logs=rank_logs)
 
 
+def _shortened(seconds: float) -> float:
+    """`seconds`, or less under the tests' AIR_TRACKING_GIVE_UP_S (it never lengthens a wait)."""
+    from air.settings import AIR_TRACKING_GIVE_UP_S
+
+    try:
+        return min(seconds, max(0.0, float(os.environ.get(AIR_TRACKING_GIVE_UP_S) or seconds)))
+    except ValueError:
+        return seconds
+
+
 class _WarnOnce:
     """`warn`, but each distinct line once (a run made again and again writes its failure once)."""
 
@@ -388,10 +388,10 @@ class _WarnOnce:
 def _hook_env(hook_dir: Path, env_file: Path, warn: Callable[[str], None], without: str) -> dict[str, str]:
     """The nodes' PYTHONPATH with the hook written (node_hook.py); {} and a warning (`without`: what the
     nodes then lack) if it cannot be written."""
-    from air.tracking.node_hook import write_hook
+    from air.tracking.node_hook import HOOK_WAIT_S, write_hook
 
     try:
-        return {"PYTHONPATH": str(write_hook(hook_dir, env_file))}
+        return {"PYTHONPATH": str(write_hook(hook_dir, env_file, wait_s=_shortened(HOOK_WAIT_S)))}
     except OSError as exc:
         warn(f"tracking: {without}: {exc}")
         return {}

@@ -197,7 +197,8 @@ class NodeMetricsLogger(_BatchLogger):
 
     @property
     def what(self) -> str:
-        return nodes_named(sorted(self.nodes | set(self._pending))) if self.nodes | set(self._pending) else "the nodes"
+        seen = self.nodes | set(self._pending)
+        return nodes_named(sorted(seen)) if seen else "the nodes"
 
     def start(self) -> None:
         if self._thread is not None:

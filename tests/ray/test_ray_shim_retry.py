@@ -1,0 +1,106 @@
+"""air's `ray` shim tries a `ray start` again when Ray gave up on its own node's startup (Ray's fixed 30 s,
+ray/_private/node.py, which a busy machine can exceed), ending what the failed try left running first;
+any other failure is passed through as it is.
+
+The shim is the real one (installed as for a workload node); the `ray` it runs is a stand-in that fails
+the way Ray does (its message, its exit code, a daemon it leaves behind that inherited its output), so
+the failure can be made on demand.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from air.backends.ray_cluster import RayAuth
+from air.backends.ray_shim import START_TRIES, install_shim, workload_ray_env
+from air.settings import AIR_PROCESS_TAG
+from proc_helpers import alive
+
+RAY_TIMEOUT = ("Exception: The current node timed out during startup. This could happen because some of the "
+               "raylet failed to startup or the GCS has become overloaded.")
+
+
+def stand_in(folder: Path, fail_times: int, message: str) -> Path:
+    """A `ray` that fails its first `fail_times` starts with `message` on stderr and exit code 1, each
+    time leaving a daemon behind (it inherits the start's output, as Ray's daemons do); then succeeds."""
+    folder.mkdir()
+    script = folder / "ray"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        count=$(($(cat {folder}/starts 2>/dev/null || echo 0) + 1))
+        echo $count > {folder}/starts
+        echo "$@" > {folder}/args_$count
+        sleep 300 &
+        echo $! > {folder}/daemon_$count
+        if [ $count -le {fail_times} ]; then
+          echo "{message}" >&2
+          exit 1
+        fi
+        echo "Ray runtime started."
+        exit 0
+    """))
+    script.chmod(0o755)
+    return folder
+
+
+def shim_start(tmp_path: Path, fake: Path) -> subprocess.CompletedProcess[str]:
+    shim_dir = install_shim(tmp_path / "shim")
+    env = {**os.environ, **workload_ray_env(node_rank=0, head_port=50123, shim_dir=shim_dir,
+                                            ray_tmpdir=tmp_path, auth=RayAuth.new_token(),
+                                            path=f"{fake}{os.pathsep}{os.environ['PATH']}")}
+    env[AIR_PROCESS_TAG] = f"shimtest-{os.getpid()}-{tmp_path.name}"
+    env["NODE_RANK"] = "0"
+    return subprocess.run([str(shim_dir / "ray"), "start", "--head", "--port=6379"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def daemons(fake: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(fake.glob("daemon_*"))]
+
+
+@pytest.fixture(autouse=True)
+def no_daemon_left(tmp_path: Path) -> Iterator[None]:
+    yield
+    for pid in daemons(tmp_path / "fake") if (tmp_path / "fake").exists() else []:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_start_that_timed_out_is_tried_again_after_its_partial_node_is_ended(tmp_path: Path) -> None:
+    fake = stand_in(tmp_path / "fake", fail_times=1, message=RAY_TIMEOUT)
+    done = shim_start(tmp_path, fake)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (fake / "starts").read_text().strip() == "2"
+    first, second = daemons(fake)
+    assert alive([first]) == []  # what the failed try left running was ended before the second
+    assert alive([second]) == [second]  # the node that started is left running, as `ray start` leaves it
+    assert RAY_TIMEOUT in done.stderr  # Ray's own words still reach the node log
+    assert f"trying again (2 of {START_TRIES})" in done.stdout and "Ray runtime started." in done.stdout
+    for args in (fake / "args_1", fake / "args_2"):  # both tries with the port rewriting
+        assert "--port=50123" in args.read_text()
+
+
+def test_any_other_failure_is_passed_through_untried(tmp_path: Path) -> None:
+    fake = stand_in(tmp_path / "fake", fail_times=1, message="ValueError: --num-cpus must be positive")
+    done = shim_start(tmp_path, fake)
+    assert done.returncode == 1
+    assert (fake / "starts").read_text().strip() == "1"
+    assert "must be positive" in done.stderr and "trying again" not in done.stdout
+
+
+def test_it_gives_up_after_its_tries_with_rays_exit_code(tmp_path: Path) -> None:
+    fake = stand_in(tmp_path / "fake", fail_times=START_TRIES, message=RAY_TIMEOUT)
+    done = shim_start(tmp_path, fake)
+    assert done.returncode == 1
+    assert (fake / "starts").read_text().strip() == str(START_TRIES)
+    assert done.stderr.count("timed out during startup") == START_TRIES
+    assert alive(daemons(fake)[:-1]) == []  # each failed try's, ended before the next
+
