@@ -193,6 +193,14 @@ def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirSe
                        query={"experiment_name": "door"})
     assert status == 200, raw
     experiment = json.loads(raw)["experiment"]["experiment_id"]
+    # Malformed tags are refused as such (400), never a server error, and nothing is written.
+    for op, body in (("runs/log-batch", {"run_id": bob_node["run"], "tags": 5, "metrics": [
+                         {"key": "malformed", "value": 1.0, "timestamp": 0, "step": 0}]}),
+                     ("runs/create", {"experiment_id": experiment, "tags": {"key": "a", "value": "b"}})):
+        status, raw = door(server, "POST", api(op), token=credential, body=body)
+        assert status == 400 and b"tags" in raw, (op, status, raw)
+    status, raw = door(server, "GET", api("runs/get"), token=credential, query={"run_id": bob_node["run"]})
+    assert status == 200 and "malformed" not in {m["key"] for m in json.loads(raw)["run"]["data"]["metrics"]}
     # Its own artifacts go up through the door (proxied: nothing is written into the server's folders by
     # the node) and bob reads them back with his own token.
     own = f"{server.url}/mlflow/api/2.0/mlflow-artifacts/artifacts/{experiment}/{bob_node['run']}/artifacts/note.txt"

@@ -321,7 +321,7 @@ class Door:
             body = await _json_body(request)
             await self.check_runs(caller, [str(body.get("run_id") or ""), str(body.get("run_uuid") or "")],
                                   Level.CAN_MANAGE)
-            keys = [str(t.get("key")) for t in body.get("tags") or [] if isinstance(t, dict)]
+            keys = [str(t.get("key")) for t in _tag_list(body)]
             if op in ("runs/set-tag", "runs/delete-tag"):
                 keys.append(str(body.get("key")))
             bad = [k for k in keys if protected_tag(k)]
@@ -331,7 +331,7 @@ class Door:
         if op == "runs/create" and method == "POST" and caller.credential is not None:
             body = await _json_body(request)
             run = caller.credential.run_id
-            tags = [t for t in body.get("tags") or [] if isinstance(t, dict) and not protected_tag(str(t.get("key")))]
+            tags = [t for t in _tag_list(body) if not protected_tag(str(t.get("key")))]
             body["tags"] = [*tags, {"key": RUN_TAG, "value": run}, {"key": USER_TAG, "value": caller.user}]
             body["user_id"] = caller.user
             parent = next((str(t.get("value")) for t in tags if t.get("key") == "mlflow.parentRunId"), None)
@@ -495,6 +495,17 @@ def graphql_run_ids(body: Mapping[str, object]) -> list[str] | None:
                 value = named.get(key)
                 ids += [str(v) for v in value] if isinstance(value, list) else [str(value)] if value else []
     return ids
+
+
+def _tag_list(body: Mapping[str, object]) -> list[dict[str, Any]]:
+    """A request's `tags`: MLflow's list of {key, value} objects (its other entries are MLflow's to refuse);
+    400 for anything but a list, which MLflow would answer with a server error."""
+    tags = body.get("tags")
+    if tags is None:
+        return []
+    if not isinstance(tags, list):
+        raise Refused(400, "`tags` must be a list of {\"key\": ..., \"value\": ...} objects.")
+    return [t for t in tags if isinstance(t, dict)]
 
 
 def _strings(value: object) -> list[str]:
