@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_helpers import AIR, AirServer, running_server
 
 import air
-from air.client.models import CancelAnswer, LogFile
+from air.client.models import CancelAnswer, LogFile, SecretRef
+from air.errors import AirError, UserInputError
 from air.runs.states import RunStatus
 
 #: Node 0 prints two lines; node 1 prints nothing (its log exists, empty).
@@ -86,3 +87,26 @@ def test_logs_and_cancel_read_the_same_in_both_places(place: tuple[air.Client, d
     assert json.loads(canceled.stdout)["data"] == {"runs": [{"run_id": run_id, "status": "SUCCESS"}]}
     missing = cli(env, "cancel", run_id, "run-260101-0badf00d")  # every id is checked before any is canceled
     assert missing.returncode == 2 and "not found" in missing.stderr.lower(), missing.stderr
+
+
+def test_secrets_are_stored_listed_and_deleted_the_same_in_both_places(place: tuple[air.Client, dict[str, str]]
+                                                                        ) -> None:
+    """`air secrets` is `air.Client`'s secrets: what one stores the other lists; a value never comes back."""
+    client, env = place
+    assert client.put_secret("hf", "token", "s3cr3t-value") == SecretRef(scope="hf", key="token")
+    put = subprocess.run([*AIR, "secrets", "put", "hf", "other"], input="an0ther-value\n", env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert put.returncode == 0, put.stderr
+    assert {(r.scope, r.key) for r in client.list_secrets()} >= {("hf", "token"), ("hf", "other")}
+    listed = cli(env, "secrets", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {"scope": "hf", "key": "token"} in json.loads(listed.stdout)["data"]["secrets"]
+    assert "s3cr3t" not in listed.stdout + listed.stderr and "an0ther" not in listed.stdout + listed.stderr
+    assert client.delete_secret("hf", "token") == SecretRef(scope="hf", key="token")
+    assert cli(env, "secrets", "delete", "hf", "other").returncode == 0
+    assert not {(r.scope, r.key) for r in client.list_secrets()} & {("hf", "token"), ("hf", "other")}
+    with pytest.raises(AirError) as gone:
+        client.delete_secret("hf", "token")
+    assert getattr(gone.value, "code", "") == "NOT_FOUND", gone.value
+    with pytest.raises(UserInputError, match="not a secret reference"):  # refused before any request
+        client.put_secret("a/b", "key", "value")

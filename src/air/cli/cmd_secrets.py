@@ -22,18 +22,14 @@ def secrets() -> None:
 @common
 def put(scope: str, key: str) -> None:
     """Store a secret; its value is read from stdin (never from the command line)."""
-    from air.client import server_client
-    from air.workload.secrets import put_secret
+    from air.client.sdk import Client
 
-    client = server_client(settings().profile)  # a server profile's, or None: this machine
+    client = Client(profile=settings().profile)  # a server's (URL + token, a server profile), or this machine's
     if sys.stdin.isatty():
         value = click.prompt(f"Value of {scope}/{key}", hide_input=True)
     else:
         value = sys.stdin.read().rstrip("\n")
-    if client is not None:
-        client.call("PUT", f"/secrets/{scope}/{key}", body={"value": value})
-    else:
-        put_secret(scope, key, value)
+    client.put_secret(scope, key, value)
     stderr(f"Stored {scope}/{key}.")
 
 
@@ -41,17 +37,14 @@ def put(scope: str, key: str) -> None:
 @common
 def list_() -> None:
     """Scopes and keys (never values)."""
-    from air.client import server_client
-    from air.workload.secrets import list_secrets
+    from air.client.sdk import Client
 
-    client = server_client(settings().profile)  # a server profile's, or None: this machine
-    items = ([(i["scope"], i["key"]) for i in client.get("/secrets")["secrets"]] if client is not None
-             else list_secrets())
+    items = Client(profile=settings().profile).list_secrets()
     if settings().json:
-        envelope({"secrets": [{"scope": s, "key": k} for s, k in items]})
+        envelope({"secrets": [item.model_dump() for item in items]})
         return
-    for scope, key in items:
-        print(f"{scope}/{key}")
+    for item in items:
+        print(f"{item.scope}/{item.key}")
 
 
 @secrets.command("delete")
@@ -60,12 +53,7 @@ def list_() -> None:
 @common
 def delete(scope: str, key: str) -> None:
     """Remove a secret."""
-    from air.client import server_client
-    from air.workload.secrets import delete_secret
+    from air.client.sdk import Client
 
-    client = server_client(settings().profile)  # a server profile's, or None: this machine
-    if client is not None:
-        client.call("DELETE", f"/secrets/{scope}/{key}")
-    else:
-        delete_secret(scope, key)
+    Client(profile=settings().profile).delete_secret(scope, key)
     stderr(f"Deleted {scope}/{key}.")

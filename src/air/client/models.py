@@ -288,6 +288,25 @@ class CancelAnswer(_Answer):
     status: RunStatus
 
 
+class SecretPutRequest(_Request):
+    """`PUT /secrets/{scope}/{key}`: the value, which no answer ever carries back."""
+
+    value: str
+
+
+class SecretRef(_Answer):
+    """One secret, named (never its value): what `PUT`/`DELETE /secrets/{scope}/{key}` answer."""
+
+    scope: str
+    key: str
+
+
+class SecretList(_Answer):
+    """`GET /secrets`: the caller's own secrets, names only."""
+
+    secrets: list[SecretRef]
+
+
 class BlobsMissingAnswer(_Answer):
     missing: list[str]
 
@@ -396,6 +415,6 @@ def encode_event(event: Event) -> bytes:
 __all__ = [
     "API_VERSION", "API_VERSION_HEADER", "Attempt", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
     "CancelAnswer", "DryRunAnswer", "ErrorBody", "ErrorEvent", "Event", "Health", "LinesEvent", "LogFile", "LogList", "NewAttemptEvent",
-    "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "decode_event",
+    "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SecretList", "SecretPutRequest", "SecretRef", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "decode_event",
     "encode_event", "event_from", "parse_request",
 ]

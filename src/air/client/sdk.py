@@ -1,5 +1,5 @@
 """`air.Client`: the Python SDK of air runs, mirroring the CLI (`air run`, `get run`, `list runs`, `logs`,
-`cancel`) with typed answers (`air.client.models.Run` and the follow events).
+`cancel`, `secrets`) with typed answers (`air.client.models.Run` and the follow events).
 
 One class for both places a run can live: with a server (arguments, else AIR_SERVER_URL + AIR_TOKEN, else
 a `server` profile) every method is a request of the versioned API; without one it works on this
@@ -9,6 +9,7 @@ models either way, so code written against one runs against the other.
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -27,6 +28,9 @@ from air.client.models import (
     RunDetail,
     RunEvent,
     RunList,
+    SecretList,
+    SecretPutRequest,
+    SecretRef,
     SkippedEvent,
     SnapshotManifest,
     SubmitAnswer,
@@ -257,6 +261,38 @@ class Client:
 
         found = self.store.get_run(run_id)
         return CancelAnswer(run_id=found.id, status=cancel_run(self.store, found.id, reason=canceled_by(local_user())))
+
+    # -- secrets (what workloads' `secrets:` read as scope/key) ----------------------------------------
+
+    def put_secret(self, scope: str, key: str, value: str) -> SecretRef:
+        """Store a secret (replacing one of the same name): your own on a server, else this machine's
+        ($AIR_HOME/secrets.json, owner-only). No method ever returns a value."""
+        from air.workload.secrets import parse_secret_ref, put_secret
+
+        parse_secret_ref(f"{scope}/{key}", "secret")  # (checked here too: a server's answer to a bad name is a 404)
+        if self.server is not None:
+            body = SecretPutRequest(value=value).model_dump()
+            return SecretRef.model_validate(self.server.call("PUT", f"/secrets/{scope}/{key}", body=body))
+        put_secret(scope, key, value)
+        return SecretRef(scope=scope, key=key)
+
+    def list_secrets(self) -> builtins.list[SecretRef]:
+        """The secrets' names (never their values)."""
+        if self.server is not None:
+            return SecretList.model_validate(self.server.get("/secrets")).secrets
+        from air.workload.secrets import list_secrets
+
+        return [SecretRef(scope=scope, key=key) for scope, key in list_secrets()]
+
+    def delete_secret(self, scope: str, key: str) -> SecretRef:
+        """Remove a secret (NotFoundError when there is none of that name)."""
+        from air.workload.secrets import delete_secret, parse_secret_ref
+
+        parse_secret_ref(f"{scope}/{key}", "secret")
+        if self.server is not None:
+            return SecretRef.model_validate(self.server.call("DELETE", f"/secrets/{scope}/{key}"))
+        delete_secret(scope, key)
+        return SecretRef(scope=scope, key=key)
 
     def wait(self, run_id: str, timeout: float | None = None, *, poll_s: float = WAIT_POLL_S) -> Run:
         """Block until the run ends; the ended run. `RunWaitTimeout` after `timeout` seconds (the run goes on)."""

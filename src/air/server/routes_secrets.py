@@ -7,6 +7,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 
 from air.bounds import MAX_SECRET_BYTES, MAX_SECRETS_PER_USER
+from air.client.models import SecretList, SecretPutRequest, SecretRef, parse_request
 from air.errors import UserInputError
 from air.server.app import Caller
 from air.server.routes_runs import json_body
@@ -33,7 +34,8 @@ def _check_room(request: Request, who: Principal, scope: str, key: str) -> None:
 def list_secrets(request: Request, who: Caller) -> dict[str, object]:
     from air.workload.secrets import list_secrets as listed
 
-    return {"secrets": [{"scope": s, "key": k} for s, k in listed(store=_store(request, who))]}
+    refs = [SecretRef(scope=scope, key=key) for scope, key in listed(store=_store(request, who))]
+    return SecretList(secrets=refs).model_dump()
 
 
 @router.put("/secrets/{scope}/{key}")
@@ -42,18 +44,16 @@ async def put_secret(request: Request, scope: str, key: str, who: Caller) -> dic
 
     from air.workload.secrets import put_secret as put
 
-    body = await json_body(request)
-    if not isinstance(body, dict) or not isinstance(body.get("value"), str):
-        raise UserInputError("The body must be {\"value\": \"...\"}.")
-    size = len(body["value"].encode("utf-8", errors="surrogatepass"))
+    value = parse_request(SecretPutRequest, await json_body(request), "secret").value
+    size = len(value.encode("utf-8", errors="surrogatepass"))
     if size > MAX_SECRET_BYTES:
         raise UserInputError(f"The value of secret {scope[:128]}/{key[:128]} is {size} bytes; a secret may hold at "
                              f"most {MAX_SECRET_BYTES} bytes ({MAX_SECRET_BYTES >> 10} KiB).",
                              hint="Keep large credentials (key files, configs) in a file of the code snapshot "
                              "or on the nodes, and put only a token or password in a secret.")
     await run_in_threadpool(_check_room, request, who, scope, key)
-    await run_in_threadpool(put, scope, key, body["value"], store=_store(request, who))
-    return {"scope": scope, "key": key}
+    await run_in_threadpool(put, scope, key, value, store=_store(request, who))
+    return SecretRef(scope=scope, key=key).model_dump()
 
 
 @router.delete("/secrets/{scope}/{key}")
@@ -61,4 +61,4 @@ def delete_secret(request: Request, scope: str, key: str, who: Caller) -> dict[s
     from air.workload.secrets import delete_secret as delete
 
     delete(scope, key, store=_store(request, who))
-    return {"scope": scope, "key": key}
+    return SecretRef(scope=scope, key=key).model_dump()
