@@ -125,37 +125,70 @@ class MachineReader:
             self._gpus = {}
 
 
-class NodeSampler:
-    """Samples this host for one node every `interval_s` in a daemon thread, keeping the newest
-    MAX_KEPT_SAMPLES (timestamp ms, metrics) until `take()` hands them over (a Ray node's agent: they ride on
-    its poll replies). `stop()` takes one last sample. A failed reading ends sampling; `error` says why."""
+class Periodic:
+    """A daemon thread that calls `tick()` every `interval_s` (`wait_s()`), and once more when stopped;
+    `tick()` returning False ends it (a failed sampling never fails what it samples). `start()` and `stop()`
+    may each be called again: the second does nothing."""
 
-    def __init__(self, gpu_indices: Sequence[int], interval_s: float = DEFAULT_INTERVAL_S,
-                 max_kept: int = MAX_KEPT_SAMPLES) -> None:
+    def __init__(self, interval_s: float, thread_name: str) -> None:
         self.interval_s = interval_s
-        self.error = ""
-        self._warnings: list[str] = []
-        self._reader = MachineReader({0: list(gpu_indices)}, warn=self._warnings.append)
-        self._samples: deque[Sample] = deque(maxlen=max_kept)
-        self._lock = threading.Lock()
+        self._thread_name = thread_name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Begin sampling (a second call does nothing)."""
         if self._thread is not None:
             return
-        self._reader.open()
-        self._thread = threading.Thread(target=self._loop, name="air-node-sysmetrics", daemon=True)
+        self.opening()
+        self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Take one last sample and end the thread (idempotent); what was sampled stays for `take()`."""
+    def stop(self, timeout_s: float = 10.0) -> None:
         thread, self._thread = self._thread, None
         if thread is None:
             return
         self._stop.set()
         thread.join(timeout_s)
+        self.closing()
+
+    def opening(self) -> None:
+        """Before the thread starts (a reader primed, so the first tick covers the time since start())."""
+
+    def closing(self) -> None:
+        """After the thread ended."""
+
+    def wait_s(self) -> float:
+        return self.interval_s
+
+    def tick(self) -> bool:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.wait(self.wait_s())
+            if not self.tick() or stopping:
+                return
+
+
+class NodeSampler(Periodic):
+    """Samples this host for one node every `interval_s` in a daemon thread, keeping the newest
+    MAX_KEPT_SAMPLES (timestamp ms, metrics) until `take()` hands them over (a Ray node's agent: they ride on
+    its poll replies). `stop()` takes one last sample (what was sampled stays for `take()`). A failed reading
+    ends sampling; `error` says why."""
+
+    def __init__(self, gpu_indices: Sequence[int], interval_s: float = DEFAULT_INTERVAL_S,
+                 max_kept: int = MAX_KEPT_SAMPLES) -> None:
+        super().__init__(interval_s, "air-node-sysmetrics")
+        self.error = ""
+        self._warnings: list[str] = []
+        self._reader = MachineReader({0: list(gpu_indices)}, warn=self._warnings.append)
+        self._samples: deque[Sample] = deque(maxlen=max_kept)
+        self._lock = threading.Lock()
+
+    def opening(self) -> None:
+        self._reader.open()
+
+    def closing(self) -> None:
         self._reader.close()
 
     def take(self) -> list[Sample]:
@@ -169,18 +202,15 @@ class NodeSampler:
         """Why sampling stopped or GPU readings are missing ("" if nothing is wrong)."""
         return "; ".join([*self._warnings, *([self.error] if self.error else [])])
 
-    def _loop(self) -> None:
-        while True:
-            stopping = self._stop.wait(self.interval_s)
-            try:
-                metrics = self._reader.read()[0]
-            except Exception as exc:  # sampling never fails a node
-                self.error = f"tracking: system metrics stopped: {first_line(exc)}"
-                return
-            with self._lock:
-                self._samples.append((int(time.time() * 1000), metrics))
-            if stopping:
-                return
+    def tick(self) -> bool:
+        try:
+            metrics = self._reader.read()[0]
+        except Exception as exc:  # sampling never fails a node
+            self.error = f"tracking: system metrics stopped: {first_line(exc)}"
+            return False
+        with self._lock:
+            self._samples.append((int(time.time() * 1000), metrics))
+        return True
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import threading
 import time
 import urllib.request
 from collections.abc import Iterable
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
+from air.launcher.machine import Periodic
 from air.settings import AIR_RAY_METRICS_PORT
 
 _log = logging.getLogger("air.ray.metrics")
@@ -70,7 +70,7 @@ def metric_key(prefix: str, family: str, labels: tuple[tuple[str, str], ...]) ->
     return "/".join([prefix, family, *(v for v in values if v)])[:250]
 
 
-class RayMetricsMonitor:
+class RayMetricsMonitor(Periodic):
     """Scrapes this node's Ray metrics into an MLflow run (see the module docstring).
 
     `metrics_url` defaults to this node's export port as air's Ray nodes publish it
@@ -80,6 +80,7 @@ class RayMetricsMonitor:
     def __init__(self, run_id: str, is_head_node: bool, sampling_interval: float = 10, *,
                  metrics_url: str | None = None, tracking_uri: str | None = None,
                  node_name: str | None = None) -> None:
+        super().__init__(float(sampling_interval), "air-ray-metrics")
         self.run_id = run_id
         self.is_head_node = is_head_node
         self.sampling_interval = float(sampling_interval)
@@ -87,8 +88,7 @@ class RayMetricsMonitor:
         self.metrics_url = metrics_url or (f"http://127.0.0.1:{port}/metrics" if port else None)
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         self.node_name = node_name or f"node_{os.environ.get('NODE_RANK', '0')}"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._client_now: MlflowClient | None = None
         self._step = 0
         self.samples_logged = 0
         self.last_error: str | None = None
@@ -108,20 +108,17 @@ class RayMetricsMonitor:
 
     def start(self) -> None:
         """Start sampling in a daemon thread (idempotent)."""
-        if self._thread is not None or self.metrics_url is None:
-            if self.metrics_url is None:
-                _log.warning("RayMetricsMonitor: no metrics URL (AIR_RAY_METRICS_PORT unset); not started")
+        if self.metrics_url is None:
+            _log.warning("RayMetricsMonitor: no metrics URL (AIR_RAY_METRICS_PORT unset); not started")
             return
-        self._thread = threading.Thread(target=self._loop, name="air-ray-metrics", daemon=True)
-        self._thread.start()
+        super().start()
 
     def finish(self, timeout: float = 10.0) -> None:
         """Take one last sample and stop."""
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join(timeout)
+        self.stop(timeout)
+
+    def wait_s(self) -> float:
+        return self.sampling_interval if self.samples_logged else 1.0
 
     def sample(self) -> dict[str, float]:
         """One scrape, as MLflow keys → values (no logging)."""
@@ -158,22 +155,18 @@ class RayMetricsMonitor:
         except Exception:  # unknown: keep going
             return True
 
-    def _loop(self) -> None:
-        client = None
-        while True:
-            stopping = self._stop.wait(self.sampling_interval if self.samples_logged else 1.0)
-            try:
-                client = client or self._client()
-                if not self._run_is_running(client):
-                    return
-                self.log_sample(client)
-                self.last_error = None
-            except Exception as exc:  # metrics never fail a run
-                if self.last_error is None:
-                    _log.warning("RayMetricsMonitor: %s: %s", type(exc).__name__, exc)
-                self.last_error = f"{type(exc).__name__}: {exc}"
-            if stopping:
-                return
+    def tick(self) -> bool:
+        try:
+            client = self._client_now = self._client_now or self._client()
+            if not self._run_is_running(client):
+                return False
+            self.log_sample(client)
+            self.last_error = None
+        except Exception as exc:  # metrics never fail a run
+            if self.last_error is None:
+                _log.warning("RayMetricsMonitor: %s: %s", type(exc).__name__, exc)
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        return True
 
 
 __all__ = ["GLOBAL_FAMILIES", "NODE_FAMILIES", "RayMetricsMonitor", "parse_prometheus"]

@@ -19,12 +19,11 @@ alive after the attempt.
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from air.launcher.machine import DEFAULT_INTERVAL_S, MachineReader, NodeSamples, Sample
+from air.launcher.machine import DEFAULT_INTERVAL_S, MachineReader, NodeSamples, Periodic, Sample
 from air.tracking.store import Warn, client, default_warn, http_limits, short_message, tracking_uri
 
 if TYPE_CHECKING:
@@ -48,11 +47,13 @@ def nodes_named(ranks: Sequence[int]) -> str:
     return "nodes " + ",".join(map(str, ranks))
 
 
-class _BatchLogger:
-    """Logs metrics and tags into one MLflow run in `log_batch` calls; the first failure stops it, with one
-    warning."""
+class _BatchLogger(Periodic):
+    """Logs metrics and tags into one MLflow run in `log_batch` calls, every `interval_s`; the first failure
+    stops it, with one warning."""
 
-    def __init__(self, run_id: str, tracking_uri: str | None, warn: Warn | None) -> None:
+    def __init__(self, run_id: str, tracking_uri: str | None, warn: Warn | None, interval_s: float,
+                 thread_name: str) -> None:
+        super().__init__(interval_s, thread_name)
         self.run_id = run_id
         self.tracking_uri = tracking_uri or _default_uri()
         self.warn = warn or default_warn
@@ -95,37 +96,23 @@ class SystemMetricsSampler(_BatchLogger):
         warn: Warn | None = None,
         nodes: Mapping[int, Sequence[int] | None] | None = None,
     ) -> None:
-        super().__init__(run_id, tracking_uri, warn)
+        super().__init__(run_id, tracking_uri, warn, interval_s, "air-sysmetrics")
         self.nodes: dict[int, list[int] | None] = (
             {n: list(g) if g is not None else None for n, g in nodes.items()} if nodes
             else {node_rank: list(gpu_indices) if gpu_indices is not None else None})
         self.node_rank = min(self.nodes)
-        self.interval_s = interval_s
         self.gpu_indices = self.nodes[self.node_rank]
         self.prefix = f"system/node_{self.node_rank}/"
         self.host = socket.gethostname()
         self.step = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._reader = MachineReader(self.nodes, warn=self.warn, what=self.what)
 
-    # ---- lifecycle ---------------------------------------------------------------------------------
+    # ---- lifecycle (start() begins sampling; stop() takes one last sample, logs it, ends the thread) ------
 
-    def start(self) -> None:
-        """Begin sampling in a daemon thread; a second call does nothing."""
-        if self._thread is not None:
-            return
-        self._reader.open()  # primed: the first reading covers the time since start()
-        self._thread = threading.Thread(target=self._loop, name="air-sysmetrics", daemon=True)
-        self._thread.start()
+    def opening(self) -> None:
+        self._reader.open()
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Take one last sample, log it and end the thread (idempotent)."""
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join(timeout_s)
-        self._thread = None
+    def closing(self) -> None:
         self._reader.close()
 
     def __enter__(self) -> SystemMetricsSampler:
@@ -146,18 +133,14 @@ class SystemMetricsSampler(_BatchLogger):
         """One reading of `node` (default: the first), with MLflow's metric names (no prefix)."""
         return self._reader.read()[self.node_rank if node is None else node]
 
-    def _loop(self) -> None:
-        """Sample, log, wait; the last sample is taken when `stop()` is called."""
-        while True:
-            stopping = self._stop.wait(self.interval_s)
-            try:
-                metrics = self._reader.read()
-            except Exception as exc:
-                self.warn(f"tracking: system metrics of {self.what} stopped: {exc}")
-                return
-            self._log(metrics)
-            if stopping or self._failed:
-                return
+    def tick(self) -> bool:
+        try:
+            metrics = self._reader.read()
+        except Exception as exc:
+            self.warn(f"tracking: system metrics of {self.what} stopped: {exc}")
+            return False
+        self._log(metrics)
+        return not self._failed
 
     def _log(self, metrics: dict[int, dict[str, float]]) -> None:
         """Log one sample of every node as one batch at the next step (the first also tags each node's
@@ -183,15 +166,12 @@ class NodeMetricsLogger(_BatchLogger):
     def __init__(self, run_id: str, take: TakeSamples, interval_s: float = DEFAULT_INTERVAL_S, *,
                  tracking_uri: str | None = None, warn: Warn | None = None,
                  first: Mapping[int, NodeSamples] | None = None) -> None:
-        super().__init__(run_id, tracking_uri, warn)
+        super().__init__(run_id, tracking_uri, warn, interval_s, "air-node-sysmetrics")
         self.take = take
-        self.interval_s = interval_s
         self.steps: dict[int, int] = {}  # node -> samples logged
         self.nodes: set[int] = set()
         self._pending: dict[int, NodeSamples] = {}
         self._problems: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         if first:
             self._add(first)
 
@@ -199,20 +179,6 @@ class NodeMetricsLogger(_BatchLogger):
     def what(self) -> str:
         seen = self.nodes | set(self._pending)
         return nodes_named(sorted(seen)) if seen else "the nodes"
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._loop, name="air-node-sysmetrics", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Log what arrived since the last batch and end the thread (idempotent)."""
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join(timeout_s)
-        self._thread = None
 
     def _add(self, arrived: Mapping[int, NodeSamples]) -> None:
         for node, got in arrived.items():
@@ -224,17 +190,15 @@ class NodeMetricsLogger(_BatchLogger):
                 pending.labels.update(got.labels)
                 pending.problem = got.problem or pending.problem
 
-    def _loop(self) -> None:
-        while True:
-            stopping = self._stop.wait(self.interval_s)
-            try:
-                self._add(self.take() or {})
-            except Exception as exc:  # tracking never fails a run
-                self.warn(f"tracking: system metrics of {self.what} stopped: {short_message(exc)}")
-                return
-            self._flush()
-            if stopping or self._failed:
-                return
+    def tick(self) -> bool:
+        """Log what arrived since the last batch (`stop()`: once more, then the thread ends)."""
+        try:
+            self._add(self.take() or {})
+        except Exception as exc:  # tracking never fails a run
+            self.warn(f"tracking: system metrics of {self.what} stopped: {short_message(exc)}")
+            return False
+        self._flush()
+        return not self._failed
 
     def _flush(self) -> None:
         """Log every pending sample of every node as one batch (chunked at MLflow's limit)."""
