@@ -497,7 +497,7 @@ def graphql_run_ids(body: Mapping[str, object]) -> list[str] | None:
     return ids
 
 
-def _tag_list(body: Mapping[str, object]) -> list[dict[str, Any]]:
+def _tag_list(body: Mapping[str, object]) -> list[dict[str, object]]:
     """A request's `tags`: MLflow's list of {key, value} objects (its other entries are MLflow's to refuse);
     400 for anything but a list, which MLflow would answer with a server error."""
     tags = body.get("tags")
