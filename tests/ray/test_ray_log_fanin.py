@@ -19,6 +19,7 @@ from air.backends.base import NodeLaunch
 from air.backends.ray_agent import MAX_BUFFERED_LINES
 from air.backends.ray_agent import tagged_processes_any_node as tagged_processes
 from air.backends.ray_backend import RayBackend
+from air.launcher.pump import PIPE_BYTES
 from proc_helpers import wait_for
 
 pytestmark = pytest.mark.ray
@@ -81,7 +82,12 @@ def test_a_node_that_outruns_the_transfer_has_its_dropped_lines_counted(
     ended), so the agent's buffer overflows: the node's log on the submitting side marks the gap with the
     count and where the complete log is, supervisor.log (the `air.backends.ray` logger) says it too, and
     the node's own log still holds every line."""
-    total = 2 * MAX_BUFFERED_LINES + 100_000
+    # What can get through without being dropped, however the machine's load times things: the batch the
+    # blocked callback is delivering (at most the agent's whole buffer), the agent's buffer, and what the
+    # printer's pipe (enlarged to PIPE_BYTES) still holds when the printer ends, read only after: 7 bytes a
+    # line here (6 digits and a newline).
+    held_at_most = 2 * MAX_BUFFERED_LINES + PIPE_BYTES // 7 + 1
+    total = held_at_most + 100_000
     backend = RayBackend(ray_cluster.address)
     rid = run_id()
     tag = f"air-{rid}"
@@ -106,7 +112,7 @@ def test_a_node_that_outruns_the_transfer_has_its_dropped_lines_counted(
     finally:
         backend.release(allocation)
     assert outcome.ok, outcome
-    assert dropped.get(0, 0) >= total - 2 * MAX_BUFFERED_LINES > 0, dropped
+    assert dropped.get(0, 0) >= total - held_at_most > 0, dropped
     log = (tmp_path / "logs" / "node_0.log").read_text().splitlines()
     notes = [line for line in log if line.startswith("[air] ")]
     numbers = [int(line) for line in log if not line.startswith("[air] ")]
