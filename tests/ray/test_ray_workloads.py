@@ -119,8 +119,14 @@ def test_a_stopped_supervisor_ends_its_processes_on_every_ray_node(ray_cluster, 
     tag = process_tag(run.id)  # type: ignore[attr-defined]
     assert len(tagged_processes_any_node(tag)) >= 4  # bash and sleep on each node
     store = RunStore()
-    os.kill(store.get_run(run.id).supervisor_pid, signal.SIGTERM)  # type: ignore[attr-defined]
-    wait_for(lambda: store.get_run(run.id).status is RunStatus.INTERNAL_ERROR, "INTERNAL_ERROR", timeout=240)
+    supervisor = store.get_run(run.id).supervisor_pid  # type: ignore[attr-defined]
+    os.kill(supervisor, signal.SIGTERM)
+    try:
+        wait_for(lambda: store.get_run(run.id).status is RunStatus.INTERNAL_ERROR, "INTERNAL_ERROR", timeout=240)
+    except AssertionError as late:  # (once, in a loaded clean-clone run: say where the supervisor was)
+        log = paths.supervisor_log()
+        raise AssertionError(f"{late}; supervisor {supervisor} still running: {os.path.exists(f'/proc/{supervisor}')}; "
+                             f"supervisor.log ends:\n{log.read_text()[-6000:] if log.exists() else '(none)'}") from None
     wait_for(lambda: tagged_processes_any_node(tag) == [], "no process of the run on any node", timeout=60)
 
 
