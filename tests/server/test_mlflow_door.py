@@ -219,6 +219,8 @@ def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirSe
     # MLflow listens on no TCP port at all (the old loopback port included): only on its Unix socket, in a
     # folder of the server's account alone. The server said --mlflow-port is no longer a port.
     tree = mlflow_tree(server)
+    # Nor does it run MLflow's job runner (8 more processes, ~1.7 GB, for GenAI jobs no training run uses).
+    assert not [p.cmdline() for p in tree if "mlflow.server.jobs" in " ".join(p.cmdline())], tree
     listening = [c for p in tree for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert not listening, listening
     sockets = [c.laddr for p in tree for c in p.net_connections(kind="unix") if c.laddr]

@@ -124,6 +124,7 @@ def test_sigterm_ends_the_ui_tree_busy_port_is_an_error_and_links_use_the_real_p
     tree = ui.wait_ready()
     cmdlines = [" ".join(p.cmdline()) for p in tree]
     assert any("uvicorn" in c for c in cmdlines) and sum("spawn_main" in c for c in cmdlines) >= 2, cmdlines
+    assert not [c for c in cmdlines if "mlflow.server.jobs" in c or "huey" in c], cmdlines  # no job runner
     assert "Ctrl-C to stop" in ui.log.read_text()
 
     # A second `air ui` on the same port: exit 1, says the port is busy, by whom, and how to pick another.

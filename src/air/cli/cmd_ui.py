@@ -143,7 +143,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
     from air.server.mlflow_server import open_mlflow_log
     from air.tracking import tracking_uri, ui_command
     from air.tracking.store import is_http
-    from air.tracking.ui import forget_ui, record_ui, require_ui_server
+    from air.tracking.ui import forget_ui, record_ui, require_ui_server, ui_environment
 
     # Checked before AIR_HOME is touched: a missing extra or a busy port writes nothing.
     pages_port = web_port if web_port is not None else (port + 1 if port < 65535 else port - 1)
@@ -187,7 +187,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
         started = time.monotonic()
         argv = ui_command(host=host, port=port, workers=workers)
         with open_mlflow_log(log, "air ui") as out:
-            proc = subprocess.Popen(guard_argv(argv), env={**os.environ, AIR_PROCESS_TAG: tag},
+            proc = subprocess.Popen(guard_argv(argv), env={**ui_environment(os.environ), AIR_PROCESS_TAG: tag},
                                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         record_ui(host, port, uri, web_port=pages_port)
         recorded = True

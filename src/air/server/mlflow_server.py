@@ -322,6 +322,7 @@ class _Starter:
 
     def run(self) -> None:
         from air.launcher.guard import guard_argv
+        from air.tracking.ui import ui_environment
 
         where = f" (its output: {self.state.log})" if self.state.log else ""
         try:
@@ -331,7 +332,7 @@ class _Starter:
                     return
                 assert self.state.log is not None
                 with open_mlflow_log(self.state.log, "air server") as out:
-                    self.proc = subprocess.Popen(guard_argv(argv), env={**os.environ, AIR_PROCESS_TAG: self.tag},
+                    self.proc = subprocess.Popen(guard_argv(argv), env={**ui_environment(os.environ), AIR_PROCESS_TAG: self.tag},
                                                  start_new_session=True, stdin=subprocess.DEVNULL, stdout=out,
                                                  stderr=out)
         except Exception as exc:  # said as `failed`; the API keeps serving

@@ -15,7 +15,7 @@ import fcntl
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,6 +63,13 @@ def ui_command(
     if workers is not None:
         argv += ["--workers", str(workers)]
     return argv + ["--host", host, "--port", str(port)]
+
+
+def ui_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` as `mlflow ui` runs in it (`air ui`, `air server`'s MLflow): MLflow's job runner off unless
+    MLFLOW_SERVER_ENABLE_JOB_EXECUTION says otherwise. It serves MLflow's GenAI jobs, which training runs
+    never use, with 8 more processes: 10 processes and 2.26 GB resident instead of 2 and 0.5 GB here."""
+    return {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **environ}
 
 
 def ui_base_url(host: str | None = None, port: int | None = None, store: str | None = None) -> str:
