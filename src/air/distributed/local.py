@@ -113,7 +113,7 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
     preload = preload_for(func, args, kwargs)
     if warm_enabled():  # its imports (torch: seconds) run while the run is recorded and its slots claimed
         prestart_call_zygote(preload, RANK_MODULE, shape.world_size, os.getcwd())
-    from air.accelerators import MachineAccelerators, discover  # (after it: ~40 ms of imports)
+    from air.accelerators import MachineAccelerators, discover  # imported after the prestart: ~40 ms
     from air.distributed.remote import CallJob, drive_call
     from air.runs.store import RunStore
 

@@ -472,9 +472,7 @@ class _KeptZygotes:
         """The kept zygote for `key`: the current one, or a new one that replaces it (None: the current
         one is of another key and busy)."""
         with self._lock:
-            if os.getpid() != self._owner:  # a forked copy of the caller: its parent's zygote is not its own
-                self._kept, self._owner = None, os.getpid()
-            kept = self._kept
+            kept = self._own()
             if kept is not None and kept.provisional and kept.alive() and _adoptable(kept, key, env):
                 kept.key, kept.provisional = key, False
                 return kept
@@ -494,9 +492,7 @@ class _KeptZygotes:
         environment is this one's: the launch decides) or is busy; an idle one of another shape is replaced
         now, as the launch would replace it."""
         with self._lock:
-            if os.getpid() != self._owner:
-                self._kept, self._owner = None, os.getpid()
-            kept = self._kept
+            kept = self._own()
             if kept is not None and kept.alive() and (kept.in_flight or _same_but_env(kept.key, key)):
                 return
             self._kept = None
@@ -504,6 +500,12 @@ class _KeptZygotes:
                 kept.end()
             self._kept = KeptZygote.start(warm, key, env, modules, cwd)
             self._kept.provisional = True
+
+    def _own(self) -> KeptZygote | None:
+        """The kept zygote, under the lock; none in a forked copy of the caller (its parent's is not its own)."""
+        if os.getpid() != self._owner:
+            self._kept, self._owner = None, os.getpid()
+        return self._kept
 
     def drop(self, kept: KeptZygote) -> None:
         with self._lock:
@@ -560,9 +562,8 @@ def prestart_kept(preload: Sequence[str], module: str, world_size: int, env: Map
     backend gives it). The launch adopts it (see _adoptable); one that cannot is started anew, as today."""
     if warm_idle_s() <= 0 or not python_can_fork() or 2 * world_size + 1 > _MAX_FDS:
         return
-    warm = WarmStart(python=sys.executable, preload=tuple(preload), sys_path=tuple(p for p in sys.path if p),
-                     world_size=world_size, grace_s=grace_s, keep=True)
     base = {k: v for k, v in env.items() if k not in _KEPT_LEFT_OUT}
+    warm = WarmStart.for_launch(preload, [base] * world_size, grace_s=grace_s, keep=True)
     KEPT.prestart(warm, _kept_key(warm, [module], cwd, base), base, [module], cwd)
 
 
