@@ -14,7 +14,7 @@ STAMP := $(VENV)/.stamp-setup
 VENV_LEAN ?= .venv-lean
 LEAN_STAMP := $(VENV_LEAN)/.stamp-lean
 
-.PHONY: setup demo test test-lean test-gpu lint docs bench clean
+.PHONY: setup demo test test-lean test-gpu lint docs docs-serve bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,13 @@ lint: setup
 docs: setup
 	$(PY) docs/gen_reference.py
 	$(VENV)/bin/mkdocs build --strict
+
+# The site served on this machine only (loopback), rebuilt on every edit: search works there (a browser
+# does not run the search from file://). DOCS_ADDR=127.0.0.1:8001 for another port.
+DOCS_ADDR ?= 127.0.0.1:8000
+docs-serve: setup
+	$(PY) docs/gen_reference.py
+	$(VENV)/bin/mkdocs serve --strict -a $(DOCS_ADDR)
 
 clean:
 	rm -rf $(VENV) $(VENV_LEAN) .air-home .pytest_cache .mypy_cache .site

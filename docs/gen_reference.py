@@ -34,6 +34,7 @@ def cli_page() -> str:
     from air.cli.main import cli
 
     sections: list[str] = []
+    index: list[str] = []
 
     def walk(cmd: click.Command, name: str, parent: click.Context | None) -> None:
         ctx = cmd.make_context(name.split()[-1], [], parent=parent, resilient_parsing=True,
@@ -41,6 +42,9 @@ def cli_page() -> str:
         ctx.info_name = name.split()[-1]
         level = "#" * min(2 + name.count(" "), 4)
         sections.append(f"{level} `{name}`\n\n" + _fence(cmd.get_help(ctx)))
+        # The heading's anchor, as the toc extension makes it: "`air env list`" -> "air-env-list".
+        summary = cmd.get_short_help_str(limit=WIDTH).replace("|", "\\|")
+        index.append(f"| [`{name}`](#{name.replace(' ', '-')}) | {summary} |")
         if isinstance(cmd, click.Group):
             for sub in cmd.list_commands(ctx):
                 child = cmd.get_command(ctx, sub)
@@ -54,7 +58,8 @@ def cli_page() -> str:
         "work before or after a subcommand. Exit codes: 0 ok, 1 run failed or runtime error, 2 invalid "
         "input. The workload YAML has its own page: [Workload YAML](workload-yaml.md).\n\n"
     )
-    return _HEAD.format(source="the click commands (src/air/cli)") + intro + "\n".join(sections)
+    commands = "## Commands\n\n| command | what it does |\n|---|---|\n" + "\n".join(index) + "\n\n"
+    return _HEAD.format(source="the click commands (src/air/cli)") + intro + commands + "\n".join(sections)
 
 
 def yaml_page() -> str:

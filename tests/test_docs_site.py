@@ -6,6 +6,7 @@ anchor fails that build."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -89,3 +90,124 @@ def test_the_site_builds_strictly_and_a_broken_link_fails_it(tmp_path: Path) -> 
     broken = _build(config)
     assert broken.returncode != 0
     assert "no-such-page.md" in broken.stderr and "no-such-anchor" in broken.stderr, broken.stderr
+
+
+def _built_site(tmp_path: Path, *, network: bool = True) -> Path:
+    """The site as `make docs` builds it, into tmp_path/site; with network=False in a network namespace of
+    its own (nothing but an unconfigured loopback), so a build that fetched anything would fail."""
+    config = tmp_path / "mkdocs.yml"
+    config.write_text((ROOT / "mkdocs.yml").read_text().replace("site_dir: .site\n", f"site_dir: {tmp_path / 'site'}\n")
+                      .replace("docs_dir: docs\n", f"docs_dir: {DOCS}\n"))
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config)]
+    if not network:
+        command = ["unshare", "--net", *([] if os.geteuid() == 0 else ["--map-root-user"]), *command]
+    built = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert built.returncode == 0, built.stdout + built.stderr
+    return tmp_path / "site"
+
+
+def _assets(page: str) -> list[str]:
+    """What a page loads: every <script src> and stylesheet <link href> (not the links one clicks)."""
+    scripts = re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", page)
+    styles = [href for tag in re.findall(r"<link\b[^>]*>", page) if "stylesheet" in tag
+              for href in re.findall(r"\bhref=\"([^\"]+)\"", tag)]
+    return scripts + styles
+
+
+def test_the_site_built_with_no_network_loads_nothing_from_elsewhere_and_highlights_code(tmp_path: Path) -> None:
+    """Offline or behind a firewall the site is whole: every script and stylesheet it loads is one of its
+    own files, and code blocks are highlighted at build time (Pygments' classes, styled by a local CSS)."""
+    site = _built_site(tmp_path, network=False)
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) >= 15, pages
+    for page in pages:
+        for asset in _assets(page.read_text()):
+            assert not re.match(r"([a-z]+:)?//", asset), f"{page.relative_to(site)} loads {asset} from elsewhere"
+            path = asset.split("?")[0]  # 404.html's are from the site's root: it is served for any path
+            local = site / path.lstrip("/") if path.startswith("/") else page.parent / path
+            assert local.resolve().is_file(), f"{page.relative_to(site)}: {asset}"
+    install = (site / "install" / "index.html").read_text()
+    assert "../css/pygments.css" in _assets(install)
+    assert re.search(r'<div class="highlight"><pre>.*<span class="c1"># ', install, re.S), "no highlighted bash"
+    css = (site / "css" / "pygments.css").read_text()
+    assert ".highlight .c1 {" in css and ".highlight .k {" in css
+    assert "hljs" not in install
+
+
+def test_the_served_site_has_its_search_and_a_per_command_reference(tmp_path: Path) -> None:
+    """Served (as `make docs-serve` or any static server does), the search's scripts and index answer and
+    the index finds a command; the CLI reference lists every command, each a link to its own section."""
+    import http.server
+    import json
+    import threading
+    import urllib.request
+    from functools import partial
+
+    site = _built_site(tmp_path)
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        def get(path: str) -> str:
+            with urllib.request.urlopen(base + path, timeout=30) as answer:
+                assert answer.status == 200, path
+                return answer.read().decode()
+
+        home = get("/")
+        assert "search/main.js" in home and 'id="mkdocs_search_modal"' in home
+        for script in ("/search/main.js", "/search/worker.js", "/search/lunr.js"):
+            assert get(script)
+        index = json.loads(get("/search/search_index.json"))
+        locations = {doc["location"] for doc in index["docs"]}
+        assert "reference/cli/#air-server-token-create" in locations, sorted(locations)[:20]
+
+        cli = get("/reference/cli/")
+        commands = _generator().cli_page().count("\n| [`air")
+        assert commands >= 25
+        for name in ("air logs", "air server token create", "air env prune"):
+            anchor = name.replace(" ", "-")
+            assert f'<a href="#{anchor}"><code>{name}</code></a>' in cli, name  # the commands table
+            assert f'data-bs-level="{min(name.count(" ") + 2, 4)}"><a href="#{anchor}"' in cli, name  # side bar
+            assert f'<h{min(name.count(" ") + 2, 4)} id="{anchor}">' in cli, name
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_make_docs_serve_serves_the_site_with_its_search_on_loopback() -> None:
+    """`make docs-serve` is `mkdocs serve` on 127.0.0.1; run as the Makefile says it, the site and its
+    search index answer there."""
+    import json
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    planned = subprocess.run(["make", "-n", "docs-serve", "DOCS_ADDR=127.0.0.1:PORT", "VENV=.venv"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert planned.returncode == 0, planned.stderr
+    serve = [line for line in planned.stdout.splitlines() if "mkdocs serve" in line]
+    assert serve == [".venv/bin/mkdocs serve --strict -a 127.0.0.1:PORT"], planned.stdout
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = serve[0].replace(".venv/bin/mkdocs", f"{sys.executable} -m mkdocs").replace("PORT", str(port))
+    server = subprocess.Popen(command.split(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as answer:
+                    assert "search/main.js" in answer.read().decode()
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert server.poll() is None, server.communicate()[1]
+                assert time.monotonic() < deadline, "mkdocs serve did not answer in 300 s"
+                time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/search/search_index.json", timeout=30) as answer:
+            assert json.loads(answer.read())["docs"]
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
