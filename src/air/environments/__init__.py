@@ -34,6 +34,7 @@ from air.environments.cache import (
     use_environment,
 )
 from air.environments.dependencies import (
+    Confinement,
     Dependency,
     DependencySet,
     InstallOption,
@@ -46,6 +47,7 @@ from air.environments.listing import EnvInfo, list_environments, prune_environme
 
 __all__ = [
     "CacheState",
+    "Confinement",
     "Dependency",
     "DependencySet",
     "EnvInfo",

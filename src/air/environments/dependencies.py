@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -61,6 +61,30 @@ class DependencySet:
         return [o.display for o in self.options] + [d.display for d in self.dependencies]
 
 
+@dataclass(frozen=True)
+class Confinement:
+    """Where a server run's dependencies may point: local paths (`-r`, `-c`, `-e`, `-f`, wheels, folders,
+    `file:` URLs) only inside `root`, the run's own code snapshot (None: the run has none, so no local path
+    at all), after symlinks are resolved; `$VAR`s expand from `variables` only, never from the server's own
+    environment. A path outside is refused before anything there is opened, and no message quotes a file."""
+
+    root: Path | None
+    variables: Mapping[str, str] = field(default_factory=dict)
+
+    def check(self, path: Path, display: str, where: str) -> Path:
+        """`path` (absolute) when it lies inside the snapshot; else a UserInputError naming the entry."""
+        real = Path(os.path.realpath(path))
+        root = Path(os.path.realpath(self.root)) if self.root is not None else None
+        if root is not None and real.is_relative_to(root):
+            return path
+        raise UserInputError(
+            f"{where}: {display!r} names a local path outside this run's code snapshot; "
+            "on an air server, dependencies may name only files and folders inside code_source.snapshot.",
+            hint="Put the requirements file, wheel or package folder into the snapshot and name it relative to "
+            "the snapshot's root (e.g. -r requirements.txt, ./pkgs/mypkg), or install it from an index.",
+        )
+
+
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|^git\+")
 _NAME_RE = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(?=\[|[<>=!~;@(\s]|$)")
 _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -89,6 +113,8 @@ _PER_ENTRY: dict[str, str] = {
     "-U": "--upgrade",
 }
 _INCLUDE = ("-r", "--requirement")
+#: A requirements file larger than this is refused (it is read whole).
+_MAX_REQUIREMENTS_BYTES = 4 * 1024 * 1024
 _EDITABLE = ("-e", "--editable")
 
 
@@ -102,17 +128,23 @@ def without_hashes(line: str) -> str:
     """A requirement line without its `--hash=...` options (pip's hash-checking mode)."""
     return re.split(r"\s+--hash[= ]", line, maxsplit=1)[0].strip()
 
-def parse_dependencies(dependencies: list[str] | str | Path | None, base_dir: Path) -> DependencySet:
+def parse_dependencies(dependencies: list[str] | str | Path | None, base_dir: Path, *,
+                       confine: Confinement | None = None) -> DependencySet:
     """Parse an inline list, or a requirements file (`.txt`, or the `{version, dependencies}` YAML form).
 
-    Relative paths resolve against `base_dir` (the workload YAML's folder) or, inside a file, against that
-    file's folder. Every problem is a UserInputError naming the line; nothing is installed here.
+    Relative paths resolve against `base_dir` (the workload YAML's folder; on a server the run's code
+    snapshot) or, inside a file, against that file's folder. `confine` (a server's run): see Confinement.
+    Every problem is a UserInputError naming the line (a line of a file outside `base_dir` or the snapshot
+    only by its number: its text is never quoted); nothing is installed here.
     """
-    parser = _Parser()
+    parser = _Parser(confine, quotable=[confine.root] if confine is not None and confine.root else [base_dir])
     if dependencies is None:
         return DependencySet()
     if isinstance(dependencies, (str, Path)):
-        source = _resolve_path(os.fspath(dependencies), base_dir, "environment.dependencies")
+        source = parser.resolve(os.fspath(dependencies), base_dir, "environment.dependencies",
+                                os.fspath(dependencies))
+        if confine is None:
+            parser.quotable.append(source.parent)  # the file the workload names is the user's to be shown
         if not source.is_file():
             raise UserInputError(
                 f"environment.dependencies names {source}, which is not a file.",
@@ -168,22 +200,20 @@ def _read_yaml_requirements(path: Path) -> tuple[str | int | None, list[str]]:
     return version, lines
 
 
-def _resolve_path(text: str, base_dir: Path, origin: str) -> Path:
-    path = Path(os.path.expanduser(_expand_vars(text, origin)))
-    return Path(os.path.abspath(path if path.is_absolute() else base_dir / path))
-
-
-def _expand_vars(text: str, origin: str) -> str:
-    """`$VAR` and `${VAR}` from the environment; an unset variable is an error, not a literal `$VAR`."""
+def _expand_vars(text: str, origin: str, variables: Mapping[str, str] | None = None) -> str:
+    """`$VAR` and `${VAR}` from `variables` (default: the environment); an unset variable is an error, not
+    a literal `$VAR`."""
+    source = os.environ if variables is None else variables
 
     def repl(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2)
-        if name not in os.environ:
+        if name not in source:
             raise UserInputError(
                 f"{origin}: {text!r} uses ${name}, which is not set.",
-                hint=f"Set {name} in the environment that runs air, or write the value out.",
+                hint=f"Set {name} in the environment that runs air, or write the value out."
+                if variables is None else f"Set {name} in the run's env_variables or secrets, or write the value out.",
             )
-        return os.environ[name]
+        return source[name]
 
     return _VAR_RE.sub(repl, text)
 
@@ -191,12 +221,39 @@ def _expand_vars(text: str, origin: str) -> str:
 class _Parser:
     """Accumulates entries and options across an inline list and the files it includes."""
 
-    def __init__(self) -> None:
+    def __init__(self, confine: Confinement | None = None, quotable: list[Path] | None = None) -> None:
         self.dependencies: list[Dependency] = []
         self.options: list[InstallOption] = []
         self.warnings: list[str] = []
+        self.confine = confine
+        #: Folders whose files' lines may be quoted in messages (the workload's, the snapshot); not others.
+        self.quotable = [Path(os.path.realpath(p)) for p in quotable or []]
         self._pending_flags: list[str] = []
         self._files: list[Path] = []
+
+    def expand(self, text: str, where: str) -> str:
+        return _expand_vars(text, where, self.confine.variables if self.confine is not None else None)
+
+    def resolve(self, text: str, base_dir: Path, where: str, display: str) -> Path:
+        """A local path as written, made absolute; on a server, checked to lie inside the snapshot before
+        anything there is looked at (not even whether it exists)."""
+        expanded = self.expand(text, where)
+        path = Path(expanded if self.confine is not None else os.path.expanduser(expanded))
+        path = Path(os.path.abspath(path if path.is_absolute() else base_dir / path))
+        return self.confine.check(path, display, where) if self.confine is not None else path
+
+    def local_url(self, url: str, display: str, where: str) -> Path | None:
+        """The local path of a `file:` URL (contained on a server); None for any other URL."""
+        path = _file_url_path(url)
+        if path is None and self.confine is not None and re.match(r"^[A-Za-z0-9+.-]*\+file:", url):
+            path = _file_url_path(url.split("+", 1)[1])  # git+file://…: a local repository
+        if path is not None and self.confine is not None:
+            self.confine.check(Path(os.path.abspath(path)), display, where)
+        return path
+
+    def _quotable(self, path: Path) -> bool:
+        real = Path(os.path.realpath(path))
+        return any(real.is_relative_to(root) for root in self.quotable)
 
     def result(self, *, source: Path | None, version: str | int | None) -> DependencySet:
         if self._pending_flags:
@@ -220,18 +277,40 @@ class _Parser:
             raise UserInputError(f"{origin}: requirements file {path} does not exist.")
         self._files.append(path)
         try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserInputError(f"Cannot read requirements file {path}: {exc}") from None
-        self.add_lines(_join_continuations(text.splitlines()), path.parent, origin=str(path))
+            with open(path, "rb") as fh:
+                data = fh.read(_MAX_REQUIREMENTS_BYTES + 1)
+        except OSError as exc:
+            raise UserInputError(f"Cannot read requirements file {path}: {exc.strerror or type(exc).__name__}.") from None
+        if len(data) > _MAX_REQUIREMENTS_BYTES:
+            raise UserInputError(f"{origin}: requirements file {path} is larger than "
+                                 f"{_MAX_REQUIREMENTS_BYTES // 1024 // 1024} MiB.")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserInputError(f"{origin}: requirements file {path} is not UTF-8 text.") from None
+        self.add_lines(_join_continuations(text.splitlines()), path.parent, origin=str(path),
+                       quote=self._quotable(path))
         self._files.pop()
 
-    def add_lines(self, lines: Iterable[str], base_dir: Path, origin: str, *, inline: bool = False) -> None:
-        """Add lines of a file (`origin` is its path) or of an inline list (`inline`: entries are numbered)."""
+    def add_lines(self, lines: Iterable[str], base_dir: Path, origin: str, *, inline: bool = False,
+                  quote: bool = True) -> None:
+        """Add lines of a file (`origin` is its path) or of an inline list (`inline`: entries are numbered).
+        `quote`: a problem may show the line's text (else only its number: a file that is not the user's)."""
         for number, raw in enumerate(lines, start=1):
             text = re.sub(r"(^|\s)#.*$", "", raw).strip()
-            if text:
-                self._add_line(text, base_dir, f"{origin}[{number - 1}]" if inline else f"{origin}, line {number}")
+            if not text:
+                continue
+            where = f"{origin}[{number - 1}]" if inline else f"{origin}, line {number}"
+            try:
+                self._add_line(text, base_dir, where)
+            except UserInputError as exc:
+                if quote or getattr(exc, "air_unquoted", False):
+                    raise
+                err = UserInputError(f"{where}: not a requirement, option, path or URL that air can install "
+                                     "(the line is not shown: the file lies outside the workload's folder).",
+                                     hint="Check that -r names a requirements file.")
+                err.air_unquoted = True  # type: ignore[attr-defined]
+                raise err from None
 
     def _add_line(self, text: str, base_dir: Path, where: str) -> None:
         display = text
@@ -254,9 +333,9 @@ class _Parser:
                 if rest:
                     raise UserInputError(f"{where}: unexpected text after {flag} {value}: {rest!r}.")
                 if flag in _INCLUDE:
-                    self.add_file(_resolve_path(value, base_dir, where), origin=where)
+                    self.add_file(self.resolve(value, base_dir, where, display), origin=where)
                 elif flag in _EDITABLE:
-                    path = _resolve_path(value, base_dir, where)
+                    path = self.resolve(value, base_dir, where, display)
                     if not path.is_dir():
                         raise UserInputError(f"{where}: editable {value!r} names {path}, which is not a folder.")
                     self._add_dependency(Dependency(
@@ -271,17 +350,23 @@ class _Parser:
                 "--trusted-host, --pre, -r FILE, -e PATH, and per entry --no-deps, --no-build-isolation, "
                 "--force-reinstall, --no-cache-dir, --upgrade.",
             )
-        self._add_dependency(_parse_entry(text, display, base_dir, where))
+        self._add_dependency(self._parse_entry(text, display, base_dir, where))
 
     def _add_option(self, flag: str, value: str | None, display: str, base_dir: Path, where: str) -> None:
         local: Path | None = None
         if value is not None:
-            value = _expand_vars(value, where)
+            value = self.expand(value, where)
             if flag in ("--find-links", "--constraints") and not _URL_RE.match(value):
-                local = _resolve_path(value, base_dir, where)
+                local = self.resolve(value, base_dir, where, display)
                 if not local.exists():
                     raise UserInputError(f"{where}: {display!r} names {local}, which does not exist.")
                 value = str(local)
+            elif self.confine is not None and flag in ("--index-url", "--extra-index-url", "--find-links",
+                                                       "--constraints"):
+                if _URL_RE.match(value):
+                    self.local_url(value, display, where)
+                else:  # uv takes a folder as an index too
+                    value = str(self.resolve(value, base_dir, where, display))
         self.options.append(InstallOption(flag, value, display, local))
 
     def _add_dependency(self, dep: Dependency) -> None:
@@ -289,6 +374,33 @@ class _Parser:
             dep = dataclasses.replace(dep, flags=tuple(self._pending_flags) + dep.flags)
             self._pending_flags = []
         self.dependencies.append(dep)
+
+    def _parse_entry(self, text: str, display: str, base_dir: Path, where: str) -> Dependency:
+        line = self.expand(text, where)
+        requirement = without_hashes(line)
+        if _URL_RE.match(requirement):
+            local = self.local_url(requirement, display, where)
+            if local is not None and not local.exists():
+                raise UserInputError(f"{where}: {display!r} names {local}, which does not exist.")
+            return Dependency(line, display, name=None, local_path=local, url=local is None)
+        match = _NAME_RE.match(requirement)
+        direct = re.match(r"[^;@]*@\s*(\S+)", requirement) if match else None
+        if match and direct:  # `name @ url`
+            local = self.local_url(direct.group(1), display, where)
+            if local is not None and not local.exists():
+                raise UserInputError(f"{where}: {display!r} names {local}, which does not exist.")
+            return Dependency(line, display, name=canonical_name(match.group(1)), local_path=local, url=local is None)
+        if _looks_like_path(requirement):
+            path = self.resolve(requirement, base_dir, where, display)
+            if not path.exists():
+                raise UserInputError(
+                    f"{where}: dependency {display!r} names {path}, which does not exist.",
+                    hint="Local wheels and folders resolve against the file that names them.",
+                )
+            return Dependency(str(path), display, name=_local_name(path), local_path=path)
+        if not match:
+            raise UserInputError(f"{where}: {display!r} is not a requirement, a path or a URL.")
+        return Dependency(line, display, name=canonical_name(match.group(1)))
 
 
 def _join_continuations(lines: list[str]) -> list[str]:
@@ -304,34 +416,6 @@ def _join_continuations(lines: list[str]) -> list[str]:
     if buffer:
         out.append(buffer)
     return out
-
-
-def _parse_entry(text: str, display: str, base_dir: Path, where: str) -> Dependency:
-    line = _expand_vars(text, where)
-    requirement = without_hashes(line)
-    if _URL_RE.match(requirement):
-        local = _file_url_path(requirement)
-        if local is not None and not local.exists():
-            raise UserInputError(f"{where}: {display!r} names {local}, which does not exist.")
-        return Dependency(line, display, name=None, local_path=local, url=local is None)
-    match = _NAME_RE.match(requirement)
-    direct = re.match(r"[^;@]*@\s*(\S+)", requirement) if match else None
-    if match and direct:  # `name @ url`
-        local = _file_url_path(direct.group(1))
-        if local is not None and not local.exists():
-            raise UserInputError(f"{where}: {display!r} names {local}, which does not exist.")
-        return Dependency(line, display, name=canonical_name(match.group(1)), local_path=local, url=local is None)
-    if _looks_like_path(requirement):
-        path = _resolve_path(requirement, base_dir, where)
-        if not path.exists():
-            raise UserInputError(
-                f"{where}: dependency {display!r} names {path}, which does not exist.",
-                hint="Local wheels and folders resolve against the file that names them.",
-            )
-        return Dependency(str(path), display, name=_local_name(path), local_path=path)
-    if not match:
-        raise UserInputError(f"{where}: {display!r} is not a requirement, a path or a URL.")
-    return Dependency(line, display, name=canonical_name(match.group(1)))
 
 
 def _looks_like_path(text: str) -> bool:

@@ -8,11 +8,17 @@ and an idempotency key is the user's own (bob's key never returns alice's run).
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from air.client.models import DryRunAnswer, SubmitAnswer, SubmitRequest, parse_request
 from air.errors import UserInputError
 from air.runs.store import RunStore
 from air.server.tokens import Principal
 from air.server.uploads import ServerPaths, build_snapshot
+
+if TYPE_CHECKING:
+    from air.workload.spec import WorkloadSpec
 
 
 def _spec_with_root(spec: dict[str, object], root: str) -> dict[str, object]:
@@ -27,6 +33,20 @@ def check_priority(who: Principal, priority_class: str, critical_users: frozense
         raise AuthError(f"{who.user} may not submit compute.priority_class: CRITICAL on this server.",
                         status=403, hint="Submit it as NORMAL or BEST_EFFORT, or ask the server's admin to add you "
                         "to `air server start --critical-users`.")
+
+
+def check_dependencies(spec: WorkloadSpec, snapshot: Path | None) -> None:
+    """Every local path in `environment.dependencies` (and in what `-r` includes) lies inside the run's
+    code snapshot, or the submit (or dry run) is a 400 naming the entry, before anything outside is opened
+    and without quoting any file (air.environments.Confinement). The run's build checks again, walled in."""
+    deps = spec.environment.dependencies
+    if deps is None:
+        return
+    from air.environments import Confinement, parse_dependencies
+
+    # Secrets' values are not needed to check a path: a name is enough to say it is set.
+    variables = {**{name: "" for name in spec.secrets}, **spec.env_variables}
+    parse_dependencies(deps, snapshot or Path("/nonexistent"), confine=Confinement(snapshot, variables))
 
 
 def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: object, *,
@@ -46,10 +66,14 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: ob
         raise UserInputError("A spec with code_source needs its 'snapshot' manifest, and only such a spec has one.")
     source = "the submitted workload"
     paths.root.mkdir(parents=True, exist_ok=True)
+    snapshot = None
     if manifest is not None:  # validate everything against a folder that exists, then build (it checks first)
         check_groups(parse_workload(_spec_with_root(spec_data, str(paths.root)), source=source, base_dir=paths.root))
-        spec_data = _spec_with_root(spec_data, str(build_snapshot(paths, manifest)))
-    spec = check_groups(parse_workload(spec_data, source=source, base_dir=paths.root))
+        snapshot = build_snapshot(paths, manifest)
+        spec_data = _spec_with_root(spec_data, str(snapshot))
+    # Dependencies' relative paths mean the run's code snapshot (the only place they may point).
+    spec = check_groups(parse_workload(spec_data, source=source, base_dir=snapshot or paths.root))
+    check_dependencies(spec, snapshot)
     check_priority(who, spec.compute.priority_class, critical_users)
     prepared = prepare_spec(spec, None, secret_store=paths.user_secrets(who.user),
                             use_reserved=request.use_reserved_pool)

@@ -1,0 +1,243 @@
+"""No door through `environment.dependencies` (issue 34), against a real root `air server` in
+`unix-user+bwrap` mode, through the real CLI and API with plain tokens for alice and bob.
+
+* A package in bob's own snapshot with an in-tree PEP 517 backend (`backend-path = ["."]`) is built as
+  bob's account inside his sandbox: the backend's marker names bob's uid, and it can read neither alice's
+  secrets nor the server's store (on the old code it ran as root and read both).
+* The attack as found: bob's second run names the folder inside his *first* run's snapshot (from
+  CODE_SOURCE_PATH): refused at submit (exit 2 / 400) naming the entry; nothing is built.
+* `-r /etc/shadow` (and `-c`, `-e`, `--find-links` with server paths) in a dry run, from the CLI and the API:
+  refused, and the answer holds nothing of the file (the old code answered 400 quoting its first line).
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from server_helpers import AIR, AirServer, running_server
+
+ALICE_SECRET = "alice-door-secret-7f3a9c"
+
+# An in-tree PEP 517 backend: its build hook records who runs it and what it can read, into the wheel.
+BACKEND = r'''
+import base64, hashlib, json, os, pwd, zipfile
+
+TARGETS = {TARGETS}
+
+
+def _probe():
+    got = {}
+    for name, path in TARGETS.items():
+        try:
+            with open(path, "rb") as fh:
+                got[name] = "READ " + fh.read(4096).decode("utf-8", "replace")
+        except OSError as exc:
+            got[name] = type(exc).__name__
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = "?"
+    wrote_root = "no"
+    try:
+        with open("/root/.air-door-marker", "w") as fh:
+            fh.write("x")
+        wrote_root = "yes"
+    except OSError:
+        pass
+    return {"uid": uid, "user": user, "euid": os.geteuid(), "reads": got, "wrote_root": wrote_root}
+
+
+def get_requires_for_build_wheel(config_settings=None):
+    return []
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    marker = json.dumps(_probe())
+    print("DOOR-MARKER " + marker, flush=True)
+    name = "doorpkg-0.1-py3-none-any.whl"
+    files = {
+        "doorpkg_marker.py": "MARKER = %r\n" % marker,
+        "doorpkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: doorpkg\nVersion: 0.1\n",
+        "doorpkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: door\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as zf:
+        for path, text in files.items():
+            data = text.encode()
+            zf.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append("%s,sha256=%s,%d" % (path, digest, len(data)))
+        record.append("doorpkg-0.1.dist-info/RECORD,,")
+        zf.writestr("doorpkg-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+    return name
+'''
+
+PYPROJECT = """
+[build-system]
+requires = []
+build-backend = "door_backend"
+backend-path = ["."]
+
+[project]
+name = "doorpkg"
+version = "0.1"
+"""
+
+
+@pytest.fixture
+def isolated(tmp_path: Path) -> Iterator[AirServer]:
+    """A root server with isolation on (`unix-user+bwrap`, its default)."""
+    with running_server(tmp_path, start_args=()) as srv:
+        assert srv.api("GET", "/api/v1/health")[1]["isolation"] == "unix-user+bwrap"
+        yield srv
+
+
+def _workload(folder: Path, dependencies: list[str], command: str, *, with_package: bool = False,
+              targets: dict[str, str] | None = None) -> Path:
+    """A workload with a code snapshot (holding the door package when asked) and these dependencies."""
+    code = folder / "code"
+    code.mkdir(parents=True)
+    (code / "main.py").write_text("print('hello')\n")
+    if with_package:
+        pkg = code / "pkg"
+        pkg.mkdir()
+        (pkg / "pyproject.toml").write_text(PYPROJECT)
+        (pkg / "door_backend.py").write_text(BACKEND.replace("{TARGETS}", repr(targets or {})))
+    spec = folder / "wl.yaml"
+    spec.write_text(textwrap.dedent("""
+        experiment_name: doors
+        compute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}
+        max_retries: 0
+        code_source: {snapshot: {root_path: code}}
+    """) + f"command: {json.dumps(command)}\n" + f"environment: {{dependencies: {json.dumps(dependencies)}}}\n")
+    return spec
+
+
+def _log(server: AirServer, run_id: str) -> str:
+    path = server.home / "runs" / run_id / "attempt_0" / "node_0.log"
+    return path.read_text() if path.exists() else ""
+
+
+def _supervisor_log(server: AirServer, run_id: str) -> str:
+    path = server.home / "runs" / run_id / "supervisor.log"
+    return path.read_text() if path.exists() else ""
+
+
+def _run_row(server: AirServer, run_id: str) -> Any:
+    return server.api("GET", f"/api/v1/runs/{run_id}", token=server.tokens["root"])[1]
+
+
+def _shadow_lines() -> list[str]:
+    """Every non-empty line of /etc/shadow, and each line's first field (a user name is content too)."""
+    text = Path("/etc/shadow").read_text()
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
+def _holds_nothing_of_shadow(answer: str) -> None:
+    assert "root:" not in answer, answer
+    for line in _shadow_lines():
+        assert line not in answer, answer
+        hashed = line.split(":")[1] if ":" in line else ""
+        if len(hashed) > 3:
+            assert hashed not in answer, answer
+
+
+def test_server_paths_in_dependencies_are_refused_and_nothing_is_quoted(isolated: AirServer, tmp_path: Path) -> None:
+    server = isolated
+    assert _shadow_lines(), "this test needs a non-empty /etc/shadow"
+    cases = ["-r /etc/shadow", "-c /etc/shadow", "--constraint=/etc/shadow", f"-e {server.home}",
+             "--find-links /root", "-f file:///root", f"doorpkg @ file://{server.home}/runs.db", "/etc/shadow.whl"]
+    for number, entry in enumerate(cases):
+        spec = _workload(tmp_path / f"cli{number}", [entry], "python $CODE_SOURCE_PATH/main.py")
+        dry = server.air("bob", "run", "-f", str(spec), "--dry-run")
+        answer = dry.stdout + dry.stderr
+        assert dry.returncode == 2, (entry, answer)
+        assert repr(entry) in answer and "outside this run's code snapshot" in answer, (entry, answer)
+        _holds_nothing_of_shadow(answer)
+        # and a real submit the same: refused, no run
+        sent = server.air("bob", "run", "-f", str(spec))
+        assert sent.returncode == 2, (entry, sent.stdout + sent.stderr)
+        _holds_nothing_of_shadow(sent.stdout + sent.stderr)
+
+    # the API, with and without a snapshot
+    base = {"experiment_name": "x", "compute": {"accelerator_type": "CPU_1xCPU", "num_accelerators": 1},
+            "command": "echo hi"}
+    for entry in cases:
+        for dry_run in (True, False):
+            status, body = server.api("POST", "/api/v1/runs", token=server.tokens["bob"], body={
+                "spec": {**base, "environment": {"dependencies": ["numpy", entry]}}, "dry_run": dry_run})
+            text = json.dumps(body)
+            assert status == 400, (entry, status, body)
+            assert repr(entry) in body["error"]["message"], body
+            _holds_nothing_of_shadow(text)
+    runs = server.api("GET", "/api/v1/runs?all_users=1&all_status=1", token=server.tokens["root"])[1]["runs"]
+    assert runs == [], runs
+
+
+def test_a_package_in_bobs_snapshot_builds_as_bob_in_his_sandbox(isolated: AirServer, tmp_path: Path) -> None:
+    server = isolated
+    put = subprocess.run([*AIR, "secrets", "put", "keys", "alice"], env=server.env("alice"), input=ALICE_SECRET,
+                         capture_output=True, text=True, timeout=60)
+    assert put.returncode == 0, put.stderr
+    targets = {"alice_secrets": str(server.home / "server/users/alice/secrets.json"),
+               "runs_db": str(server.home / "runs.db"), "shadow": "/etc/shadow"}
+    assert all(Path(p).exists() for p in targets.values())
+    spec = _workload(tmp_path / "bob", ["./pkg"],
+                     "python -c 'import doorpkg_marker; print(\"RUN-MARKER \" + doorpkg_marker.MARKER)'",
+                     with_package=True, targets=targets)
+    run_id = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
+    status = server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=600)
+    log = _log(server, run_id)
+    row = _run_row(server, run_id)
+    assert status == "SUCCESS", (row, log, _supervisor_log(server, run_id))
+    line = next(ln for ln in log.splitlines() if ln.startswith("RUN-MARKER "))
+    marker = json.loads(line.split("RUN-MARKER ", 1)[1])
+    bob = pwd.getpwnam("air-bob")
+    assert marker["uid"] == bob.pw_uid and marker["euid"] == bob.pw_uid and marker["user"] == "air-bob", marker
+    assert marker["uid"] != 0
+    for name, got in marker["reads"].items():
+        assert not got.startswith("READ"), (name, got)
+    assert marker["wrote_root"] == "no", marker
+    assert not Path("/root/.air-door-marker").exists()
+    everything = log + json.dumps(row) + _supervisor_log(server, run_id)
+    assert ALICE_SECRET not in everything
+    _holds_nothing_of_shadow(log + json.dumps(row))
+    # the environment is bob's account's own
+    envs = [p for p in (server.home / "envs").rglob(".air-complete")]
+    assert envs, list((server.home / "envs").rglob("*"))[:20]
+    for marker_file in envs:
+        assert marker_file.parent.owner() == "air-bob", marker_file
+
+
+def test_a_folder_of_bobs_first_run_is_refused_to_his_second(isolated: AirServer, tmp_path: Path) -> None:
+    server = isolated
+    first = _workload(tmp_path / "first", [], "echo CODE=$CODE_SOURCE_PATH", with_package=True,
+                      targets={"runs_db": str(server.home / "runs.db")})
+    first_id = str(server.air_json("bob", "run", "-f", str(first))["run_id"])
+    assert server.wait_status(first_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=300) == "SUCCESS", \
+        _log(server, first_id)
+    code = next(ln.split("CODE=", 1)[1] for ln in _log(server, first_id).splitlines() if ln.startswith("CODE="))
+    folder = f"{code}/pkg"
+    assert Path(folder, "door_backend.py").is_file()
+    for entry in (folder, f"-e {folder}", f"doorpkg @ file://{folder}"):
+        second = _workload(tmp_path / f"second{abs(hash(entry))}", [entry], "echo second")
+        for extra in ((), ("--dry-run",)):
+            sent = server.air("bob", "run", "-f", str(second), *extra)
+            answer = sent.stdout + sent.stderr
+            assert sent.returncode == 2, (entry, answer)
+            assert repr(entry) in answer and "outside this run's code snapshot" in answer, answer
+        status, body = server.api("POST", "/api/v1/runs", token=server.tokens["bob"], body={
+            "spec": {"experiment_name": "x", "compute": {"accelerator_type": "CPU_1xCPU", "num_accelerators": 1},
+                     "command": "echo hi", "environment": {"dependencies": [entry]}}})
+        assert status == 400 and repr(entry) in body["error"]["message"], (status, body)
+    runs = server.api("GET", "/api/v1/runs?all_users=1&all_status=1", token=server.tokens["root"])[1]["runs"]
+    assert [r["run_id"] for r in runs] == [first_id], runs
+    assert not list((server.home / "envs").rglob(".air-complete")) if (server.home / "envs").exists() else True
