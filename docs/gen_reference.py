@@ -30,7 +30,22 @@ def _fence(text: str) -> str:
 
 
 def cli_page() -> str:
-    """Every command's `-h`, as click prints it, depth first in the order `air -h` lists them."""
+    """Every command's `-h`, as click prints it, depth first in the order `air -h` lists them; over a
+    throwaway AIR_HOME and without AIR_PROFILE, so `-p`'s default reads as it does on a fresh install."""
+    old = {name: os.environ.pop(name, None) for name in ("AIR_HOME", "AIR_PROFILE")}
+    with tempfile.TemporaryDirectory(prefix="air-docs-") as home:
+        os.environ["AIR_HOME"] = home
+        try:
+            return _cli_page()
+        finally:
+            for name, value in old.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+def _cli_page() -> str:
     from air.cli.main import cli
 
     sections: list[str] = []

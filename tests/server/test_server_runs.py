@@ -80,6 +80,9 @@ def test_a_run_outlives_its_watch_and_is_alices(server: AirServer, tmp_path: Pat
     assert server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR") == "SUCCESS"
     detail = server.air_json("alice", "get", "run", run_id)
     assert detail["user"] == "alice" and detail["status"] == "SUCCESS"
+    # The run's backend and profile are the server's, and `air get run` says so (not as alice's own).
+    shown = server.air("alice", "get", "run", run_id).stdout
+    assert f"local on the server {server.url} (profile on the server: local)" in shown, shown
     node1 = server.air("alice", "logs", run_id, "--node", "1")
     assert node1.returncode == 0, node1.stderr
     assert node1.stdout.splitlines() == expected_lines(1)

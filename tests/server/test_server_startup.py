@@ -165,3 +165,24 @@ def test_an_mlflow_that_cannot_start_is_said_and_the_api_keeps_serving(tmp_path:
         assert status == 200, body
     finally:
         _stop(srv, proc, terminal)
+
+
+def test_a_busy_port_names_air_server_starts_own_flag(tmp_path: Path) -> None:
+    """`air server start` on a port another program holds: exit 1, the port is busy, and the hint is
+    `air server start --port N` (not `air ui`'s), before anything is started."""
+    import os
+    import socket
+
+    home = tmp_path / "server-home"
+    home.mkdir()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = subprocess.run([*AIR, "server", "start", "--port", str(port), "--single-trust-domain"],
+                                capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "AIR_HOME": str(home)})
+    assert result.returncode == 1, result.stderr
+    assert f"Port {port} on 127.0.0.1 is busy: another program listens there." in result.stderr
+    assert "e.g. `air server start --port " in result.stderr and "air ui" not in result.stderr, result.stderr
+    assert not alive(home_processes(home))

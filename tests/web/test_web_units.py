@@ -50,6 +50,27 @@ def test_run_list_pages_newest_first(tmp_path: object, air_home: object) -> None
     assert [r["id"][-1] for r in odd["runs"]] == ["5", "3", "1"]
 
 
+def test_the_status_filter_all_that_the_page_offers_lists_every_run(tmp_path: object, air_home: object) -> None:
+    """The page's status filter shows "all"; `/ui/runs?status=all` (a link or a hand-typed URL) is every
+    run, as no filter is, not an error page; an unknown status still names the ones that exist."""
+    import pytest
+
+    from air.errors import UserInputError
+
+    store = RunStore()
+    store.insert_runs(Run(id=f"run-261125-{i:08x}", experiment="e", status=status, accelerator_type="CPU_1xCPU",
+                          num_accelerators=1, num_nodes=1, submitted_at=1000.0 + i, user="u")
+                      for i, status in enumerate((RunStatus.SUCCESS, RunStatus.RUNNING, RunStatus.FAILED)))
+    unfiltered = run_list_page(store)
+    for value in ("all", "ALL"):
+        page = run_list_page(store, status=value)
+        assert [r["id"] for r in page["runs"]] == [r["id"] for r in unfiltered["runs"]] and len(page["runs"]) == 3
+        assert page["filters"]["status"] == ""  # shown as the filter's "all"; links carry no status
+    with pytest.raises(UserInputError) as info:
+        run_list_page(store, status="everything")
+    assert info.value.hint is not None and "all, active, ended, " in info.value.hint
+
+
 def test_tick_labels_never_repeat_when_the_range_is_small_beside_its_values() -> None:
     from air.web.charts import nice_ticks, tick_text
 

@@ -195,6 +195,21 @@ def test_renamed_keys_get_a_specific_hint(tmp_path: Path) -> None:
         assert re.search(rf"^{re.escape(str(path))}: {re.escape(old)}: .*{re.escape(new)}", message, re.M), old
 
 
+@pytest.mark.parametrize("where", ["top", "compute"])
+def test_num_nodes_is_refused_with_how_air_counts_nodes(tmp_path: Path, where: str) -> None:
+    """There is no num_nodes: the refusal says nodes = num_accelerators / the shape's per-node count."""
+    path = tmp_path / "nodes.yaml"
+    compute = "{num_accelerators: 16, accelerator_type: GPU_8xH100" + (", num_nodes: 2}" if where == "compute" else "}")
+    path.write_text(f"experiment_name: x\n{'num_nodes: 2' if where == 'top' else ''}\ncompute: {compute}\n"
+                    "command: echo hi\n")
+    with pytest.raises(UserInputError) as info:
+        load_workload(path)
+    key = "num_nodes" if where == "top" else "compute.num_nodes"
+    line = next(line for line in str(info.value).splitlines() if f": {key}: " in line)
+    assert "nodes = compute.num_accelerators / the per-node count of compute.accelerator_type" in line, line
+    assert "num_accelerators: 16 is 2 nodes" in line
+
+
 def test_reserved_names_cover_the_node_contract() -> None:
     contract = {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NUM_NODES", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                 "CODE_SOURCE_PATH", "MLFLOW_RUN_ID", "HYPERPARAMETERS_PATH"}

@@ -135,3 +135,37 @@ def test_shell_completion_offers_run_ids_from_the_store(air_home: Path) -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     for shell in ("bash", "zsh", "fish"):
         assert f"_AIR_COMPLETE={shell}_source air" in readme
+
+
+def test_logs_tail_0_prints_nothing_like_tail_n_0(tmp_path: Path) -> None:
+    """`air logs ID --tail 0` asks for no lines: it prints none and exits 0, with no word that the log is
+    empty (it is not); --tail 1 still shows the last line."""
+    path = write_workload(tmp_path, "tail0", """
+        experiment_name: tail0
+        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        command: echo first; echo last
+    """)
+    run_id = submit(path)
+    assert wait_terminal(run_id).status == RunStatus.SUCCESS
+    none = air("logs", run_id, "--tail", "0")
+    assert (none.returncode, none.stdout, none.stderr) == (0, "", "")
+    assert air("logs", run_id, "--tail", "1").stdout.splitlines() == ["last"]
+
+
+def test_profile_help_names_the_configured_default_profile(tmp_path: Path, air_home: Path) -> None:
+    """After `air login --default` (config.yaml's default_profile: remote) every `-p` help says the
+    default is 'remote', not a fixed 'local'; AIR_PROFILE, when set, is the default it names."""
+    air_home.mkdir(parents=True, exist_ok=True)
+    token = tmp_path / "token"
+    token.write_text("t0k\n")
+    (air_home / "config.yaml").write_text(
+        "default_profile: remote\n"
+        f"profiles:\n  remote: {{backend: server, url: 'http://127.0.0.1:9', token_path: {token}}}\n")
+    for args in (("-h",), ("run", "-h"), ("logs", "-h"), ("list", "runs", "-h"), ("server", "token", "list", "-h")):
+        shown = air(*args)
+        assert shown.returncode == 0, shown.stderr
+        text = " ".join(shown.stdout.split())
+        assert "(default: 'remote': AIR_PROFILE, else config.yaml's default_profile)" in text, (args, text)
+        assert "'local'" not in text, args
+    chosen = air("run", "-h", env={"AIR_PROFILE": "other"})
+    assert "(default: 'other', from AIR_PROFILE)" in " ".join(chosen.stdout.split())

@@ -106,6 +106,8 @@ def logs(
     if minutes is not None:
         _say_none_since(minutes, seen)
         return
+    if tail == 0:  # `tail -n 0`: nothing asked for, nothing printed, and no word that the log is empty
+        return
     shown_attempt = attempt if attempt is not None else (last or run).attempt_number or 0
     _say_empty(client, run, shown_attempt, node, rank, seen, ended=last.is_terminal if last else run.is_terminal)
 

@@ -37,7 +37,8 @@ def get_run(run_id: str) -> None:
     if settings().json:
         envelope(detail)
         return
-    print_run_detail(RunDetail.model_validate(detail), ui_hint=client.server is None)
+    print_run_detail(RunDetail.model_validate(detail), ui_hint=client.server is None,
+                     server=client.server.url if client.server is not None else None)
 
 
 @get.command("pools")
@@ -71,14 +72,18 @@ def _slot_ranges(slots: list[int]) -> str:
     return ",".join(f"{lo}-{hi}" if lo != hi else str(lo) for lo, hi in spans) or "-"
 
 
-def print_run_detail(run: RunDetail, *, ui_hint: bool = True) -> None:
-    """`air get run` (this machine's store or a server's answer alike)."""
+def print_run_detail(run: RunDetail, *, ui_hint: bool = True, server: str | None = None) -> None:
+    """`air get run` (this machine's store or a server's answer alike). Through a server (`server`, its
+    URL) the run's backend and profile are the server's, and are shown as the server's."""
+    profile = run.profile or "local"
+    backend = (f"{run.backend} on the server {server} (profile on the server: {profile})" if server
+               else f"{run.backend} (profile {profile})")
     pairs = [
         ("Run", run.run_id), ("Status", run.status.value),
         *([("Waiting", run.queue["reason"])] if run.queue else []),
         ("Experiment", run.experiment_name), ("MLflow run name", run.run_name or run.experiment_name),
         ("Accelerators", shape_text(run.num_nodes, run.accelerator_type, run.num_accelerators)),
-        ("Backend", f"{run.backend} (profile {run.profile or 'local'})"), *([("Pool", run.pool)] if run.pool else []),
+        ("Backend", backend), *([("Pool", run.pool)] if run.pool else []),
         ("User", run.user or "-"),
         ("Submitted", fmt_time(run.submitted_at)), ("Started", fmt_time(run.started_at)),
         ("Ended", fmt_time(run.ended_at)), ("Duration", duration_text(run.duration_seconds)),

@@ -78,7 +78,7 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
 
         public_url = check_public_url(public_url)
     profile = check_server_home()
-    check_port(host, port)
+    check_port(host, port, command="air server start")
     if mlflow_port == 0:
         mlflow = False
     elif mlflow_port is not None:

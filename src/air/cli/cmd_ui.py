@@ -50,8 +50,9 @@ def _free_port_near(host: str, port: int) -> int | None:
     return None
 
 
-def check_port(host: str, port: int) -> None:
-    """A busy port is an error that says so and how to pick another, before anything is started."""
+def check_port(host: str, port: int, *, command: str = "air ui") -> None:
+    """A busy port is an error that says so and how to pick another, before anything is started; the hint
+    names `command`, the one whose --port to change (`air ui`, `air server start`)."""
     from air.tracking.ui import running_ui
 
     problem = _port_busy(host, port)
@@ -65,7 +66,7 @@ def check_port(host: str, port: int) -> None:
     if problem.errno != errno.EADDRINUSE:
         raise LaunchError(
             f"Cannot listen on {host}:{port}: {problem.strerror or problem}.",
-            hint="Pick another port with --port (e.g. air ui --port 5001) or another --host.",
+            hint=f"Pick another port with --port (e.g. {command} --port 5001) or another --host.",
         )
     other = running_ui()
     who = (
@@ -76,7 +77,7 @@ def check_port(host: str, port: int) -> None:
     free = _free_port_near(host, port)
     raise LaunchError(
         f"Port {port} on {host} is busy: {who}.",
-        hint=f"Pick another port with --port, e.g. `air ui --port {free or port + 1}`"
+        hint=f"Pick another port with --port, e.g. `{command} --port {free or port + 1}`"
         + (" (free now)." if free else "."),
     )
 

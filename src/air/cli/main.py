@@ -26,12 +26,37 @@ def settings() -> Settings:
     return click.get_current_context().find_root().ensure_object(Settings)
 
 
+def default_profile_words() -> str:
+    """The profile a command goes to without -p, as it is now: AIR_PROFILE, else config.yaml's
+    default_profile (which `air login --default` changes). Read only when a help is shown."""
+    import os
+
+    from air.settings import AIR_PROFILE
+
+    if os.environ.get(AIR_PROFILE):
+        return f"{os.environ[AIR_PROFILE]!r}, from AIR_PROFILE"
+    try:
+        from air.config import load_config
+
+        name = load_config().default_profile
+    except AirError:  # a broken config.yaml is the command's to report, not its help's
+        return "AIR_PROFILE, else config.yaml's default_profile"
+    return f"{name!r}: AIR_PROFILE, else config.yaml's default_profile"
+
+
+class ProfileOption(click.Option):
+    """-p/--profile, whose help names the default profile as configured (not a fixed 'local')."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        self.help = f"Profile from $AIR_HOME/config.yaml (default: {default_profile_words()})."
+        return super().get_help_record(ctx)
+
+
 def common(func: F) -> F:
     """--json, -p/--profile, -v and -q also after the subcommand (`air list runs --json`)."""
 
     @click.option("--json", "json_flag", is_flag=True, default=False, help="Machine-readable output (JSON).")
-    @click.option("-p", "--profile", "profile_flag", default=None, metavar="NAME",
-                  help="Profile from $AIR_HOME/config.yaml (default: AIR_PROFILE, else 'local').")
+    @click.option("-p", "--profile", "profile_flag", cls=ProfileOption, default=None, metavar="NAME")
     @click.option("-v", "--verbose", "verbose_flag", count=True, help=VERBOSE_HELP)
     @click.option("-q", "--quiet", "quiet_flag", is_flag=True, default=False, help=QUIET_HELP)
     @functools.wraps(func)
@@ -84,7 +109,7 @@ class AirGroup(click.Group):
 @click.group(cls=AirGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="air")
 @click.option("--json", "json_flag", is_flag=True, default=False, help="Machine-readable output (JSON).")
-@click.option("-p", "--profile", default=None, metavar="NAME", help="Profile from $AIR_HOME/config.yaml.")
+@click.option("-p", "--profile", cls=ProfileOption, default=None, metavar="NAME")
 @click.option("-v", "--verbose", count=True, help=VERBOSE_HELP)
 @click.option("-q", "--quiet", is_flag=True, default=False, help=QUIET_HELP)
 @click.pass_context

@@ -259,15 +259,16 @@ LOG_TAIL_LINES = 500
 LOG_SEARCH_LINES = 20_000
 #: The runs page counts the runs its filters match up to this many ("1000+ runs" beyond: no COUNT scan).
 RUNS_COUNTED = 1000
-#: Status filter values beside the statuses themselves.
+#: Status filter values beside the statuses themselves ('all', like no filter, is what the page's
+#: filter shows when none is chosen, so a link that says it works too).
 STATUS_GROUPS = ("active", "ended")
 
 
 def _statuses(status: str | None) -> list[RunStatus] | Literal["all"] | None:
-    """`list_runs`' statuses for the page's status filter ('', a status, 'active', 'ended')."""
+    """`list_runs`' statuses for the page's status filter ('' or 'all', a status, 'active', 'ended')."""
     from air.errors import UserInputError
 
-    if not status:
+    if not status or status.lower() == "all":
         return "all"
     if status == "active":
         return None
@@ -276,7 +277,7 @@ def _statuses(status: str | None) -> list[RunStatus] | Literal["all"] | None:
     try:
         return [RunStatus(status.upper())]
     except ValueError:
-        names = ", ".join([*STATUS_GROUPS, *(s.value for s in RunStatus)])
+        names = ", ".join(["all", *STATUS_GROUPS, *(s.value for s in RunStatus)])
         raise UserInputError(f"Unknown status {status!r}.", hint=f"Use one of: {names}.") from None
 
 
@@ -322,7 +323,7 @@ def run_list_page(
         "count": min(counted, RUNS_COUNTED), "count_capped": counted > RUNS_COUNTED,
         "first": (page - 1) * per_page + 1 if rows else 0, "last": (page - 1) * per_page + len(rows),
         "queue": queue, "any_active": bool(store.list_runs(limit=1)),
-        "filters": {"status": status or "", "experiment": experiment or "", "user": user or "",
+        "filters": {"status": "" if _statuses(status) == "all" else status or "", "experiment": experiment or "", "user": user or "",
                     "accelerator": accelerator or ""},
     }
 

@@ -58,6 +58,10 @@ RENAMED_KEYS: dict[str, str] = {
     "environment.env_variables_secrets": "moved to the top-level 'secrets'",
     "env_variables_secrets": "renamed to 'secrets'",
     "workspace": "there are no workspaces; choose the backend with `air -p PROFILE` (or AIR_PROFILE)",
+    # Not a field anywhere: the node count follows from the two that are.
+    **{key: "air derives it: nodes = compute.num_accelerators / the per-node count of compute.accelerator_type "
+       "(GPU_8xH100: 8 per node, so num_accelerators: 16 is 2 nodes; CPU_1xCPU: 1 per node)"
+       for key in ("num_nodes", "compute.num_nodes", "nodes", "compute.nodes")},
 }
 
 _UNSUPPORTED = "a hosted-product field that air does not support"
