@@ -102,6 +102,10 @@ SERVER_REQUEST_TIMEOUT_S: float = 60.0
 #: The largest body `air server` accepts in one request (one snapshot blob, a spec): a clear 413 above it.
 SERVER_MAX_UPLOAD_BYTES: int = 256 << 20
 
+#: The most bytes the ranks' pickled return values (or a rank's exception) of a call `air server` drives may
+#: have together, split evenly between the ranks: the server passes them on untouched (it never unpickles them).
+SERVER_MAX_CALL_RESULT_BYTES: int = 1 << 30
+
 #: The most files one uploaded snapshot may hold.
 SERVER_MAX_SNAPSHOT_FILES: int = 100_000
 

@@ -3,6 +3,10 @@ its own detached process (`python -m air.distributed.call_driver RUN_ID`), as a 
 is, so it outlives the client and the server. The driver runs the same controller a caller runs
 (air.distributed.remote.drive_call) and leaves every rank's value, or the error, in the call folder
 (`CallPaths.result`) for the client to fetch.
+
+It runs as the server's account, so it never unpickles what the ranks return: it reads their outcomes'
+typed headers (air.distributed.outcome) and passes the pickled bytes on untouched, bounded in size
+(SERVER_MAX_CALL_RESULT_BYTES); only the caller unpickles them.
 """
 
 from __future__ import annotations
@@ -12,10 +16,9 @@ import os
 import subprocess
 import sys
 
-import cloudpickle
-
 from air.client.models import CallRequest
-from air.errors import WorkloadFailureException
+from air.constants import SERVER_MAX_CALL_RESULT_BYTES
+from air.distributed.outcome import CallResult
 from air.files import atomic_write_bytes, atomic_write_text
 from air.runs.paths import CallPaths
 from air.runs.states import FailureClass, RunStatus
@@ -47,16 +50,6 @@ def start_call(store: RunStore, user: str, call: CallRequest, payload: bytes) ->
     return store.get_run(run.id)
 
 
-def _result_bytes(outcome: tuple[str, object]) -> bytes:
-    try:
-        return bytes(cloudpickle.dumps(outcome))
-    except Exception as exc:  # a value or error that does not pickle: say so instead
-        kind, value = outcome
-        what = "a rank's return value" if kind == "ok" else f"the error ({type(value).__name__}: {value})"
-        return bytes(cloudpickle.dumps(("error", WorkloadFailureException(
-            f"The call ended but {what} could not be pickled to send back: {exc}"))))
-
-
 def main(argv: list[str]) -> int:
     from air.accelerators import parse_accelerator_type
     from air.backends import backend_for
@@ -70,7 +63,7 @@ def main(argv: list[str]) -> int:
     run = store.get_run(run_id)
     paths = CallPaths(run.id)
     request = json.loads(paths.request.read_text())
-    outcome: tuple[str, object]
+    result: CallResult
     try:
         profile = resolve_profile(run.profile)
         backend = backend_for(profile, ledger=store)
@@ -81,12 +74,13 @@ def main(argv: list[str]) -> int:
         job = CallJob(run.id, backend, parse_accelerator_type(run.accelerator_type), run.num_nodes,
                       paths.payload.read_bytes(), request["name"], request["timeout"], False,
                       tuple(request["preload"]), hang_timeout_s=request.get("hang_timeout"),
-                      checkpoint_dir=checkpoint_dir)
+                      checkpoint_dir=checkpoint_dir,
+                      max_payload_bytes=SERVER_MAX_CALL_RESULT_BYTES // max(1, run.num_accelerators))
         job.sandbox = sandbox
-        outcome = ("ok", drive_call(store, job, int(request["max_retries"])))
-    except BaseException as exc:  # the rank's own exception (or air's) goes to the client
-        outcome = ("error", exc)
-    atomic_write_bytes(paths.result, _result_bytes(outcome))
+        result = drive_call(store, job, int(request["max_retries"]))  # values or the rank's error, still pickled
+    except BaseException as exc:  # air's own error (built from typed data): its class, message and attributes
+        result = CallResult(error=exc)
+    atomic_write_bytes(paths.result, result.to_bytes())
     return 0
 
 

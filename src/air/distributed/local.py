@@ -127,4 +127,4 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
                            run_name=name).run
     job = CallJob(run.id, backend, accelerator, 1, payload, name, settings.timeout, True,
                   preload, hang_timeout_s=settings.hang_timeout, local=True)
-    return drive_call(store, job, 0)
+    return drive_call(store, job, 0).load()  # unpickled here: this process is the caller

@@ -43,7 +43,14 @@ from air.distributed.local import (
     serialize_call,
     warm_enabled,
 )
-from air.distributed.outcome import done_path, hang_path, outcome_path, read_outcome, resolve
+from air.distributed.outcome import (
+    CallResult,
+    done_path,
+    hang_path,
+    outcome_path,
+    read_outcome,
+    settle,
+)
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
 from air.errors import RuntimeConfigurationError, WorkloadFailureException
@@ -96,7 +103,7 @@ def run_remote(func: Callable[..., object], args: Sequence[object], kwargs: Mapp
     job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, True,
                   preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
                   checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
-    return drive_call(store, job, max_retries)
+    return drive_call(store, job, max_retries).load()  # unpickled here: this process is the caller
 
 
 def create_call_run(store: RunStore, profile: Profile, settings: CallSettings, name: str, *, experiment: str,
@@ -119,9 +126,10 @@ def create_call_run(store: RunStore, profile: Profile, settings: CallSettings, n
     return run, backend, accelerator, num_nodes
 
 
-def drive_call(store: RunStore, job: CallJob, max_retries: int) -> list[Any]:
-    """Drive a call's run to its end in this process (the caller's, or an air server's call driver);
-    every rank's value, or the rank's own exception raised."""
+def drive_call(store: RunStore, job: CallJob, max_retries: int) -> CallResult:
+    """Drive a call's run to its end in this process (the caller's, or an air server's call driver):
+    every rank's value or the rank's own exception, both still pickled (only the caller unpickles them,
+    `CallResult.load`); air's own errors (a death, a timeout, a cancel) are raised."""
     run_id, backend = job.run_id, job.backend
     store.set_supervisor(run_id, os.getpid())  # this process drives the run: if it dies, reconcile ends it
     job.max_restarts = max_retries
@@ -139,8 +147,9 @@ def drive_call(store: RunStore, job: CallJob, max_retries: int) -> list[Any]:
         _end_internal(store, run_id, exc)
         raise
     verdict = controller.last_verdict
-    if status is RunStatus.SUCCESS and verdict is not None:
-        return list(verdict.values)
+    if verdict is not None and isinstance(verdict.values, CallResult) and (
+            status is RunStatus.SUCCESS or verdict.values.raised is not None):
+        return verdict.values
     if verdict is not None and verdict.error is not None:
         raise verdict.error
     if status is RunStatus.CANCELED:
@@ -193,8 +202,11 @@ class CallJob:
 
     def __init__(self, run_id: str, backend: Backend, accelerator: AcceleratorType, num_nodes: int,
                  payload: bytes, name: str, timeout_s: float | None, echo: bool, preload: tuple[str, ...], *,
-                 hang_timeout_s: float | None = None, checkpoint_dir: str | None = None, local: bool = False) -> None:
+                 hang_timeout_s: float | None = None, checkpoint_dir: str | None = None, local: bool = False,
+                 max_payload_bytes: int | None = None) -> None:
         self.run_id = run_id
+        #: Under `air server`: the most bytes a rank's pickled value (or exception) may have (None: no bound).
+        self.max_payload_bytes = max_payload_bytes
         self.hang_timeout_s = hang_timeout_s
         self.checkpoint_dir = checkpoint_dir
         self.backend = backend
@@ -339,7 +351,7 @@ class CallJob:
                     atomic_write_bytes(self.call_dir / name, data, durable=False)
             exits += handle.process_exits(node) or []
         try:
-            outcomes = [read_outcome(self.call_dir, rank) for rank in range(self.world)]
+            outcomes = [read_outcome(self.call_dir, rank, self.max_payload_bytes) for rank in range(self.world)]
             self._warn_about_hung_releases()
             if outcome.stopped:
                 return AttemptVerdict.failed("Canceled by the user (air cancel).", FailureClass.CANCEL,
@@ -349,17 +361,20 @@ class CallJob:
                 reason = f"{outcome.lost_node}; the call is not retried (rank logs: {self.call_dir})"
                 return AttemptVerdict.failed(reason, FailureClass.INFRASTRUCTURE,
                                              WorkloadFailureException(f"Run {self.run_id} failed: {reason}"))
-            try:
-                values = resolve(outcomes, exits, self.log_paths, timed_out=outcome.timed_out, timeout_s=self.timeout_s)
-            except BaseException as exc:  # the rank's own exception, rebuilt: raised here
+            try:  # typed headers only: nothing a rank pickled is loaded here (this may be a server's driver)
+                result = settle(outcomes, exits, self.log_paths, timed_out=outcome.timed_out, timeout_s=self.timeout_s)
+            except BaseException as exc:  # air's own error (a death, the timeout, a missing outcome)
                 if outcome.timed_out:
                     return AttemptVerdict.failed(f"Ran past its timeout of {self.timeout_s:g} s.",
                                                  FailureClass.TIMEOUT, exc)
                 first = str(exc).splitlines()[0] if str(exc) else ""
-                rank = getattr(exc, "air_rank", None)
-                who = f"Rank {rank}: " if rank is not None and not first.lower().startswith(f"rank {rank}") else ""
-                return AttemptVerdict.failed(f"{who}{type(exc).__name__}: {first}"[:500], FailureClass.USER_CODE, exc)
-            return AttemptVerdict(True, values=values)
+                return AttemptVerdict.failed(f"{type(exc).__name__}: {first}"[:500], FailureClass.USER_CODE, exc)
+            if result.raised is not None:  # the rank's own exception: the caller raises it (CallResult.load)
+                if outcome.timed_out:
+                    return AttemptVerdict(False, f"Ran past its timeout of {self.timeout_s:g} s.",
+                                          FailureClass.TIMEOUT, values=result)
+                return AttemptVerdict(False, result.raised.reason(), FailureClass.USER_CODE, values=result)
+            return AttemptVerdict(True, values=result)
         finally:
             for rank in range(self.world):
                 outcome_path(self.call_dir, rank).unlink(missing_ok=True)

@@ -1,6 +1,9 @@
 """`@distributed(remote=True)` through an `air server`: the call is sent (pickled, with its shape), the
 server drives it as a run of kind `call` (air.distributed.call_driver), and this process streams its
-rank logs and fetches every rank's value, or the rank's exception, when it ends. Ctrl-C cancels it."""
+rank logs and fetches every rank's value, or the rank's exception, when it ends. Ctrl-C cancels it.
+
+The server never unpickles them (it reads the typed header beside them): this process, the caller, is
+the only one that does, and it trusts its own function."""
 
 from __future__ import annotations
 
@@ -10,14 +13,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import cloudpickle
-
 from air.client import RemoteError, ServerClient
 from air.client.models import CallAnswer, CallRequest, LinesEvent, Run, RunEvent
 from air.distributed.local import call_experiment, serialize_call
+from air.distributed.outcome import CallResult
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
-from air.errors import WorkloadFailureException
 
 #: How often the client asks whether a call it lost the log stream of has ended (seconds).
 _POLL_S = 0.5
@@ -52,10 +53,7 @@ def call_through_server(client: ServerClient, func: Callable[..., object], args:
     except KeyboardInterrupt:
         client.post(f"/runs/{run_id}/cancel")
         raise
-    kind, value = cloudpickle.loads(data)
-    if kind == "ok":
-        return list(value)
-    raise value if isinstance(value, BaseException) else WorkloadFailureException(str(value))
+    return CallResult.from_bytes(data).load()
 
 
 def _stream(client: ServerClient, run_id: str) -> None:

@@ -1,5 +1,9 @@
 """`/api/v1/calls`: `@distributed(remote=True)` calls the server drives (air.distributed.call_driver),
-and `/api/v1/runs/{id}/result`, every rank's value (pickled) once the call ended: its owner's only."""
+and `/api/v1/runs/{id}/result`, every rank's value (pickled) once the call ended: its owner's only.
+
+The server never unpickles either: the call's payload is unpickled by its ranks, in the caller's
+sandbox; the result is a typed header and the ranks' pickled bytes (air.distributed.outcome.CallResult),
+sent on as the call driver wrote it, for the caller alone to unpickle."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import base64
 import binascii
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from air.client.models import CallAnswer, CallRequest, parse_request
@@ -55,4 +59,4 @@ def call_result(request: Request, run_id: str, who: Caller) -> Response:
     result = CallPaths(run.id).result
     if not result.exists():
         raise NotReady(f"Call {run.id} has no result yet ({run.status.value}).")
-    return Response(result.read_bytes(), media_type="application/octet-stream")
+    return FileResponse(result, media_type="application/octet-stream")  # streamed as written, never parsed
