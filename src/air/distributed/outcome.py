@@ -385,7 +385,11 @@ def _error_from_state(state: object) -> BaseException:
         raise ValueError("error: malformed")
     plain: dict[str, object] = {str(k): v for k, v in attrs.items()
              if isinstance(v, _PLAIN) or (isinstance(v, list) and all(isinstance(x, str) for x in v))}
-    return errors._rebuild(cls, message, hint, plain)
+    err = cls.__new__(cls)  # as AirError.__reduce__ rebuilds one: no __init__ to guess the arguments of
+    Exception.__init__(err, message)
+    err.__dict__.update(plain)
+    err.message, err.hint = message, hint
+    return err
 
 
 def settle(
@@ -445,3 +449,17 @@ def settle(
         values.append(outcome.payload)
     return CallResult(values=tuple(values))
 
+
+
+def resolve(
+    outcomes: Sequence[RankOutcome | None],
+    exits: Sequence[ProcessExit],
+    log_paths: Sequence[Path],
+    *,
+    timed_out: bool,
+    timeout_s: float | None,
+    interrupted: bool = False,
+) -> list[Any]:
+    """`settle`, then `CallResult.load`: the caller's result, unpickled. Only for the caller's own process."""
+    return settle(outcomes, exits, log_paths, timed_out=timed_out, timeout_s=timeout_s,
+                  interrupted=interrupted).load()
