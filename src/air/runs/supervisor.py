@@ -50,6 +50,7 @@ from air.workload.plan import RunPlan
 if TYPE_CHECKING:
     from air.environments.cache import Environment
     from air.environments.dependencies import DependencySet
+    from air.runs.limits import AttemptLimits
 
 _log = logging.getLogger("air.supervisor")
 
@@ -120,6 +121,8 @@ class WorkloadJob:
         self.say = say
         #: The cgroup's OOM kill counter as each attempt started (reasons.oom_kill_count; None: unreadable).
         self.oom_kills_before: dict[int, int | None] = {}
+        #: Each attempt's limits (cgroups, disk watch): what they counted is read by judge().
+        self.attempt_limits: dict[int, AttemptLimits] = {}
         self.store: RunStore | None = None
         #: The nodes run on this machine (the local backend): they can read the attempt's folder (tracking).
         self.nodes_local = True
@@ -192,11 +195,30 @@ class WorkloadJob:
                  tracking_env: dict[str, str], air_log: Callable[[str], None]) -> Iterator[list[NodeLaunch]]:
         self.oom_kills_before[attempt] = oom_kill_count()  # judge() compares: was a SIGKILL the OOM killer's?
         try:
-            with self._environment(air_log) as environment:
-                yield self._node_launches(attempt, node_logs, environment, tracking_env)
+            with self._environment(air_log) as environment, self._limited(attempt, air_log) as limits:
+                yield limits.apply(self._node_launches(attempt, node_logs, environment, tracking_env))
         except EnvironmentBuildError as exc:
             air_log(f"environment setup failed: {exc.message}")
             raise SetupFailure(exc.message) from exc
+
+    @contextlib.contextmanager
+    def _limited(self, attempt: int, air_log: Callable[[str], None]) -> Iterator[AttemptLimits]:
+        """The attempt's limits (runs/limits.py): a cgroup per walled node (memory, processes) and a watch on
+        the run's disk, from the server's `server.limits`; removed once its nodes ended (judge reads them)."""
+        from air.config import load_config
+        from air.launcher import reap_tag
+        from air.runs.limits import AttemptLimits
+
+        def end_nodes() -> None:
+            reap_tag(process_tag(self.run_id), subtags=True)
+
+        limits = AttemptLimits(self.run_id, attempt, load_config().server.limits if self.nodes_local else None,
+                               checkpoint_dir=self.checkpoint_dir, air_log=air_log, end_nodes=end_nodes)
+        self.attempt_limits[attempt] = limits
+        try:
+            yield limits
+        finally:
+            limits.close()
 
     @contextlib.contextmanager
     def _environment(self, air_log: Callable[[str], None]) -> Iterator[Environment | None]:
@@ -338,6 +360,11 @@ class WorkloadJob:
             exit_code, sig, tail, timed_out=outcome.timed_out, canceled=outcome.stopped,
             node=node if self.plan.num_nodes > 1 else None, timeout_minutes=self.plan.timeout_minutes,
             oom_kills=after - before if before is not None and after is not None else None)
+        limits = self.attempt_limits.get(attempt)
+        limited = None if limits is None or outcome.timed_out or outcome.stopped else limits.reason(
+            node, reason, where=" (node)" if self.plan.num_nodes > 1 else "")
+        if limited is not None:  # a limit of the server's explains it: the kernel's counters, not a guess
+            reason, failure_class = limited
         # The tail was masked when written; masked again, as the reason goes to the store, MLflow and logs.
         return AttemptVerdict(False, self.redactor.mask_text(reason), failure_class, exit_code=exit_code, signal=sig)
 
