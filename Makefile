@@ -31,6 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 setup: $(STAMP)
+	@[ -x /usr/bin/bwrap ] || echo "setup: note: bubblewrap (/usr/bin/bwrap) is not installed: \`air server\` needs it to wall users' runs in. Install it: sudo apt-get install bubblewrap (Fedora, RHEL: sudo dnf install bubblewrap)"
 
 demo: setup
 	AIR_HOME=$${AIR_HOME:-$(CURDIR)/.air-home} $(PY) examples/quickstart/ddp_cpu.py

@@ -225,7 +225,13 @@ AIR_SUPERVISOR_ONLY = _internal(
 )
 AIR_ISOLATION = _internal(
     "AIR_ISOLATION",
-    "Set by `air server` for its supervisors and call drivers: the walls its runs get (`unix-user+bwrap`, `bwrap`).",
+    "Set by `air server` for its supervisors and call drivers: the walls its runs get (`unix-user+bwrap`, `bwrap`, "
+    "or `none (...)`); where set, a node's and a rank's environment is the clean base (node_environ).",
+)
+AIR_FORWARD_ENV = _internal(
+    "AIR_FORWARD_ENV",
+    "Set by `air server`: the variables of its own environment (comma-separated, `server.forward_env` of its "
+    "config) that its runs' nodes and ranks also get.",
 )
 AIR_FAKE_GPUS = _internal(
     "AIR_FAKE_GPUS",
@@ -271,12 +277,30 @@ def switched(name: str, default: bool, env: Mapping[str, str] | None = None) -> 
     return True if value in SWITCHED_ON else False if value in SWITCHED_OFF else default
 
 
+#: What a node or rank of a run of `air server` gets from the server's own environment, besides air's own
+#: variables, MLflow's and the names the operator forwards (`server.forward_env`): an operator's cloud keys,
+#: tokens and the like never reach a user's code unless named.
+BASE_ENV = ("PATH", "HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TERM", "USER",
+            "LOGNAME", "SHELL", "TMPDIR", "CUDA_VISIBLE_DEVICES")
+#: Registered variables a server's own environment may hold that are the operator's, not air's for a run:
+#: its client settings (another server's address and token).
+_OPERATOR_ONLY = ("AIR_SERVER_URL", "AIR_TOKEN", "AIR_PROFILE")
+
+
 def node_environ(env: Mapping[str, str]) -> dict[str, str]:
     """`env` without what `air server` gave its supervisors and call drivers only (AIR_SUPERVISOR_ONLY):
     the one rule every builder of a node's or rank's environment applies, so no node ever holds the
-    server's MLflow credential or its supervisors' TLS exceptions."""
+    server's MLflow credential or its supervisors' TLS exceptions. Under a server (AIR_ISOLATION set, any
+    mode), only the clean base: BASE_ENV, air's registered variables, MLflow's (`MLFLOW_*`) and the names in
+    AIR_FORWARD_ENV; a local run (no server) keeps the user's whole environment."""
     drop = {AIR_SUPERVISOR_ONLY, *(k for k in env.get(AIR_SUPERVISOR_ONLY, "").split(",") if k)}
-    return {k: v for k, v in env.items() if k not in drop}
+    kept = {k: v for k, v in env.items() if k not in drop}
+    if not env.get(AIR_ISOLATION):
+        return kept
+    forward = {k for k in env.get(AIR_FORWARD_ENV, "").split(",") if k}
+    return {k: v for k, v in kept.items()
+            if k in BASE_ENV or k in forward or k.startswith("MLFLOW_")
+            or (k in REGISTRY and k not in _OPERATOR_ONLY and k not in (AIR_ISOLATION, AIR_FORWARD_ENV))}
 
 
 def of_kind(kind: Kind) -> list[EnvVar]:

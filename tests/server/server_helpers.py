@@ -150,6 +150,15 @@ class AirServer:
         return str(wait_for(lambda: (s := self.run_status(run_id)) in statuses and s,
                             f"run {run_id} to be {'/'.join(statuses)}", timeout=timeout, interval=0.2))
 
+    def account(self, user: str) -> str:
+        """The Unix account this (root, isolated) server runs `user`'s runs as, as its start-up lines say
+        (`air-<server id>-<user>`: each server's own)."""
+        import re
+
+        found = re.search(r"as Unix account (\S+)NAME", self.log.read_text())
+        assert found, f"no account prefix in the server's start-up lines: {self.log.read_text()}"
+        return found.group(1) + user
+
     def mlflow_socket(self) -> Path:
         """The Unix socket the server's MLflow listens on (its `--uds`): ServerPaths.mlflow_socket, or a
         0700 temporary folder's when that path is longer than a socket path may be (a deep tmp_path)."""

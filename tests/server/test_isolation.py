@@ -158,7 +158,7 @@ def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: Ai
     before = alice_log.read_text()
     # Alice's node runs as her own account, not the server's.
     users = {p.username() for p in _run_processes(alice_run)}
-    assert "air-alice" in users and users <= {"air-alice", "root"}, users
+    assert server.account("alice") in users and users <= {server.account("alice"), "root"}, users
     assert not any(p.username() == "root" and "main.py" in " ".join(p.cmdline()) for p in _run_processes(alice_run))
 
     put = subprocess.run([*AIR, "secrets", "put", "keys", "bob"], env=server.env("bob"), input=BOB_SECRET,
@@ -188,7 +188,7 @@ def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: Ai
                              "mlflow_socket"}, attempts
     # (not in bob's view at all; and were it there, the 0700 folder stops bob's account, as seen below)
     assert attempts["mlflow_socket"] in ("PermissionError", "FileNotFoundError"), attempts
-    knock = subprocess.run(["runuser", "-u", "air-bob", "--", "/usr/bin/python3", "-c",
+    knock = subprocess.run(["runuser", "-u", server.account("bob"), "--", "/usr/bin/python3", "-c",
                             "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])",
                             str(mlflow_socket)],
                            capture_output=True, text=True, timeout=60)
@@ -206,7 +206,7 @@ def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: Ai
     assert (server.home / "server/users/alice/secrets.json").exists() and (server.home / "runs.db").exists()
     assert alice_log.exists()
     who = json.loads(next(ln.split("WHO ", 1)[1] for ln in lines if "WHO " in ln))
-    assert who["user"] == "air-bob" and who["uid"] == pwd.getpwnam("air-bob").pw_uid, who
+    assert who["user"] == server.account("bob") and who["uid"] == pwd.getpwnam(server.account("bob")).pw_uid, who
     # of the server's home the view holds only the empty folders on the way to bob's own code and checkpoints
     assert "runs.db" not in who["home_holds"] and "users" not in who["home_holds"], who
 
@@ -220,7 +220,7 @@ def test_bobs_run_cannot_reach_alice_or_the_server_and_still_trains(isolated: Ai
     # MLflow metric logged through the server
     checkpoint = next(ln.split("CHECKPOINT ", 1)[1] for ln in lines if "CHECKPOINT " in ln)
     assert Path(checkpoint).read_text() == "weights"
-    assert Path(checkpoint).owner() == "air-bob"
+    assert Path(checkpoint).owner() == server.account("bob")
     assert any(ln.endswith("SECRET ok") for ln in lines), lines
     assert any(ln.endswith("MLFLOW ok") for ln in lines), [ln for ln in lines if "MLFLOW" in ln]
 

@@ -49,7 +49,7 @@ def test_a_remote_call_runs_walled_in_as_its_callers_account(tmp_path: Path) -> 
         ranks = json.loads(line.removeprefix("RESULT "))
         assert [r["rank"] for r in ranks] == [0, 1]
         for rank in ranks:
-            assert rank["user"] == "air-alice", rank  # never the server's account (root)
+            assert rank["user"] == server.account("alice"), rank  # never the server's account (root)
             assert all(not got.startswith("READ") for got in rank["tried"].values()), rank
         runs = server.air_json("alice", "list", "runs", "--all-status")["runs"]
         assert (runs[0]["kind"], runs[0]["status"]) == ("call", "SUCCESS")

@@ -11,7 +11,9 @@ crosses the Ray boundary as is.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
+from air.errors import RuntimeConfigurationError
 from air.launcher.machine import NodeSamples
 from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.progress import Silence
@@ -130,10 +133,30 @@ def build_outcome(node_ranks: Sequence[int], exits: Sequence[Sequence[ProcessExi
                           lost_node=lost_node)
 
 
-def node_work_root(run_id: str, node_rank: int) -> Path:
-    """Node-local folder of one node of one run: unpacked code, call payloads and outcomes."""
+def agent_root() -> Path:
+    """`air-agent-<uid>/` in AIR_AGENT_DIR (the temp folder): this account's own node folders, 0700, so no
+    other account lists its runs or reaches their work and scratch. Made here and only used when it is
+    a real folder of this uid (a folder or link another account planted in a shared /tmp is refused)."""
     base = Path(os.environ.get(AIR_AGENT_DIR) or tempfile.gettempdir()) / f"air-agent-{os.getuid()}"
-    return base / run_id / f"node_{node_rank}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(base, 0o700)
+    info = os.lstat(base)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        what = "a link" if stat.S_ISLNK(info.st_mode) else "not a folder" if not stat.S_ISDIR(info.st_mode) \
+            else f"owned by uid {info.st_uid}"
+        raise RuntimeConfigurationError(
+            f"{base} is {what}, not a folder of this account (uid {os.getuid()}): air keeps its runs' node "
+            "folders there and will not use one another account could reach.",
+            hint=f"Remove {base} (another account made it), or set {AIR_AGENT_DIR} to a folder of your own.")
+    if info.st_mode & 0o777 != 0o700:
+        os.chmod(base, 0o700)  # made by an older air (0755): tightened
+    return base
+
+
+def node_work_root(run_id: str, node_rank: int) -> Path:
+    """Node-local folder of one node of one run: unpacked code, call payloads and outcomes (in agent_root)."""
+    return agent_root() / run_id / f"node_{node_rank}"
 
 
 def parse_node_shape(raw: str) -> AcceleratorType | None:

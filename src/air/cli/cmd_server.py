@@ -88,7 +88,6 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
     log = ServerPaths.here().log
 
     def ready(url: str, mlflow_uri: str, state: MLflowState | None) -> None:
-        from air.runs.limits import limits_at_start
         from air.server.app import API, PAGES
 
         now = f"; {state.state} ({state.waited_s():.0f} s so far, its output: {log})" \
@@ -97,11 +96,19 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
         stderr(f"  API:   {url}{API}  (answering)")
         stderr(f"  Pages: {url}{PAGES}/runs  (log in with a token: air server token create NAME)")
         stderr(f"  MLflow: {mlflow_uri}{now}")
-        stderr(f"  Runs:  isolation {os.environ.get(AIR_ISOLATION) or 'none'}")
-        try:  # said once; where cgroups cannot be written, runs start without them
-            stderr(f"  Limits: {limits_at_start()}")
-        except Exception as exc:  # a message must never stop the server
-            stderr(f"  Limits: could not be checked: {exc}")
+        stderr(f"  Runs:  isolation {isolation_line()}")
+
+    def isolation_line() -> str:
+        from air.runs.isolation import NONE, UNIX_USER, account_prefix
+        from air.server.isolation import isolation_advice
+
+        mode = os.environ.get(AIR_ISOLATION) or "none"
+        if mode == NONE:  # chosen: --single-trust-domain
+            return mode
+        if mode == UNIX_USER:
+            return f"{mode} (each user's runs as Unix account {account_prefix()}NAME, in its own view and pids)"
+        advice = isolation_advice()
+        return f"{mode}; to wall each user's runs in as their own account: {advice}" if advice else mode
 
     def mlflow_changed(state: MLflowState) -> None:
         if state.state == "ready":
@@ -129,7 +136,7 @@ def token() -> None:
 @click.option("--admin", is_flag=True, help="May cancel anyone's runs.")
 @click.option("--unix-user", default=None, metavar="ACCOUNT",
               help="The existing Unix account NAME's runs execute as on a server run as root (default: an "
-              "account air creates, air-NAME).")
+              "account air creates, air-<server id>-NAME; server.account_prefix sets its start).")
 @common
 def create(name: str, admin: bool, unix_user: str | None) -> None:
     """A new token for user NAME, printed as the last line (shown once: keep it)."""

@@ -8,8 +8,11 @@ the network as it is (peers, MLflow). Nothing else of the machine's files is the
 command starts, so even a file bound by mistake is read with the account's rights; without one (a server
 that is not root) bwrap builds the view in a user namespace as the same user.
 
-Teardown is unchanged: the command keeps the launch's AIR_PROCESS_TAG and process group, and dies with
-bwrap (`--die-with-parent`, and `setpriv --pdeathsig`: a uid change clears the parent-death signal).
+A server's runs also get a process namespace of their own (`own_pids`): /proc shows none of the
+server's processes nor another user's. Teardown is unchanged: the command keeps the launch's
+AIR_PROCESS_TAG and process group (seen from the host as ever), and dies with bwrap (`--die-with-parent`,
+and `setpriv --pdeathsig`: a uid change clears the parent-death signal); when bwrap's init (the
+namespace's pid 1) ends, the kernel ends everything left in the namespace.
 """
 
 from __future__ import annotations
@@ -26,13 +29,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from air.settings import AIR_HOME
+from air.settings import AIR_HOME, AIR_LAUNCHER_PID
 
 BWRAP = "/usr/bin/bwrap"
 SETPRIV = "/usr/bin/setpriv"
 #: What every view shows read-only (a symlink such as /lib -> usr/lib stays a symlink).
 SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "/etc")
-#: Prefix of the accounts air creates for users that have no `--unix-user`.
+#: Start of every account air creates for users that have no `--unix-user` (a server's prefix adds its
+#: own id: air.runs.isolation.account_prefix).
 ACCOUNT_PREFIX = "air-"
 _ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
@@ -64,15 +68,13 @@ class Sandbox:
     read_only: tuple[str, ...] = ()
     writable: tuple[str, ...] = ()
     account: Account | None = None
-    #: A process namespace of its own (bwrap without an account: the same uid must not reach the
-    #: server's processes through /proc). Only for commands that need no host pid (workload nodes).
+    #: A process namespace of its own: /proc shows the launch's own processes only (not the server's, nor
+    #: another user's command lines). Inside it the launcher is its pid 1 (bwrap's init, which dies with
+    #: the launcher), so AIR_LAUNCHER_PID says 1 there.
     own_pids: bool = False
     #: The AIR_HOME the processes see (a folder in the scratch): the server's is not in the view, so air
     #: used inside a node (a nested `@distributed` call, `air` commands) keeps its state there.
     air_home: str | None = None
-    #: The `cgroup.procs` files of the cgroup its processes run in (air.launcher.cgroups: memory and process
-    #: limits): the first process joins, still root, before bwrap starts (`join_argv`, where it is started).
-    cgroup: tuple[str, ...] = ()
     label: str = field(default="", compare=False)
 
     @property
@@ -127,6 +129,8 @@ class Sandbox:
         args += ["--setenv", "HOME", self.scratch, "--setenv", "TMPDIR", os.path.join(self.scratch, "tmp")]
         if self.air_home:
             args += ["--setenv", AIR_HOME, self.air_home]
+        if self.own_pids:  # the host pid means nothing inside: the parent a process must not outlive is pid 1
+            args += ["--setenv", AIR_LAUNCHER_PID, "1"]
         if self.account is not None:
             args += ["--setenv", "USER", self.account.name, "--setenv", "LOGNAME", self.account.name]
         inside = cwd if cwd and any(cwd == p or cwd.startswith(p.rstrip("/") + "/") for p, _ in binds) else self.scratch
@@ -176,14 +180,16 @@ def can_switch_accounts() -> bool:
     return os.geteuid() == 0 and os.access(SETPRIV, os.X_OK) and shutil.which("useradd") is not None
 
 
-def account_name_for(user: str) -> str:
-    """The account air creates for an air user: `air-<name>` (lowercased; a name Unix would refuse, or a
-    long one, gets a short hash so two users never share one)."""
-    plain = ACCOUNT_PREFIX + user.lower()
-    if _ACCOUNT_RE.match(plain) and plain == ACCOUNT_PREFIX + user:
+def account_name_for(user: str, prefix: str = ACCOUNT_PREFIX) -> str:
+    """The account air creates for an air user: `<prefix><name>` (a server's prefix: `air-<its id>-`). A
+    name Unix would refuse (not lowercase, odd characters, past 32 characters) gets a short hash instead of
+    its tail, so two users never share one."""
+    plain = prefix + user
+    if _ACCOUNT_RE.match(plain):
         return plain
-    cleaned = re.sub(r"[^a-z0-9_-]", "-", user.lower())[:18]
-    return f"{ACCOUNT_PREFIX}{cleaned}-{hashlib.sha256(user.encode()).hexdigest()[:8]}"
+    room = max(32 - len(prefix) - 9, 1)
+    cleaned = re.sub(r"[^a-z0-9_-]", "-", user.lower())[:room]
+    return f"{prefix}{cleaned}-{hashlib.sha256(user.encode()).hexdigest()[:8]}"
 
 
 def ensure_account(name: str) -> Account:

@@ -10,6 +10,7 @@ scratch folder; nothing else of AIR_HOME.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Iterable
@@ -17,7 +18,14 @@ from pathlib import Path
 
 from air.backends.base import node_work_root
 from air.home import AirHome
-from air.launcher.sandbox import Account, Sandbox, account_name_for, check_account, ensure_account
+from air.launcher.sandbox import (
+    ACCOUNT_PREFIX,
+    Account,
+    Sandbox,
+    account_name_for,
+    check_account,
+    ensure_account,
+)
 from air.runs.store import RunStore
 from air.settings import AIR_ISOLATION
 
@@ -36,15 +44,27 @@ def isolation_mode() -> str | None:
     return mode if mode in (UNIX_USER, BWRAP) else None
 
 
+def account_prefix(home: AirHome | None = None) -> str:
+    """The start of the account names this server creates: `server.account_prefix` of its config, else
+    `air-<6 hex of its AIR_HOME's real path>-`, so two servers on one host never give a user one uid."""
+    from air.config import load_config
+
+    configured = load_config().server.account_prefix
+    if configured:
+        return configured
+    root = os.path.realpath((home or AirHome(create=False)).root)
+    return f"{ACCOUNT_PREFIX}{hashlib.sha256(root.encode()).hexdigest()[:6]}-"
+
+
 def account_for(store: RunStore, user: str) -> Account:
     """The Unix account `user`'s runs execute as: the newest `--unix-user` of their tokens, else the
-    account air creates for them (`air-<name>`)."""
+    account air creates for them (`<account_prefix()><name>`)."""
     row = store.reader().execute(
         "SELECT unix_user FROM api_tokens WHERE user = ? AND unix_user IS NOT NULL AND revoked_at IS NULL "
         "ORDER BY created_at DESC LIMIT 1", (user,)).fetchone()
     if row is not None:
         return check_account(str(row[0]))
-    return ensure_account(account_name_for(user))
+    return ensure_account(account_name_for(user, account_prefix()))
 
 
 def python_roots(python: str | None = None) -> list[str]:
@@ -73,13 +93,13 @@ def _outside(paths: Iterable[str], home: Path) -> list[str]:
 
 
 def run_sandbox(store: RunStore, run_id: str, user: str, *, read_only: Iterable[str] = (),
-                writable: Iterable[str] = (), python: str | None = None, own_pids: bool = False,
+                writable: Iterable[str] = (), python: str | None = None, own_pids: bool = True,
                 private_home: bool = False) -> Sandbox | None:
     """The sandbox of run `run_id` of `user`, or None when this process runs without isolation.
 
     `read_only`: the run's own inputs (code, command, environment); `writable`: its checkpoint folder.
-    `own_pids`: a process namespace of its own where there is no account (workload nodes only: a call's
-    ranks check their launcher's pid). `private_home`: the processes' AIR_HOME is a folder of the scratch
+    `own_pids`: a process namespace of its own (every mode, nodes and ranks: they see none of the server's
+    nor other users' processes; AIR_LAUNCHER_PID is its pid 1 there). `private_home`: the processes' AIR_HOME is a folder of the scratch
     (workload nodes: air used inside them, such as a nested `@distributed` call, keeps its state there)."""
     mode = isolation_mode()
     if mode is None:
@@ -93,8 +113,9 @@ def run_sandbox(store: RunStore, run_id: str, user: str, *, read_only: Iterable[
     for path in rw:
         Path(path).mkdir(parents=True, exist_ok=True, mode=0o700)
     return Sandbox(scratch=str(scratch), read_only=tuple(ro), writable=tuple(rw), account=account,
-                   own_pids=own_pids and account is None, air_home=str(scratch / "air-home") if private_home else None,
+                   own_pids=own_pids, air_home=str(scratch / "air-home") if private_home else None,
                    label=f"{mode} as {account.name if account else user}")
 
 
-__all__ = ["BWRAP", "MODES", "NONE", "UNIX_USER", "account_for", "isolation_mode", "python_roots", "run_sandbox"]
+__all__ = ["BWRAP", "MODES", "NONE", "UNIX_USER", "account_for", "account_prefix", "isolation_mode", "python_roots",
+           "run_sandbox"]

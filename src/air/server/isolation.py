@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from air.errors import UserInputError
 from air.home import AirHome
+from air.launcher.sandbox import BWRAP as SANDBOX_BWRAP
 from air.launcher.sandbox import bwrap_works, can_switch_accounts
 from air.runs.isolation import BWRAP, NONE, UNIX_USER
 from air.runs.store import RunStore
-from air.settings import AIR_ISOLATION, AIR_ISOLATION_UNAVAILABLE
+from air.settings import AIR_FORWARD_ENV, AIR_ISOLATION, AIR_ISOLATION_UNAVAILABLE
 
 #: What a server that cannot isolate, serving one user, reports.
 NONE_ONE_USER = "none (one user)"
@@ -32,6 +34,28 @@ def available_isolation() -> str | None:
     if not bwrap_works():
         return None
     return UNIX_USER if can_switch_accounts() else BWRAP
+
+
+def isolation_advice() -> str | None:
+    """What to install or change so this machine walls each user's runs in as their own account (None: it
+    does already); `air server start` says it when it serves with less."""
+    if os.environ.get(AIR_ISOLATION_UNAVAILABLE, "").strip().lower() in ("1", "true", "yes", "on"):
+        return f"unset {AIR_ISOLATION_UNAVAILABLE} (it turns isolation off on purpose)"
+    if not os.access(SANDBOX_BWRAP, os.X_OK):
+        return (f"install bubblewrap ({SANDBOX_BWRAP} is missing): `apt-get install bubblewrap` (Debian, Ubuntu) "
+                "or `dnf install bubblewrap` (Fedora, RHEL), then start the server again, as root")
+    if not bwrap_works():
+        if os.geteuid() == 0:
+            return (f"{SANDBOX_BWRAP} is installed but cannot build a view here (in a container: allow it "
+                    "mount namespaces, e.g. docker run --privileged or --cap-add SYS_ADMIN)")
+        return ("run the server as root (each user then gets a Unix account of their own), or allow unprivileged "
+                "user namespaces: `sysctl -w kernel.unprivileged_userns_clone=1` (Debian, Ubuntu) or "
+                "`sysctl -w user.max_user_namespaces=15000`")
+    if os.geteuid() != 0:
+        return "run the server as root: each user's runs then execute as a Unix account of their own"
+    if not can_switch_accounts():
+        return "install setpriv and useradd: `apt-get install util-linux passwd` (`dnf install util-linux shadow-utils`)"
+    return None
 
 
 def token_users(store: RunStore) -> list[str]:
@@ -55,18 +79,22 @@ def choose_isolation(store: RunStore, *, single_trust_domain: bool) -> str:
             f"This server cannot wall runs off from each other{forced}: it is not root and bubblewrap cannot "
             f"make a user namespace here, yet {len(users)} users hold tokens ({', '.join(users)}). Each "
             "user's runs could read the others' secrets, logs and the server's store.",
-            hint="Run the server as root (or where `bwrap --unshare-user` works), revoke the extra users' "
-            "tokens (air server token revoke NAME), or accept one trust domain: air server start "
-            "--single-trust-domain")
+            hint=f"To isolate: {isolation_advice() or 'run the server as root, with bubblewrap installed'}. Or "
+            "revoke the extra users' tokens (air server token revoke NAME), or accept one trust domain: air server "
+            "start --single-trust-domain")
     return NONE_ONE_USER
 
 
-def apply_isolation(mode: str) -> None:
-    """Pass the choice to every supervisor and call driver this process starts (they inherit it)."""
-    if mode in (UNIX_USER, BWRAP):
-        os.environ[AIR_ISOLATION] = mode
-    else:
-        os.environ.pop(AIR_ISOLATION, None)
+def apply_isolation(mode: str, forward_env: Iterable[str] | None = None) -> None:
+    """Pass the choice to every supervisor and call driver this process starts (they inherit it), in every
+    mode: its being set is what gives their nodes and ranks the clean environment (air.settings.node_environ),
+    with the server's own `forward_env` variables the only ones of its environment added."""
+    if forward_env is None:
+        from air.config import load_config
+
+        forward_env = load_config().server.forward_env
+    os.environ[AIR_ISOLATION] = mode
+    os.environ[AIR_FORWARD_ENV] = ",".join(forward_env)
 
 
 def secure_state(home: AirHome | None = None) -> list[Path]:
@@ -107,5 +135,5 @@ def secure_state(home: AirHome | None = None) -> list[Path]:
     return changed
 
 
-__all__ = ["NONE_ONE_USER", "apply_isolation", "available_isolation", "choose_isolation", "secure_state",
-           "token_users"]
+__all__ = ["NONE_ONE_USER", "apply_isolation", "available_isolation", "choose_isolation", "isolation_advice",
+           "secure_state", "token_users"]

@@ -44,7 +44,7 @@ class TokenInfo:
 def create_token(store: RunStore, user: str, *, admin: bool = False,
                  unix_user: str | None = None) -> tuple[TokenInfo, str]:
     """A new token for `user`; returns its record and the token (shown once, never stored). `unix_user`:
-    the existing Unix account the user's runs execute as (default: `air-<user>`, made by the server)."""
+    the existing Unix account the user's runs execute as (default: `air-<server id>-<user>`, made by the server)."""
     if not _USER_RE.match(user):
         raise UserInputError(f"User name {user!r} is not valid: 1 to 64 letters, digits, '_', '.', '@' or '-'.")
     if unix_user is not None:
@@ -55,7 +55,7 @@ def create_token(store: RunStore, user: str, *, admin: bool = False,
         except SandboxError as exc:
             raise UserInputError(f"--unix-user {unix_user}: {exc}.",
                                  hint="Name an existing account that is not root (create one with: useradd "
-                                 f"--system {unix_user}), or leave --unix-user out for air's own air-<user>.") from None
+                                 f"--system {unix_user}), or leave --unix-user out for air's own account.") from None
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     info = TokenInfo("tok_" + secrets.token_hex(4), user, admin, time.time(), None)
     with store.writer() as conn:
