@@ -153,6 +153,71 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _PREFIX_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,15}$")
 
 
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(B|K|KB|KiB|M|MB|MiB|G|GB|GiB|T|TB|TiB)?$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10**3, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+          "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+
+
+def _size(value: object, *, percent_of: str | None) -> int | str | None:
+    """A size setting: bytes (an integer), "200MiB", "4GiB", "2GB", or (where `percent_of` names what of)
+    "50%"; None (null) turns the limit off."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        if percent_of and text.endswith("%"):
+            try:
+                share = float(text[:-1])
+            except ValueError:
+                share = -1.0
+            if 0 < share <= 100:
+                return f"{share:g}%"
+        match = _SIZE_RE.match(text)
+        if match and float(match.group(1)) > 0:
+            return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+    also = f", or a share of {percent_of} such as \"50%\"" if percent_of else ""
+    raise ValueError(f"must be a size such as 200MiB, 4GiB or a number of bytes{also} (null: no limit), got {value!r}")
+
+
+class ServerLimits(BaseModel):
+    """`server.limits`: what each run of `air server` may use (isolation on; docs/server.md, "Limits").
+    Memory and processes are per node (a cgroup each), disk per run (its scratch and checkpoints, watched),
+    blobs per user (uploaded code snapshots). null turns one off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Memory of one node, swap included: a size, or a share of this machine's memory ("80%").
+    memory_per_node: int | str | None = "80%"
+    #: Processes (threads included) of one node at once: a fork bomb stops here.
+    pids_per_node: int | None = Field(default=4096, gt=0)
+    #: A run's scratch and checkpoints together: a size, or a share of the disk that holds them ("20%").
+    disk_per_run: int | str | None = "20%"
+    #: Bytes of uploaded blobs (code snapshots) one user may keep on the server.
+    blob_quota_per_user: int | None = 2 << 30
+
+    @field_validator("memory_per_node", mode="before")
+    @classmethod
+    def _memory(cls, value: object) -> object:
+        return _size(value, percent_of="this machine's memory")
+
+    @field_validator("disk_per_run", mode="before")
+    @classmethod
+    def _disk(cls, value: object) -> object:
+        return _size(value, percent_of="the disk that holds the run's folders")
+
+    @field_validator("blob_quota_per_user", mode="before")
+    @classmethod
+    def _blobs(cls, value: object) -> object:
+        return _size(value, percent_of=None)
+
+    @staticmethod
+    def in_bytes(value: int | str | None, total: int) -> int | None:
+        """A size setting in bytes; a share ("50%") of `total`."""
+        if isinstance(value, str):
+            return int(total * float(value.rstrip("%")) / 100)
+        return value
+
+
 class ServerSettings(BaseModel):
     """`server:`: how `air server` (serving this AIR_HOME) treats its users."""
 
@@ -161,6 +226,8 @@ class ServerSettings(BaseModel):
     #: Who sees a run besides its owner, admins and its `permissions`: `team` (every signed-in user, the
     #: default) or `private` (no one else; a run one may not see is not found).
     default_visibility: Literal["team", "private"] = "team"
+    #: What each run may use: memory, processes, disk; uploaded blobs per user (`server.limits`).
+    limits: ServerLimits = Field(default_factory=ServerLimits)
 
     @field_validator("default_visibility", mode="before")
     @classmethod
@@ -445,7 +512,7 @@ def load_config(path: Path | None = None) -> AirConfig:
             f"Invalid air configuration {path}:\n{_describe(exc)}",
             hint=f"Settings: default_profile, profiles.NAME.{{{', '.join(_SECTION_KEYS['profiles'])}}}, "
             "environments.NAME.python, pools.NAME.{accelerator, slots | ray_labels}, default_pool, max_running_runs_per_user, "
-            "groups.NAME: [users], server.{default_visibility, forward_env, account_prefix}.",
+            "groups.NAME: [users], server.{default_visibility, forward_env, account_prefix, limits}.",
         ) from None
     config._path = path
     return config
@@ -509,6 +576,7 @@ _SECTION_KEYS = {
     "profiles": tuple(f for f in Profile.model_fields if f != "name"),
     "environments": tuple(BaseEnvironment.model_fields),
     "server": tuple(ServerSettings.model_fields),
+    "limits": tuple(ServerLimits.model_fields),
 }
 
 
@@ -520,7 +588,7 @@ def _describe(exc: ValidationError) -> str:
         where = ".".join(loc) or "(top level)"
         message = err["msg"]
         if err["type"] == "extra_forbidden" and loc:
-            choices = _TOP_KEYS if len(loc) == 1 else _SECTION_KEYS.get(loc[0], ())
+            choices = _TOP_KEYS if len(loc) == 1 else _SECTION_KEYS.get("limits" if loc[:2] == ["server", "limits"] else loc[0], ())
             message = "unknown setting." + _did_you_mean(loc[-1], choices)
         elif message.startswith("Value error, "):
             message = message[len("Value error, ") :]
@@ -534,6 +602,7 @@ __all__ = [
     "BaseEnvironment",
     "Pool",
     "Profile",
+    "ServerLimits",
     "ServerSettings",
     "config_path",
     "load_config",

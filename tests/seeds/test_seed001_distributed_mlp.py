@@ -48,3 +48,33 @@ def test_ray_launch_runs_ray_train_on_the_cluster_it_starts(air_home: Path) -> N
     assert "OK: Ray Train ran 2 worker(s) on the cluster ray_launch started." in result.stdout
     assert "'total_loss'" in result.stdout and ", None]" in result.stdout  # [driver's value, None]
     assert not processes_with_env("AIR_CALL_DIR", lambda v: v.startswith(str(air_home)))
+
+
+def test_distributed_mlp_on_cpu_takes_a_small_batch_and_shows_its_progress(
+        air_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --batch-size, CPU ranks take a batch of 32 (the document's 1 is for GPUs: 2,500 steps per
+    rank per epoch, minutes on a small machine) and say so; rank 0 shows a progress bar over the steps."""
+    monkeypatch.syspath_prepend(str(SEED001))
+    monkeypatch.setenv("PYTHONPATH", str(SEED001))
+    import train_mlp
+
+    monkeypatch.setattr(sys, "argv", ["train_mlp.py", "--cpu", "2", "--epochs", "1", "--samples", "640"])
+    results = train_mlp.main()
+    del sys.modules["train_mlp"]
+
+    assert [r["rank"] for r in results] == [0, 1]
+    out = capsys.readouterr().out
+    assert "CPU ranks: batch size 32 (the document's 1 is for GPUs: --batch-size 1 for it)" in out
+    # 640 samples / 2 ranks / 32 per batch = 10 steps: a line at each tenth, only from rank 0.
+    bars = [line for line in out.splitlines() if " epoch 1/1 [" in line]
+    assert [line.split("] step ")[1].split()[0] for line in bars] == [f"{i}/10" for i in range(1, 11)], bars
+    assert all(line.startswith("[rank 0] ") for line in bars)
+    assert "[rank 0] epoch 1/1 [####################] step 10/10 loss " in out
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{air_home / 'mlflow.db'}")
+    logged = [len(client.get_metric_history(run.info.run_id, "loss"))
+              for experiment in client.search_experiments()
+              for run in client.search_runs([experiment.experiment_id])]
+    assert [count for count in logged if count] == [20], logged  # 10 steps, 2 ranks

@@ -100,7 +100,7 @@ def isolated(tmp_path: Path) -> Iterator[AirServer]:
         yield srv
 
 
-def _workload(folder: Path, dependencies: list[str], command: str, *, with_package: bool = False,
+def _workload(folder: Path, dependencies: list[str] | None, command: str, *, with_package: bool = False,
               targets: dict[str, str] | None = None) -> Path:
     """A workload with a code snapshot (holding the door package when asked) and these dependencies."""
     code = folder / "code"
@@ -117,7 +117,8 @@ def _workload(folder: Path, dependencies: list[str], command: str, *, with_packa
         compute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}
         max_retries: 0
         code_source: {snapshot: {root_path: code}}
-    """) + f"command: {json.dumps(command)}\n" + f"environment: {{dependencies: {json.dumps(dependencies)}}}\n")
+    """) + f"command: {json.dumps(command)}\n"
+                    + (f"environment: {{dependencies: {json.dumps(dependencies)}}}\n" if dependencies is not None else ""))
     return spec
 
 
@@ -191,7 +192,8 @@ def test_a_package_in_bobs_snapshot_builds_as_bob_in_his_sandbox(isolated: AirSe
                "runs_db": str(server.home / "runs.db"), "shadow": "/etc/shadow"}
     assert all(Path(p).exists() for p in targets.values())
     spec = _workload(tmp_path / "bob", ["./pkg"],
-                     "python -c 'import doorpkg_marker; print(\"RUN-MARKER \" + doorpkg_marker.MARKER)'",
+                     "python -c 'import doorpkg_marker, os; print(\"RUN-MARKER \" + doorpkg_marker.MARKER); "
+                     "print(\"NODE-UID %d\" % os.getuid())'",
                      with_package=True, targets=targets)
     run_id = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
     status = server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=600)
@@ -200,8 +202,11 @@ def test_a_package_in_bobs_snapshot_builds_as_bob_in_his_sandbox(isolated: AirSe
     assert status == "SUCCESS", (row, log, _supervisor_log(server, run_id))
     line = next(ln for ln in log.splitlines() if ln.startswith("RUN-MARKER "))
     marker = json.loads(line.split("RUN-MARKER ", 1)[1])
-    bob = pwd.getpwnam("air-bob")
-    assert marker["uid"] == bob.pw_uid and marker["euid"] == bob.pw_uid and marker["user"] == "air-bob", marker
+    # the build ran as the account bob's nodes run as (air's account for bob on this server), never root
+    node_uid = int(next(ln for ln in log.splitlines() if ln.startswith("NODE-UID ")).split()[1])
+    bob = pwd.getpwuid(node_uid).pw_name
+    assert bob.startswith("air-") and bob.endswith("bob"), bob
+    assert marker["uid"] == node_uid and marker["euid"] == node_uid and marker["user"] == bob, marker
     assert marker["uid"] != 0
     for name, got in marker["reads"].items():
         assert not got.startswith("READ"), (name, got)
@@ -214,12 +219,12 @@ def test_a_package_in_bobs_snapshot_builds_as_bob_in_his_sandbox(isolated: AirSe
     envs = [p for p in (server.home / "envs").rglob(".air-complete")]
     assert envs, list((server.home / "envs").rglob("*"))[:20]
     for marker_file in envs:
-        assert marker_file.parent.owner() == "air-bob", marker_file
+        assert marker_file.parent.owner() == bob, marker_file
 
 
 def test_a_folder_of_bobs_first_run_is_refused_to_his_second(isolated: AirServer, tmp_path: Path) -> None:
     server = isolated
-    first = _workload(tmp_path / "first", [], "echo CODE=$CODE_SOURCE_PATH", with_package=True,
+    first = _workload(tmp_path / "first", None, "echo CODE=$CODE_SOURCE_PATH", with_package=True,
                       targets={"runs_db": str(server.home / "runs.db")})
     first_id = str(server.air_json("bob", "run", "-f", str(first))["run_id"])
     assert server.wait_status(first_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=300) == "SUCCESS", \
@@ -240,4 +245,5 @@ def test_a_folder_of_bobs_first_run_is_refused_to_his_second(isolated: AirServer
         assert status == 400 and repr(entry) in body["error"]["message"], (status, body)
     runs = server.api("GET", "/api/v1/runs?all_users=1&all_status=1", token=server.tokens["root"])[1]["runs"]
     assert [r["run_id"] for r in runs] == [first_id], runs
-    assert not list((server.home / "envs").rglob(".air-complete")) if (server.home / "envs").exists() else True
+    envs = server.home / "envs"
+    assert not (envs.exists() and list(envs.rglob(".air-complete"))), list(envs.rglob("*"))[:20]

@@ -393,19 +393,29 @@ def test_mlflow_ui_through_the_door_with_the_pages_login(private_server: AirServ
 
 
 def test_graphql_is_scoped_to_the_runs_it_names() -> None:
-    from air.server.mlflow_door import graphql_run_ids
+    from air.server.mlflow_graphql import GraphQLRefused, graphql_runs, mlflow_schema
+
+    schema = mlflow_schema()
+
+    def runs(query: str, variables: dict[str, Any] | None = None) -> list[str] | int:
+        try:
+            return graphql_runs(schema, {"query": query, "variables": variables or {}})
+        except GraphQLRefused as refused:
+            return refused.status
 
     get_run = "query MlflowGetRun($data: MlflowGetRunInput!) { mlflowGetRun(input: $data) { run { info { runUuid } } } }"
-    assert graphql_run_ids({"query": get_run, "variables": {"data": {"runId": "r1"}}}) == ["r1"]
+    assert runs(get_run, {"data": {"runId": "r1"}}) == ["r1"]
     literal = 'query { mlflowGetRun(input: {runId: "r2"}) { run { info { runUuid } } } __typename }'
-    assert graphql_run_ids({"query": literal}) == ["r2"]
-    # A search, a mutation, a run named by no input, a root fragment, or garbage: not scoped (refused).
-    for query in ('query { mlflowSearchRuns(input: {experimentIds: ["0"]}) { runs { info { runUuid } } } }',
-                  'mutation { testMutation(inputString: "x") { output } }',
-                  "query { mlflowGetRun(input: {}) { run { info { runUuid } } } }",
-                  "query { ...F } fragment F on Query { mlflowSearchRuns { runs { info { runUuid } } } }",
-                  "query { mlflowGetRun(input: {runId: ", ):
-        assert graphql_run_ids({"query": query}) is None, query
+    assert runs(literal) == ["r2"]
+    # A search, a mutation, a run named in no way, a root fragment reaching a search: not scoped (refused);
+    # garbage does not parse (400).
+    for query, status in (
+            ('query { mlflowSearchRuns(input: {experimentIds: ["0"]}) { runs { info { runUuid } } } }', 403),
+            ('mutation { testMutation(inputString: "x") { output } }', 403),
+            ("query { mlflowGetRun(input: {}) { run { info { runUuid } } } }", 400),
+            ("query { ...F } fragment F on Query { mlflowSearchRuns { runs { info { runUuid } } } }", 403),
+            ("query { mlflowGetRun(input: {runId: ", 400)):
+        assert runs(query) == status, query
 
 
 def test_the_door_is_behind_the_servers_tls(tmp_path: Path) -> None:

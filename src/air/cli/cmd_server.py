@@ -88,6 +88,7 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
     log = ServerPaths.here().log
 
     def ready(url: str, mlflow_uri: str, state: MLflowState | None) -> None:
+        from air.runs.limits import limits_at_start
         from air.server.app import API, PAGES
 
         now = f"; {state.state} ({state.waited_s():.0f} s so far, its output: {log})" \
@@ -97,6 +98,10 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
         stderr(f"  Pages: {url}{PAGES}/runs  (log in with a token: air server token create NAME)")
         stderr(f"  MLflow: {mlflow_uri}{now}")
         stderr(f"  Runs:  isolation {isolation_line()}")
+        try:  # said once; where cgroups cannot be written, runs start without them
+            stderr(f"  Limits: {limits_at_start()}")
+        except Exception as exc:  # a message must never stop the server
+            stderr(f"  Limits: could not be checked: {exc}")
 
     def isolation_line() -> str:
         from air.runs.isolation import NONE, UNIX_USER, account_prefix

@@ -133,7 +133,7 @@ class ServerClient:
         return json.loads(payload) if payload else None
 
     def get_bytes(self, path: str) -> bytes:
-        """A binary answer (a call's pickled result)."""
+        """A binary answer (a call's result: a typed header and the ranks' pickled bytes)."""
         with self._request("GET", path) as response:
             return bytes(response.read())
 

@@ -88,6 +88,11 @@ def build_environment(deps: DependencySet, base: Path, key: str, path: Path, log
     log(f"air: environment {key} ready in {time.monotonic() - started:.1f}s")
 
 
+def uv_bin() -> str:
+    """The uv binary builds run (a walled build binds its folder into the run's view)."""
+    return _uv_bin()
+
+
 def _uv_bin() -> str:
     try:
         from uv import find_uv_bin

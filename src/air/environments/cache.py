@@ -42,8 +42,12 @@ class Environment:
     cache_hit: bool
 
 
-def _env_for(key: str, cache_hit: bool) -> Environment:
-    path = envs_dir() / key
+#: Builds the environment `key` at a path: build.build_environment, or a walled build (air.environments.walled).
+Builder = Callable[[DependencySet, Path, str, Path, Log], None]
+
+
+def _env_for(key: str, cache_hit: bool, folder: Path | None = None) -> Environment:
+    path = (folder or envs_dir()) / key
     return Environment(path=path, bin_dir=path / "bin", python=path / "bin" / "python", key=key, cache_hit=cache_hit)
 
 
@@ -52,12 +56,13 @@ def is_complete(path: Path) -> bool:
 
 
 def _touch_last_used(path: Path) -> None:
+    """Never through a link: an account's own environment folder is the account's to fill."""
     marker = path / LAST_USED
     try:
-        os.utime(marker)
+        os.utime(marker, follow_symlinks=False)
     except FileNotFoundError:
         with contextlib.suppress(OSError):
-            marker.touch()
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
     except OSError:
         pass
 
@@ -75,7 +80,7 @@ class BuildLock:
     """
 
     def __init__(self, key: str) -> None:
-        folder = envs_dir() / ".locks"
+        folder = envs_dir() / ".locks"  # the air home's own: never in an account's folder
         folder.mkdir(exist_ok=True)
         self.path = folder / f"{key}.lock"
         self.fd: int | None = None
@@ -132,9 +137,13 @@ def ensure_environment(deps: DependencySet, base_python: Path | str, *, log: Log
 
 
 @contextlib.contextmanager
-def use_environment(deps: DependencySet, base_python: Path | str, *, log: Log) -> Iterator[Environment]:
-    """`ensure_environment`, holding a shared lock on it for the `with` block so that it is not pruned."""
-    env, lock = _acquire(deps, base_python, log, hold=True)
+def use_environment(deps: DependencySet, base_python: Path | str, *, log: Log, folder: Path | None = None,
+                    lock_prefix: str = "", builder: Builder | None = None) -> Iterator[Environment]:
+    """`ensure_environment`, holding a shared lock on it for the `with` block so that it is not pruned.
+
+    `folder` (default `envs/`): where the environment lives, e.g. a server account's own folder, whose
+    lock is then `envs/.locks/<lock_prefix><key>.lock`; `builder`: who builds it (default: this process)."""
+    env, lock = _acquire(deps, base_python, log, hold=True, folder=folder, lock_prefix=lock_prefix, builder=builder)
     try:
         yield env
     finally:
@@ -142,16 +151,18 @@ def use_environment(deps: DependencySet, base_python: Path | str, *, log: Log) -
             lock.release()
 
 
-def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bool) -> tuple[Environment, BuildLock | None]:
+def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bool, folder: Path | None = None,
+             lock_prefix: str = "", builder: Builder | None = None) -> tuple[Environment, BuildLock | None]:
     """Find or build the environment. Waiting is done with a shared lock, which is granted as soon as no
     one builds or prunes, even while runs hold the environment; only a builder asks for the exclusive one."""
     base = Path(os.path.abspath(base_python))
     key = environment_key(deps, base)
-    path = envs_dir() / key
+    path = (folder or envs_dir()) / key
+    build = builder or build_environment
     if not hold and is_complete(path):  # the hot path: one stat, one utime
         _touch_last_used(path)
         _log.info("environment %s: cache hit (%s)", key, path)
-        return _env_for(key, cache_hit=True), None
+        return _env_for(key, cache_hit=True, folder=folder), None
     waited: list[bool] = []
 
     def on_wait() -> None:
@@ -160,7 +171,7 @@ def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bo
             waited.append(True)
 
     while True:
-        lock = BuildLock(key)
+        lock = BuildLock(lock_prefix + key)
         lock.acquire(fcntl.LOCK_SH, on_wait=on_wait)
         if is_complete(path):
             _touch_last_used(path)
@@ -168,9 +179,9 @@ def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bo
             if waited:
                 log(f"air: environment {key} is ready (built by another run)")
             if hold:
-                return _env_for(key, cache_hit=True), lock
+                return _env_for(key, cache_hit=True, folder=folder), lock
             lock.release()
-            return _env_for(key, cache_hit=True), None
+            return _env_for(key, cache_hit=True, folder=folder), None
         lock.release()
         if not lock.acquire(fcntl.LOCK_EX, blocking=False):
             time.sleep(0.01)  # someone else got there first: wait for them with the shared lock
@@ -183,15 +194,15 @@ def _acquire(deps: DependencySet, base_python: Path | str, log: Log, *, hold: bo
                 _log.info("environment %s: not cached; building it on %s", key, base)
                 started = time.monotonic()
                 with spinner(f"building environment {key} ({len(deps.dependencies)} dependencies) …"):
-                    build_environment(deps, base, key, path, log)
+                    build(deps, base, key, path, log)
                 _log.info("environment %s: built in %.1f s", key, time.monotonic() - started)
             _touch_last_used(path)
             if not hold:
                 lock.release()
-                return _env_for(key, cache_hit=not built), None
+                return _env_for(key, cache_hit=not built, folder=folder), None
             lock.convert(fcntl.LOCK_SH)  # not atomic: make sure nobody pruned it in between
             if is_complete(path):
-                return _env_for(key, cache_hit=not built), lock
+                return _env_for(key, cache_hit=not built, folder=folder), lock
         except BaseException:
             lock.release()
             raise

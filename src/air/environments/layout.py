@@ -16,6 +16,8 @@ META = "air-env.json"  # what it was built from
 REQUIREMENTS = "air-requirements.txt"  # what uv was asked to install
 EXCLUDES = "air-excludes.txt"  # base packages uv was told to leave alone (as overrides)
 LAYER_PTH = "_air_base_layer.pth"  # puts the base interpreter's site folders behind ours
+#: Under a server, `envs/.accounts/<account>/<key>/`: each Unix account's own environments and uv cache.
+ACCOUNTS = ".accounts"
 
 
 def envs_dir(*, create: bool = True) -> Path:

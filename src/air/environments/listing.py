@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from air.environments.cache import BuildLock, is_complete
-from air.environments.layout import COMPLETE, LAST_USED, META, envs_dir
+from air.environments.layout import ACCOUNTS, COMPLETE, LAST_USED, META, envs_dir
 from air.errors import UserInputError
 from air.files import folder_size
 
@@ -60,15 +60,25 @@ def _info(path: Path, state: Literal["ready", "building", "incomplete"], in_use:
     )
 
 
-def _entries() -> list[Path]:
-    return sorted(p for p in envs_dir().iterdir() if p.is_dir() and not p.name.startswith("."))
+def _entries() -> list[tuple[Path, str]]:
+    """(folder, lock name) of every environment: those of `envs/`, and a server's per-account ones in
+    `envs/.accounts/<account>/` (locked as `<account>.<key>`)."""
+    root = envs_dir()
+    found = [(p, p.name) for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    accounts = root / ACCOUNTS
+    if accounts.is_dir():
+        for account in accounts.iterdir():
+            if account.is_dir() and not account.is_symlink():
+                found += [(p, f"{account.name}.{p.name}") for p in account.iterdir()
+                          if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
+    return sorted(found)
 
 
 def list_environments() -> list[EnvInfo]:
     """Every cached environment, most recently used first; `in_use` is true while a run holds it."""
     infos = []
-    for path in _entries():
-        lock = BuildLock(path.name)
+    for path, lock_name in _entries():
+        lock = BuildLock(lock_name)
         free = lock.acquire(fcntl.LOCK_EX, blocking=False)
         lock.release()
         complete = is_complete(path)
@@ -99,10 +109,10 @@ def prune_environments(
     removed: list[EnvInfo] = []
     if not envs_dir(create=False).is_dir():
         return removed  # nothing cached yet: nothing to create just to look
-    for path in _entries():
+    for path, lock_name in _entries():
         if path.name in keep:
             continue
-        lock = BuildLock(path.name)
+        lock = BuildLock(lock_name)
         if not lock.acquire(fcntl.LOCK_EX, blocking=False):
             continue  # being built, or held by a running node
         try:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO, TypeGuard
 
 from air.constants import LAUNCH_POLL_S, TERMINATE_GRACE_S
+from air.launcher.cgroups import join_argv
 from air.launcher.procs import Waitable, terminate_tree
 from air.launcher.progress import HeartbeatSlots, is_stopped
 from air.launcher.pump import LineCallback, OutputPump
@@ -232,7 +233,8 @@ class Launch:
         self._open_logs()
         for index, (spec, log) in enumerate(zip(self.specs, self._logs, strict=True)):
             sandbox = self._sandbox(spec)
-            argv = list(spec.argv) if sandbox is None else sandbox.wrap(spec.argv, cwd=str(spec.cwd or ""))
+            argv = list(spec.argv) if sandbox is None else join_argv(sandbox.cgroup, sandbox.wrap(spec.argv,
+                                                                                                 cwd=str(spec.cwd or "")))
             popen = subprocess.Popen(
                 argv, env=self._env(index), cwd=spec.cwd,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,

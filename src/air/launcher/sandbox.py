@@ -75,6 +75,9 @@ class Sandbox:
     #: The AIR_HOME the processes see (a folder in the scratch): the server's is not in the view, so air
     #: used inside a node (a nested `@distributed` call, `air` commands) keeps its state there.
     air_home: str | None = None
+    #: The `cgroup.procs` files of the cgroup its processes run in (air.launcher.cgroups: memory and process
+    #: limits): the first process joins, still root, before bwrap starts (`join_argv`, where it is started).
+    cgroup: tuple[str, ...] = ()
     label: str = field(default="", compare=False)
 
     @property

@@ -32,6 +32,7 @@ from typing import IO, BinaryIO
 import psutil
 
 from air.constants import LEADER_EXIT_WAIT_S, float_env
+from air.launcher.cgroups import join_argv
 from air.launcher.sandbox import Sandbox
 from air.settings import (
     AIR_HEARTBEAT_FILE,
@@ -258,7 +259,7 @@ def start_zygote(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence
         passed = [status_w, plan_r, *[w for _, w in out_pipes], *[w for _, w in err_pipes]]
         argv = [warm.python, "-m", "air.launcher.zygote", str(plan_r), str(status_w)]
         if warm.sandbox is not None:
-            argv = warm.sandbox.wrap(argv, cwd=cwds[0])
+            argv = join_argv(warm.sandbox.cgroup, warm.sandbox.wrap(argv, cwd=cwds[0]))
         popen = subprocess.Popen(
             argv, env=shared, cwd=cwds[0],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,

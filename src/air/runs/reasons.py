@@ -256,6 +256,35 @@ def _signal_hint(name: str, oom_kills: int | None = None) -> str:
     }.get(name, "")
 
 
+def size_text(n: int) -> str:
+    """Bytes as a person reads a limit: "200 MiB", "4 GiB", "1.5 GiB"."""
+    if n >= 1 << 30:
+        return f"{n / (1 << 30):.3g} GiB"
+    return f"{n / (1 << 20):.3g} MiB"
+
+
+def memory_limit_reason(limit_bytes: int, kills: int, *, where: str = "") -> TerminationReason:
+    """A node's process killed by the OOM killer at its cgroup's memory limit (the kernel counted it)."""
+    return TerminationReason(
+        f"Out of memory{where}: the node ran out of memory at its limit of {size_text(limit_bytes)} and the OOM "
+        f"killer ended a process ({kills} OOM kill(s) recorded in the node's cgroup; the server's "
+        "server.limits.memory_per_node)", FailureClass.USER_CODE)
+
+
+def process_limit_reason(pids_max: int, refused: int, then: str, *, where: str = "") -> TerminationReason:
+    """A node that reached its process limit (pids.max): forks were refused, and how it then ended."""
+    head = (f"Process limit reached{where}: the node hit its limit of {pids_max} processes (pids.max; "
+            f"{refused} fork(s) refused; server.limits.pids_per_node)")
+    return TerminationReason(_clip(f"{head}, then: {then}"), FailureClass.USER_CODE)
+
+
+def disk_limit_reason(used: int, bound: int) -> TerminationReason:
+    """The run's scratch and checkpoints past their bound (measured while it ran): air ended its nodes."""
+    return TerminationReason(
+        f"Disk limit exceeded: the run's scratch and checkpoint folders held {size_text(used)}, past its bound of "
+        f"{size_text(bound)} (the server's server.limits.disk_per_run); air ended its nodes", FailureClass.USER_CODE)
+
+
 def oom_kill_count(cgroup_file: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
     """OOM kills recorded for this process's memory cgroup and those below it (the kernel's counter:
     `oom_kill` in cgroup v2's memory.events, or v1's memory.oom_control); None when none can be read.
@@ -342,5 +371,6 @@ def _clip(text: str, reserve: int = 0) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-__all__ = ["EXCEPTION_LINE_RE", "SIGNATURES", "Signature", "TRACEBACK_HEADER", "TerminationReason", "mark_line",
-           "oom_kill_count", "scan_line", "termination_reason"]
+__all__ = ["EXCEPTION_LINE_RE", "SIGNATURES", "Signature", "TRACEBACK_HEADER", "TerminationReason",
+           "disk_limit_reason", "mark_line", "memory_limit_reason", "oom_kill_count", "process_limit_reason",
+           "scan_line", "size_text", "termination_reason"]

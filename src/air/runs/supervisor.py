@@ -20,7 +20,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from air.accelerators import parse_accelerator_type
 from air.backends import Backend, backend_for
@@ -50,6 +50,8 @@ from air.workload.plan import RunPlan
 
 if TYPE_CHECKING:
     from air.environments.cache import Environment
+    from air.environments.dependencies import DependencySet
+    from air.runs.limits import AttemptLimits
 
 _log = logging.getLogger("air.supervisor")
 
@@ -120,6 +122,8 @@ class WorkloadJob:
         self.say = say
         #: The cgroup's OOM kill counter as each attempt started (reasons.oom_kill_count; None: unreadable).
         self.oom_kills_before: dict[int, int | None] = {}
+        #: Each attempt's limits (cgroups, disk watch): what they counted is read by judge().
+        self.attempt_limits: dict[int, AttemptLimits] = {}
         self.store: RunStore | None = None
         #: The nodes run on this machine (the local backend): they can read the attempt's folder (tracking).
         self.nodes_local = True
@@ -194,11 +198,30 @@ class WorkloadJob:
                  tracking_env: dict[str, str], air_log: Callable[[str], None]) -> Iterator[list[NodeLaunch]]:
         self.oom_kills_before[attempt] = oom_kill_count()  # judge() compares: was a SIGKILL the OOM killer's?
         try:
-            with self._environment(air_log) as environment:
-                yield self._node_launches(attempt, node_logs, environment, tracking_env)
+            with self._environment(air_log) as environment, self._limited(attempt, air_log) as limits:
+                yield limits.apply(self._node_launches(attempt, node_logs, environment, tracking_env))
         except EnvironmentBuildError as exc:
             air_log(f"environment setup failed: {exc.message}")
             raise SetupFailure(exc.message) from exc
+
+    @contextlib.contextmanager
+    def _limited(self, attempt: int, air_log: Callable[[str], None]) -> Iterator[AttemptLimits]:
+        """The attempt's limits (runs/limits.py): a cgroup per walled node (memory, processes) and a watch on
+        the run's disk, from the server's `server.limits`; removed once its nodes ended (judge reads them)."""
+        from air.config import load_config
+        from air.launcher import reap_tag
+        from air.runs.limits import AttemptLimits
+
+        def end_nodes() -> None:
+            reap_tag(process_tag(self.run_id), subtags=True)
+
+        limits = AttemptLimits(self.run_id, attempt, load_config().server.limits if self.nodes_local else None,
+                               checkpoint_dir=self.checkpoint_dir, air_log=air_log, end_nodes=end_nodes)
+        self.attempt_limits[attempt] = limits
+        try:
+            yield limits
+        finally:
+            limits.close()
 
     @contextlib.contextmanager
     def _environment(self, air_log: Callable[[str], None]) -> Iterator[Environment | None]:
@@ -208,15 +231,64 @@ class WorkloadJob:
             return
         from air.environments import parse_dependencies, use_environment
 
-        deps = parse_dependencies(self.plan.dependencies, Path(self.plan.dependencies_base_dir or "."))
+        walled = self._walled_build()
+        if walled is None:
+            deps = parse_dependencies(self.plan.dependencies, Path(self.plan.dependencies_base_dir or "."))
         started = time.monotonic()
+        options = walled[1] if walled is not None else {}
+        if walled is not None:
+            deps = walled[0]
         self.say(f"environment: {len(deps.dependencies)} dependencies on {self.plan.base_python}")
-        with use_environment(deps, Path(self.plan.base_python), log=air_log) as env:
+        with use_environment(deps, Path(self.plan.base_python), log=air_log, **options) as env:
             self.say(f"environment {'reused (cache hit)' if env.cache_hit else 'built'} in "
                      f"{time.monotonic() - started:.2f} s: {env.path}")
             air_log(f"environment {'reused' if env.cache_hit else 'built'} in {time.monotonic() - started:.2f} s: "
                     f"{env.path}")
             yield env
+
+    def _walled_build(self) -> tuple[DependencySet, dict[str, Any]] | None:
+        """Under `air server` (AIR_ISOLATION): the dependencies confined to the run's snapshot, and how to
+        build them as the run's account in its sandbox (air.environments.walled), in that account's own
+        cache folder `envs/.accounts/<account>/`; None for a run without walls (built here, as before)."""
+        from air.environments import Confinement, parse_dependencies
+        from air.environments.layout import ACCOUNTS, envs_dir
+        from air.environments.walled import build_walled
+        from air.errors import UserInputError
+        from air.launcher.sandbox import account_name_for
+        from air.runs.isolation import UNIX_USER, account_for, isolation_mode, run_sandbox
+
+        mode = isolation_mode()
+        if mode is None or self.store is None or self.plan.dependencies is None:
+            return None
+        plan, user = self.plan, self.store.get_run(self.run_id).user
+        code = plan.code_path
+        variables = {**plan.env_variables, **self.secrets}
+        try:  # refused before anything outside the snapshot is opened (the submit checked it too)
+            deps = parse_dependencies(plan.dependencies, Path(code or "/nonexistent"),
+                                      confine=Confinement(Path(code) if code else None, variables))
+        except UserInputError as exc:
+            raise EnvironmentBuildError(exc.message, hint=exc.hint) from None
+        account = account_for(self.store, user) if mode == UNIX_USER else None
+        folder = envs_dir() / ACCOUNTS / (account.name if account else account_name_for(user))
+        cache = folder / ".uv-cache"
+        cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if account is not None:
+            for path in (folder, cache):
+                os.lchown(path, account.uid, account.gid)
+        os.chmod(folder, 0o700)
+        sandbox = run_sandbox(self.store, self.run_id, user, read_only=[code or "", _uv_folder()],
+                              python=plan.base_python, own_pids=True)
+        assert sandbox is not None
+        sandbox.prepare()
+        tag = {AIR_PROCESS_TAG: os.environ[AIR_PROCESS_TAG]} if os.environ.get(AIR_PROCESS_TAG) else {}
+
+        def build(_deps: DependencySet, base: Path, key: str, path: Path, log: Callable[[str], None]) -> None:
+            build_walled(wrap=lambda argv: sandbox.wrap(argv, extra_writable=[str(folder)]),
+                         dependencies=plan.dependencies or [], code=code, variables=variables, base=base, key=key,
+                         path=path, cache=cache, log=log, environ=tag)
+
+        _log.info("environment: built walled in (%s), in %s", sandbox.label, folder)
+        return deps, {"folder": folder, "lock_prefix": f"{folder.name}.", "builder": build}
 
     def _node_launches(self, attempt: int, logs: dict[int, Path], environment: Environment | None,
                        tracking_env: dict[str, str]) -> list[NodeLaunch]:
@@ -293,11 +365,26 @@ class WorkloadJob:
             exit_code, sig, tail, timed_out=outcome.timed_out, canceled=outcome.stopped,
             node=node if self.plan.num_nodes > 1 else None, timeout_minutes=self.plan.timeout_minutes,
             oom_kills=after - before if before is not None and after is not None else None)
+        limits = self.attempt_limits.get(attempt)
+        limited = None if limits is None or outcome.timed_out or outcome.stopped else limits.reason(
+            node, reason, where=" (node)" if self.plan.num_nodes > 1 else "")
+        if limited is not None:  # a limit of the server's explains it: the kernel's counters, not a guess
+            reason, failure_class = limited
         # The tail was masked when written; masked again, as the reason goes to the store, MLflow and logs.
         return AttemptVerdict(False, self.redactor.mask_text(reason), failure_class, exit_code=exit_code, signal=sig)
 
     def rank_logs(self) -> dict[int, Path]:
         return {}
+
+
+def _uv_folder() -> str:
+    """The folder of the uv binary a walled build runs (bound into its view read-only)."""
+    from air.environments.build import uv_bin
+
+    try:
+        return str(Path(os.path.realpath(uv_bin())).parent)
+    except EnvironmentBuildError:
+        return ""
 
 
 class Supervisor:

@@ -11,10 +11,12 @@ Who may pass (401 without any):
   own runs; nothing else (another run's MLflow runs: 403, or 404 when its owner may not even see them);
 - a user's API token, or the web session cookie (MLflow's UI pages): reads of the MLflow runs of the air
   runs the user may view (air.runs.access, as the API), writes to those they manage, experiment reads,
-  filtered searches, MLflow's UI files; every endpoint the door cannot scope to a run (model registry,
-  traces, GraphQL, run creation, deletes of experiments...) is refused;
+  filtered searches, MLflow's UI files, and the GraphQL reads of MLflow's run pages once resolved as
+  MLflow resolves them (air.server.mlflow_graphql: every run they reach is checked); every endpoint the
+  door cannot scope to a run (model registry, traces, run creation, deletes of experiments...) is refused;
 - an admin: everything.
-Which air run an MLflow run belongs to, and the rule, are air.server.run_credentials'.
+Which air run an MLflow run belongs to, and the rule, are air.server.run_credentials'. Which route falls
+under which rule is air.server.mlflow_routes' table: deny by default, a route it does not name is an admin's.
 
 Bodies are streamed both ways (artifact uploads and downloads, UI files) with aiohttp, which MLflow's
 full distribution (the `server` extra) brings: httpx is not installed. Only what the door must read to
@@ -41,6 +43,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from air.runs.access import Level, Policy
 from air.runs.store import RunStore
+from air.server.mlflow_routes import Rule, api_op, artifacts_root, rule_of
 from air.server.mlflow_server import MLFLOW_PREFIX
 from air.server.run_credentials import (
     RUN_TAG,
@@ -79,18 +82,6 @@ MLFLOW_UI_HEADERS = {
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                          "transfer-encoding", "upgrade", "host", "authorization", "cookie", "content-length"})
 
-#: Reads of one or more runs: op -> where the run ids are.
-_RUN_READS = frozenset({"runs/get", "metrics/get-history", "artifacts/list", "metrics/get-history-bulk",
-                        "metrics/get-history-bulk-interval"})
-#: Writes to one run (its id in the JSON body).
-_RUN_WRITES = frozenset({"runs/log-metric", "runs/log-batch", "runs/log-parameter", "runs/set-tag",
-                         "runs/delete-tag", "runs/update", "runs/log-model", "runs/log-inputs",
-                         "runs/log-outputs"})
-_EXPERIMENT_READS = frozenset({"experiments/get", "experiments/get-by-name", "experiments/search"})
-_API_PREFIXES = ("/api/2.0/mlflow/", "/ajax-api/2.0/mlflow/", "/api/3.0/mlflow/", "/ajax-api/3.0/mlflow/")
-_ARTIFACTS = ("/api/2.0/mlflow-artifacts/artifacts", "/ajax-api/2.0/mlflow-artifacts/artifacts")
-#: UI paths (no data of any run) a signed-in user may fetch.
-_UI_EXACT = frozenset({"", "/", "/health", "/version", "/favicon.ico", "/server-info"})
 
 
 class Refused(Exception):
@@ -268,48 +259,49 @@ class Door:
             raise Refused(400, "Malformed path (no '.', '..', '//', '\\' or escapes after decoding).")
         method = request.method.upper()
         query = request.query_params
-        op = next((path[len(p):] for p in _API_PREFIXES if path.startswith(p)), None)
         if caller.admin:
             return await self.forward(request)
-        if op is not None:
-            return await self._api(request, caller, op, method)
-        if path in ("/get-artifact",):  # every value (a repeated key: MLflow reads the first, Starlette the last)
+        rule = rule_of(method, path)  # the door's whole table: a route it does not name is an admin's
+        if rule in (Rule.RUN_READ, Rule.RUN_WRITE, Rule.RUN_CREATE, Rule.RUN_SEARCH):
+            return await self._api(request, caller, rule, method)
+        if rule is Rule.RUN_ARTIFACT:  # every value (a repeated key: MLflow reads the first, Starlette the last)
             await self.check_runs(caller, [*query.getlist("run_uuid"), *query.getlist("run_id")] or [""],
                                   Level.CAN_VIEW)
             return await self.forward(request)
-        artifacts = next((a for a in _ARTIFACTS if path == a or path.startswith(a + "/")), None)
-        if artifacts is not None:
+        artifacts = artifacts_root(path)
+        if rule is Rule.PROXIED_ARTIFACT and artifacts is not None:
             listed = query.getlist("path")
             if len(listed) > 1:
                 raise Refused(400, "Give one artifact path.")
             rel = path[len(artifacts):].lstrip("/") or (listed[0] if listed else "")
             need = Level.CAN_VIEW if method in ("GET", "HEAD") else Level.CAN_MANAGE
-            if method not in ("GET", "HEAD", "PUT"):
-                raise Refused(403, f"{caller.label} may not {method} MLflow artifacts.")
             await self.check_runs(caller, [_artifact_run(rel)], need)
             return await self.forward(request)
-        if path == "/graphql" and method == "POST":  # MLflow's UI reads a run's page so
+        if rule is Rule.GRAPHQL:  # MLflow's UI reads a run's page so
             body = await _json_body(request)
-            ids = graphql_run_ids(body)
-            if ids is None:
-                raise Refused(403, f"{caller.label} may send MLflow's GraphQL only the run reads of its UI "
-                              "(mlflowGetRun, mlflowListArtifacts, mlflowGetMetricHistoryBulkInterval, "
-                              "mlflowGetExperiment).")
-            if ids:
-                await self.check_runs(caller, ids, Level.CAN_VIEW)
+            runs = await self._graphql_runs(body)
+            if runs:  # (none: an experiment's read, or only `__typename`)
+                await self.check_runs(caller, runs, Level.CAN_VIEW)
             return await self.forward(request, body=_encode(body))
-        if caller.credential is None and method in ("GET", "HEAD") and (
-                path in _UI_EXACT or path.startswith("/static-files/")):
+        if rule is Rule.EXPERIMENT_READ or (rule is Rule.UI and caller.credential is None):
             return await self.forward(request)
         raise Refused(403, f"{caller.label} may not use MLflow's {method} {path or '/'} through air server "
                       "(only an admin may).")
 
-    async def _api(self, request: Request, caller: DoorCaller, op: str, method: str) -> Response:
+    async def _graphql_runs(self, body: Mapping[str, object]) -> list[str]:
+        """The MLflow runs a GraphQL request reads once resolved as MLflow resolves it (mlflow_graphql)."""
+        from air.server.mlflow_graphql import GraphQLRefused, graphql_runs, mlflow_schema
+
+        try:
+            schema = await run_in_threadpool(mlflow_schema)
+            return await run_in_threadpool(graphql_runs, schema, body)
+        except GraphQLRefused as refused:
+            raise Refused(refused.status, refused.message) from None
+
+    async def _api(self, request: Request, caller: DoorCaller, rule: Rule, method: str) -> Response:
         query = request.query_params
-        if op in _EXPERIMENT_READS:
-            return await self.forward(request)
-        if op in _RUN_READS:
-            if method == "GET":
+        if rule is Rule.RUN_READ:
+            if method in ("GET", "HEAD"):
                 ids = [*query.getlist("run_id"), *query.getlist("run_uuid"), *query.getlist("run_ids")]
                 await self.check_runs(caller, ids, Level.CAN_VIEW)
                 return await self.forward(request)
@@ -317,18 +309,18 @@ class Door:
             ids = [body.get("run_id") or "", body.get("run_uuid") or "", *_strings(body.get("run_ids"))]
             await self.check_runs(caller, [str(i) for i in ids], Level.CAN_VIEW)
             return await self.forward(request, body=_encode(body))
-        if op in _RUN_WRITES and method == "POST":
+        if rule is Rule.RUN_WRITE:
             body = await _json_body(request)
             await self.check_runs(caller, [str(body.get("run_id") or ""), str(body.get("run_uuid") or "")],
                                   Level.CAN_MANAGE)
             keys = [str(t.get("key")) for t in _tag_list(body)]
-            if op in ("runs/set-tag", "runs/delete-tag"):
+            if api_op(request.url.path[len(MLFLOW_PREFIX):]) in ("runs/set-tag", "runs/delete-tag"):
                 keys.append(str(body.get("key")))
             bad = [k for k in keys if protected_tag(k)]
             if bad:
                 raise Refused(403, f"Tag {bad[0]!r} is air's: only air sets it.")
             return await self.forward(request, body=_encode(body))
-        if op == "runs/create" and method == "POST" and caller.credential is not None:
+        if rule is Rule.RUN_CREATE and caller.credential is not None:
             body = await _json_body(request)
             run = caller.credential.run_id
             tags = [t for t in _tag_list(body) if not protected_tag(str(t.get("key")))]
@@ -338,9 +330,10 @@ class Door:
             if parent:
                 await self.check_runs(caller, [parent], Level.CAN_MANAGE)
             return await self.forward(request, body=_encode(body))
-        if op == "runs/search" and method == "POST":
+        if rule is Rule.RUN_SEARCH:
             return await self._search(request, caller, await _json_body(request))
-        raise Refused(403, f"{caller.label} may not call MLflow's {op} through air server (only an admin may).")
+        raise Refused(403, f"{caller.label} may not call MLflow's {request.url.path[len(MLFLOW_PREFIX):]} through "
+                      "air server (only an admin may).")
 
     async def _search(self, request: Request, caller: DoorCaller, body: Mapping[str, object]) -> Response:
         """A run search, its answer narrowed to the runs the caller may read (a credential: its own)."""
@@ -447,54 +440,6 @@ async def _json_body(request: Request) -> dict[str, Any]:  # Any: MLflow's bodie
 
 def _encode(body: Mapping[str, object]) -> bytes:
     return json.dumps(body).encode()
-
-
-#: GraphQL root fields the door can scope: field -> the input keys naming runs (none: no run data).
-_GRAPHQL_READS: dict[str, tuple[str, ...]] = {
-    "mlflowGetRun": ("runId", "runUuid"), "mlflowListArtifacts": ("runId", "runUuid"),
-    "mlflowGetMetricHistoryBulkInterval": ("runIds",), "mlflowGetExperiment": (), "__typename": (),
-}
-
-
-def graphql_run_ids(body: Mapping[str, object]) -> list[str] | None:
-    """The MLflow runs a GraphQL request reads, or None when it asks what the door cannot scope (a
-    mutation, a search, another root field, a root fragment, a run named in no way the door reads)."""
-    from graphql import (
-        FieldNode,
-        FragmentDefinitionNode,
-        GraphQLError,
-        OperationDefinitionNode,
-        parse,
-        value_from_ast_untyped,
-    )
-
-    query, variables = body.get("query"), body.get("variables") or {}
-    if not isinstance(query, str) or not isinstance(variables, dict) or len(query) > 100_000:
-        return None
-    try:
-        document = parse(query, no_location=True)
-    except GraphQLError:
-        return None
-    ids: list[str] = []
-    for definition in document.definitions:
-        if isinstance(definition, FragmentDefinitionNode):
-            continue  # used inside a root field's selection only (a root spread is refused below)
-        if not isinstance(definition, OperationDefinitionNode) or definition.operation.value != "query":
-            return None
-        for selection in definition.selection_set.selections:
-            if not isinstance(selection, FieldNode) or selection.name.value not in _GRAPHQL_READS:
-                return None
-            keys = _GRAPHQL_READS[selection.name.value]
-            if not keys:
-                continue
-            given = {a.name.value: value_from_ast_untyped(a.value, variables) for a in selection.arguments or ()}
-            named = given.get("input")
-            if not isinstance(named, dict) or not any(named.get(k) for k in keys):
-                return None
-            for key in keys:
-                value = named.get(key)
-                ids += [str(v) for v in value] if isinstance(value, list) else [str(value)] if value else []
-    return ids
 
 
 def _tag_list(body: Mapping[str, object]) -> list[dict[str, object]]:

@@ -27,6 +27,7 @@ from air.client.models import (
     event_from,
     parse_request,
 )
+from air.config import load_config
 from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.access import Level
@@ -40,7 +41,7 @@ from air.server.app import AuthError, Caller, error_body, pages_base, store_of, 
 from air.server.audit import RUN_CANCEL, record
 from air.server.fanout import hub_of, reader_following, take_ndjson
 from air.server.submission import submit_request
-from air.server.uploads import ServerPaths, check_digest, missing_blobs, receive_blob
+from air.server.uploads import BlobQuota, ServerPaths, check_digest, missing_blobs, receive_blob
 from air.server.visibility import change_permissions, current_policy, readable_run, run_visible, viewer_for
 
 router = APIRouter()
@@ -257,7 +258,10 @@ async def blobs_missing(request: Request) -> dict[str, object]:
 
 
 @router.put("/blobs/{digest}")
-async def put_blob(request: Request, digest: str) -> dict[str, object]:
+async def put_blob(request: Request, digest: str, who: Caller) -> dict[str, object]:
     check_digest(digest)
-    size = await receive_blob(_paths(request), digest, read_limited(request))  # streamed to disk as it comes
+    declared = request.headers.get("content-length")
+    quota = BlobQuota(_paths(request), who.user, (await run_in_threadpool(load_config)).server.limits.blob_quota_per_user)
+    size = await receive_blob(_paths(request), digest, read_limited(request),  # streamed to disk as it comes
+                              quota=quota, declared=int(declared) if declared and declared.isdigit() else None)
     return {"digest": digest, "size": size}

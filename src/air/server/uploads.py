@@ -10,6 +10,7 @@ Under AIR_HOME (this module owns these names)::
     server/blobs/<sha256>              one file's content
     server/uploads/<key>/<name>/...    a rebuilt snapshot (key: sha256 of its manifest)
     server/users/<user>/secrets.json   that user's secrets
+    server/users/<user>/blobs.txt      the blobs that user uploaded ("<sha256> <size>" a line: their quota)
     server/server.log                  MLflow's output and the server's warnings
 """
 
@@ -22,6 +23,7 @@ import posixpath
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +75,10 @@ class ServerPaths:
     def mlflow_credential(self) -> Path:
         """The server's own MLflow credential (0600): its supervisors' and call drivers' key to the door."""
         return self.root / "mlflow-credential"
+
+    def user_blobs(self, user: str) -> Path:
+        """The blobs `user` uploaded, one `<sha256> <size>` a line: what counts against their quota."""
+        return self.root / "users" / user / "blobs.txt"
 
     def user_secrets(self, user: str) -> Path:
         """A user's secret store: their folder is laid out like a home of its own (`secrets.json`)."""
@@ -133,28 +139,125 @@ class BlobUpload:
         self.tmp.unlink(missing_ok=True)
 
 
+class BlobQuotaExceeded(UserInputError):
+    """A user's uploaded blobs would go past `server.limits.blob_quota_per_user`."""
+
+    code = "BLOB_QUOTA_EXCEEDED"
+    http_status = 413
+
+
+class BlobQuota:
+    """What one user's uploads may still take: the blobs their ledger (`ServerPaths.user_blobs`) names that
+    still exist, plus what they are uploading right now, against the server's per-user quota (None: none).
+    A blob is charged to the user who first uploaded it (content-addressed: others reuse it for free)."""
+
+    _lock = threading.Lock()
+    #: user → bytes being received for them now, in this server process (concurrent uploads add up).
+    _receiving: dict[str, int] = {}
+
+    def __init__(self, paths: ServerPaths, user: str, quota: int | None) -> None:
+        self.paths = paths
+        self.user = user
+        self.quota = quota
+        self.ledger = paths.user_blobs(user)
+        self.taken = 0  # what this upload holds of _receiving
+
+    def used(self) -> int:
+        """Bytes of the user's blobs on the server (a blob no longer there no longer counts)."""
+        sizes: dict[str, int] = {}
+        try:
+            text = self.ledger.read_text()
+        except FileNotFoundError:
+            return 0
+        for line in text.splitlines():
+            digest, _, size = line.partition(" ")
+            if _SHA_RE.match(digest) and size.isdigit():
+                sizes[digest] = int(size)
+        return sum(size for digest, size in sizes.items() if self.paths.blob(digest).exists())
+
+    def take(self, more: int) -> None:
+        """Hold `more` bytes for this upload; BlobQuotaExceeded (nothing held) where that goes past the quota."""
+        if self.quota is None or more <= 0:
+            return
+        with self._lock:
+            receiving = self._receiving.get(self.user, 0)
+            used = self.used()
+            if used + receiving + more > self.quota:
+                from air.runs.reasons import size_text
+
+                raise BlobQuotaExceeded(
+                    f"Upload refused: {self.user}'s blobs on this server would take more than their quota of "
+                    f"{size_text(self.quota)} ({size_text(used)} stored, {size_text(receiving + more)} being "
+                    "uploaded); nothing of this upload was kept.",
+                    hint="Keep large files out of the code snapshot (.gitignore, or narrow "
+                    "code_source.snapshot.include_paths) and read data on the nodes; the server's admin sets "
+                    "server.limits.blob_quota_per_user.")
+            self._receiving[self.user] = receiving + more
+            self.taken += more
+
+    def release(self) -> None:
+        """Give back what this upload held (it was kept, and is in the ledger, or it was dropped)."""
+        if not self.taken:
+            return
+        with self._lock:
+            left = self._receiving.get(self.user, 0) - self.taken
+            if left > 0:
+                self._receiving[self.user] = left
+            else:
+                self._receiving.pop(self.user, None)
+            self.taken = 0
+
+    def charge(self, digest: str, size: int) -> None:
+        """Note a blob the user uploaded (appended, one line: concurrent uploads never interleave)."""
+        self.ledger.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{digest} {size}\n".encode())
+        finally:
+            os.close(fd)
+
+
 #: Pieces of a streamed body are gathered up to this size before a worker thread writes them.
 _WRITE_BATCH = 1 << 20
 
 
-async def receive_blob(paths: ServerPaths, digest: str, chunks: AsyncIterator[bytes]) -> int:
+async def receive_blob(paths: ServerPaths, digest: str, chunks: AsyncIterator[bytes],
+                       quota: BlobQuota | None = None, declared: int | None = None) -> int:
     """Stream a request body into a blob: at most one batch (1 MiB) is held in memory at a time, hashing
-    and writing happen off the event loop. Returns its size."""
+    and writing happen off the event loop. Returns its size. With `quota`, a body past the user's quota
+    (its declared length at once, else as it arrives) is refused with 413 and its partial file removed."""
     from starlette.concurrency import run_in_threadpool
 
-    upload = await run_in_threadpool(BlobUpload, paths, digest)
+    try:
+        if quota is not None and declared is not None:
+            await run_in_threadpool(quota.take, declared)  # before anything is written
+        upload = await run_in_threadpool(BlobUpload, paths, digest)
+    except BaseException:
+        if quota is not None:
+            quota.release()
+        raise
+    existed = upload.target.exists()
     try:
         batch = bytearray()
         async for chunk in chunks:
             batch += chunk
             if len(batch) >= _WRITE_BATCH:
+                if quota is not None and upload.size + len(batch) > quota.taken:
+                    await run_in_threadpool(quota.take, upload.size + len(batch) - quota.taken)
                 await run_in_threadpool(upload.write, bytes(batch))
                 batch.clear()
         if batch:
+            if quota is not None and upload.size + len(batch) > quota.taken:
+                await run_in_threadpool(quota.take, upload.size + len(batch) - quota.taken)
             await run_in_threadpool(upload.write, bytes(batch))
-        return int(await run_in_threadpool(upload.finish))
+        size = int(await run_in_threadpool(upload.finish))
+        if quota is not None and not existed:
+            await run_in_threadpool(quota.charge, digest, size)
+        return size
     finally:
         upload.discard()
+        if quota is not None:
+            quota.release()
 
 
 def _check_path(path: object) -> str:
@@ -246,4 +349,4 @@ def build_snapshot(paths: ServerPaths, manifest: SnapshotManifest) -> Path:
     return final / name
 
 
-__all__ = ["BlobUpload", "ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "receive_blob"]
+__all__ = ["BlobQuota", "BlobQuotaExceeded", "BlobUpload", "ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "receive_blob"]

@@ -70,7 +70,11 @@ def _problems_from(exc: ValidationError, lines: Mapping[tuple[str, ...], Where])
     """Turn pydantic's errors into our problems: paths cleaned up, messages in the user's words."""
     problems: list[Problem] = []
     for err in exc.errors(include_url=False):
-        loc = tuple(s for s in err["loc"] if not (isinstance(s, str) and "[" in s))
+        # pydantic's validator tags ("function-after[...]") leave the path; an unknown or missing key is
+        # the user's own last part, whatever it holds (a key "a[b" is not a tag: no IndexError, a 400)
+        raw = tuple(err["loc"])
+        key = raw[-1:] if err["type"] in ("extra_forbidden", "missing") else ()
+        loc = tuple(s for s in raw[:len(raw) - len(key)] if not (isinstance(s, str) and "[" in s)) + key
         ctx = err.get("ctx") or {}
         if ctx.get("air_field"):
             loc = (*loc, ctx["air_field"])
