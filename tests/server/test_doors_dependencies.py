@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 from server_helpers import AIR, AirServer, running_server
 
+from air.launcher.cgroups import REQUIRED, hierarchies
+
 ALICE_SECRET = "alice-door-secret-7f3a9c"
 
 # An in-tree PEP 517 backend: its build hook records who runs it and what it can read, into the wheel.
@@ -52,7 +54,13 @@ def _probe():
         wrote_root = "yes"
     except OSError:
         pass
-    return {"uid": uid, "user": user, "euid": os.geteuid(), "reads": got, "wrote_root": wrote_root}
+    try:
+        with open("/proc/self/cgroup") as fh:
+            cgroup = fh.read()
+    except OSError:
+        cgroup = ""
+    return {"uid": uid, "user": user, "euid": os.geteuid(), "reads": got, "wrote_root": wrote_root,
+            "cgroup": cgroup}
 
 
 def get_requires_for_build_wheel(config_settings=None):
@@ -211,6 +219,9 @@ def test_a_package_in_bobs_snapshot_builds_as_bob_in_his_sandbox(isolated: AirSe
     for name, got in marker["reads"].items():
         assert not got.startswith("READ"), (name, got)
     assert marker["wrote_root"] == "no", marker
+    # under a node's limits: in a cgroup of its own (where this machine has cgroups)
+    if all(c in hierarchies() for c in REQUIRED):
+        assert f"/{run_id}/build-" in marker["cgroup"], marker["cgroup"]
     assert not Path("/root/.air-door-marker").exists()
     everything = log + json.dumps(row) + _supervisor_log(server, run_id)
     assert ALICE_SECRET not in everything
@@ -247,3 +258,19 @@ def test_a_folder_of_bobs_first_run_is_refused_to_his_second(isolated: AirServer
     assert [r["run_id"] for r in runs] == [first_id], runs
     envs = server.home / "envs"
     assert not (envs.exists() and list(envs.rglob(".air-complete"))), list(envs.rglob("*"))[:20]
+
+
+def test_a_failing_walled_build_fails_the_run_naming_the_dependency(isolated: AirServer, tmp_path: Path) -> None:
+    server = isolated
+    spec = _workload(tmp_path / "bob", ["./pkg"], "echo never", with_package=True)
+    backend = tmp_path / "bob" / "code" / "pkg" / "door_backend.py"
+    backend.write_text(backend.read_text().replace('    marker = json.dumps(_probe())',
+                                                   '    raise RuntimeError("door backend refuses to build")'))
+    run_id = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
+    assert server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=600) == "FAILED"
+    row = _run_row(server, run_id)
+    reason = json.dumps(row)
+    assert "./pkg" in reason and "door backend refuses to build" in _log(server, run_id), (reason, _log(server, run_id))
+    assert "never" not in _log(server, run_id).splitlines()
+    envs = server.home / "envs"
+    assert not list(envs.rglob(".air-complete")), list(envs.rglob("*"))[:20]

@@ -283,12 +283,45 @@ class WorkloadJob:
         tag = {AIR_PROCESS_TAG: os.environ[AIR_PROCESS_TAG]} if os.environ.get(AIR_PROCESS_TAG) else {}
 
         def build(_deps: DependencySet, base: Path, key: str, path: Path, log: Callable[[str], None]) -> None:
-            build_walled(wrap=lambda argv: sandbox.wrap(argv, extra_writable=[str(folder)]),
-                         dependencies=plan.dependencies or [], code=code, variables=variables, base=base, key=key,
-                         path=path, cache=cache, log=log, environ=tag)
+            from air.launcher.cgroups import join_argv
+
+            with self._build_cgroup(log) as procs:
+                build_walled(wrap=lambda argv: join_argv(procs, sandbox.wrap(argv, extra_writable=[str(folder)])),
+                             dependencies=plan.dependencies or [], code=code, variables=variables, base=base,
+                             key=key, path=path, cache=cache, log=log, environ=tag)
 
         _log.info("environment: built walled in (%s), in %s", sandbox.label, folder)
         return deps, {"folder": folder, "lock_prefix": f"{folder.name}.", "builder": build}
+
+    @contextlib.contextmanager
+    def _build_cgroup(self, log: Callable[[str], None]) -> Iterator[tuple[str, ...]]:
+        """A walled build runs under a node's limits (the server's `server.limits`: memory, pids.max) in a
+        cgroup of its own; yields its `cgroup.procs` files (none where cgroups cannot be made)."""
+        import psutil
+
+        from air.config import ServerLimits, load_config
+        from air.launcher.cgroups import Cgroup, CgroupError, Limits, server_group
+
+        limits = load_config().server.limits
+        memory = ServerLimits.in_bytes(limits.memory_per_node, psutil.virtual_memory().total)
+        if memory is None and limits.pids_per_node is None:
+            yield ()
+            return
+        group = server_group(AirHome(create=False).root)
+        try:
+            cgroup = Cgroup.plan(f"{group}/{self.run_id}/build-{os.getpid()}", Limits(memory, limits.pids_per_node))
+            cgroup.create()
+        except CgroupError as exc:
+            log(f"limits: the environment build runs without memory and process limits: {exc}")
+            yield ()
+            return
+        try:
+            yield cgroup.procs_files
+        finally:
+            try:
+                cgroup.remove(stop_at=group)
+            except OSError as exc:
+                _log.warning("could not remove the build's cgroup %s: %s", cgroup.name, exc)
 
     def _node_launches(self, attempt: int, logs: dict[int, Path], environment: Environment | None,
                        tracking_env: dict[str, str]) -> list[NodeLaunch]:
