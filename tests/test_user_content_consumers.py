@@ -15,6 +15,7 @@ What the scan calls a consumer (`kind`):
 - yaml: a YAML load (PyYAML's, air.bounds' bounded one; air.bounds itself is the bound, not scanned);
 - json: a JSON parse in the HTTP-facing modules (air.server, air.web): request and MLflow bodies;
 - graphql: a GraphQL document parsed (graphql-core's `parse`);
+- unpack: an archive unpacked (`extractall`, `shutil.unpack_archive`);
 - read: `open()`, `Path.open/read_text/read_bytes` of a path built from user input, where the scan can
   tell: the path expression names a parameter or local that carries one (USER_NAMES, and the locals
   assigned from them in the same function), or any read in a module whose paths are all a user's
@@ -68,6 +69,7 @@ OUTCOMES = "Call outcomes (return values, exceptions)"
 MLFLOW = "MLflow bodies through the door (REST, ajax-api, GraphQL, artifacts)"
 PARAMETERS = "Parameters and hyperparameters"
 CONFIG = "The server's config.yaml"
+RAY = "Snapshots on a Ray cluster"
 
 #: (kind, "module:function") -> the title of docs/access.md's row it belongs to. Keep the two in step.
 CONSUMERS: dict[tuple[str, str], str] = {
@@ -105,6 +107,8 @@ CONSUMERS: dict[tuple[str, str], str] = {
     ("graphql", "air.server.mlflow_graphql:graphql_runs"): MLFLOW,
     # what the supervisor wrote from the typed spec
     ("yaml", "air.tracking.backfill:_parameters"): PARAMETERS,
+    # a Ray node's agent (the Ray cluster's account)
+    ("unpack", "air.backends.ray_agent:NodeAgent.unpack"): RAY,
     # the operator's file
     ("yaml", "air.config:load_config"): CONFIG,
 }
@@ -213,6 +217,8 @@ class _Scan(ast.NodeVisitor):
         elif name in {"importlib.import_module", "import_module", "__import__"} or head == "runpy" or (
                 name in {"exec", "eval"} and not self._own_source(node)):
             self.add("import", node)
+        elif attr in {"extractall", "extract"} or name in {"shutil.unpack_archive", "unpack_archive"}:
+            self.add("unpack", node)
         elif name in self.graphql and name == "parse" or name == "graphql.parse":
             self.add("graphql", node)
         elif (head == "yaml" and attr in _YAML_LOADS) or name.split(".")[-1] in _AIR_YAML | {"BoundedLoader"}:
