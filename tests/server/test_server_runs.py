@@ -86,6 +86,8 @@ def test_a_run_outlives_its_watch_and_is_alices(server: AirServer, tmp_path: Pat
     node1 = server.air("alice", "logs", run_id, "--node", "1")
     assert node1.returncode == 0, node1.stderr
     assert node1.stdout.splitlines() == expected_lines(1)
+    none = server.air("alice", "logs", run_id, "--tail", "0")  # as `tail -n 0`: nothing, and no "is empty"
+    assert (none.returncode, none.stdout, none.stderr) == (0, "", ""), none.stderr
     text = server.air("alice", "list", "runs", "--all-users", "--all-status")
     assert "USER" in text.stdout and "alice" in text.stdout
 
