@@ -67,11 +67,12 @@ class AttemptTracking:
     def for_workload(cls, *, experiment: str, run_name: str | None, tags: Mapping[str, str],
                      params: Mapping[str, object], attempt: int, warn: Callable[[str], None],
                      files: tuple[Path, Path] | None = None, before: Callable[[], object] | None = None,
-                     wait: bool = False) -> AttemptTracking:
+                     wait: bool = False, walled: bool = False) -> AttemptTracking:
         """A workload attempt: one MLflow run in the workload's experiment, with its parameters.
 
         With `files` (the attempt's run-variables file and hook folder) the run is made in the background
-        (WorkloadTracking), after `before` (e.g. waiting for a server's MLflow); without, here and now."""
+        (WorkloadTracking), after `before` (e.g. waiting for a server's MLflow); without, here and now.
+        `walled`: the nodes run in a sandbox that shows them only the hook's folder (see WorkloadTracking)."""
         if not tracking_enabled():
             return cls(None, attempt, warn)
 
@@ -87,7 +88,7 @@ class AttemptTracking:
 
         if files is not None:
             return WorkloadTracking(create, attempt=attempt, env_file=files[0], hook_dir=files[1], warn=warn,
-                                    wait=wait)
+                                    wait=wait, walled=walled)
         try:
             handle = create()
         except Exception as exc:  # tracking must never fail a run
@@ -192,8 +193,12 @@ class WorkloadTracking(AttemptTracking):
 
     `env()` is ready at once: the tracking URI and the node hook (node_hook.py) on PYTHONPATH, which hands
     each node process the run's id from `env_file` once this thread wrote it. `end()` waits for the run
-    (bounded), then ends it as usual. `wait=True` (nodes that cannot read the attempt's folder, e.g. walled
-    in by a sandbox) makes `env()` wait for the run and carry MLFLOW_RUN_ID itself, as before.
+    (bounded), then ends it as usual. `walled=True` (nodes in a sandbox, which see only the hook's folder,
+    bound read-only) writes the run's variables into the hook's folder too (node_hook.node_env_of), and its
+    hook keeps no spool (nothing a walled node writes is read here) and waits as long as `env()` once did
+    (CREATE_WAIT_S): walled nodes start at once too, and only a process's `import mlflow` waits for the run.
+    `wait=True` (nodes that cannot read even that, e.g. on another machine) makes `env()` wait for the run
+    and carry MLFLOW_RUN_ID itself.
     """
 
     #: How long `end()` and a waiting `env()` wait for the run to exist.
@@ -206,11 +211,12 @@ class WorkloadTracking(AttemptTracking):
     RETRY_PAUSE_MAX_S = 15.0
 
     def __init__(self, create: Callable[[], TrackingHandle | None], *, attempt: int, env_file: Path,
-                 hook_dir: Path, warn: Callable[[str], None], wait: bool = False) -> None:
+                 hook_dir: Path, warn: Callable[[str], None], wait: bool = False, walled: bool = False) -> None:
         super().__init__(None, attempt, warn)
         self.env_file = env_file
         self.hook_dir = hook_dir
         self.wait = wait
+        self.walled = walled
         self._create = create
         self._uri = tracking_uri()
         #: The user's own MLflow HTTP settings, read before any thread of air's shortens them.
@@ -227,8 +233,6 @@ class WorkloadTracking(AttemptTracking):
         self._thread.start()
 
     def _run(self) -> None:
-        from air.tracking.node_hook import write_env
-
         handle = self._make()
         with self._lock:
             late = self._ended
@@ -237,13 +241,21 @@ class WorkloadTracking(AttemptTracking):
         if late and handle is not None:  # end() stopped waiting while this call was in flight
             handle.end("FAILED", "made after the attempt's end had stopped waiting for it")
         try:
-            write_env(self.env_file, {k: v for k, v in handle.env().items() if k != "MLFLOW_TRACKING_URI"}
-                      if handle is not None else {})
+            self._write_env({k: v for k, v in handle.env().items() if k != "MLFLOW_TRACKING_URI"}
+                            if handle is not None else {})
         except OSError as exc:
             self.warn(f"tracking: the nodes cannot learn their MLflow run: {exc}")
         while callbacks := self._take_callbacks():  # ready only once every callback ran (end() waits for it)
             for callback in callbacks:
                 self._safely(callback)
+
+    def _write_env(self, values: Mapping[str, str]) -> None:
+        """The run's variables for the nodes' hooks (`{}`: no run), and the walled nodes' copy."""
+        from air.tracking.node_hook import node_env_of, write_env
+
+        write_env(self.env_file, values)
+        if self.walled:
+            write_env(node_env_of(self.hook_dir), values)
 
     def _make(self) -> TrackingHandle | None:
         """The attempt's run; through an http(s) server, tried again (backoff up to `RETRY_PAUSE_MAX_S`) until
@@ -295,10 +307,11 @@ class WorkloadTracking(AttemptTracking):
             env = dict(self.handle.env())
             if is_http(self._uri):  # the hook only for its exit flush of MLflow's queue (node_hook.py)
                 env |= _hook_env(self.hook_dir, self.env_file, self.warn,
-                                 "the nodes' MLflow logging blocks while the server is away")
+                                 "the nodes' MLflow logging blocks while the server is away", walled=self.walled)
         else:
             env = {"MLFLOW_TRACKING_URI": self._uri,
-                   **_hook_env(self.hook_dir, self.env_file, self.warn, "the nodes cannot learn their MLflow run")}
+                   **_hook_env(self.hook_dir, self.env_file, self.warn, "the nodes cannot learn their MLflow run",
+                               walled=self.walled, wait_s=self.CREATE_WAIT_S if self.walled else None)}
             if "PYTHONPATH" not in env:
                 return env
         if is_http(self._uri):
@@ -344,14 +357,12 @@ class WorkloadTracking(AttemptTracking):
             self._give_up.set()
             self.warn(f"tracking: the attempt's MLflow run could not be made within {late_s:g} s "
                       "after its end; given up (made afterwards by `air server` once its MLflow answers)")
-            from air.tracking.node_hook import write_env
-
             try:
-                write_env(self.env_file, {})  # (hooks still waiting go on without it: node_hook.py)
+                self._write_env({})  # (hooks still waiting go on without it: node_hook.py)
             except OSError:
                 pass
             return
-        if self.handle is not None:
+        if self.handle is not None and not self.walled:  # (walled nodes have no spool: nothing of theirs is read)
             from air.tracking.backfill import copy_spool
             from air.tracking.node_hook import spool_of
 
@@ -385,13 +396,16 @@ class _WarnOnce:
             self.warn(line)
 
 
-def _hook_env(hook_dir: Path, env_file: Path, warn: Callable[[str], None], without: str) -> dict[str, str]:
-    """The nodes' PYTHONPATH with the hook written (node_hook.py); {} and a warning (`without`: what the
-    nodes then lack) if it cannot be written."""
+def _hook_env(hook_dir: Path, env_file: Path, warn: Callable[[str], None], without: str, *, walled: bool = False,
+              wait_s: float | None = None) -> dict[str, str]:
+    """The nodes' PYTHONPATH with the hook written (node_hook.py; `walled`: for nodes in a sandbox, and
+    `wait_s`: its wait for the run, HOOK_WAIT_S by default); {} and a warning (`without`: what the nodes
+    then lack) if it cannot be written."""
     from air.tracking.node_hook import HOOK_WAIT_S, write_hook
 
+    wait = HOOK_WAIT_S if wait_s is None else wait_s
     try:
-        return {"PYTHONPATH": str(write_hook(hook_dir, env_file, wait_s=_shortened(HOOK_WAIT_S)))}
+        return {"PYTHONPATH": str(write_hook(hook_dir, env_file, wait_s=_shortened(wait), walled=walled))}
     except OSError as exc:
         warn(f"tracking: {without}: {exc}")
         return {}

@@ -10,6 +10,11 @@ until the file appears, so the user's plain `mlflow.log_metric` lands in the att
 that never imports MLflow never waits. The environment's own `sitecustomize`, if any, still runs.
 
 The hook is plain Python with no air import: a node may run an interpreter that cannot import air.
+
+Nodes walled in by a sandbox (`walled=True`) see the hook's folder alone, read-only, bound into their view:
+their run-variables file is a copy inside it (`node_env_of`), and they have no spool (nothing a node writes
+is ever read by the supervisor's account): a process whose run is not made in time logs through the door
+without a run id, into an MLflow run of its own that the door ties to the same air run.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ def _air_mlflow_hook():
             return False
         # `{}`: the supervisor gave up on the run; or a parent process already logs locally (its children
         # inherit its local store, not the tracking URI they would need for the run id).
-        if not values.get("MLFLOW_RUN_ID") or os.environ.get("MLFLOW_TRACKING_URI", "").startswith("file://" + SPOOL):
+        if not values.get("MLFLOW_RUN_ID") or (
+                SPOOL and os.environ.get("MLFLOW_TRACKING_URI", "").startswith("file://" + SPOOL)):
             spool()
             return True
         for key, value in values.items():
@@ -60,7 +66,7 @@ def _air_mlflow_hook():
         # No run to log into: never MLflow's own stray run on the server. This process's MLflow writes a
         # local store under the hook's folder instead; the supervisor copies it into the attempt's run once
         # that is made (tracking/backfill.py: copy_spool).
-        if os.environ.get("MLFLOW_RUN_ID"):
+        if os.environ.get("MLFLOW_RUN_ID") or not SPOOL:  # (walled in: no spool, see node_hook.py)
             return
         os.environ["MLFLOW_TRACKING_URI"] = "file://" + os.path.join(SPOOL, str(os.getpid()))
         os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
@@ -81,7 +87,8 @@ def _air_mlflow_hook():
             if not load():
                 spool()
                 sys.stderr.write(f"[air] the attempt's MLflow run was not made within {WAIT_S:g} s; this "
-                                 "process's MLflow logs locally, copied into the run once it is made\\n")
+                                 + ("process's MLflow logs locally, copied into the run once it is made\\n" if SPOOL
+                                    else "process's MLflow logs into a run of its own\\n"))
             try:
                 sys.meta_path.remove(gate)
             except ValueError:
@@ -180,14 +187,26 @@ _air_mlflow_hook()
 '''
 
 
-def write_hook(folder: Path, env_file: Path, wait_s: float = HOOK_WAIT_S) -> Path:
+def write_hook(folder: Path, env_file: Path, wait_s: float = HOOK_WAIT_S, *, walled: bool = False) -> Path:
     """Write the hook into `folder` (its `sitecustomize.py`); put `folder` first on the nodes' PYTHONPATH.
-    It reads the run's variables from `env_file` (see `write_env`)."""
+    It reads the run's variables from `env_file` (see `write_env`). `walled`: for nodes in a sandbox, which
+    see only `folder` (bound read-only, so it is made readable by any account: it holds the hook's code and,
+    in `node_env_of(folder)`, which it reads instead of `env_file`, the run's id, nothing secret); no spool."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    source = (_HOOK.replace("@WAIT_S@", repr(float(wait_s))).replace("@ENV_FILE@", repr(str(env_file)))
-              .replace("@SPOOL@", repr(str(spool_of(folder)))).replace("@FLUSH_S@", repr(float(FLUSH_S))))
+    if walled:
+        os.chmod(folder, 0o755)  # (its parents stay the server's alone: only the view shows it to the run)
+    spool = "" if walled else str(spool_of(folder))
+    source = (_HOOK.replace("@WAIT_S@", repr(float(wait_s)))
+              .replace("@ENV_FILE@", repr(str(node_env_of(folder) if walled else env_file)))
+              .replace("@SPOOL@", repr(spool)).replace("@FLUSH_S@", repr(float(FLUSH_S))))
     atomic_write_text(folder / "sitecustomize.py", source)
     return folder
+
+
+def node_env_of(folder: Path) -> Path:
+    """The copy of the run's variables that walled-in nodes read (inside the hook's folder, the one thing
+    of the attempt's folder their view shows)."""
+    return folder / "mlflow_env.json"
 
 
 def spool_of(folder: Path) -> Path:
