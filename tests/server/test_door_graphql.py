@@ -212,3 +212,27 @@ def test_the_graphql_of_mlflows_own_ui_passes_as_its_rest_routes() -> None:
         except GraphQLRefused as refused:
             got = refused.status
         assert got == expected, (name, got)
+
+
+def test_graphql_past_the_doors_bounds_is_refused_before_validation() -> None:
+    from air.server.mlflow_graphql import MAX_QUERY, GraphQLRefused, graphql_runs, mlflow_schema
+
+    schema = mlflow_schema()
+    run = 'mlflowGetRun(input: {runId: "r"}) { run { info { runUuid } } }'
+    nested = "fragment F0 on Query { __typename }\n" + "\n".join(
+        f"fragment F{i} on Query {{ ...F{i - 1} ...F{i - 1} }}" for i in range(1, 40)) + "\nquery { ...F39 }"
+    for what, query, variables in (
+            ("too long", "query { " + " " * MAX_QUERY + "__typename }", {}),
+            ("too many selections", "query { " + "__typename " * 300 + "}", {}),
+            ("2^39 selections through nested fragments", nested, {}),
+            ("too deep", "query { mlflowGetRun(input: {runId: \"r\"}) " + "{ run " * 12 + "{ __typename }" + " }" * 12
+             + " }", {}),
+            ("too many aliases", "query { " + " ".join(f"a{i}: {run}" for i in range(25)) + " }", {}),
+            ("a fragment spreading itself", "query { ...F } fragment F on Query { ...F }", {}),
+            ("variables not an object", "query { __typename }", [1])):
+        try:
+            graphql_runs(schema, {"query": query, "variables": variables})
+        except GraphQLRefused as refused:
+            assert refused.status == 400, (what, refused.message)
+        else:
+            raise AssertionError(f"{what}: passed the door")
