@@ -181,8 +181,10 @@ class WorkloadJob:
         # Made in a background thread from the attempt's start (beside its environment and code); local
         # nodes start at once and the node hook hands them its id once it exists. The store records the id
         # as soon as the run exists, and the attempt's end (or RETRY) only once it does (the controller
-        # joins this thread), so `air get run`, `air subscribe` and the pages always see it. Nodes walled in
-        # or on Ray (or AIR_TRACKING_EARLY_START=off) start once it exists, with its id in their environment.
+        # joins this thread), so `air get run`, `air subscribe` and the pages always see it. Walled-in nodes
+        # start at once too: their view shows the hook's folder (read-only, `_sandbox`), where its id is
+        # copied. Nodes on Ray (or AIR_TRACKING_EARLY_START=off) start once it exists, with its id in their
+        # environment.
         from air.runs.isolation import isolation_mode
         from air.settings import AIR_TRACKING_EARLY_START, switched
 
@@ -190,8 +192,8 @@ class WorkloadJob:
         return AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
                                             params=plan.parameters or {}, attempt=attempt, warn=warn,
                                             files=(self.paths.mlflow_env(attempt), self.paths.mlflow_hook(attempt)),
-                                            before=before,
-                                            wait=not early or isolation_mode() is not None or not self.nodes_local)
+                                            before=before, wait=not early or not self.nodes_local,
+                                            walled=isolation_mode() is not None)
 
     @contextlib.contextmanager
     def launches(self, attempt: int, allocation: Allocation, node_logs: dict[int, Path],
@@ -353,7 +355,7 @@ class WorkloadJob:
             node_hook_env(env, tracking_env)  # first on PYTHONPATH: hands node processes their MLflow run
             launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
                                                logs[node], cwd, hide=hide))
-        sandbox = self._sandbox(environment)
+        sandbox = self._sandbox(environment, hook=tracking_env.get("PYTHONPATH"))
         if sandbox is not None:
             launches = [dataclasses.replace(launch, sandbox=sandbox) for launch in launches]
             _log.info("attempt %d: nodes walled in (%s)", attempt, sandbox.label)
@@ -361,16 +363,17 @@ class WorkloadJob:
                    [" ".join(p.argv) for launch in launches for p in launch.processes], cwd)
         return launches
 
-    def _sandbox(self, environment: Environment | None) -> Sandbox | None:
+    def _sandbox(self, environment: Environment | None, hook: str | None = None) -> Sandbox | None:
         """Under `air server` (AIR_ISOLATION): the view the nodes run in, as the run owner's account. They
-        see their code, command, hyperparameters and environment (read-only) and write their checkpoints."""
+        see their code, command, hyperparameters, environment and MLflow hook folder (`hook`: it hands them
+        their MLflow run once it exists; read-only) and write their checkpoints."""
         from air.runs.isolation import isolation_mode, run_sandbox
 
         if isolation_mode() is None or self.store is None:
             return None
         plan = self.plan
         inputs = [plan.code_path, plan.command_path, plan.parameters_path, getattr(environment, "path", None),
-                  str(AirHome(create=False).bin)]
+                  str(AirHome(create=False).bin), hook]
         return run_sandbox(self.store, self.run_id, self.store.get_run(self.run_id).user,
                            read_only=[str(p) for p in inputs if p], writable=[self.checkpoint_dir or ""],
                            python=plan.base_python, own_pids=True, private_home=True)
