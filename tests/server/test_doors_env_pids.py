@@ -12,9 +12,11 @@ server's; the node folders are 0700 (bob's account cannot list them, his scratch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -24,10 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from server_helpers import AIR, AirServer, free_port, running_server
 
-from proc_helpers import wait_for
+from proc_helpers import alive, wait_for
 
 #: Only in the server's environment: no run may print it.
 SERVER_ONLY = "D1_SERVER_ONLY_MARKER"
@@ -257,3 +260,35 @@ def test_a_bad_forward_env_is_refused_at_start(tmp_path: Path) -> None:
     assert started.returncode == 2, started.stdout + started.stderr
     assert "server.forward_env" in started.stderr and "'NOT A NAME'" in started.stderr, started.stderr
     assert "is not an environment variable name" in started.stderr, started.stderr
+
+
+def test_a_walled_tree_has_its_own_pids_and_ends_with_its_launcher(tmp_path: Path) -> None:
+    """A sandbox's command (as an account, in its own PID namespace): its launcher is pid 1 there, as
+    AIR_LAUNCHER_PID says (a rank's check of its launcher holds), and SIGKILL of the launcher's bwrap ends
+    every process of the tree, a grandchild included."""
+    from air.launcher.sandbox import Sandbox, ensure_account
+    from air.runs.isolation import python_roots
+
+    account = ensure_account("air-d1-pidns")
+    sandbox = Sandbox(scratch=str(tmp_path / "scratch"), read_only=tuple(python_roots()), account=account,
+                      own_pids=True)
+    sandbox.prepare()
+    code = ("import os, subprocess, time; subprocess.Popen(['sleep', '600']); "
+            "print(os.getpid(), os.getppid(), os.environ['AIR_LAUNCHER_PID'], os.getuid(), flush=True); "
+            "time.sleep(600)")
+    proc = subprocess.Popen(sandbox.wrap([sys.executable, "-c", code]), stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        pid, ppid, launcher, uid = proc.stdout.readline().split()
+        assert (ppid, launcher, int(uid)) == ("1", "1", account.uid), (pid, ppid, launcher, uid)
+        assert int(pid) <= 3, pid  # numbered in its own namespace
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        sleepers = [p for p in tree if p.name() == "sleep"]
+        assert sleepers, [p.cmdline() for p in tree]
+        proc.kill()
+        proc.wait(timeout=30)
+        wait_for(lambda: not alive([p.pid for p in tree]), "the walled tree to end with its launcher", timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
