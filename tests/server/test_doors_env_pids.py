@@ -292,3 +292,40 @@ def test_a_walled_tree_has_its_own_pids_and_ends_with_its_launcher(tmp_path: Pat
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_air_server_start_says_to_install_bubblewrap_when_it_is_missing(tmp_path: Path) -> None:
+    """In a mount namespace where /usr/bin/bwrap is gone (/dev/null bound over it), a root server with two
+    users cannot isolate: it refuses with exit 2 and says exactly what to install; with one user it serves
+    unwalled and its start-up lines say the same."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("AIR_SERVER_URL", "AIR_TOKEN")}
+    env["AIR_HOME"] = str(home)
+    made = subprocess.run([*AIR, "server", "token", "create", "alice"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert made.returncode == 0, made.stderr
+    hide = "mount --bind /dev/null /usr/bin/bwrap && exec \"$@\""
+    start = ["unshare", "-m", "--propagation", "private", "sh", "-c", hide, "sh", *AIR, "server", "start",
+             "--port", str(free_port()), "--no-mlflow"]
+    one = subprocess.Popen(start, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        assert one.stdout is not None
+        lines: list[str] = []
+        while not any("Runs:" in ln for ln in lines):
+            line = one.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        runs = next(ln for ln in lines if "Runs:" in ln)
+        assert "none (one user)" in runs and "apt-get install bubblewrap" in runs, runs
+    finally:
+        os.killpg(one.pid, signal.SIGTERM)
+        one.wait(timeout=60)
+    made = subprocess.run([*AIR, "server", "token", "create", "bob"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert made.returncode == 0, made.stderr
+    two = subprocess.run(start, env=env, capture_output=True, text=True, timeout=120)
+    assert two.returncode == 2, two.stdout + two.stderr
+    assert "cannot wall runs off" in two.stderr and "/usr/bin/bwrap is missing" in two.stderr, two.stderr
+    assert "apt-get install bubblewrap" in two.stderr, two.stderr

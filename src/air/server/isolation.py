@@ -76,9 +76,9 @@ def choose_isolation(store: RunStore, *, single_trust_domain: bool) -> str:
     if len(users) > 1:
         forced = " (AIR_ISOLATION_UNAVAILABLE is set)" if os.environ.get(AIR_ISOLATION_UNAVAILABLE) else ""
         raise UserInputError(
-            f"This server cannot wall runs off from each other{forced}: it is not root and bubblewrap cannot "
-            f"make a user namespace here, yet {len(users)} users hold tokens ({', '.join(users)}). Each "
-            "user's runs could read the others' secrets, logs and the server's store.",
+            f"This server cannot wall runs off from each other{forced}: bubblewrap is missing or cannot build a "
+            f"view here, yet {len(users)} users hold tokens ({', '.join(users)}). Each user's runs could read "
+            "the others' secrets, logs and the server's store.",
             hint=f"To isolate: {isolation_advice() or 'run the server as root, with bubblewrap installed'}. Or "
             "revoke the extra users' tokens (air server token revoke NAME), or accept one trust domain: air server "
             "start --single-trust-domain")
