@@ -329,3 +329,22 @@ def test_air_server_start_says_to_install_bubblewrap_when_it_is_missing(tmp_path
     assert two.returncode == 2, two.stdout + two.stderr
     assert "cannot wall runs off" in two.stderr and "/usr/bin/bwrap is missing" in two.stderr, two.stderr
     assert "apt-get install bubblewrap" in two.stderr, two.stderr
+
+
+def test_a_single_trust_domain_servers_runs_get_the_clean_environment_too(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """No walls (`--single-trust-domain`), yet a run is still the server's: the server-only variable does not
+    reach it, the forwarded one does, and the run's own env_variables are there."""
+    monkeypatch.setenv(SERVER_ONLY, SERVER_ONLY_VALUE)
+    monkeypatch.setenv(FORWARDED, FORWARDED_VALUE)
+    with running_server(tmp_path, config=f"server:\n  forward_env: [{FORWARDED}]\n") as server:
+        spec = tmp_path / "wl.yaml"
+        spec.write_text("experiment_name: env\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}\n"
+                        "env_variables: {OWN_VAR: mine}\n"
+                        f'command: echo "ENV ${{{SERVER_ONLY}:-absent}} ${{{FORWARDED}:-absent}} $OWN_VAR"\n')
+        run_id = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
+        log = server.home / "runs" / run_id / "attempt_0" / "node_0.log"
+        assert server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=300) == "SUCCESS", \
+            log.read_text() if log.exists() else run_id
+        line = next(ln for ln in log.read_text().splitlines() if "ENV " in ln)
+        assert line.split("ENV ", 1)[1].split() == ["absent", FORWARDED_VALUE, "mine"], line
