@@ -133,3 +133,58 @@ def test_only_the_caller_unpickles_a_remote_calls_value_and_exception(tmp_path: 
         assert any("ValueError: bad scale on rank 1" in r for r in reasons), reasons  # the server read the JSON
         assert any("Booby" in r for r in reasons), reasons
         assert os.stat(marks_dir).st_uid == 0
+
+
+SWAP = textwrap.dedent('''
+    import json, os, sys
+    from air import distributed
+
+
+    class Swap:
+        """Released after the rank reported (air keeps the function's frame until then): puts a link to a
+        file only root may read where the rank's outcome was, for the server to fetch."""
+
+        def __init__(self, target, link):
+            self.target, self.link = target, link
+
+        def __del__(self):
+            os.symlink(self.target, self.link + ".swap")
+            os.replace(self.link + ".swap", self.link)
+
+
+    @distributed(num_accelerators=2, accelerator_type="CPU_1xCPU", remote=True)
+    def steal(target):
+        if os.environ["RANK"] == "0":
+            swap = Swap(target, os.path.join(os.environ["AIR_CALL_DIR"], "rank_0.outcome"))  # noqa: F841
+        return "own value of rank " + os.environ["RANK"]
+
+
+    try:
+        print("GOT " + json.dumps(steal.distributed(sys.argv[1])), flush=True)
+    except Exception as exc:
+        print("RAISED " + json.dumps(f"{type(exc).__name__}: {exc}"), flush=True)
+''')
+
+
+def test_the_call_driver_fetches_no_link_a_rank_left_for_its_outcome(tmp_path: Path) -> None:
+    """A rank that swaps its outcome for a link to a file only root may read (here a well-formed outcome,
+    as another user's call would leave) gets nothing of it: the driver fetches no link."""
+    from air.distributed.outcome import ok, outcome_path, write_outcome
+
+    with running_server(tmp_path, start_args=()) as server:
+        secret_dir = tmp_path / "root-only"
+        secret_dir.mkdir(mode=0o700)
+        write_outcome(secret_dir, ok(0, "ROOT-ONLY value"))
+        target = outcome_path(secret_dir, 0)
+        target.chmod(0o600)
+        script = tmp_path / "swap.py"
+        script.write_text(SWAP)
+        done = subprocess.run([sys.executable, str(script), str(target)], env=server.env("bob"), cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "ROOT-ONLY" not in done.stdout + done.stderr, done.stdout + done.stderr
+        assert _line_text(done.stdout, "GOT", "RAISED").startswith("RAISED"), done.stdout + done.stderr
+
+
+def _line_text(stdout: str, *prefixes: str) -> str:
+    return next(ln for ln in stdout.splitlines() if ln.split(" ", 1)[0] in prefixes)

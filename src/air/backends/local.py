@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -235,6 +236,21 @@ def _with_work(sandbox: Sandbox | None, work: Path) -> Sandbox | None:
     return dataclasses.replace(sandbox, writable=(*sandbox.writable, str(work)))
 
 
+def _read_own_file(path: Path) -> bytes | None:
+    """A file the node's processes wrote in their work folder, which they may write (under `air server`,
+    as the run's account): never what a link they left there names (a file only the server's account may
+    read, linked there hard or soft), nor a FIFO that would block. None where there is no such file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # missing, or a link (ELOOP)
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # what air writes is renamed into place: one name
+            return None
+        return fh.read()
+
+
 class LocalAttempt:
     """A started attempt on this machine: one Launch with every process of every node, and what it
     holds while it runs (its MASTER_PORT and Ray head port reserved, the nodes' RAY_TMPDIRs)."""
@@ -342,13 +358,7 @@ class LocalAttempt:
         return f"(no process {process} on node {node})"
 
     def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
-        out: dict[str, bytes | None] = {}
-        for name in names:
-            try:
-                out[name] = (self._work_dirs[node] / name).read_bytes()
-            except FileNotFoundError:
-                out[name] = None
-        return out
+        return {name: _read_own_file(self._work_dirs[node] / name) for name in names}
 
     def process_exits(self, node: int) -> list[ProcessExit] | None:
         return self._exits[node]
