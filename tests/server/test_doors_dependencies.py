@@ -20,10 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from server_helpers import AIR, AirServer, running_server
 
 from air.launcher.cgroups import REQUIRED, hierarchies
+from proc_helpers import wait_for
 
 ALICE_SECRET = "alice-door-secret-7f3a9c"
 
@@ -274,3 +276,58 @@ def test_a_failing_walled_build_fails_the_run_naming_the_dependency(isolated: Ai
     assert "never" not in _log(server, run_id).splitlines()
     envs = server.home / "envs"
     assert not list(envs.rglob(".air-complete")), list(envs.rglob("*"))[:20]
+
+
+def _build_processes(server: AirServer) -> list[psutil.Process]:
+    """The walled builds of this server (their bwrap names the server's environment folder) and all below."""
+    found: dict[int, psutil.Process] = {}
+    for proc in psutil.process_iter():
+        try:
+            argv = proc.cmdline()
+            if argv and argv[0].endswith("bwrap") and f"{server.home}/envs/" in " ".join(argv):
+                for p in [proc, *proc.children(recursive=True)]:
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        found[p.pid] = p
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def test_canceling_a_run_during_its_walled_build_leaves_no_process(isolated: AirServer, tmp_path: Path) -> None:
+    server = isolated
+    spec = _workload(tmp_path / "bob", ["./pkg"], "echo never", with_package=True)
+    backend = tmp_path / "bob" / "code" / "pkg" / "door_backend.py"
+    backend.write_text(backend.read_text().replace('    marker = json.dumps(_probe())',
+                                                   '    import time; time.sleep(600)'))
+    run_id = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
+
+    def sleeping() -> list[psutil.Process]:
+        procs = _build_processes(server)
+        return procs if any("door_backend" in " ".join(p.cmdline()) or "build_wheel" in " ".join(p.cmdline())
+                            or p.name().startswith("python") and p.username() != "root" for p in procs) else []
+
+    procs = wait_for(sleeping, "the walled build to run bob's backend", timeout=300, interval=0.5)
+    assert isinstance(procs, list) and procs
+    assert {p.username() for p in procs if p.name() != "bwrap"} - {"root"}, [(p.name(), p.username()) for p in procs]
+    cancel = server.air("bob", "cancel", run_id)
+    assert cancel.returncode == 0, cancel.stderr
+    server.wait_status(run_id, "CANCELED", timeout=120)
+
+    def survivors() -> list[str]:
+        left = {p.pid: p for p in _build_processes(server)}
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    left[p.pid] = p
+            except psutil.Error:
+                continue
+        out = []
+        for p in left.values():
+            try:
+                out.append(f"{p.pid} {p.username()} {' '.join(p.cmdline())[:200]}")
+            except psutil.Error:
+                continue
+        return out
+
+    wait_for(lambda: not survivors() or None, "every process of the walled build to end", timeout=60)
+    assert "never" not in _log(server, run_id).splitlines()

@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from air.errors import EnvironmentBuildError, UserInputError
 #: A line of the child's output longer than this is cut; past `_MAX_LINES` lines the rest are counted only.
 _MAX_LINE = 4000
 _MAX_LINES = 20_000
+#: How often `stop` is asked while a build runs (seconds).
+_STOP_CHECK_S = 1.0
 #: The child's last line starts with this, then its result as JSON.
 RESULT = "AIR-ENV-BUILD-RESULT "
 #: What of the server's environment reaches a build: proxies, certificates and index settings only.
@@ -36,10 +39,11 @@ _FORWARDED = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy"
 
 def build_walled(*, wrap: Callable[[list[str]], list[str]], dependencies: list[str] | str, code: str | None,
                  variables: Mapping[str, str], base: Path, key: str, path: Path, cache: Path, log: Log,
-                 environ: Mapping[str, str]) -> None:
+                 environ: Mapping[str, str], stop: Callable[[], bool] | None = None) -> None:
     """Build the environment `key` at `path` in a child wrapped by `wrap` (the run's sandbox). `code`: the
     run's snapshot (the only place local paths may point); `cache`: the account's uv cache; `environ`:
-    the variables the child keeps besides the forwarded ones (air's process tag)."""
+    the variables the child keeps besides the forwarded ones (air's process tag); `stop`: asked every
+    second, true ends the build at once (the run was canceled)."""
     request = {"dependencies": dependencies, "code": code, "variables": dict(variables), "base": str(base),
                "key": key, "path": str(path)}
     env = {k: os.environ[k] for k in _FORWARDED if k in os.environ}
@@ -50,6 +54,18 @@ def build_walled(*, wrap: Callable[[list[str]], list[str]], dependencies: list[s
                             env=env, text=True, errors="replace")
     last = ""
     shown = dropped = 0
+    stopped = threading.Event()
+    done = threading.Event()
+
+    def watch() -> None:
+        while stop is not None and not done.wait(_STOP_CHECK_S):
+            if stop():
+                stopped.set()
+                proc.kill()  # bwrap: its process namespace, and everything in it, goes with it
+                return
+
+    watcher = threading.Thread(target=watch, name="air-env-build-stop", daemon=True)
+    watcher.start()
     try:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(json.dumps(request))
@@ -66,9 +82,12 @@ def build_walled(*, wrap: Callable[[list[str]], list[str]], dependencies: list[s
                 dropped += 1
         rc = proc.wait()
     finally:
+        done.set()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    if stopped.is_set():
+        raise EnvironmentBuildError("the environment build was stopped: the run was canceled")
     if dropped:
         log(f"air: {dropped} more lines of the build's output were left out")
     result = _result(last)

@@ -282,7 +282,11 @@ class WorkloadJob:
                               python=plan.base_python, own_pids=True)
         assert sandbox is not None
         sandbox.prepare()
-        tag = {AIR_PROCESS_TAG: os.environ[AIR_PROCESS_TAG]} if os.environ.get(AIR_PROCESS_TAG) else {}
+        tag = {AIR_PROCESS_TAG: process_tag(self.run_id)}  # what cancel and reconcile end, if it comes to that
+        store = self.store
+
+        def canceled() -> bool:
+            return store.get_run(self.run_id).status in (RunStatus.TERMINATING, RunStatus.CANCELED)
 
         def build(_deps: DependencySet, base: Path, key: str, path: Path, log: Callable[[str], None]) -> None:
             from air.launcher.cgroups import join_argv
@@ -290,7 +294,7 @@ class WorkloadJob:
             with self._build_cgroup(log) as procs:
                 build_walled(wrap=lambda argv: join_argv(procs, sandbox.wrap(argv, extra_writable=[str(folder)])),
                              dependencies=plan.dependencies or [], code=code, variables=variables, base=base,
-                             key=key, path=path, cache=cache, log=log, environ=tag)
+                             key=key, path=path, cache=cache, log=log, environ=tag, stop=canceled)
 
         _log.info("environment: built walled in (%s), in %s", sandbox.label, folder)
         return deps, {"folder": folder, "lock_prefix": f"{folder.name}.", "builder": build}
@@ -321,7 +325,7 @@ class WorkloadJob:
             yield cgroup.procs_files
         finally:
             try:
-                cgroup.remove(stop_at=group)
+                cgroup.remove(stop_at=group)  # (it ends what is left in it first)
             except OSError as exc:
                 _log.warning("could not remove the build's cgroup %s: %s", cgroup.name, exc)
 
