@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import statistics
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -231,3 +233,35 @@ def test_a_blob_upload_past_the_quota_is_413_and_nothing_is_left(limited: AirSer
     assert "quota of 3 MiB" in result.stderr, result.stderr
     assert not (blobs / hashlib.sha256(b"d" * (2 << 20)).hexdigest()).exists()
     assert not [p.name for p in blobs.iterdir() if p.name.startswith(".upload-")]
+
+
+CALL = textwrap.dedent("""
+    from air import distributed
+
+    @distributed(num_accelerators=1, accelerator_type="CPU_1xCPU", remote=True)
+    def hog():
+        chunks = []
+        for _ in range(40):  # 400 MiB, twice the limit
+            chunks.append(b"\\1" * (10 << 20))
+        return "ALLOCATED ALL"
+
+    try:
+        print("VALUE " + hog.distributed()[0])
+    except Exception as exc:
+        print("RAISED " + type(exc).__name__ + ": " + str(exc).splitlines()[0])
+""")
+
+
+def test_a_remote_calls_rank_past_its_memory_limit_is_oom_killed_and_reported_so(limited: AirServer,
+                                                                                 tmp_path: Path) -> None:
+    script = tmp_path / "call.py"
+    script.write_text(CALL)
+    done = subprocess.run([sys.executable, str(script)], env=limited.env("bob"), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+    print(f"\n{done.stdout.strip()}")
+    assert "VALUE" not in done.stdout and "RAISED" in done.stdout, done.stdout + done.stderr
+    assert "ran out of memory at its limit of 200 MiB" in done.stdout, done.stdout
+    run = limited.air_json("bob", "list", "runs", "--all-status")["runs"][0]
+    assert run["kind"] == "call"
+    detail = _ended(limited, run["run_id"])
+    assert detail["status"] == "FAILED" and "ran out of memory at its limit of 200 MiB" in detail["termination_reason"]

@@ -76,6 +76,7 @@ from air.tracking.attempt_tracking import AttemptTracking
 
 if TYPE_CHECKING:
     from air.config import Profile
+    from air.runs.limits import AttemptLimits
 
 _log = logging.getLogger("air.call")
 
@@ -225,6 +226,8 @@ class CallJob:
         #: Under `air server`: the view every rank runs in, as the caller's account (air.runs.isolation).
         self.sandbox: Sandbox | None = None
         self.local = local
+        #: Each attempt's limits under a server (cgroups, disk watch): judge() reads what they counted.
+        self.attempt_limits: dict[int, AttemptLimits] = {}
         #: The run store the run is driven through (drive_call sets it): where a queued call reads its reason.
         self.store: RunStore | None = None
         self.paths = CallPaths(run_id)
@@ -337,7 +340,28 @@ class CallJob:
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],
                                        files={CALL_PAYLOAD_FILE: self.payload},
                                        warm_preload=self.preload if self.warm else None, sandbox=self.sandbox))
-        yield launches
+        limits = self._limits(attempt, air_log)
+        try:
+            yield limits.apply(launches)
+        finally:
+            limits.close()
+
+    def _limits(self, attempt: int, air_log: Callable[[str], None]) -> AttemptLimits:
+        """A walled call driven on this machine (a server's): its ranks' cgroup (memory, processes) and the
+        run's disk watch, from `server.limits` (air.runs.limits); elsewhere none apply."""
+        from air.config import load_config
+        from air.launcher import reap_tag
+        from air.runs.limits import AttemptLimits
+        from air.runs.paths import process_tag
+
+        def end_ranks() -> None:
+            reap_tag(process_tag(self.run_id), subtags=True)
+
+        here = self.sandbox is not None and getattr(self.backend, "name", "") == "local"
+        limits = AttemptLimits(self.run_id, attempt, load_config().server.limits if here else None,
+                               checkpoint_dir=self.checkpoint_dir, air_log=air_log, end_nodes=end_ranks)
+        self.attempt_limits[attempt] = limits
+        return limits
 
     def judge(self, attempt: int, handle: AttemptHandle, outcome: AttemptOutcome,
               node_logs: dict[int, Path]) -> AttemptVerdict:
@@ -361,6 +385,14 @@ class CallJob:
                 reason = f"{outcome.lost_node}; the call is not retried (rank logs: {self.call_dir})"
                 return AttemptVerdict.failed(reason, FailureClass.INFRASTRUCTURE,
                                              WorkloadFailureException(f"Run {self.run_id} failed: {reason}"))
+            limits = self.attempt_limits.get(attempt)
+            failed = outcome.first_failure
+            limited = None if limits is None or outcome.timed_out else limits.reason(
+                failed.node_rank if failed is not None else None, "a rank failed (its log says how)", where=" (node)"
+                if self.num_nodes > 1 else "")
+            if limited is not None:  # a limit of the server's explains it: the kernel's counters, not a guess
+                return AttemptVerdict.failed(limited.reason, limited.failure_class,
+                                             WorkloadFailureException(f"Run {self.run_id} failed: {limited.reason}"))
             try:  # typed headers only: nothing a rank pickled is loaded here (this may be a server's driver)
                 result = settle(outcomes, exits, self.log_paths, timed_out=outcome.timed_out, timeout_s=self.timeout_s)
             except BaseException as exc:  # air's own error (a death, the timeout, a missing outcome)
