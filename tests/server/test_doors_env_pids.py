@@ -348,3 +348,37 @@ def test_a_single_trust_domain_servers_runs_get_the_clean_environment_too(tmp_pa
             log.read_text() if log.exists() else run_id
         line = next(ln for ln in log.read_text().splitlines() if "ENV " in ln)
         assert line.split("ENV ", 1)[1].split() == ["absent", FORWARDED_VALUE, "mine"], line
+
+
+def test_the_agent_folder_is_made_0700_and_one_not_this_accounts_is_refused(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """air-agent-<uid>: made 0700; an older 0755 one of this account tightened; a link, or a folder another
+    account planted (in a shared /tmp), refused with a message naming it and what to do."""
+    from air.backends.base import node_work_root
+    from air.errors import RuntimeConfigurationError
+
+    name = f"air-agent-{os.getuid()}"
+    for case in ("fresh", "old", "link", "foreign"):
+        parent = tmp_path / case
+        parent.mkdir()
+        monkeypatch.setenv("AIR_AGENT_DIR", str(parent))
+        folder = parent / name
+        if case == "old":
+            folder.mkdir(mode=0o755)
+            os.chmod(folder, 0o755)
+        elif case == "link":
+            (tmp_path / "elsewhere").mkdir()
+            folder.symlink_to(tmp_path / "elsewhere")
+        elif case == "foreign":
+            folder.mkdir(mode=0o777)
+            os.chown(folder, 65534, 65534)
+        if case in ("fresh", "old"):
+            assert node_work_root("run-x", 1) == folder / "run-x" / "node_1"
+            info = os.lstat(folder)
+            assert (info.st_uid, info.st_mode & 0o777) == (os.getuid(), 0o700), (case, oct(info.st_mode))
+        else:
+            with pytest.raises(RuntimeConfigurationError) as refused:
+                node_work_root("run-x", 1)
+            assert str(folder) in refused.value.message and "AIR_AGENT_DIR" in (refused.value.hint or ""), \
+                refused.value.message
+            assert not (tmp_path / "elsewhere" / "run-x").exists()
