@@ -185,7 +185,10 @@ class StoreDatabase:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         pid = os.getpid()
         if conn is not None and self._local.pid == pid:
-            return conn
+            if not self._stale_immutable(conn):
+                return conn
+            conn.close()  # a writer came (or wrote) since: read the file afresh
+            conn = self._local.conn = None
         if conn is not None:  # inherited through fork
             _INHERITED.append(conn)
         try:
@@ -231,19 +234,65 @@ class StoreDatabase:
 
     def _open_read_only(self) -> sqlite3.Connection:
         """A reader that writes nothing. WAL readers need the `-shm` index: with it (a writer is or was
-        there) SQLite reads it read-only; without it (the last writer closed cleanly, so the main file is
-        whole) the file is opened as immutable."""
+        there) SQLite reads it read-only; without it, in a folder this account cannot write (SQLite cannot
+        make the index: SQLITE_READONLY_DIRECTORY or CANTOPEN), the file is whole once the last writer
+        closed cleanly (no `-wal` left), so it is opened as immutable: SQLite then reads the main file alone
+        and makes nothing beside it. `_stale_immutable` reopens such a reader once the file changes."""
         uri = self.path.resolve().as_uri()
-        try:
+        self._local.immutable_stamp = None
+        for attempt in range(50):  # a writer may come or go between the tries: each state has its way in
+            if attempt:
+                time.sleep(0.05)
             conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=self.busy_timeout_s, isolation_level=None)
-            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-        except sqlite3.OperationalError as err:
-            if "unable to open" not in str(err):
-                raise
-            conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=self.busy_timeout_s,
-                                   isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            try:
+                conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            except sqlite3.OperationalError as err:
+                conn.close()
+                if not _no_wal_index(err):
+                    raise
+                found = self._open_immutable(uri)
+                if found is None:
+                    continue
+                conn = found
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            return conn
+        raise StoreError(
+            f"The run store {self.path} is read-only for this account and has writes in its "
+            f"{self.path.name}-wal that no writer has folded in, with no {self.path.name}-shm index to read "
+            "them by (a writer stopped without closing the store).",
+            hint=f"Run any air command once as the account that owns {self.path.parent} (air list runs): it "
+            "folds the log in; then read it from this account again.")
+
+    def _open_immutable(self, uri: str) -> sqlite3.Connection | None:
+        """The main file alone, when no `-wal` holds writes beyond it (None: one does; try again)."""
+        wal = Path(f"{self.path}-wal")
+        try:
+            if wal.stat().st_size > 0:
+                return None
+        except FileNotFoundError:
+            pass
+        stamp = _stamp(self.path)
+        conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, timeout=self.busy_timeout_s,
+                               isolation_level=None)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        self._local.immutable_stamp = stamp
         return conn
+
+    def _stale_immutable(self, conn: sqlite3.Connection) -> bool:
+        """Whether this thread's reader is an immutable one whose file has changed since it was opened (a
+        writer came, or checkpointed into the main file): SQLite trusts an immutable file never to change,
+        so such a reader is closed and opened again rather than read from its cache."""
+        stamp = getattr(self._local, "immutable_stamp", None)
+        if stamp is None:
+            return False
+        try:
+            changed = Path(f"{self.path}-wal").exists() or _stamp(self.path) != stamp
+        except OSError:  # removed or replaced: opening it again says what is wrong
+            changed = True
+        if changed:
+            self._local.immutable_stamp = None
+            return True
+        return False
 
     def _refuse_emptied(self) -> None:
         """A 0-byte `runs.db` beside run folders is a store that was truncated or replaced, not a new one:
@@ -355,11 +404,29 @@ class StoreDatabase:
         if conn is not None and self._local.pid == os.getpid():
             conn.close()
         self._local.conn = None
+        self._local.immutable_stamp = None
+
+
+def _no_wal_index(err: sqlite3.OperationalError) -> bool:
+    """SQLite could not open or make the store's `-shm` WAL index for a read-only reader."""
+    name = str(getattr(err, "sqlite_errorname", ""))
+    return name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) or "unable to open" in str(err)
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    """What changes when a writer writes the main file: its inode, size and modification time."""
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _unwritable(path: Path, detail: str) -> StoreError:
+    whose = ""
+    if path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+        import getpass
+
+        whose = f": it is read-only for this account ({getpass.getuser()})"
     return StoreError(
-        f"The run store {path} cannot be written ({detail}).",
+        f"The run store {path} cannot be written ({detail}){whose}.",
         hint=f"Reading works without writing (air list runs, air get run, air logs); submitting, canceling and "
         f"pruning change the store. Run as the account that owns {path.parent}, make it writable, or point "
         "AIR_HOME at a writable folder.",
