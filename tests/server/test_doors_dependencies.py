@@ -210,6 +210,7 @@ def test_a_package_in_bobs_snapshot_builds_as_bob_in_his_sandbox(isolated: AirSe
     log = _log(server, run_id)
     row = _run_row(server, run_id)
     assert status == "SUCCESS", (row, log, _supervisor_log(server, run_id))
+    print(next((ln for ln in log.splitlines() if "environment built in" in ln), "(no build line)"))  # (a figure)
     line = next(ln for ln in log.splitlines() if ln.startswith("RUN-MARKER "))
     marker = json.loads(line.split("RUN-MARKER ", 1)[1])
     # the build ran as the account bob's nodes run as (air's account for bob on this server), never root
@@ -331,3 +332,25 @@ def test_canceling_a_run_during_its_walled_build_leaves_no_process(isolated: Air
 
     wait_for(lambda: not survivors() or None, "every process of the walled build to end", timeout=60)
     assert "never" not in _log(server, run_id).splitlines()
+
+
+def test_each_account_has_its_own_environments(isolated: AirServer, tmp_path: Path) -> None:
+    """bob's built environment serves bob's next run (a dry run says `cached`), never alice's: her run
+    builds her own, as her account, in her account's folder."""
+    server = isolated
+    spec = _workload(tmp_path / "w", [], "echo built")
+
+    def state(user: str) -> str:
+        return str(server.air_json(user, "run", "-f", str(spec), "--dry-run")["plan"]["environment"]["state"])
+
+    assert state("bob") == "will build"
+    bob_run = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
+    assert server.wait_status(bob_run, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=300) == "SUCCESS", \
+        _log(server, bob_run)
+    assert state("bob") == "cached"
+    assert state("alice") == "will build"
+    alice_run = str(server.air_json("alice", "run", "-f", str(spec))["run_id"])
+    assert server.wait_status(alice_run, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=300) == "SUCCESS", \
+        _log(server, alice_run)
+    owners = sorted(p.parent.owner() for p in (server.home / "envs").rglob(".air-complete"))
+    assert len(owners) == 2 and owners[0].endswith("alice") and owners[1].endswith("bob"), owners

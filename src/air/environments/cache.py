@@ -67,9 +67,11 @@ def _touch_last_used(path: Path) -> None:
         pass
 
 
-def cache_state(deps: DependencySet, base_python: Path | str) -> CacheState:
-    """What `--dry-run` reports: is the environment for these dependencies ready, or would a run build it?"""
-    return "cached" if is_complete(envs_dir(create=False) / environment_key(deps, base_python)) else "will build"
+def cache_state(deps: DependencySet, base_python: Path | str, folder: Path | None = None) -> CacheState:
+    """What `--dry-run` reports: is the environment for these dependencies ready, or would a run build it?
+    `folder`: where the run's environments live (a server account's own), default `envs/`."""
+    folder = folder or envs_dir(create=False)
+    return "cached" if is_complete(folder / environment_key(deps, base_python)) else "will build"
 
 
 class BuildLock:

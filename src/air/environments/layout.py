@@ -20,6 +20,11 @@ LAYER_PTH = "_air_base_layer.pth"  # puts the base interpreter's site folders be
 ACCOUNTS = ".accounts"
 
 
+def account_envs_dir(account: str) -> Path:
+    """`envs/.accounts/<account>`: a server account's own environments (and its uv cache), built as it."""
+    return envs_dir(create=False) / ACCOUNTS / account
+
+
 def envs_dir(*, create: bool = True) -> Path:
     """`$AIR_HOME/envs`, where environments live (one folder per key); `create=False` for lookups only."""
     path = AirHome(create=create).envs

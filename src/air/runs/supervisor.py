@@ -253,7 +253,7 @@ class WorkloadJob:
         build them as the run's account in its sandbox (air.environments.walled), in that account's own
         cache folder `envs/.accounts/<account>/`; None for a run without walls (built here, as before)."""
         from air.environments import Confinement, parse_dependencies
-        from air.environments.layout import ACCOUNTS, envs_dir
+        from air.environments.layout import account_envs_dir
         from air.environments.walled import build_walled
         from air.errors import UserInputError
         from air.launcher.sandbox import account_name_for
@@ -271,7 +271,7 @@ class WorkloadJob:
         except UserInputError as exc:
             raise EnvironmentBuildError(exc.message, hint=exc.hint) from None
         account = account_for(self.store, user) if mode == UNIX_USER else None
-        folder = envs_dir() / ACCOUNTS / (account.name if account else account_name_for(user))
+        folder = account_envs_dir(account.name if account else account_name_for(user))
         cache = folder / ".uv-cache"
         cache.mkdir(parents=True, exist_ok=True, mode=0o700)
         if account is not None:

@@ -18,6 +18,7 @@ from air.server.tokens import Principal
 from air.server.uploads import ServerPaths, build_snapshot
 
 if TYPE_CHECKING:
+    from air.environments import DependencySet
     from air.workload.spec import WorkloadSpec
 
 
@@ -35,18 +36,33 @@ def check_priority(who: Principal, priority_class: str, critical_users: frozense
                         "to `air server start --critical-users`.")
 
 
-def check_dependencies(spec: WorkloadSpec, snapshot: Path | None) -> None:
+def check_dependencies(spec: WorkloadSpec, snapshot: Path | None) -> DependencySet | None:
     """Every local path in `environment.dependencies` (and in what `-r` includes) lies inside the run's
     code snapshot, or the submit (or dry run) is a 400 naming the entry, before anything outside is opened
     and without quoting any file (air.environments.Confinement). The run's build checks again, walled in."""
     deps = spec.environment.dependencies
     if deps is None:
-        return
+        return None
     from air.environments import Confinement, parse_dependencies
 
     # Secrets' values are not needed to check a path: a name is enough to say it is set.
     variables = {**{name: "" for name in spec.secrets}, **spec.env_variables}
-    parse_dependencies(deps, snapshot or Path("/nonexistent"), confine=Confinement(snapshot, variables))
+    return parse_dependencies(deps, snapshot or Path("/nonexistent"), confine=Confinement(snapshot, variables))
+
+
+def walled_cache_state(store: RunStore, user: str, deps: DependencySet, base_python: str) -> str | None:
+    """A dry run's `cached`/`will build` under walls: the user's account's own environments (the run builds
+    there, as that account); None without walls (the plan's answer stands)."""
+    from air.environments.cache import cache_state
+    from air.environments.layout import account_envs_dir
+    from air.launcher.sandbox import account_name_for
+    from air.runs.isolation import UNIX_USER, account_for, isolation_mode
+
+    mode = isolation_mode()
+    if mode is None:
+        return None
+    account = account_for(store, user).name if mode == UNIX_USER else account_name_for(user)
+    return cache_state(deps, base_python, account_envs_dir(account))
 
 
 def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: object, *,
@@ -73,12 +89,15 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: ob
         spec_data = _spec_with_root(spec_data, str(snapshot))
     # Dependencies' relative paths mean the run's code snapshot (the only place they may point).
     spec = check_groups(parse_workload(spec_data, source=source, base_dir=snapshot or paths.root))
-    check_dependencies(spec, snapshot)
+    deps = check_dependencies(spec, snapshot)
     check_priority(who, spec.compute.priority_class, critical_users)
     prepared = prepare_spec(spec, None, secret_store=paths.user_secrets(who.user),
                             use_reserved=request.use_reserved_pool)
     token = request.idempotency_key or spec.idempotency_token
     if request.dry_run:
+        if deps is not None and prepared.plan.environment_state is not None:
+            prepared.plan.environment_state = (walled_cache_state(store, who.user, deps, prepared.plan.base_python)
+                                               or prepared.plan.environment_state)
         return DryRunAnswer(status="DRY_RUN_OK", plan=prepared.plan.describe()).model_dump(mode="json")
     run, existing = submit(prepared, idempotency_key=f"{who.user}:{token}" if token else None, store=store,
                            user=who.user)
