@@ -160,11 +160,17 @@ class _Scan(ast.NodeVisitor):
         self.stack: list[str] = []
         self.tainted: list[set[str]] = [set()]
         self.found: list[tuple[str, str, int]] = []
-        self.graphql: set[str] = set()  # names imported from graphql-core
+        #: A name bound by an import -> what it names (`from pickle import loads as l`: l -> pickle.loads).
+        self.imported: dict[str, str] = {}
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.asname:
+                self.imported[alias.asname] = alias.name
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if (node.module or "").split(".")[0] == "graphql":
-            self.graphql |= {alias.asname or alias.name for alias in node.names}
+        for alias in node.names:
+            self.imported[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}"
 
     def where(self) -> str:
         return f"{self.module}:{'.'.join(self.stack) or '<module>'}"
@@ -210,6 +216,9 @@ class _Scan(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         name = _dotted(func)
+        first, _, more = name.partition(".")
+        if first in self.imported:  # through its import: pickle.loads, whatever it is called here
+            name = ".".join(filter(None, (self.imported[first], more)))
         head, _, attr = name.rpartition(".")
         if (head.split(".")[-1] in _PICKLERS and attr in {"load", "loads", "Unpickler"}) or name in {
                 "Unpickler", "torch.load"}:
@@ -219,7 +228,7 @@ class _Scan(ast.NodeVisitor):
             self.add("import", node)
         elif attr in {"extractall", "extract"} or name in {"shutil.unpack_archive", "unpack_archive"}:
             self.add("unpack", node)
-        elif name in self.graphql and name == "parse" or name == "graphql.parse":
+        elif head.split(".")[0] == "graphql" and attr == "parse":
             self.add("graphql", node)
         elif (head == "yaml" and attr in _YAML_LOADS) or name.split(".")[-1] in _AIR_YAML | {"BoundedLoader"}:
             self.add("yaml", node)
@@ -282,12 +291,15 @@ def test_scan_finds_every_kind_of_consumer(tmp_path: Path) -> None:
         "def c(name):\n    importlib.import_module(name)\n"
         "def d(text):\n    return yaml.safe_load(text)\n"
         "def e(request):\n    folder = request.root\n    return open(folder / 'x').read()\n"
-        "def harmless(path):\n    return open(path).read() + json.dumps({})\n")
+        "def harmless(path):\n    return open(path).read() + json.dumps({})\n"
+        "def f(blob):\n    from cloudpickle import loads as undo\n    return undo(blob)\n"
+        "def g(query):\n    from graphql import parse\n    return parse(query)\n")
     visitor = _Scan("air.server.sample")
     visitor.visit(ast.parse(sample.read_text()))
     assert sorted((k, w) for k, w, _ in visitor.found) == [
-        ("import", "air.server.sample:c"), ("install", "air.server.sample:b"), ("read", "air.server.sample:e"),
-        ("unpickle", "air.server.sample:a"), ("yaml", "air.server.sample:d")]
+        ("graphql", "air.server.sample:g"), ("import", "air.server.sample:c"), ("install", "air.server.sample:b"),
+        ("read", "air.server.sample:e"), ("unpickle", "air.server.sample:a"), ("unpickle", "air.server.sample:f"),
+        ("yaml", "air.server.sample:d")]
 
 
 def test_every_consumer_of_user_content_is_in_the_table() -> None:

@@ -133,8 +133,8 @@ def _fuzz(fuzzed: Fuzzed, operation: Any, mode: Any, failures: list[str]) -> int
     `failures` (a 5xx, or anything of alice's). The number of requests sent."""
     srv, alice = fuzzed.server, fuzzed.alice
     bob = {"Authorization": f"Bearer {srv.tokens['bob']}"}
-    never = {"alice's secret": alice.secret_value, "alice's experiment": alice.experiment,
-             "alice's log line": alice.log_line}
+    never = {"alice's secret": alice.secret_value, "alice's secret's name": "alicescope",
+             "alice's experiment": alice.experiment, "alice's log line": alice.log_line}
     sent = 0
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
