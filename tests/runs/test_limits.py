@@ -16,10 +16,21 @@ import pytest
 
 from air.config import ServerLimits, load_config
 from air.errors import UserInputError
-from air.launcher.cgroups import JOIN_FAILED, Cgroup, Limits, hierarchies, join_argv, probe, server_group
-from air.runs.limits import disk_used, node_cgroup_name
+from air.launcher.cgroups import (
+    JOIN_FAILED,
+    Cgroup,
+    CgroupError,
+    Limits,
+    hierarchies,
+    join_argv,
+    probe,
+    server_group,
+)
+from air.runs.limits import disk_used, limits_at_start, node_cgroup_name
 from air.runs.reasons import disk_limit_reason, memory_limit_reason, process_limit_reason, size_text
+from air.runs.store import RunStore
 from air.server.uploads import BlobQuota, BlobQuotaExceeded, ServerPaths
+from proc_helpers import wait_for
 
 
 @pytest.fixture
@@ -143,3 +154,34 @@ def test_blob_quota_counts_each_users_uploads(tmp_path: Path) -> None:
     for quota in (alice, again):
         quota.release()
     assert (paths.user_blobs("bob").stat().st_mode & 0o777) == 0o600
+
+
+def test_a_machine_without_the_controllers_is_said_so() -> None:
+    with pytest.raises(CgroupError, match="no cgroup hierarchy with the memory, pids controller"):
+        Cgroup.plan("air-x/run/attempt_0/node_0", Limits(1 << 30, 64), found={})
+
+
+def test_the_server_start_says_what_runs_get_and_removes_what_ended_runs_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A supervisor killed with -9 leaves its node's cgroup (and a process in it): the next start ends the
+    process and removes the folders of runs that have ended, and its banner line names the limits."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("server:\n  limits: {memory_per_node: 1GiB, pids_per_node: 100}\n")
+    monkeypatch.setenv("AIR_HOME", str(home))
+    monkeypatch.setenv("AIR_ISOLATION", "unix-user+bwrap")
+    group = server_group(home)
+    left = Cgroup.plan(f"{group}/run-gone/attempt_0/node_0", Limits(1 << 30, 100))
+    left.create()
+    orphan = subprocess.Popen(join_argv(left.procs_files, ["sleep", "600"]), start_new_session=True)
+    try:
+        wait_for(lambda: orphan.pid in left.processes(), "the orphan to join its cgroup", timeout=30)
+        said = limits_at_start(RunStore(home / "runs.db"))
+        assert said.startswith("cgroup v") and "memory 1 GiB per node, 100 processes per node" in said, said
+        assert "uploaded blobs 2 GiB per user" in said, said
+        assert orphan.wait(timeout=30) == -9
+        assert not [h.mount / group for h in hierarchies().values() if (h.mount / group).exists()]
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+        left.remove(stop_at=group)
