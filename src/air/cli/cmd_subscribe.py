@@ -406,6 +406,9 @@ def subscribe(run_id: str, node: int | None, errors_only: bool, metrics: tuple[s
       METRIC    the latest MLflow metrics of the attempt (metrics, mlflow_run_id)
       TERMINAL  the run ended (status, duration_seconds, termination_reason, errors_detected)
 
+    A for_each sweep's children are followed too: their STATUS, LOG, ERROR, ALERT and RETRY events
+    carry `task` (the task's index) and `run_id` (the child run).
+
     Exit code: 0 when the run ends SUCCESS, 1 otherwise, 2 for bad input. Works on this machine and
     through an air server alike.
     """
@@ -477,9 +480,10 @@ def _watch(client: Client, first: RunDetail, monitor: Monitor, reader: MetricRea
         poller.start()
     last_detail = time.monotonic()
     reattach_until: float | None = None
+    children = _Children(client, monitor) if first.is_sweep else None
     try:
         while True:
-            for item in _follow(client, run_id, node):
+            for item in (_follow(client, run_id, node) if children is None else children.follow(run_id, node)):
                 reattach_until = None
                 if isinstance(item, RunEvent):
                     run = item.run
@@ -509,6 +513,8 @@ def _watch(client: Client, first: RunDetail, monitor: Monitor, reader: MetricRea
                 raise AirError(f"The stream of run {run_id} ended before the run did, and did not come back.",
                                hint=f"The run goes on; subscribe again: air subscribe {run_id}")
             monitor.reattached()
+            if children is not None:
+                children.reattached()
             time.sleep(1.0)
     finally:
         poller.stopping.set()
@@ -521,6 +527,54 @@ def _watch(client: Client, first: RunDetail, monitor: Monitor, reader: MetricRea
             emit_metrics(final, run.mlflow_run_id, run.attempt_number)
     monitor.terminal(run)
     return run
+
+
+class _Children:
+    """A sweep's children as the sweep's subscriber sees them (air.cli.sweep_follow): each child's STATUS at
+    every state change, its LOG, ERROR, ALERT and RETRY events, all carrying `task` and `run_id`; their
+    errors count in the sweep's TERMINAL `errors_detected`. The parent's own events pass through."""
+
+    def __init__(self, client: Client, parent: Monitor) -> None:
+        self.client, self.parent = client, parent
+        self.monitors: dict[str, Monitor] = {}
+
+    def _monitor(self, run_id: str, index: int) -> Monitor:
+        found = self.monitors.get(run_id)
+        if found is None:
+            def emit(kind: str, **fields: object) -> None:
+                event(kind, task=index, run_id=run_id, **fields)
+
+            found = self.monitors[run_id] = Monitor(emit, node=self.parent.node, errors_only=self.parent.errors_only,
+                                                    quiet_s=self.parent.quiet_s)
+            found.errors = self.parent.errors  # one list of distinct errors for the sweep's TERMINAL
+        return found
+
+    def follow(self, run_id: str, node: int | None
+               ) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
+        """The parent's events; the children's are turned into their events here."""
+        from air.cli.sweep_follow import follow_sweep
+
+        def failed(child: object, error: BaseException) -> None:
+            stderr(f"air: stopped following a task of the sweep ({child}): {error}")
+
+        for child, item in follow_sweep(self.client, run_id, node=node, on_child_error=failed,
+                                        follow=lambda rid, n: _follow(self.client, rid, n)):
+            if child is None:
+                yield item
+                continue
+            monitor = self._monitor(child.run_id, child.index)
+            if isinstance(item, RunEvent):
+                if item.run.is_terminal:  # its last lines were read: its open tracebacks are complete
+                    monitor.flush()
+                monitor.run(item.run)
+            elif isinstance(item, LinesEvent):
+                monitor.lines(item)
+            elif isinstance(item, NewAttemptEvent):
+                monitor.retry(item, _new_attempt(self.client, child.run_id, item.new_attempt))
+
+    def reattached(self) -> None:
+        for monitor in self.monitors.values():
+            monitor.reattached()
 
 
 def _new_attempt(client: Client, run_id: str, index: int) -> RunDetail | None:

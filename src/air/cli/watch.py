@@ -97,9 +97,12 @@ def watch(client: Client, run_id: str, *, json_mode: bool, node: int | None = No
         shown[0] = seen.status
 
     try:
-        last = print_follow(client.follow(run_id, node=node), json_mode=json_mode,
-                            prefixed=node is None and run.num_nodes > 1, node=node, on_run=on_run,
-                            attempt_in_events=False)
+        prefixed = node is None and run.num_nodes > 1
+        if run.is_sweep:
+            last = _print_sweep(client, run_id, json_mode=json_mode, prefixed=prefixed, node=node, on_run=on_run)
+        else:
+            last = print_follow(client.follow(run_id, node=node), json_mode=json_mode, prefixed=prefixed, node=node,
+                                on_run=on_run, attempt_in_events=False)
         ended: Run = last or run
         duration = ended.duration_seconds
         if json_mode:
@@ -116,3 +119,59 @@ def watch(client: Client, run_id: str, *, json_mode: bool, node: int | None = No
         return 0 if ended.status is RunStatus.SUCCESS else 1
     finally:
         extras.close()
+
+
+def _print_sweep(client: Client, run_id: str, *, json_mode: bool, prefixed: bool, node: int | None,
+                 on_run: Callable[[Run], None]) -> Run | None:
+    """A sweep's watch: the parent as any run, and its children too: a line when a child's state changes
+    (`[PARENT] task N CHILD: STATUS`) and each child's lines prefixed `[task N]` (`[task N node M]` when it
+    has several nodes); in --json, STATUS and LOG events that carry `task` and `run_id`."""
+    from air.cli.sweep_follow import Child, follow_sweep
+
+    last: Run | None = None
+    shown: dict[str, RunStatus] = {}
+    nodes: dict[str, int] = {}
+
+    def child_run(child: Child, seen: Run) -> None:
+        nodes[child.run_id] = seen.num_nodes
+        before = shown.get(child.run_id)
+        if seen.status == before:
+            return
+        shown[child.run_id] = seen.status
+        if json_mode:
+            event("STATUS", task=child.index, run_id=child.run_id, status=seen.status.value,
+                  previous_status=before.value if before else None, reason=seen.termination_reason)
+            return
+        reason = seen.termination_reason if seen.termination_reason and seen.status.is_failure() else None
+        say_status(f"[{run_id}] task {child.index} {child.run_id}: {seen.status.value}"
+                   + (f": {reason}" if reason else ""))
+
+    def child_error(child: Child, error: BaseException) -> None:
+        stderr(f"air: stopped following task {child.index} ({child.run_id}): {error}")
+
+    for child, item in follow_sweep(client, run_id, node=node, on_child_error=child_error):
+        if child is None:
+            seen = print_follow([item], json_mode=json_mode, prefixed=prefixed, node=node, on_run=on_run,
+                                attempt_in_events=False)
+            last = seen or last
+        elif isinstance(item, RunEvent):
+            child_run(child, item.run)
+        elif isinstance(item, LinesEvent):
+            several = node is None and nodes.get(child.run_id, 1) > 1
+            where = f"task {child.index}" + (f" {item.label} {item.index}" if several else "")
+            for line in item.lines:
+                if json_mode:
+                    event("LOG", task=child.index, run_id=child.run_id, **{item.label: item.index},
+                          attempt=item.attempt, line=line)
+                else:
+                    sys.stdout.write(f"[{where}] {line}\n")
+            sys.stdout.flush()
+        elif isinstance(item, NewAttemptEvent):
+            if json_mode:
+                event("RETRY", task=child.index, run_id=child.run_id, attempt=item.new_attempt,
+                      previous_attempt=item.previous)
+            else:
+                say_status(f"[task {child.index}] --- attempt {item.new_attempt} of {child.run_id} ---")
+        else:
+            print_follow([item], json_mode=json_mode, prefixed=prefixed)
+    return last
