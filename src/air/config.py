@@ -226,8 +226,6 @@ class ServerSettings(BaseModel):
     #: Who sees a run besides its owner, admins and its `permissions`: `team` (every signed-in user, the
     #: default) or `private` (no one else; a run one may not see is not found).
     default_visibility: Literal["team", "private"] = "team"
-    #: What each run may use: memory, processes, disk; uploaded blobs per user (`server.limits`).
-    limits: ServerLimits = Field(default_factory=ServerLimits)
 
     @field_validator("default_visibility", mode="before")
     @classmethod
@@ -243,6 +241,8 @@ class ServerSettings(BaseModel):
     #: Prefix of the Unix accounts air creates for this server's users (`<prefix><user>`); default
     #: `air-<6 hex of this AIR_HOME's path>-`, so two servers on one host never share an account.
     account_prefix: str | None = None
+    #: What each run may use: memory, processes, disk; uploaded blobs per user (`server.limits`).
+    limits: ServerLimits = Field(default_factory=ServerLimits)
 
     @field_validator("forward_env", mode="before")
     @classmethod
