@@ -20,6 +20,7 @@ from air.launcher.cgroups import (
     JOIN_FAILED,
     Cgroup,
     CgroupError,
+    Counters,
     Limits,
     hierarchies,
     join_argv,
@@ -185,3 +186,31 @@ def test_the_server_start_says_what_runs_get_and_removes_what_ended_runs_left(
         if orphan.poll() is None:
             orphan.kill()
         left.remove(stop_at=group)
+
+
+def test_cgroup_v2_files_on_a_unified_hierarchy(tmp_path: Path) -> None:
+    """This machine is cgroup v1: the v2 paths are checked on a folder laid out like a unified hierarchy
+    (mountinfo parsed, controllers enabled level by level, memory.max/pids.max written, the counters read
+    from memory.events and pids.events)."""
+    mount = tmp_path / "cgroup"
+    mount.mkdir()
+    (mount / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (mount / "cgroup.subtree_control").write_text("")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"35 24 0:30 / {mount} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    found = hierarchies(str(mountinfo))
+    assert {name: (h.version, h.mount) for name, h in found.items()} == {c: (2, mount) for c in ("cpu", "memory", "pids")}
+    cgroup = Cgroup.plan("air-x/run/attempt_0/node_0", Limits(200 << 20, 64), found=found)
+    folder = mount / "air-x" / "run" / "attempt_0" / "node_0"
+    for level in (mount / "air-x", mount / "air-x" / "run", mount / "air-x" / "run" / "attempt_0"):
+        level.mkdir(parents=True, exist_ok=True)
+        (level / "cgroup.subtree_control").write_text("")
+    cgroup.create()
+    assert cgroup.procs_files == (str(folder / "cgroup.procs"),)  # one folder for every controller
+    assert (folder / "memory.max").read_text() == str(200 << 20) and (folder / "memory.swap.max").read_text() == "0"
+    assert (folder / "pids.max").read_text() == "64"
+    assert (mount / "air-x" / "run" / "cgroup.subtree_control").read_text() == "+cpu"  # (a plain file: the last of memory, pids, cpu)
+    (folder / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\n")
+    (folder / "pids.events").write_text("max 5\n")
+    (folder / "memory.peak").write_text(str(190 << 20))
+    assert cgroup.counters() == Counters(oom_kills=2, pids_refused=5, memory_peak=190 << 20)

@@ -306,10 +306,14 @@ def _enable_down(hierarchy: Hierarchy, folder: Path, controllers: Sequence[str])
     wanted = [c for c in controllers if c in hierarchy.controllers]
     rel = folder.relative_to(hierarchy.mount)
     for level in [hierarchy.mount, *(hierarchy.mount / p for p in reversed(rel.parents) if str(p) != ".")]:
-        enabled = set((level / "cgroup.subtree_control").read_text().split())
-        missing = [c for c in wanted if c not in enabled]
-        if missing:
-            (level / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in missing))
+        control = level / "cgroup.subtree_control"
+        enabled = set(control.read_text().split())
+        for controller in (c for c in wanted if c not in enabled):
+            try:
+                control.write_text(f"+{controller}")
+            except OSError:
+                if controller in REQUIRED:
+                    raise  # an optional one (cpu) is left out; the required ones must be there
 
 
 def _write(path: Path, value: str, *, optional: bool = False) -> None:
