@@ -288,6 +288,10 @@ class CallJob:
             tags.update({"air.call": self.run_id, "air.accelerator_type": self.accelerator.name,
                          "air.num_accelerators": str(self.world), "air.num_nodes": str(self.num_nodes)})
             return LazyCallTracking(self.run_id, attempt, self.name, tags, warn)
+        from air.runs.credentials import door_url
+
+        if self.store is not None and door_url():  # on a server: MLflow's user_id is the air user, not root
+            tags["mlflow.user"] = self.store.get_run(self.run_id).user
         return AttemptTracking.for_call(func_name=self.name, attempt=attempt, warn=warn, tags=tags)
 
     def rank_logs(self) -> dict[int, Path]:
