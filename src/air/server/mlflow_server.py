@@ -1,23 +1,24 @@
 """The MLflow tracking server `air server` runs beside its API, over its own store, so every node on
 every machine logs to one place, through the air server's door (air.server.mlflow_door) only.
 
-MLflow listens on no TCP port at all: uvicorn binds a Unix socket (ServerPaths.mlflow_socket) in a 0700
-folder of the server's account, so no other process of the machine (another user's run included,
-which shares the network namespace) can reach it without a token; only the door connects to it. It
-serves under the path prefix `/mlflow`, so the door forwards paths unchanged and MLflow's own UI works
-behind it. The supervisors and call drivers the server starts reach MLflow through the door too, at its
-local address, with the server's own credential (a random secret kept 0600 beside the server's state,
-stable across restarts since supervisors outlive the server) and, under TLS, the trust they need
-(`supervisor_env`); they hand nodes the door's public address (AIR_MLFLOW_DOOR) with a per-run
-credential instead (air.runs.credentials), and no node ever gets what the supervisors got
-(AIR_SUPERVISOR_ONLY, air.settings.node_environ). Artifacts are proxied (`mlflow-artifacts:/`): a node
-uploads through the door, never into the server's folders.
+MLflow listens on no TCP port at all: it runs as one process (air.server.mlflow_app: MLflow's own app
+served by uvicorn in that process, not `mlflow server`'s CLI and worker processes), which binds a Unix
+socket (ServerPaths.mlflow_socket) in a 0700 folder of the server's account, so no other process of the
+machine (another user's run included, which shares the network namespace) can reach it without a token;
+only the door connects to it. It serves under the path prefix `/mlflow`, so the door forwards paths
+unchanged and MLflow's own UI works behind it. The supervisors and call drivers the server starts reach
+MLflow through the door too, at its local address, with the server's own credential (a random secret
+kept 0600 beside the server's state, stable across restarts since supervisors outlive the server) and,
+under TLS, the trust they need (`supervisor_env`); they hand nodes the door's public address
+(AIR_MLFLOW_DOOR) with a per-run credential instead (air.runs.credentials), and no node ever gets what
+the supervisors got (AIR_SUPERVISOR_ONLY, air.settings.node_environ). Artifacts are proxied
+(`mlflow-artifacts:/`): a node uploads through the door, never into the server's folders.
 
-The API does not wait for it: MLflow starts beside it (a minute or more on a loaded machine), its
+The API does not wait for it: MLflow starts beside it (seconds on a quiet machine, more under load), its
 output into the server's log (ServerPaths.log); until it answers, the door says 503 "MLflow is
 starting" and GET /api/v1/health reports its state (MLflowState).
 
-It is `air ui`'s MLflow server (air.tracking.ui.ui_command) under the same guard (air.launcher.guard):
+It runs under the guard `air ui`'s MLflow server runs under (air.launcher.guard):
 however the air server ends, even by SIGKILL, MLflow's whole tree ends with it and frees its port. An
 MLFLOW_TRACKING_URI already set in the server's environment wins: then no MLflow server (and no door)
 is started.
@@ -29,12 +30,12 @@ import http.client
 import io
 import os
 import secrets
-import shlex
 import shutil
 import socket
 import ssl
 import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -122,19 +123,19 @@ def _healthy(path: Path) -> bool:
 
 
 def mlflow_argv(sock: Path, store: str | None = None) -> list[str]:
-    """`mlflow server` on the Unix socket `sock` under MLFLOW_PREFIX, artifacts proxied and kept in this
-    AIR_HOME. uvicorn binds only the socket when given `--uds` (the host and port are then unused)."""
-    from air.tracking.store import artifact_root
-    from air.tracking.ui import ui_command
+    """MLflow's tracking server over `store` (default: this AIR_HOME's) on the Unix socket `sock` under
+    MLFLOW_PREFIX, artifacts proxied and kept in this AIR_HOME: one process of air.server.mlflow_app, which
+    imports MLflow's server once and serves it, where `mlflow server` was a CLI process importing it all to
+    start a uvicorn process that imported it all again (issue 35: 3 processes' imports, now 1)."""
+    from air.tracking.store import artifact_root, is_http, tracking_uri
 
-    argv = ui_command(host=LOOPBACK, port=0, workers=1, store=store)
-    if "--default-artifact-root" in argv:  # the embedded store's file root: nodes would write there directly
-        at = argv.index("--default-artifact-root")
-        del argv[at:at + 2]
+    uri = tracking_uri() if store is None else store
+    if is_http(uri):
+        raise UserInputError(f"MLFLOW_TRACKING_URI points at an MLflow server ({uri}); it is not served again.",
+                             hint="Unset it to serve this AIR_HOME's store, or let the server use that one.")
     artifact_root().mkdir(parents=True, exist_ok=True, mode=0o700)
-    return argv + ["--static-prefix", MLFLOW_PREFIX, "--serve-artifacts", "--artifacts-destination",
-                   artifact_root().as_uri(), "--default-artifact-root", "mlflow-artifacts:/",
-                   "--uvicorn-opts", f"--uds {shlex.quote(str(sock))}"]
+    return [sys.executable, "-m", "air.server.mlflow_app", "--store", uri, "--socket", str(sock),
+            "--artifacts", artifact_root().as_uri(), "--static-prefix", MLFLOW_PREFIX]
 
 
 def _private_folder(path: Path) -> None:
@@ -304,8 +305,8 @@ def open_mlflow_log(path: Path, who: str) -> io.FileIO:
 
 
 class _Starter:
-    """MLflow's start, off the serving thread: preparing its store (importing MLflow, migrating SQLite)
-    alone takes many seconds on a loaded machine, and the API must not wait for it. Then watch it answer
+    """MLflow's start, off the serving thread (the API must not wait for it; MLflow's own process
+    imports MLflow and prepares the store, which takes seconds, more on a loaded machine). Then watch it answer
     on `sock` (and AIR_MLFLOW_HOLD's file, when set): `ready`; `failed` when it exits first, cannot be
     started, or takes longer than MLFLOW_START_TIMEOUT_S."""
 

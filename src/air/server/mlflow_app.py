@@ -1,0 +1,81 @@
+"""MLflow's tracking server as `air server` runs it: one process that imports MLflow once and serves its
+app with uvicorn on the server's Unix socket (air.server.mlflow_server starts it under air's guard).
+
+    python -m air.server.mlflow_app --store URI --socket PATH --artifacts URI
+
+Why not `mlflow server`: its CLI is a process of its own that imports all of MLflow's server (the Flask
+app, its handlers and stores: seconds of CPU), opens the store and checks its schema, only to start
+uvicorn as a second process that imports and checks it all again; and the air server imported MLflow's
+client a third time to prepare the store before it. Here it is done once, in the process that serves,
+with what `mlflow server --serve-artifacts --static-prefix /mlflow --workers 1` gives its worker: the same
+FastAPI app (mlflow.server.fastapi_app: MLflow's Flask app and its routers, as the door's route table
+test reads them), the same settings (the variables below, which MLflow's CLI hands its workers), and
+MLflow's own uvicorn log format (so the server's log reads as before). MLflow's job runner stays off
+(air.tracking.ui.ui_environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+
+#: Where MLflow proxies artifacts to clients: nodes upload through the door, never into a folder.
+PROXIED_ARTIFACTS = "mlflow-artifacts:/"
+
+
+def mlflow_environ(store: str, artifacts: str, prefix: str) -> dict[str, str]:
+    """The variables MLflow's `mlflow server` hands its workers (mlflow.server._run_server and
+    mlflow.server.constants), for `--backend-store-uri store --serve-artifacts --artifacts-destination
+    artifacts --default-artifact-root mlflow-artifacts:/ --static-prefix prefix`. Named here as strings: the
+    module that names them (mlflow.server.constants) cannot be imported without building MLflow's app, which
+    reads them while it is built. tests/server/test_mlflow_ready.py checks them against MLflow's names."""
+    return {
+        "_MLFLOW_SERVER_FILE_STORE": store,
+        "_MLFLOW_SERVER_REGISTRY_STORE": store,
+        "_MLFLOW_SERVER_ARTIFACT_ROOT": PROXIED_ARTIFACTS,
+        "_MLFLOW_SERVER_SERVE_ARTIFACTS": "true",
+        "_MLFLOW_SERVER_ARTIFACT_DESTINATION": artifacts,
+        "_MLFLOW_STATIC_PREFIX": prefix,
+        "_MLFLOW_SGI_NAME": "uvicorn",
+        "_MLFLOW_SERVER_BOOT_ID": uuid.uuid4().hex,
+        "_MLFLOW_IN_JOB_EXECUTOR": "false",
+        "MLFLOW_ENABLE_WORKSPACES": "false",
+    }
+
+
+def serve(store: str, socket_path: str, artifacts: str, prefix: str) -> None:
+    """Serve MLflow over `store` on the Unix socket `socket_path` until stopped (SIGTERM: uvicorn's own
+    graceful stop)."""
+    os.environ.update(mlflow_environ(store, artifacts, prefix))
+    from air.tracking.store import prepare_store
+
+    try:
+        prepare_store(store)  # the embedded store made (under its lock) and in WAL mode, as every air process does
+    except Exception as exc:  # MLflow's own opening of it below says what is wrong, in its words
+        print(f"air: preparing {store} failed: {exc}", file=sys.stderr, flush=True)
+    import uvicorn
+    from mlflow.server import handlers
+    from mlflow.server.fastapi_app import app
+
+    # The store opened (its schema checked) before the socket is bound: the first request does not pay.
+    handlers.initialize_backend_stores(store, store, PROXIED_ARTIFACTS)
+    log_config = os.path.join(os.path.dirname(handlers.__file__), "uvicorn_log_config.yaml")
+    uvicorn.run(app, uds=socket_path, workers=1, log_config=log_config if os.path.exists(log_config) else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m air.server.mlflow_app", description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True, help="the backend store URI")
+    parser.add_argument("--socket", required=True, help="the Unix socket to serve on (in a 0700 folder)")
+    parser.add_argument("--artifacts", required=True, help="where proxied artifacts are kept (a file: URI)")
+    parser.add_argument("--static-prefix", default="/mlflow", help="the path MLflow serves under")
+    args = parser.parse_args(argv)
+    serve(args.store, args.socket, args.artifacts, args.static_prefix)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
