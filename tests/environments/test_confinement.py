@@ -9,11 +9,12 @@ the run's variables only. Without a server, a line of a file outside the workloa
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from air.environments import Confinement, list_environments, parse_dependencies
+from air.environments import Confinement, environment_key, list_environments, parse_dependencies
 from air.environments.layout import ACCOUNTS, COMPLETE, envs_dir
 from air.errors import UserInputError
 
@@ -116,3 +117,23 @@ def test_env_list_shows_a_servers_per_account_environments(tmp_path: Path, monke
     [info] = list_environments()
     assert info.path == own and info.state == "ready" and not info.in_use
     assert os.path.exists(envs_dir() / ".locks" / "air-x-bob.0123456789abcdef.lock")
+
+
+def test_the_same_code_in_another_snapshot_has_the_same_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each server run gets its own snapshot folder: a local package of the same content keys the same (the
+    next run reuses the environment), an edited one or an editable install (which points at its folder) not."""
+    monkeypatch.setenv("AIR_HOME", str(tmp_path / "home"))
+    snaps = []
+    for name in ("run1", "run2", "run3"):
+        pkg = tmp_path / name / "code" / "pkg"
+        pkg.mkdir(parents=True)
+        (pkg / "pyproject.toml").write_text('[project]\nname = "p"\nversion = "1"\n')
+        (pkg / "p.py").write_text("X = 1\n" if name != "run3" else "X = 2\n")
+        snaps.append(pkg.parent)
+
+    def key(snap: Path, entry: str) -> str:
+        return environment_key(parse_dependencies([entry], snap, confine=Confinement(snap, {})), sys.executable)
+
+    assert key(snaps[0], "./pkg") == key(snaps[1], "./pkg")
+    assert key(snaps[0], "./pkg") != key(snaps[2], "./pkg")  # other content
+    assert key(snaps[0], "-e ./pkg") != key(snaps[1], "-e ./pkg")  # the environment points at its folder

@@ -229,6 +229,10 @@ def test_a_package_in_bobs_snapshot_builds_as_bob_in_his_sandbox(isolated: AirSe
     everything = log + json.dumps(row) + _supervisor_log(server, run_id)
     assert ALICE_SECRET not in everything
     _holds_nothing_of_shadow(log + json.dumps(row))
+    # bob's next run of the same code (in a snapshot folder of its own) reuses it: no second build
+    again = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
+    assert server.wait_status(again, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=300) == "SUCCESS", _log(server, again)
+    assert "environment reused" in _log(server, again), _log(server, again)
     # the environment is bob's account's own
     envs = [p for p in (server.home / "envs").rglob(".air-complete")]
     assert envs, list((server.home / "envs").rglob("*"))[:20]

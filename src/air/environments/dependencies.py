@@ -50,6 +50,9 @@ class DependencySet:
     source: Path | None = None  # the requirements file, when one was named
     version: str | int | None = None  # `version:` of the requirements.yaml form
     warnings: tuple[str, ...] = ()
+    #: A server run's code snapshot, where its local paths lie (Confinement): the cache key names them
+    #: relative to it, so the next run of the same code (another snapshot folder) finds the environment.
+    snapshot: Path | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -268,7 +271,8 @@ class _Parser:
             if (opt.flag, opt.value) not in seen:
                 seen.add((opt.flag, opt.value))
                 options.append(opt)
-        return DependencySet(tuple(self.dependencies), tuple(options), source, version, tuple(self.warnings))
+        return DependencySet(tuple(self.dependencies), tuple(options), source, version, tuple(self.warnings),
+                             snapshot=self.confine.root if self.confine is not None else None)
 
     def add_file(self, path: Path, origin: str) -> None:
         if path in self._files:

@@ -116,17 +116,24 @@ def environment_key(deps: DependencySet, base_python: Path | str) -> str:
         "interpreter": interpreter_identity(base),
         "options": [[o.flag, _option_material(o, digests)] for o in deps.options],
         # Plain entries are a set (order does not change uv's answer); per-entry ones install in order.
-        "dependencies": sorted(_dependency_material(d, digests) for d in deps.dependencies if not d.flags),
-        "installed_one_by_one": [_dependency_material(d, digests) for d in deps.dependencies if d.flags],
+        "dependencies": sorted(_dependency_material(d, digests, deps.snapshot) for d in deps.dependencies
+                               if not d.flags),
+        "installed_one_by_one": [_dependency_material(d, digests, deps.snapshot) for d in deps.dependencies
+                                 if d.flags],
     }
     digests.save()
     blob = json.dumps(material, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:_KEY_LENGTH]
 
 
-def _dependency_material(dep: Dependency, digests: _Digests) -> str:
+def _dependency_material(dep: Dependency, digests: _Digests, snapshot: Path | None = None) -> str:
+    """A local wheel or folder of a server run's snapshot is named relative to the snapshot (its content is
+    in the key anyway); an editable one keeps its path, which the environment points at."""
     content = digests.of_path(dep.local_path, editable=dep.editable) if dep.local_path else None
-    return json.dumps([_normalised(dep), list(dep.flags), dep.editable, content])
+    line = _normalised(dep)
+    if snapshot is not None and dep.local_path is not None and not dep.editable:
+        line = line.replace(str(snapshot), "<snapshot>")
+    return json.dumps([line, list(dep.flags), dep.editable, content])
 
 
 def _option_material(option: InstallOption, digests: _Digests) -> str | None:
