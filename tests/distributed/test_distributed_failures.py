@@ -138,3 +138,34 @@ def test_killed_caller_takes_its_ranks_and_everything_they_started_with_it(tmp_p
     wait_for(lambda: alive(ranks) == [], "the ranks to follow their killed caller", timeout=PROMPT_S)
     wait_for(lambda: alive(read_pids(pid_dir)) == [], "the ranks' children, escaped and orphaned ones too",
              timeout=PROMPT_S)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_caller_stopped_by_a_signal_ends_its_call_canceled_with_the_signal_named(
+        tmp_path: Path, pid_dir: Path, signum: signal.Signals) -> None:
+    """A user stopping their own script (SIGTERM, a closed terminal's SIGHUP) is a cancel, not air failing:
+    the run is CANCELED with the signal named, every rank ended, and the script ends as the signal ends it."""
+    from air.runs.store import RunStore
+
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(rp.__file__).parent)!r})
+        import rank_programs as rp
+        from pathlib import Path
+        from air import distributed
+        distributed(2, "CPU")(rp.sleep_forever).distributed(Path({str(pid_dir)!r}))
+    """))
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL)
+    wait_for(lambda: len(read_pids(pid_dir)) >= 8, "both ranks to start their grandchildren", timeout=60)
+    caller.send_signal(signum)
+    caller.wait(timeout=PROMPT_S)
+    assert caller.returncode == -signum
+    _expect_no_survivors(pid_dir, 8)
+    run = RunStore().list_runs(statuses="all")[0]
+    assert run.status.value == "CANCELED", (run.status, run.termination_reason)
+    assert run.failure_class is not None and run.failure_class.value == "CANCEL"
+    assert f"the caller was stopped by {signum.name}" in (run.termination_reason or "")
+    shown = subprocess.run([str(Path(sys.executable).parent / "air"), "get", "run", run.id], capture_output=True,
+                           text=True, timeout=60)
+    assert "CANCELED" in shown.stdout and signum.name in shown.stdout, shown.stdout + shown.stderr

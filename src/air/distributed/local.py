@@ -114,7 +114,7 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
     if warm_enabled():  # its imports (torch: seconds) run while the run is recorded and its slots claimed
         prestart_call_zygote(preload, RANK_MODULE, shape.world_size, os.getcwd())
     from air.accelerators import MachineAccelerators, discover  # imported after the prestart: ~40 ms
-    from air.distributed.remote import CallJob, drive_call
+    from air.distributed.remote import CallJob, caller_stops_cancel, drive_call
     from air.runs.store import RunStore
 
     name = getattr(func, "__name__", "fn")
@@ -127,4 +127,6 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
                            run_name=name).run
     job = CallJob(run.id, backend, accelerator, 1, payload, name, settings.timeout, True,
                   preload, hang_timeout_s=settings.hang_timeout, local=True)
-    return drive_call(store, job, 0).load()  # unpickled here: this process is the caller
+    with caller_stops_cancel():  # SIGTERM, SIGHUP, Ctrl-C: CANCELED with the signal named
+        result = drive_call(store, job, 0)
+    return result.load()  # unpickled here: this process is the caller

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -58,7 +59,7 @@ from air.files import atomic_write_bytes
 from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec
 from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
-from air.runs.controller import AttemptVerdict, RunController, SetupFailure
+from air.runs.controller import AttemptVerdict, CallerStopped, RunController, SetupFailure
 from air.runs.paths import CALL_PAYLOAD_FILE, CallPaths
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import Run, RunStore
@@ -104,7 +105,51 @@ def run_remote(func: Callable[..., object], args: Sequence[object], kwargs: Mapp
     job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, True,
                   preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
                   checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
-    return drive_call(store, job, max_retries).load()  # unpickled here: this process is the caller
+    with caller_stops_cancel():
+        result = drive_call(store, job, max_retries)
+    return result.load()  # unpickled here: this process is the caller
+
+
+#: The signals that stop a caller as its user means it to (`kill`, a closed terminal, Ctrl-C): a cancel.
+CALLER_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextmanager
+def caller_stops_cancel() -> Iterator[None]:
+    """While a call is driven in its caller: SIGTERM, SIGHUP or Ctrl-C cancels it. The run ends CANCELED
+    with the signal named (the controller ends every rank first), not INTERNAL_ERROR from reconcile
+    finding the caller dead; then the caller ends as that signal ends it (Ctrl-C: KeyboardInterrupt, as
+    before). Handlers the program set itself are left alone; outside the main thread none can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    stopping: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        if stopping:  # a second signal while the ranks are being ended: the first one's cleanup goes on
+            return
+        stopping.append(signum)
+        raise CallerStopped(signum)
+
+    previous: dict[signal.Signals, Any] = {}
+    for signum in CALLER_STOP_SIGNALS:
+        current = signal.getsignal(signum)
+        if current in (signal.SIG_DFL, signal.default_int_handler):
+            previous[signum] = current
+            signal.signal(signum, stop)
+    try:
+        yield
+    except CallerStopped as exc:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        previous.clear()
+        if exc.signum != signal.SIGINT:  # end as the signal would have ended this process (exit status)
+            sys.stderr.flush()
+            os.kill(os.getpid(), exc.signum)
+        raise
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def create_call_run(store: RunStore, profile: Profile, settings: CallSettings, name: str, *, experiment: str,
@@ -426,4 +471,4 @@ class CallJob:
                     f"alive: delete the model first. Stacks: {hang}")
 
 
-__all__ = ["CallJob", "create_call_run", "drive_call", "plan_shape", "required_shape", "run_remote"]
+__all__ = ["CallJob", "caller_stops_cancel", "create_call_run", "drive_call", "plan_shape", "required_shape", "run_remote"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -84,6 +85,18 @@ class AttemptVerdict:
     @classmethod
     def failed(cls, reason: str, failure_class: FailureClass, error: BaseException | None = None) -> AttemptVerdict:
         return cls(False, reason, failure_class, error=error)
+
+
+class CallerStopped(KeyboardInterrupt):
+    """A signal (SIGTERM, SIGHUP, Ctrl-C) stopped the process that drives its run in-process (a call's
+    caller): a cancel by the user, not air failing, so the run ends CANCELED with the signal named."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        name = signal.Signals(signum).name
+        self.reason = f"Canceled by user signal: the caller was stopped by {name}" + (
+            " (Ctrl-C)." if signum == signal.SIGINT else ".")
+        super().__init__(self.reason)
 
 
 class RunJob(Protocol):
@@ -200,8 +213,8 @@ class RunController:
             while self.phase is not Phase.DONE:
                 self.step()
             self._end_tracking()
-        except KeyboardInterrupt:
-            self._interrupted("Canceled by user signal.")
+        except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stopped the caller (CallerStopped)
+            self._interrupted(exc.reason if isinstance(exc, CallerStopped) else "Canceled by user signal.")
             raise
         except BaseException:
             self._abandon()
@@ -599,4 +612,4 @@ def write_progress(path: Path, processes: list[dict[str, object]], *, ended: lis
         pass  # the run folder is gone (pruned): nothing to show it to
 
 
-__all__ = ["AttemptVerdict", "Phase", "RunController", "RunJob", "SetupFailure", "Transition"]
+__all__ = ["AttemptVerdict", "CallerStopped", "Phase", "RunController", "RunJob", "SetupFailure", "Transition"]
