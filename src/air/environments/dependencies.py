@@ -444,14 +444,14 @@ def _local_name(path: Path) -> str | None:
         if filename.lower().endswith(suffix):
             return canonical_name(filename[: -len(suffix)].rsplit("-", 1)[0])
     if path.is_dir():
-        pyproject = path / "pyproject.toml"
-        if pyproject.is_file():
-            match = re.search(r'(?ms)^\[project\].*?^name\s*=\s*["\']([^"\']+)', pyproject.read_text(errors="replace"))
-            if match:
-                return canonical_name(match.group(1))
-        setup_cfg = path / "setup.cfg"
-        if setup_cfg.is_file():
-            match = re.search(r"(?ms)^\[metadata\].*?^name\s*=\s*(\S+)", setup_cfg.read_text(errors="replace"))
+        for name, pattern in (("pyproject.toml", r'(?ms)^\[project\].*?^name\s*=\s*["\']([^"\']+)'),
+                              ("setup.cfg", r"(?ms)^\[metadata\].*?^name\s*=\s*(\S+)")):
+            try:
+                with open(path / name, "rb") as fh:  # the first MiB, where the name is, whatever the size
+                    text = fh.read(1 << 20).decode("utf-8", "replace")
+            except OSError:
+                continue
+            match = re.search(pattern, text)
             if match:
                 return canonical_name(match.group(1))
     return None
