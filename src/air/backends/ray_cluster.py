@@ -21,9 +21,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from air.errors import RayInitializationError
 from air.launcher import reserve_port
@@ -45,6 +46,39 @@ RAY_WORKER_ENV = (
 _NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
                "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
 _HEAD_PORTS = ("ray-client-server-port", "dashboard-port")
+
+#: What `ray start` says when its node did not register in time: Ray's fixed 30 s (ray/_private/node.py),
+#: which the raylet also ends early by aborting when its dashboard agent has not written its port file
+#: within its own fixed 15 s ("Timed out waiting for file .../dashboard_agent_listen_port_..."). Neither
+#: wait has a setting; a busy machine exceeds them.
+STARTUP_TIMEOUT = "timed out during startup"
+#: Tries of a `ray start` that failed that way, its partial node ended between them.
+START_TRIES = 3
+
+T = TypeVar("T")
+
+
+def startup_timed_out(output: str | bytes) -> bool:
+    """Whether a failed `ray start` failed on Ray's node-startup timeout (worth another try)."""
+    if isinstance(output, bytes):
+        return STARTUP_TIMEOUT.encode() in output
+    return STARTUP_TIMEOUT in output
+
+
+def retry_start(once: Callable[[int], tuple[T, bool]], end_partial: Callable[[], int],
+                say: Callable[[str], None], tries: int = START_TRIES) -> T:
+    """The one retry of a `ray start` (air's own nodes and the workload `ray` shim): `once(attempt)` gives
+    its result and whether it failed on Ray's startup timeout; such a failure ends the partial node
+    (`end_partial`, returns how many processes it ended), says so and tries again, `tries` times at most.
+    Why: the timeouts are fixed inside Ray, and a second try usually finds the machine's caches warm."""
+    for attempt in range(1, tries + 1):
+        result, timed_out = once(attempt)
+        if not timed_out or attempt == tries:
+            return result
+        ended = end_partial()
+        say(f"Ray gave up waiting for this node to register (its fixed 30 s; the machine is busy); ended its "
+            f"{ended} partial process(es), trying again ({attempt + 1} of {tries})")
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns
 
 
 @dataclass(frozen=True)
@@ -253,25 +287,40 @@ def start_ray_node(
         child_env = clean_ray_env(env if env is not None else os.environ)
         child_env.update(auth.env())
         child_env.update({AIR_RAY_NODE: marker, "RAY_USAGE_STATS_ENABLED": "0"})
-        deadline = time.monotonic() + timeout_s
-        while True:  # the reservations stay held until Ray has bound the ports: no other air launch takes them
-            try:
-                done = subprocess.run(argv, env=child_env, stdin=subprocess.DEVNULL, capture_output=True,
-                                      text=True, timeout=max(deadline - time.monotonic(), 1.0))
-            except subprocess.TimeoutExpired as exc:
+        # The node's own processes (Ray Train's PlacementGroupCleaner, any state-API call in a task) find
+        # this cluster by RAY_ADDRESS; without it Ray looks for every GCS of the machine and fails with
+        # "Found multiple active Ray instances" as soon as an unrelated cluster runs beside this one.
+        own_address = f"{node_ip_address or _node_ip()}:{gcs_port}" if head else str(address)
+        child_env["RAY_ADDRESS"] = own_address
+        where = "the head node" if head else f"a node joining {address}"
+
+        def once(_attempt: int) -> tuple[subprocess.CompletedProcess[str], bool]:
+            """One `ray start`; a joining node is retried here while the head is not up yet."""
+            while True:
+                try:
+                    done = subprocess.run(argv, env=child_env, stdin=subprocess.DEVNULL, capture_output=True,
+                                          text=True, timeout=timeout_s)
+                except subprocess.TimeoutExpired as exc:
+                    stop_marked(marker, grace_s=1.0)
+                    raise RayInitializationError(
+                        f"`ray start` for {where} did not finish within {timeout_s:g} s.",
+                        hint=f"Ray's logs: {temp_dir}/session_latest/logs",
+                    ) from exc
+                if done.returncode == 0:
+                    return done, False
+                if startup_timed_out(done.stdout + done.stderr):
+                    return done, True
                 stop_marked(marker, grace_s=1.0)
-                raise RayInitializationError(
-                    f"`ray start` did not finish within {timeout_s:g} s.",
-                    hint=f"Ray's logs: {temp_dir}/session_latest/logs",
-                ) from exc
-            if done.returncode == 0:
-                break
-            stop_marked(marker, grace_s=1.0)
-            if retry_until is not None and time.monotonic() < retry_until:
+                if retry_until is None or time.monotonic() >= retry_until:
+                    return done, False
                 time.sleep(1.0)
-                continue
+
+        # The reservations stay held until Ray has bound the ports: no other air launch takes them.
+        done = retry_start(once, lambda: stop_marked(marker, grace_s=1.0),
+                           lambda note: print(f"[air] ray start ({where}): {note}", flush=True))
+        if done.returncode != 0:
+            stop_marked(marker, grace_s=1.0)
             tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-            where = "the head node" if head else f"a node joining {address}"
             raise RayInitializationError(
                 f"Failed to start a Ray cluster: `ray start` for {where} exited with {done.returncode}.\n{tail}",
                 hint=f"Ray's logs: {temp_dir}/session_latest/logs",
@@ -279,24 +328,19 @@ def start_ray_node(
     finally:
         for reservation in reservations:
             reservation.release()
-    cluster_address = f"{node_ip_address or _local_ip(done.stdout + done.stderr)}:{gcs_port}" if head else str(address)
-    return RayNode(marker=marker, address=cluster_address, head=head, temp_dir=temp_dir, ports=ports, auth=auth,
+    return RayNode(marker=marker, address=own_address, head=head, temp_dir=temp_dir, ports=ports, auth=auth,
                    owns_temp_dir=owns_temp, log=done.stdout + done.stderr)
 
 
-def _local_ip(output: str) -> str:
-    """The node IP `ray start` printed ("Local node IP: 10.0.0.5"), else Ray's own guess."""
-    import re
-
-    match = re.search(r"Local node IP\S*:\s*(?:\x1b\[[0-9;]*m)*([0-9a-fA-F.:]+)", output)
-    if match:
-        return match.group(1)
+def _node_ip() -> str:
+    """The IP a head started without --node-ip-address takes (Ray's own choice, which `ray start` prints)."""
     from ray.util import get_node_ip_address
 
-    return get_node_ip_address()
+    return str(get_node_ip_address())
 
 
 __all__ = [
-    "RAY_WORKER_ENV", "RayAuth", "RayNode", "clean_ray_env", "processes_with_env",
-    "ray_executable", "short_temp_dir", "refresh_auth", "start_ray_node", "stop_marked", "use_auth",
+    "RAY_WORKER_ENV", "START_TRIES", "RayAuth", "RayNode", "clean_ray_env", "processes_with_env",
+    "ray_executable", "retry_start", "short_temp_dir", "refresh_auth", "start_ray_node", "startup_timed_out",
+    "stop_marked", "use_auth",
 ]

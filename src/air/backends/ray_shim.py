@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from air.backends.ray_cluster import RayAuth, stop_marked
+from air.backends.ray_cluster import START_TRIES, RayAuth, retry_start, startup_timed_out, stop_marked
 from air.backends.ray_train_report import train_report_env
 from air.files import atomic_write_text
 from air.settings import AIR_PROCESS_TAG, AIR_RAY_HEAD_PORT, AIR_RAY_NODE, AIR_RAY_SHIM_DIR
@@ -220,19 +220,18 @@ def _head_alive(host: str, port: int) -> bool:
         return False
 
 
-#: What Ray says when its node did not register within its fixed 30 s (ray/_private/node.py, no setting).
-_STARTUP_TIMEOUT = "timed out during startup"
-#: Tries of a `ray start` that timed out that way (a busy machine), its partial node ended between them.
-START_TRIES = 3
 #: What of a `ray start`'s own output is passed on (it prints a page at most).
 _MAX_START_OUTPUT = 1 << 20
 
 
 def _start(args: Sequence[str]) -> int:
+    """`ray start` with air's rewrites, tried again (air.backends.ray_cluster.retry_start, the same retry as
+    air's own nodes) when Ray gave up on the node's startup on a busy machine."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     marker = _marker(os.environ)
     env[AIR_RAY_NODE] = marker
-    for attempt in range(1, START_TRIES + 1):
+
+    def once(attempt: int) -> tuple[int, bool]:
         rewritten, notes = rewrite_start(args, os.environ)  # free ports picked afresh for every try
         if attempt == 1:
             for note in notes:
@@ -241,20 +240,16 @@ def _start(args: Sequence[str]) -> int:
         command = [*_real_ray(), "start", *rewritten]
         block, joining = "block" in given, "address" in given and "head" not in given
         if block and joining:
-            return _join_blocking(command, env, given, marker)
+            return _join_blocking(command, env, given, marker), False
         if block:
             # Become the real `ray start`, so `kill $!` of a backgrounded `ray start --head --block &`
             # reaches Ray itself, not a wrapper that dies alone.
             sys.stdout.flush()
             os.execve(command[0], command, env)
-        code, timed_out = _run_watching(command, env)
-        if code == 0 or not timed_out or attempt == START_TRIES:
-            return code
-        ended = stop_marked(marker, grace_s=3.0)
-        print(f"[air] ray start: Ray gave up waiting for this node to register (its fixed 30 s; the machine is "
-              f"busy); ended its {ended} partial process(es), trying again ({attempt + 1} of {START_TRIES})",
-              flush=True)
-    return 1  # pragma: no cover - the loop returns
+        return _run_watching(command, env)
+
+    return retry_start(once, lambda: stop_marked(marker, grace_s=3.0),
+                       lambda note: print(f"[air] ray start: {note}", flush=True))
 
 
 def _run_watching(command: Sequence[str], env: Mapping[str, str]) -> tuple[int, bool]:
@@ -272,7 +267,7 @@ def _run_watching(command: Sequence[str], env: Mapping[str, str]) -> tuple[int, 
             sink.write(text)
             sink.flush()
             said += text
-    return code, _STARTUP_TIMEOUT.encode() in said
+    return code, startup_timed_out(said)
 
 
 def _join_blocking(command: Sequence[str], env: Mapping[str, str], given: Mapping[str, tuple[int, str | None]],
@@ -335,4 +330,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["install_shim", "local_workload_ray_env", "rewrite_start", "workload_ray_env"]
+__all__ = ["START_TRIES", "install_shim", "local_workload_ray_env", "rewrite_start", "workload_ray_env"]

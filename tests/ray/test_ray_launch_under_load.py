@@ -1,0 +1,114 @@
+"""`ray_launch` on a busy machine, and beside an unrelated Ray cluster.
+
+Under load Ray's own fixed start-up waits are exceeded (the raylet aborts when its dashboard agent has not
+written its port file within 15 s, `ray start` then says "timed out during startup"): air's nodes try such
+a start again (the retry the workload `ray` shim uses). Here 8 busy-loop processes made by the test load the
+machine while `ray_launch` is called 5 times; every call must succeed. Nothing here depends on how fast the
+machine is: the calls wait for their clusters, and the hogs only make a failed start likely.
+
+The second test starts an unrelated Ray cluster (its own temp dir, ports and token) and shows that a call's
+Ray processes reach only their own cluster: Ray's state API with no address (what Ray Train's
+PlacementGroupCleaner calls in its thread) used to find every GCS of the machine and fail with
+"Found multiple active Ray instances".
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from air.ray import ray_launch
+
+pytestmark = pytest.mark.ray
+
+HOGS = 8
+CALLS = 5
+
+
+def processes_of_calls(air_home: Path) -> list[int]:
+    """Processes started for calls under this AIR_HOME (ranks, and the Ray nodes they started)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("AIR_CALL_DIR", "").startswith(str(air_home)):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def cpu_hog() -> Iterator[list[psutil.Process]]:
+    """`HOGS` busy-loop processes for the duration of the test (ended and reaped after it)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
+    try:
+        yield [psutil.Process(p.pid) for p in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait(timeout=30)
+
+
+def test_ray_launch_succeeds_five_times_in_a_row_beside_eight_busy_processes(
+        air_home: Path, cpu_hog: list[psutil.Process], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIR_RAY_OBJECT_STORE_MEMORY", str(80 * 1024 * 1024))
+    monkeypatch.setenv("AIR_RAY_METRICS", "0")
+
+    @ray_launch(num_accelerators=1, accelerator_type="CPU")
+    def alive_nodes() -> int:
+        import ray
+
+        ray.init()  # RAY_ADDRESS: the call's own cluster
+        return len([n for n in ray.nodes() if n["Alive"]])
+
+    loads = []
+    for _ in range(CALLS):
+        loads.append(os.getloadavg()[0])
+        assert alive_nodes.distributed() == [1]
+    assert all(hog.is_running() and hog.cpu_times().user > 0 for hog in cpu_hog)
+    print(f"{CALLS} of {CALLS} calls succeeded; 1-minute load before each call: "
+          + ", ".join(f"{load:.1f}" for load in loads))
+    assert not processes_of_calls(air_home)
+
+
+def test_a_call_reaches_only_its_own_cluster_beside_an_unrelated_one(
+        air_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    from air.backends.ray_cluster import RayAuth, start_ray_node
+
+    monkeypatch.setenv("AIR_RAY_OBJECT_STORE_MEMORY", str(80 * 1024 * 1024))
+    monkeypatch.setenv("AIR_RAY_METRICS", "0")
+    other = start_ray_node(head=True, num_cpus=1, object_store_memory=80 * 1024 * 1024, auth=RayAuth.new_token())
+    try:
+        @ray_launch(num_accelerators=1, accelerator_type="CPU")
+        def state_api() -> dict:
+            import ray
+            from ray.util.state import list_nodes
+
+            ray.init()
+
+            @ray.remote(num_cpus=0)
+            def from_a_worker() -> list[str]:
+                # What Ray Train's PlacementGroupCleaner does in its thread: the state API, no address given.
+                return [node.node_id for node in list_nodes()]
+
+            return {"driver": ray.get_runtime_context().gcs_address, "own": ray.get_runtime_context().get_node_id(),
+                    "seen_by_worker": ray.get(from_a_worker.remote())}
+
+        value = state_api.distributed()[0]
+    finally:
+        other.stop()
+    out, err = capfd.readouterr()
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    assert value["driver"] != other.address
+    assert value["seen_by_worker"] == [value["own"]]  # its own cluster's one node, not the other's
+    assert "Found multiple active Ray instances" not in out + err
+    assert "Traceback" not in out + err
+    assert not other.processes() and not processes_of_calls(air_home)
