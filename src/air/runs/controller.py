@@ -43,6 +43,7 @@ from air.launcher.stacks import collect as collect_stacks
 from air.runs.credentials import door_url, node_tracking_env
 from air.runs.credentials import revoke as revoke_credentials
 from air.runs.paths import RunPaths, process_tag
+from air.runs.reasons import rendezvous_hint
 from air.runs.states import (
     AttemptStatus,
     FailureClass,
@@ -170,6 +171,8 @@ class _Attempt:
     outcome: AttemptOutcome | None = None
     verdict: AttemptVerdict | None = None
     hang: AttemptVerdict | None = None  # set by the hang check; wins over how the nodes then ended
+    #: The nodes as launched (their processes and environments): a hang reason reads what a node was told.
+    launches: list[NodeLaunch] = dataclasses.field(default_factory=list)
     #: The CRITICAL run that asked for this attempt's slots (runs/preemption.py), once seen; its nodes are
     #: then ended and the run goes back to the queue, unless they had all succeeded already.
     preempted_by: str | None = None
@@ -273,6 +276,7 @@ class RunController:
             launches = attempt.held.enter_context(self.job.launches(index, self._allocation, node_logs,
                                                                     node_env, air_log))
             self.job.say(f"attempt {index}: starting {len(launches)} node(s)")
+            attempt.launches = list(launches)
             attempt.handle = self.backend.start(self._allocation, launches, tag=self.tag, on_line=self.job.on_line)
         except SetupFailure as exc:
             attempt.verdict = AttemptVerdict.failed(exc.message, FailureClass.SETUP, exc.error)
@@ -334,9 +338,12 @@ class RunController:
         name = label(hang.node, hang.process)
         text, path = stacks_of[name]
         limit = self.job.hang_timeout_s or 0.0
+        launch = next((n for n in attempt.launches if n.node_rank == hang.node), None)
+        hint = None if launch is None or not launch.processes else rendezvous_hint(
+            len(launch.processes), dict(launch.processes[0].env), text)
         reason = (f"Hang: {name} made no progress for {quiet_for(hang.silent_s)}"
                   f"{' (it is stopped)' if hang.stopped else ''}: no output, heartbeat or report within the hang "
-                  f"timeout of {limit:g} s. Stacks of every process: {path.parent}")
+                  f"timeout of {limit:g} s{'; ' + hint if hint else ''}. Stacks of every process: {path.parent}")
         self.job.say(reason)
         rank = int(name.split()[1]) if name.startswith("rank ") else None
         error = HangError(reason, rank=rank, node=hang.node,

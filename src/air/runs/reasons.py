@@ -371,6 +371,32 @@ def _clip(text: str, reserve: int = 0) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: A stack frame of a process waiting in torch's rendezvous for the other ranks to join.
+_RENDEZVOUS_RE = re.compile(r"init_process_group|rendezvous|_create_c10d_store|TCPStore|_store_based_barrier"
+                            r"|wait_for_workers")
+#: One process in a node's stacks file (launcher/stacks.py: "pid N: its command line").
+_STACK_PROCESS_RE = re.compile(r"^pid \d+: ", re.M)
+
+
+def rendezvous_hint(node_processes: int, env: dict[str, str], stacks: str) -> str | None:
+    """Why a hung node waits, where its stacks show it: a node command that is one process (`accelerate
+    launch --cpu`, a plain `python train.py`) read the node-level WORLD_SIZE (every rank of the run) as
+    its world and waits in the rendezvous for ranks nobody starts. None where that is not what it shows:
+    the node starts as many processes as its share of WORLD_SIZE, or none of them waits in a rendezvous."""
+    try:
+        world = int(env.get("WORLD_SIZE", ""))
+        local = int(env.get("LOCAL_WORLD_SIZE", "") or world)
+    except ValueError:
+        return None
+    present = len(_STACK_PROCESS_RE.findall(stacks))
+    if node_processes != 1 or world <= 1 or not 0 < present < min(world, local) or not _RENDEZVOUS_RE.search(stacks):
+        return None
+    return (f"the node runs {present} process but WORLD_SIZE={world}: the rendezvous waits for {world} ranks that "
+            "nobody starts. A one-process node command takes the node's WORLD_SIZE as its world (e.g. accelerate "
+            f"launch --cpu: use --num_processes {local}, or torchrun --nproc_per_node {local}, to start the node's "
+            "ranks)")
+
+
 __all__ = ["EXCEPTION_LINE_RE", "SIGNATURES", "Signature", "TRACEBACK_HEADER", "TerminationReason",
            "disk_limit_reason", "mark_line", "memory_limit_reason", "oom_kill_count", "process_limit_reason",
-           "scan_line", "size_text", "termination_reason"]
+           "rendezvous_hint", "scan_line", "size_text", "termination_reason"]

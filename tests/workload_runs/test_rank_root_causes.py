@@ -1,0 +1,40 @@
+"""Why a node's ranks failed or hang, as torchrun would say it, end to end through the real CLI, supervisor
+and node processes: a `@record`-decorated program's root cause is read from its TORCHELASTIC_ERROR_FILE,
+and a one-process node command that waits in the rendezvous for the node-level WORLD_SIZE ranks (as
+`accelerate launch --cpu` does) is told so in its hang reason."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from runs_helpers import submit, wait_terminal, write_workload
+
+from proc_helpers import alive, read_pids
+
+
+def test_a_one_process_node_waiting_for_world_size_ranks_says_so_in_its_hang_reason(
+        tmp_path: Path, pid_dir: Path) -> None:
+    script = tmp_path / "one_process.py"  # what `accelerate launch --cpu` runs: one process, the node's env
+    script.write_text(
+        "import os, sys\n"
+        f"open({str(pid_dir)!r} + '/py.pid', 'w').write(str(os.getpid()))\n"
+        "import torch.distributed as dist\n"
+        "os.environ.setdefault('RANK', '0')\n"
+        "dist.init_process_group('gloo')\n")
+    path = write_workload(tmp_path, "rendezvous", f"""
+        experiment_name: rendezvous
+        compute: {{num_accelerators: 2, accelerator_type: CPU_2xCPU}}
+        max_retries: 0
+        hang_timeout_minutes: 0.25
+        command: |
+          echo $$ > {pid_dir}/node.pid
+          {sys.executable} {script}
+    """)
+    run = wait_terminal(submit(path), timeout=150)
+    reason = run.termination_reason or ""
+    assert run.status.value == "FAILED" and reason.startswith("Hang: node 0"), reason
+    assert "the node runs 1 process but WORLD_SIZE=2: the rendezvous waits for 2 ranks" in reason, reason
+    assert "--num_processes" in reason, reason
+    pids = read_pids(pid_dir)
+    assert len(pids) == 2 and alive(pids) == []
