@@ -15,6 +15,7 @@ PlacementGroupCleaner calls in its thread) used to find every GCS of the machine
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,11 +25,15 @@ import psutil
 import pytest
 
 from air.ray import ray_launch
+from proc_helpers import alive
 
 pytestmark = pytest.mark.ray
 
 HOGS = 8
 CALLS = 5
+#: What `ray start` prints when the raylet aborted on its dashboard agent's port file (Ray 2.60).
+RAY_TIMEOUT = ("Exception: The current node timed out during startup. This could happen because some of the "
+               "raylet failed to startup or the GCS has become overloaded.")
 
 
 def processes_of_calls(air_home: Path) -> list[int]:
@@ -112,3 +117,35 @@ def test_a_call_reaches_only_its_own_cluster_beside_an_unrelated_one(
     assert "Found multiple active Ray instances" not in out + err
     assert "Traceback" not in out + err
     assert not other.processes() and not processes_of_calls(air_home)
+
+
+def test_a_node_start_ray_gave_up_on_is_tried_again_after_its_partial_node_is_ended(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The failure made on demand: a `ray` that fails its first start the way Ray does on a busy machine
+    (its message, exit 1, a partial node left running), then is the real `ray`."""
+    from air.backends.ray_cluster import ray_executable, start_ray_node
+
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    script = fake / "ray"
+    script.write_text(f"""#!/bin/sh
+count=$(($(cat {fake}/starts 2>/dev/null || echo 0) + 1))
+echo $count > {fake}/starts
+if [ $count -le 1 ]; then
+  sleep 300 >/dev/null 2>&1 &
+  echo $! > {fake}/partial
+  echo "{RAY_TIMEOUT}" >&2
+  exit 1
+fi
+exec {shlex.join(ray_executable())} "$@"
+""")
+    script.chmod(0o755)
+    node = start_ray_node(head=True, num_cpus=1, object_store_memory=80 * 1024 * 1024, executable=[str(script)])
+    try:
+        assert (fake / "starts").read_text().strip() == "2"
+        assert "trying again (2 of 3)" in capsys.readouterr().out
+        assert not alive([int((fake / "partial").read_text())])  # the failed try's partial node was ended
+        assert node.processes()
+    finally:
+        node.stop()
+    assert not node.processes()

@@ -234,10 +234,13 @@ def start_ray_node(
     extra_args: Sequence[str] = (),
     timeout_s: float = 180.0,
     retry_until: float | None = None,
+    executable: Sequence[str] | None = None,
 ) -> RayNode:
     """Run `ray start` (head, or joining `address`) with free ports and its own temp dir; wait until
-    the node is up. `retry_until` (a monotonic deadline) retries a joining node while the head is not
-    up yet. RayInitializationError carries Ray's own output when it fails."""
+    the node is up. A start Ray gave up on (its fixed start-up waits, on a busy machine) is tried again
+    (`retry_start`); `retry_until` (a monotonic deadline) retries a joining node while the head is not
+    up yet; each try may take `timeout_s`. `executable`: the `ray` CLI (default: this interpreter's).
+    RayInitializationError carries Ray's own output when it fails."""
     if not head and not address:
         raise ValueError("a worker node needs the head's address")
     auth = auth or RayAuth.new_token()
@@ -260,7 +263,7 @@ def start_ray_node(
                 reservations.append(reservation)
                 gcs_port = reservation.port
             ports["port"] = gcs_port
-        argv = [*ray_executable(), "start", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+        argv = [*(executable or ray_executable()), "start", "--disable-usage-stats", f"--temp-dir={temp_dir}",
                 "--min-worker-port=0", "--max-worker-port=0"]
         argv += [f"--{name}={port}" for name, port in ports.items()]
         if head:
