@@ -94,9 +94,14 @@ def test_a_call_reaches_only_its_own_cluster_beside_an_unrelated_one(
         @ray_launch(num_accelerators=1, accelerator_type="CPU")
         def state_api() -> dict:
             import ray
+            from ray.train import RunConfig, ScalingConfig
+            from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
             from ray.util.state import list_nodes
 
             ray.init()
+            # Ray Train's controller starts the PlacementGroupCleaner, whose thread asks the state API.
+            DataParallelTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=1),
+                                run_config=RunConfig(storage_path=str(tmp_path / "results"), name="t")).fit()
 
             @ray.remote(num_cpus=0)
             def from_a_worker() -> list[str]:
