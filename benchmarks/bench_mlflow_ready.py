@@ -9,7 +9,7 @@ door, beside the bare `mlflow server` on the same store.
 * peer: `mlflow server --backend-store-uri <the same store>` as MLflow's docs start it (its default 4
   workers), and with `--workers 1` (what air asks of it), until its own `/health` answers 200.
 * CPU: user+system seconds of the whole process tree (the air server with its MLflow, or the peer's CLI
-  with its uvicorn workers) when it first answers: what the start costs on a quiet machine, where the
+  with its uvicorn workers and job runner) when it first answers (for air, its MLflow's processes apart): what the start costs on a quiet machine, where the
   wall time is little more than it. The machine's 1-minute load is shown beside each median.
 
 The store is made (and its schema migrated) by an untimed first start; each rep then starts on it as a
@@ -42,21 +42,21 @@ from server_proc import AIR, free_port
 READY_WITHIN_S = 300.0
 
 
-def tree_cpu(pid: int) -> float:
-    """User+system CPU seconds of `pid` and its live descendants."""
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """User+system CPU seconds of `pid` and of its live descendants (for the air server: its MLflow)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
-        return 0.0
-    total = 0.0
+        return 0.0, 0.0
+    found = []
     for proc in procs:
         try:
             times = proc.cpu_times()
-            total += times.user + times.system
+            found.append(times.user + times.system)
         except psutil.Error:
-            continue
-    return total
+            found.append(0.0)
+    return found[0], sum(found[1:])
 
 
 def _answers(url: str, token: str | None) -> bool:
@@ -68,11 +68,11 @@ def _answers(url: str, token: str | None) -> bool:
         return False
 
 
-def _wait(proc: subprocess.Popen[bytes], url: str, token: str | None, started: float) -> tuple[float, float]:
-    """(seconds from `started` until `url` answers 200, the tree's CPU seconds then)."""
+def _wait(proc: subprocess.Popen[bytes], url: str, token: str | None, started: float) -> tuple[float, float, float]:
+    """(seconds from `started` until `url` answers 200, the CPU seconds of `proc` and of its descendants then)."""
     while True:
         if _answers(url, token):
-            return time.monotonic() - started, tree_cpu(proc.pid)
+            return (time.monotonic() - started, *tree_cpu(proc.pid))
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before {url} answered")
         if time.monotonic() - started > READY_WITHIN_S:
@@ -112,12 +112,13 @@ class AirStart:
         proc = subprocess.Popen([*AIR, "server", "start", "--port", str(port)], env=self.env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            ready_s, cpu_s = _wait(proc, f"{url}/mlflow/health", self.token, started)
+            ready_s, own_cpu_s, mlflow_cpu_s = _wait(proc, f"{url}/mlflow/health", self.token, started)
             with urllib.request.urlopen(f"{url}/api/v1/health", timeout=10) as answer:
                 own = json.loads(answer.read()).get("mlflow", {}).get("ready_after_s")
         finally:
             _stop(proc)
-        return {"ready_s": ready_s, "cpu_s": cpu_s, "server_says_s": own, "load": load}
+        return {"ready_s": ready_s, "cpu_s": own_cpu_s + mlflow_cpu_s, "mlflow_cpu_s": mlflow_cpu_s,
+                "server_says_s": own, "load": load}
 
     @property
     def store(self) -> str:
@@ -136,10 +137,10 @@ def peer_once(store: str, artifacts: Path, workers: int | None) -> dict[str, Any
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        ready_s, cpu_s = _wait(proc, f"http://127.0.0.1:{port}/health", None, started)
+        ready_s, cli_cpu_s, workers_cpu_s = _wait(proc, f"http://127.0.0.1:{port}/health", None, started)
     finally:
         _stop(proc)
-    return {"ready_s": ready_s, "cpu_s": cpu_s, "load": load}
+    return {"ready_s": ready_s, "cpu_s": cli_cpu_s + workers_cpu_s, "load": load}
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -173,7 +174,8 @@ def main() -> int:
         print(f"\nmedian of {args.reps} on {os.cpu_count()} CPUs:")
         for key, med in found.items():
             print(f"  {labels[key]:45s} ready {med['ready_s']:6.1f} s  CPU {med['cpu_s']:5.1f} s  load {med['load']:.1f}"
-                  + (f"  (server says {med['server_says_s']} s)" if "server_says_s" in med else ""))
+                  + (f"  (MLflow's processes: CPU {med['mlflow_cpu_s']:.1f} s; the server says ready after "
+                     f"{med['server_says_s']} s)" if "server_says_s" in med else ""))
         if "peer" in found:
             for key in ("peer", "peer_1"):
                 print(f"  air / {labels[key]}: ready x{found['air']['ready_s'] / found[key]['ready_s']:.2f}, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import urllib.request
@@ -96,3 +97,32 @@ def test_mlflow_app_hands_mlflow_the_settings_its_cli_would() -> None:
     done = subprocess.run([sys.executable, "-W", "ignore", "-c", names], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.split()) == sorted(mlflow_environ("sqlite:///x.db", "file:///a", "/mlflow")), done.stdout
+
+
+def test_air_uis_mlflow_is_one_process_too(tmp_path: Path, air_home: Path) -> None:
+    """`air ui` serves MLflow's UI on its port the same way: the guard and one air.server.mlflow_app."""
+    port, web_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", "ui", "--port", str(port), "--web-port",
+                             str(web_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tag = f"air-ui-{proc.pid}-"
+
+    def answers() -> bool:
+        assert proc.poll() is None, (air_home / "ui.log").read_text()[-4000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search?max_results=5",
+                                        timeout=5) as answer:
+                return bool(answer.status == 200 and "experiments" in json.loads(answer.read()))
+        except OSError:
+            return False
+
+    try:
+        wait_for(answers, "air ui's MLflow to answer", timeout=300, interval=0.5)
+        commands = [p.cmdline() for p in _tagged(tag)]
+        served = [c for c in commands if "air.launcher.guard" not in c]
+        assert len(commands) == 2 and len(served) == 1 and served[0][1:3] == ["-m", "air.server.mlflow_app"], commands
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:  # MLflow's UI page, no prefix
+            assert page.status == 200 and b"<html" in page.read().lower()
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    wait_for(lambda: not _tagged(tag), "air ui's MLflow to end with it", timeout=60)

@@ -66,7 +66,7 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
     # Said before anything heavy is imported (FastAPI, MLflow): the start takes a while on a loaded machine.
     will_mlflow = mlflow and mlflow_port != 0 and not os.environ.get("MLFLOW_TRACKING_URI")
     stderr(f"air server: starting on {'https' if tls_cert else 'http'}://{host}:{port}"
-           + ("; MLflow starts beside it (a minute or more; the API answers before)" if will_mlflow else "") + " ...")
+           + ("; MLflow starts beside it (seconds; more on a loaded machine; the API answers before)" if will_mlflow else "") + " ...")
     _need_server_extra()
     from air.cli.cmd_ui import check_port
     from air.home import air_home

@@ -141,8 +141,8 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
     from air.home import AirHome
     from air.launcher.guard import STOP_SIGNALS, Stopped, guard_argv, raise_stopped
     from air.launcher.procs import terminate_tree
-    from air.server.mlflow_server import open_mlflow_log
-    from air.tracking import tracking_uri, ui_command
+    from air.server.mlflow_server import open_mlflow_log, ui_argv
+    from air.tracking import tracking_uri
     from air.tracking.store import is_http
     from air.tracking.ui import forget_ui, record_ui, require_ui_server, ui_environment
 
@@ -159,7 +159,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
         check_port(host, port)
     check_port(host, pages_port)
     stderr(f"air ui: starting air's pages on http://{host}:{pages_port}"
-           + ("" if remote else f" and MLflow's UI on http://{host}:{port} (a minute or more)") + " ...")
+           + ("" if remote else f" and MLflow's UI on http://{host}:{port} (seconds; more on a loaded machine)") + " ...")
     # After the check: the pages need Starlette, uvicorn and Jinja2, which the `ui` extra brings.
     from air.web import create_web_app
     from air.web.serve import PageServer
@@ -173,7 +173,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
     mlflow_base = uri.rstrip("/") if remote else f"http://{host}:{port}"
     log = AirHome().ui_log
     try:
-        # air's pages first (they answer in seconds); MLflow's UI starts beside them (a minute or more).
+        # air's pages first (they answer in seconds); MLflow's UI starts beside them (seconds).
         pages = PageServer(create_web_app(mlflow_url=lambda: mlflow_base, hosts=_page_hosts(host)), host, pages_port)
         pages.start()
         if remote:  # with a tracking server (MLFLOW_TRACKING_URI=http…): air's pages alone, linking to its UI
@@ -186,7 +186,7 @@ def ui(host: str, port: int, web_port: int | None, workers: int) -> int:
             return 1  # the pages' server ended by itself
         stderr(f"air pages (runs, logs, queue, capacity) at http://{host}:{pages_port}")
         started = time.monotonic()
-        argv = ui_command(host=host, port=port, workers=workers)
+        argv = ui_argv(host, port, workers)  # one process importing MLflow once, not `mlflow ui`'s CLI and workers
         with open_mlflow_log(log, "air ui") as out:
             proc = subprocess.Popen(guard_argv(argv), env={**ui_environment(os.environ), AIR_PROCESS_TAG: tag},
                                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=out, stderr=out)

@@ -1,7 +1,9 @@
 """MLflow's tracking server as `air server` runs it: one process that imports MLflow once and serves its
 app with uvicorn on the server's Unix socket (air.server.mlflow_server starts it under air's guard).
 
-    python -m air.server.mlflow_app --store URI --socket PATH --artifacts URI
+    python -m air.server.mlflow_app --store URI --socket PATH --artifacts URI      (air server)
+    python -m air.server.mlflow_app --store URI --host H --port P --artifacts URI \
+        --artifact-root URI --static-prefix '' [--workers N]                          (air ui)
 
 Why not `mlflow server`: its CLI is a process of its own that imports all of MLflow's server (the Flask
 app, its handlers and stores: seconds of CPU), opens the store and checks its schema, only to start
@@ -26,19 +28,19 @@ from collections.abc import Sequence
 PROXIED_ARTIFACTS = "mlflow-artifacts:/"
 
 
-def mlflow_environ(store: str, artifacts: str, prefix: str) -> dict[str, str]:
+def mlflow_environ(store: str, artifacts: str, prefix: str, artifact_root: str = PROXIED_ARTIFACTS) -> dict[str, str]:
     """The variables MLflow's `mlflow server` hands its workers (mlflow.server._run_server and
     mlflow.server.constants), for `--backend-store-uri store --serve-artifacts --artifacts-destination
-    artifacts --default-artifact-root mlflow-artifacts:/ --static-prefix prefix`. Named here as strings: the
+    artifacts --default-artifact-root artifact_root --static-prefix prefix`. Named here as strings: the
     module that names them (mlflow.server.constants) cannot be imported without building MLflow's app, which
     reads them while it is built. tests/server/test_mlflow_ready.py checks them against MLflow's names."""
     return {
         "_MLFLOW_SERVER_FILE_STORE": store,
         "_MLFLOW_SERVER_REGISTRY_STORE": store,
-        "_MLFLOW_SERVER_ARTIFACT_ROOT": PROXIED_ARTIFACTS,
+        "_MLFLOW_SERVER_ARTIFACT_ROOT": artifact_root,
         "_MLFLOW_SERVER_SERVE_ARTIFACTS": "true",
         "_MLFLOW_SERVER_ARTIFACT_DESTINATION": artifacts,
-        "_MLFLOW_STATIC_PREFIX": prefix,
+        **({"_MLFLOW_STATIC_PREFIX": prefix} if prefix else {}),
         "_MLFLOW_SGI_NAME": "uvicorn",
         "_MLFLOW_SERVER_BOOT_ID": uuid.uuid4().hex,
         "_MLFLOW_IN_JOB_EXECUTOR": "false",
@@ -46,10 +48,12 @@ def mlflow_environ(store: str, artifacts: str, prefix: str) -> dict[str, str]:
     }
 
 
-def serve(store: str, socket_path: str, artifacts: str, prefix: str) -> None:
-    """Serve MLflow over `store` on the Unix socket `socket_path` until stopped (SIGTERM: uvicorn's own
-    graceful stop)."""
-    os.environ.update(mlflow_environ(store, artifacts, prefix))
+def serve(store: str, artifacts: str, prefix: str, *, socket_path: str | None = None, host: str = "127.0.0.1",
+          port: int = 0, artifact_root: str = PROXIED_ARTIFACTS, workers: int = 1) -> None:
+    """Serve MLflow over `store` on the Unix socket `socket_path` (else on `host`:`port`) until stopped
+    (SIGTERM: uvicorn's own graceful stop). More than one worker: uvicorn's worker processes, each
+    importing MLflow's app (what `mlflow server --workers N` does)."""
+    os.environ.update(mlflow_environ(store, artifacts, prefix, artifact_root))
     from air.tracking.store import prepare_store
 
     try:
@@ -61,19 +65,25 @@ def serve(store: str, socket_path: str, artifacts: str, prefix: str) -> None:
     from mlflow.server.fastapi_app import app
 
     # The store opened (its schema checked) before the socket is bound: the first request does not pay.
-    handlers.initialize_backend_stores(store, store, PROXIED_ARTIFACTS)
+    handlers.initialize_backend_stores(store, store, artifact_root)
     log_config = os.path.join(os.path.dirname(handlers.__file__), "uvicorn_log_config.yaml")
-    uvicorn.run(app, uds=socket_path, workers=1, log_config=log_config if os.path.exists(log_config) else None)
+    uvicorn.run(app if workers == 1 else "mlflow.server.fastapi_app:app", workers=workers, uds=socket_path,
+                host=host, port=port, log_config=log_config if os.path.exists(log_config) else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m air.server.mlflow_app", description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="the backend store URI")
-    parser.add_argument("--socket", required=True, help="the Unix socket to serve on (in a 0700 folder)")
+    parser.add_argument("--socket", help="the Unix socket to serve on (in a 0700 folder)")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to serve on without --socket")
+    parser.add_argument("--port", type=int, default=5000, help="the port to serve on without --socket")
     parser.add_argument("--artifacts", required=True, help="where proxied artifacts are kept (a file: URI)")
-    parser.add_argument("--static-prefix", default="/mlflow", help="the path MLflow serves under")
+    parser.add_argument("--artifact-root", default=PROXIED_ARTIFACTS, help="new experiments' artifact root")
+    parser.add_argument("--static-prefix", default="/mlflow", help="the path MLflow serves under ('': none)")
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (1: this one)")
     args = parser.parse_args(argv)
-    serve(args.store, args.socket, args.artifacts, args.static_prefix)
+    serve(args.store, args.artifacts, args.static_prefix, socket_path=args.socket, host=args.host, port=args.port,
+          artifact_root=args.artifact_root, workers=args.workers)
     return 0
 
 

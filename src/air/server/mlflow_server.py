@@ -138,6 +138,24 @@ def mlflow_argv(sock: Path, store: str | None = None) -> list[str]:
             "--artifacts", artifact_root().as_uri(), "--static-prefix", MLFLOW_PREFIX]
 
 
+def ui_argv(host: str, port: int, workers: int = 1) -> list[str]:
+    """`air ui`'s MLflow UI: air.server.mlflow_app on `host`:`port` over the current store (the one
+    process `mlflow_argv` gives the server, on TCP, without a prefix). New experiments of the embedded store
+    keep their artifacts in this AIR_HOME's folder, where `mlflow ui --default-artifact-root` put them."""
+    from air.tracking.store import artifact_root, is_embedded, is_http, tracking_uri
+
+    uri = tracking_uri()
+    if is_http(uri):
+        raise UserInputError(f"MLFLOW_TRACKING_URI points at an MLflow server ({uri}); it serves its own UI.",
+                             hint=f"Open {uri} in a browser, or unset MLFLOW_TRACKING_URI to browse air's embedded "
+                             "store.")
+    root = artifact_root()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return [sys.executable, "-m", "air.server.mlflow_app", "--store", uri, "--host", host, "--port", str(port),
+            "--artifacts", root.as_uri(), "--artifact-root", root.as_uri() if is_embedded(uri) else "mlflow-artifacts:/",
+            "--static-prefix", "", "--workers", str(workers)]
+
+
 def _private_folder(path: Path) -> None:
     """`path` made (or kept) a folder of this account alone, 0700: the socket's only wall."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -408,4 +426,4 @@ def mlflow_server(*, door: str, supervisor: dict[str, str], enabled: bool = True
 
 __all__ = ["LOOPBACK", "MLFLOW_PREFIX", "MLflowState", "SERVER_CREDENTIAL_PREFIX", "advertised_host", "cert_verifies",
            "check_public_url", "local_door", "mlflow_argv", "mlflow_server", "open_mlflow_log", "public_url", "server_credential",
-           "socket_folder", "supervisor_env"]
+           "socket_folder", "supervisor_env", "ui_argv"]
