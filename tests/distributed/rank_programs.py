@@ -179,3 +179,21 @@ def allreduce_until_stopped(pid_dir: Path, stopped_rank: int, steps: int = 10000
                 (pid_dir.parent / "stopped_at").write_text(str(time.time()))
                 os.kill(os.getpid(), signal.SIGSTOP)
     return steps
+
+
+def record_then_die(failing_rank: int) -> int:
+    """A rank whose `@record`-decorated main raises (torch writes the root cause to its
+    TORCHELASTIC_ERROR_FILE), then dies without a word, as a worker ended by its own cleanup code would."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    @record
+    def main() -> None:
+        raise ValueError("bad shard 3")
+
+    rank = int(os.environ["RANK"])
+    if rank == failing_rank:
+        try:
+            main()
+        except ValueError:
+            os._exit(7)
+    return rank

@@ -169,3 +169,19 @@ def test_caller_stopped_by_a_signal_ends_its_call_canceled_with_the_signal_named
     shown = subprocess.run([str(Path(sys.executable).parent / "air"), "get", "run", run.id], capture_output=True,
                            text=True, timeout=60)
     assert "CANCELED" in shown.stdout and signum.name in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_a_rank_that_died_after_recording_its_root_cause_is_failed_with_it() -> None:
+    """A rank's TORCHELASTIC_ERROR_FILE (its own, as torchrun gives each worker one) holds the exception
+    torch's `@record` wrote: the run's reason is that exception and where it was raised, not the exit code."""
+    from air.runs.store import RunStore
+
+    with pytest.raises(RankFailedError) as info:
+        cpu2(rp.record_then_die).distributed(1)
+    assert info.value.rank == 1 and "exit code 7" in str(info.value)  # air's error for the caller stays
+    run = RunStore().list_runs(statuses="all")[0]
+    reason = run.termination_reason or ""
+    assert run.status.value == "FAILED" and reason.startswith("ValueError: bad shard 3 (rank 1), raised at "
+                                                              "rank_programs.py:"), reason
+    assert "in main" in reason and run.failure_class is not None and run.failure_class.value == "USER_CODE"
+    assert any("ValueError: bad shard 3" in note for note in getattr(info.value, "__notes__", []))

@@ -38,3 +38,37 @@ def test_a_one_process_node_waiting_for_world_size_ranks_says_so_in_its_hang_rea
     assert "--num_processes" in reason, reason
     pids = read_pids(pid_dir)
     assert len(pids) == 2 and alive(pids) == []
+
+
+def test_a_record_decorated_program_s_root_cause_is_read_from_its_torchelastic_error_file(tmp_path: Path) -> None:
+    """torch's `@record` writes the exception and its traceback to TORCHELASTIC_ERROR_FILE, as torchrun's
+    workers (and torchrun itself, for its failed worker) do: the run's reason is that exception and where
+    it was raised, even when the program's last words on its output are something else."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\n"
+        "from torch.distributed.elastic.multiprocessing.errors import record\n"
+        "print('error file:', os.environ.get('TORCHELASTIC_ERROR_FILE'), flush=True)\n"
+        "def check(lr):\n"
+        "    raise ValueError(f'bad lr {lr}')\n"
+        "@record\n"
+        "def main():\n"
+        "    check(7)\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        "        main()\n"
+        "    except ValueError:\n"
+        "        print('error: shutting the data loaders down', flush=True)\n"
+        "        sys.exit(3)\n")
+    path = write_workload(tmp_path, "recorded", f"""
+        experiment_name: recorded
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: |
+          {sys.executable} {script}
+    """)
+    run = wait_terminal(submit(path), timeout=120)
+    reason = run.termination_reason or ""
+    assert run.status.value == "FAILED", reason
+    assert reason.startswith("ValueError: bad lr 7, raised at train.py:5 in check"), reason
+    assert run.failure_class is not None and run.failure_class.value == "USER_CODE"

@@ -37,9 +37,9 @@ from air.backends.base import (
 )
 from air.constants import CANCEL_CHECK_S, release_timeout_s
 from air.distributed.local import (
-    OMP_NOTE,
     RANK_MODULE,
     call_experiment,
+    omp_note,
     rank_env,
     serialize_call,
     warm_enabled,
@@ -60,7 +60,8 @@ from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec
 from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, CallerStopped, RunController, SetupFailure
-from air.runs.paths import CALL_PAYLOAD_FILE, CallPaths
+from air.runs.paths import CALL_PAYLOAD_FILE, CallPaths, torchelastic_error_file
+from air.runs.reasons import error_file_reason
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import Run, RunStore
 from air.settings import (
@@ -355,7 +356,7 @@ class CallJob:
         self.call_dir = self.paths.create_attempt(attempt)
         self.log_paths = self.paths.rank_log_list(self.world, attempt)
         if self.local and self.echo and self.per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
-            self.tell(OMP_NOTE)
+            self.tell(omp_note(self.per_node))
         base = {
             AIR_SYS_PATH: json.dumps([p for p in sys.path if p]), AIR_CALL_DIR: NODE_DIR,
             "NUM_NODES": str(self.num_nodes), AIR_RUN_ID: self.run_id,
@@ -382,7 +383,8 @@ class CallJob:
                 env = rank_env(base, rank=rank, local_rank=local, world_size=self.world,
                                local_world_size=self.per_node, node_rank=node,
                                accelerator_kind=self.accelerator.kind, run_id=self.run_id,
-                               restart_count=attempt, max_restarts=self.max_restarts, num_nodes=self.num_nodes)
+                               restart_count=attempt, max_restarts=self.max_restarts, num_nodes=self.num_nodes,
+                               error_file=f"{NODE_DIR}/{torchelastic_error_file(attempt, rank)}")
                 procs.append(ProcessSpec(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", RANK_MODULE, NODE_DIR],
                                          env=env, log_path=self.log_paths[rank], cwd=os.getcwd(), hide=hide,
                                          node=node, rank=rank, done_file=done_path(self.call_dir, rank).name))
@@ -416,11 +418,15 @@ class CallJob:
               node_logs: dict[int, Path]) -> AttemptVerdict:
         """Every rank's outcome, fetched from its node: the values, or the rank's own exception."""
         exits: list[ProcessExit] = []
+        error_files: dict[int, bytes | None] = {}  # each rank's TORCHELASTIC_ERROR_FILE, where it wrote one
         for node in range(self.num_nodes):
             ranks = [node * self.per_node + local for local in range(self.per_node)]
             names = [outcome_path(self.call_dir, r).name for r in ranks] + [hang_path(self.call_dir, r).name for r in ranks]
-            for name, data in handle.fetch_files(node, names).items():
-                if data:
+            errors = {torchelastic_error_file(attempt, r): r for r in ranks}
+            for name, data in handle.fetch_files(node, [*names, *errors]).items():
+                if name in errors:
+                    error_files[errors[name]] = data
+                elif data:
                     atomic_write_bytes(self.call_dir / name, data, durable=False)
             exits += handle.process_exits(node) or []
         try:
@@ -448,6 +454,15 @@ class CallJob:
                 if outcome.timed_out:
                     return AttemptVerdict.failed(f"Ran past its timeout of {self.timeout_s:g} s.",
                                                  FailureClass.TIMEOUT, exc)
+                died = sorted((e for e in exits if e.rank is not None and e.returncode not in (0, None)),
+                              key=lambda e: e.ended_at or 0.0)  # the first rank to die, that recorded why
+                recorded = next((r for r in (error_file_reason(error_files.get(e.rank or 0), f" (rank {e.rank})")
+                                             for e in died) if r is not None), None)
+                if recorded is not None:  # it died, but recorded why first (torch's @record): the root cause
+                    add_note = getattr(exc, "add_note", None)  # the caller's traceback says it too
+                    if add_note is not None:
+                        add_note(f"Root cause: {recorded.reason}")
+                    return AttemptVerdict.failed(recorded.reason, recorded.failure_class, exc)
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 return AttemptVerdict.failed(f"{type(exc).__name__}: {first}"[:500], FailureClass.USER_CODE, exc)
             if result.raised is not None:  # the rank's own exception: the caller raises it (CallResult.load)

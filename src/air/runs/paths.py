@@ -22,6 +22,17 @@ RUN_ID_PREFIX = "run-"
 #: What a call's ranks run, in their node's work folder: the pickled function and arguments (the ranks
 #: open it by this name).
 CALL_PAYLOAD_FILE = "payload.pkl"
+#: torch's variable naming the file a process writes its root cause to (torch.distributed.elastic's `@record`).
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+
+
+def torchelastic_error_file(attempt: int, process: int) -> str:
+    """Where one node process (a workload's node command, a call's rank) is told to write its root cause,
+    in its node's work folder, as torchrun tells each worker (TORCHELASTIC_ERROR_FILE: torch's `@record`
+    writes the exception and traceback there); one per attempt, so a retry never reads an earlier one."""
+    return f"torchelastic-error-{attempt}-{process}.json"
+
+
 RUN_ID_RE = re.compile(r"^run-[0-9]{6}-[0-9a-f]{8}$")
 #: What a user may type to name a run: a full id, a prefix of one, or the random part (or its prefix).
 _RUN_ID_FRAGMENT_RE = re.compile(r"^(run-[0-9]{0,6}(-[0-9a-f]{0,8})?|run|ru|r|[0-9a-f]{1,8})$")

@@ -371,6 +371,43 @@ def _clip(text: str, reserve: int = 0) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+#: A frame line of a Python traceback: where the exception was raised (its last one).
+_FRAME_RE = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
+
+
+def error_file_reason(data: bytes | None, where: str = "") -> TerminationReason | None:
+    """The root cause a process recorded in its TORCHELASTIC_ERROR_FILE (torch's `@record`, or torchrun
+    copying its failed worker's there): the exception, where it was raised and whose fault it was, as
+    torchrun reads it. None where there is no such file or it is not torch's JSON."""
+    import json
+    import posixpath
+
+    if not data:
+        return None
+    try:
+        record = json.loads(data)
+        message = record["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    callstack = ""
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        callstack = str(extra.get("py_callstack") or "") if isinstance(extra, dict) else ""
+        message = message.get("message")
+    if not isinstance(message, str) or not message.strip():
+        return None
+    text = message.strip().splitlines()[0]
+    frames = _FRAME_RE.findall(callstack)
+    at = f" at {posixpath.basename(frames[-1][0])}:{frames[-1][1]} in {frames[-1][2]}" if frames else ""
+    sig = scan_line(text)
+    if sig is not None:
+        cls = sig.failure_class
+    else:
+        cls = FailureClass.SETUP if _SETUP_EXCEPTIONS_RE.match(text) else FailureClass.USER_CODE
+    tail = f"{where}, raised{at} (from its TORCHELASTIC_ERROR_FILE)" if at else f"{where} (from its TORCHELASTIC_ERROR_FILE)"
+    return TerminationReason(_clip(text, reserve=len(tail)) + tail, cls)
+
+
 #: A stack frame of a process waiting in torch's rendezvous for the other ranks to join.
 _RENDEZVOUS_RE = re.compile(r"init_process_group|rendezvous|_create_c10d_store|TCPStore|_store_based_barrier"
                             r"|wait_for_workers")
@@ -398,5 +435,5 @@ def rendezvous_hint(node_processes: int, env: dict[str, str], stacks: str) -> st
 
 
 __all__ = ["EXCEPTION_LINE_RE", "SIGNATURES", "Signature", "TRACEBACK_HEADER", "TerminationReason",
-           "disk_limit_reason", "mark_line", "memory_limit_reason", "oom_kill_count", "process_limit_reason",
+           "disk_limit_reason", "error_file_reason", "mark_line", "memory_limit_reason", "oom_kill_count", "process_limit_reason",
            "rendezvous_hint", "scan_line", "size_text", "termination_reason"]

@@ -27,13 +27,14 @@ from air.backends import Backend, backend_for
 from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, NodeLaunch
 from air.errors import EnvironmentBuildError
 from air.home import AirHome
+from air.launcher.node import NODE_DIR
 from air.launcher.redact import Redactor
 from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.credentials import door_url
-from air.runs.paths import RunPaths, process_tag
-from air.runs.reasons import oom_kill_count, termination_reason
+from air.runs.paths import TORCHELASTIC_ERROR_FILE, RunPaths, process_tag, torchelastic_error_file
+from air.runs.reasons import error_file_reason, oom_kill_count, termination_reason
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
 from air.settings import (
@@ -356,6 +357,8 @@ class WorkloadJob:
             env[AIR_RESUMED] = "1" if attempt > 0 else "0"
             if self.checkpoint_dir and AIR_CHECKPOINT_DIR not in self.plan.env_variables:
                 env[AIR_CHECKPOINT_DIR] = self.checkpoint_dir
+            if TORCHELASTIC_ERROR_FILE not in self.plan.env_variables:  # torchrun's root cause lands here (judge)
+                env[TORCHELASTIC_ERROR_FILE] = f"{NODE_DIR}/{torchelastic_error_file(attempt, 0)}"
             node_hook_env(env, tracking_env)  # first on PYTHONPATH: hands node processes their MLflow run
             launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
                                                logs[node], cwd, hide=hide))
@@ -405,6 +408,11 @@ class WorkloadJob:
             exit_code, sig, tail, timed_out=outcome.timed_out, canceled=outcome.stopped,
             node=node if self.plan.num_nodes > 1 else None, timeout_minutes=self.plan.timeout_minutes,
             oom_kills=after - before if before is not None and after is not None else None)
+        if node is not None and not outcome.timed_out and not outcome.stopped:
+            recorded = error_file_reason(handle.fetch_files(node, [torchelastic_error_file(attempt, 0)]).get(
+                torchelastic_error_file(attempt, 0)), f" (node {node})" if self.plan.num_nodes > 1 else "")
+            if recorded is not None:  # the root cause as the program (or torchrun) recorded it, traceback and all
+                reason, failure_class = recorded
         limits = self.attempt_limits.get(attempt)
         limited = None if limits is None or outcome.timed_out or outcome.stopped else limits.reason(
             node, reason, where=" (node)" if self.plan.num_nodes > 1 else "")
