@@ -25,7 +25,7 @@ from air.launcher.procs import Waitable, terminate_tree
 from air.launcher.progress import HeartbeatSlots, is_stopped
 from air.launcher.pump import LineCallback, OutputPump
 from air.launcher.redact import Redactor
-from air.launcher.sandbox import Sandbox
+from air.launcher.sandbox import Sandbox, root_env
 from air.launcher.stacks import dump_tree_stacks
 from air.launcher.warm import ForkedProcess, WarmStart, Zygote, start_kept, start_zygote
 from air.settings import AIR_HEARTBEAT_FILE, AIR_PROCESS_TAG, AIR_STACKS_FILE
@@ -233,10 +233,11 @@ class Launch:
         self._open_logs()
         for index, (spec, log) in enumerate(zip(self.specs, self._logs, strict=True)):
             sandbox = self._sandbox(spec)
-            argv = list(spec.argv) if sandbox is None else join_argv(sandbox.cgroup, sandbox.wrap(spec.argv,
-                                                                                                 cwd=str(spec.cwd or "")))
+            env = self._env(index)  # (root starts a walled one: its loader's variables come after the switch)
+            argv = list(spec.argv) if sandbox is None else join_argv(sandbox.cgroup, sandbox.wrap(
+                spec.argv, cwd=str(spec.cwd or ""), env=env))
             popen = subprocess.Popen(
-                argv, env=self._env(index), cwd=spec.cwd,
+                argv, env=env if sandbox is None else root_env(env), cwd=spec.cwd,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 close_fds=True,
             )

@@ -25,7 +25,7 @@ import pwd
 import re
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,14 @@ SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/libx32", "/bin", "/sbin", "
 #: own id: air.runs.isolation.account_prefix).
 ACCOUNT_PREFIX = "air-"
 _ACCOUNT_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+#: What glibc ignores in a set-uid program's environment (its "unsecure" variables): the loader's (LD_*),
+#: malloc's and the tunables, and the paths libc loads code or data from. The programs that start a walled
+#: launch run as root (the cgroup join's sh, bwrap, setpriv) and are not set-uid, so they would obey them:
+#: `root_env` keeps them out of their environment and `wrap(env=...)` sets them again after the switch.
+_LOADER_NAMES = frozenset({"GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "NIS_PATH",
+                           "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR"})
+_LOADER_PREFIXES = ("LD_", "MALLOC_", "GLIBC_")
+_LOCALE_NAMES = ("LANG", "LANGUAGE", "LC_")
 
 
 class SandboxError(RuntimeError):
@@ -98,8 +106,11 @@ class Sandbox:
                      *extra_writable]:
             _give(Path(path), self.account)
 
-    def wrap(self, argv: Sequence[str], *, cwd: str | None = None, extra_writable: Iterable[str] = ()) -> list[str]:
-        """`argv` as it runs in the view: `bwrap [view] -- [setpriv to the account --] argv`."""
+    def wrap(self, argv: Sequence[str], *, cwd: str | None = None, extra_writable: Iterable[str] = (),
+             env: Mapping[str, str] | None = None) -> list[str]:
+        """`argv` as it runs in the view: `bwrap [view] -- [setpriv to the account --] argv`. `env`: the
+        launch's environment, started with `root_env(env)`; what of it only the run's own processes may
+        see (LD_PRELOAD, …) is set again after the switch (`env NAME=VALUE … argv`)."""
         extra = list(extra_writable)
         args = [BWRAP, "--die-with-parent"]
         if self.account is None:
@@ -141,7 +152,21 @@ class Sandbox:
         if self.account is not None:
             args += [SETPRIV, f"--reuid={self.account.uid}", f"--regid={self.account.gid}", "--init-groups",
                      "--no-new-privs", "--pdeathsig", "KILL", "--"]
-        return args + list(argv)
+        carried = [f"{k}={v}" for k, v in (env or {}).items() if _loader_variable(k, v)]
+        return args + (["/usr/bin/env", *carried] if carried else []) + list(argv)
+
+
+def _loader_variable(name: str, value: str) -> bool:
+    """A variable a root program of the launch must not obey (see _LOADER_NAMES): a locale with a path too."""
+    return (name in _LOADER_NAMES or name.startswith(_LOADER_PREFIXES)
+            or (name.startswith(_LOCALE_NAMES) and "/" in value))
+
+
+def root_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` as the root programs that start a walled launch get it: without what steers glibc's loader
+    and libc (a user's LD_PRELOAD in there would run the user's code as root); `Sandbox.wrap(env=env)` gives
+    it back to the launch's own processes."""
+    return {k: v for k, v in env.items() if not _loader_variable(k, v)}
 
 
 def _existing(paths: Iterable[str]) -> list[str]:
@@ -223,4 +248,4 @@ def check_account(name: str) -> Account:
 
 
 __all__ = ["ACCOUNT_PREFIX", "Account", "Sandbox", "SandboxError", "account_name_for", "bwrap_works",
-           "can_switch_accounts", "check_account", "ensure_account"]
+           "can_switch_accounts", "check_account", "ensure_account", "root_env"]

@@ -33,7 +33,7 @@ import psutil
 
 from air.constants import LEADER_EXIT_WAIT_S, float_env
 from air.launcher.cgroups import join_argv
-from air.launcher.sandbox import Sandbox
+from air.launcher.sandbox import Sandbox, root_env
 from air.settings import (
     AIR_HEARTBEAT_FILE,
     AIR_LAUNCHER_PID,
@@ -258,10 +258,10 @@ def start_zygote(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence
                 "grace_s": warm.grace_s, "store": store_plan(warm)}
         passed = [status_w, plan_r, *[w for _, w in out_pipes], *[w for _, w in err_pipes]]
         argv = [warm.python, "-m", "air.launcher.zygote", str(plan_r), str(status_w)]
-        if warm.sandbox is not None:
-            argv = join_argv(warm.sandbox.cgroup, warm.sandbox.wrap(argv, cwd=cwds[0]))
+        if warm.sandbox is not None:  # (root starts it: its loader's variables come after the switch)
+            argv = join_argv(warm.sandbox.cgroup, warm.sandbox.wrap(argv, cwd=cwds[0], env=shared))
         popen = subprocess.Popen(
-            argv, env=shared, cwd=cwds[0],
+            argv, env=shared if warm.sandbox is None else root_env(shared), cwd=cwds[0],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             pass_fds=passed,
         )
