@@ -96,10 +96,13 @@ class Sandbox:
         """Create the scratch folder (HOME, and `tmp/` below it) and give it and every writable path to
         the account: nothing else in the view is its own."""
         home = Path(self.scratch)
-        (home / "tmp").mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True)
+        # The scratch is the account's (its build ran in it, a node of the run may run in it): a link it
+        # left where air's own folder goes is replaced, never followed (see _give).
+        _fresh_folder(home / "tmp", 0o755)
         if self.air_home:
-            Path(self.air_home).mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(home, 0o700)
+            _fresh_folder(Path(self.air_home), 0o700)
+        _chmod_folder(home, 0o700)
         if self.account is None:
             return
         for path in [str(home), str(home / "tmp"), *([self.air_home] if self.air_home else []), *self.writable,
@@ -177,15 +180,36 @@ def _existing(paths: Iterable[str]) -> list[str]:
     return list(seen)
 
 
+def _fresh_folder(path: Path, mode: int) -> None:
+    """`path` a real folder: a link (or file) the account left there is removed first."""
+    if os.path.islink(path) or (os.path.lexists(path) and not path.is_dir()):
+        os.unlink(path)
+    path.mkdir(exist_ok=True, mode=mode)
+
+
+def _chmod_folder(path: Path, mode: int) -> None:
+    """chmod of the folder itself, never of what a link there names."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
 def _give(path: Path, account: Account) -> None:
-    """Make a writable folder (or file) and what is in it the account's."""
-    if not path.exists():
+    """Make a writable folder (or file) and what is in it the account's. Root does this in folders the
+    account can write (its scratch, its checkpoints), so nothing is followed: a link's own owner changes,
+    never its target's, and the walk goes by folder descriptors (a folder swapped for a link meanwhile is
+    not entered)."""
+    if not os.path.lexists(path):
         return
-    os.chown(path, account.uid, account.gid)
-    if path.is_dir():
-        for root, dirs, files in os.walk(path):
-            for name in [*dirs, *files]:
-                os.lchown(os.path.join(root, name), account.uid, account.gid)
+    os.chown(path, account.uid, account.gid, follow_symlinks=False)
+    for _root, dirs, files, fd in os.fwalk(path, follow_symlinks=False):
+        for name in [*dirs, *files]:
+            try:
+                os.chown(name, account.uid, account.gid, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass  # removed meanwhile
 
 
 # ---- what this machine can do ----------------------------------------------------------------------
