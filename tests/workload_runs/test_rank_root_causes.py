@@ -72,3 +72,30 @@ def test_a_record_decorated_program_s_root_cause_is_read_from_its_torchelastic_e
     assert run.status.value == "FAILED", reason
     assert reason.startswith("ValueError: bad lr 7, raised at train.py:5 in check"), reason
     assert run.failure_class is not None and run.failure_class.value == "USER_CODE"
+
+
+def test_torchrun_inside_a_node_hands_its_failed_worker_s_root_cause_to_the_run(tmp_path: Path) -> None:
+    """torchrun gives each worker its own error file and, failing, copies the first failed worker's root
+    cause to its own TORCHELASTIC_ERROR_FILE (the node's): the run says that worker's exception."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os\n"
+        "from torch.distributed.elastic.multiprocessing.errors import record\n"
+        "@record\n"
+        "def main():\n"
+        "    if os.environ['RANK'] == '1':\n"
+        "        raise RuntimeError('shard 1 is corrupt')\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    path = write_workload(tmp_path, "torchrun", f"""
+        experiment_name: torchrun
+        compute: {{num_accelerators: 2, accelerator_type: CPU_2xCPU}}
+        max_retries: 0
+        command: |
+          {torchrun} --standalone --nproc-per-node=$LOCAL_WORLD_SIZE {script}
+    """)
+    run = wait_terminal(submit(path), timeout=180)
+    reason = run.termination_reason or ""
+    assert run.status.value == "FAILED", reason
+    assert reason.startswith("RuntimeError: shard 1 is corrupt, raised at train.py:6 in main"), reason
