@@ -43,10 +43,15 @@ TEST_WORKERS ?= 0
 
 # Everything but GPU tests on the full install, then the lean install's own run (tests/lean need it),
 # whether or not the first failed: both results are reported, and `make test` fails if either did.
+# SIGTERM or Ctrl-C reaches the pytest under way (make signals only this shell): it tears its fixtures down
+# and ends every process of its session (tests/session_stop.py) before `make test` exits.
 test: setup
-	@main=0; lean=0; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not gpu" --ignore=tests/lean tests || main=$$?; \
-	$(MAKE) --no-print-directory test-lean || lean=$$?; \
+	@main=0; lean=0; pid=; \
+	stop() { if [ -n "$$pid" ]; then kill -TERM $$pid 2>/dev/null; wait $$pid; fi; exit $$1; }; \
+	trap 'stop 143' TERM; trap 'stop 130' INT; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not gpu" --ignore=tests/lean tests & \
+	pid=$$!; wait $$pid || main=$$?; \
+	$(MAKE) --no-print-directory test-lean & pid=$$!; wait $$pid || lean=$$?; pid=; \
 	verdict() { if [ "$$1" -eq 0 ]; then echo passed; else echo "FAILED (exit $$1)"; fi; }; \
 	echo "make test: main tier $$(verdict $$main); lean tier (tests/tracking, tests/lean on pip install -e .) $$(verdict $$lean)"; \
 	[ "$$main" -eq 0 ] && [ "$$lean" -eq 0 ]

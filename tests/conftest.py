@@ -73,11 +73,20 @@ def pid_dir(tmp_path: Path) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import session_stop
+
+    session_stop.install(config)  # SIGTERM/SIGINT tear fixtures down; the session's processes end after
     os.environ.setdefault("AIR_CPU_SLOTS", "8")
     # Ray Train's controller takes each `ray.train.report()` off a one-slot queue when it polls its
     # workers, every 2 s by default: the tests' millisecond steps would each wait for it. Every Ray
     # cluster the tests start (themselves, or a workload's own `ray start`) inherits this.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import session_stop
+
+    session_stop.finish(config)  # after a stop: no process of this session outlives it
 
 
 # ---- the session's Ray cluster -----------------------------------------------------------------------

@@ -1,0 +1,107 @@
+"""Stopping the suite leaves no process (issue 35): a pytest run that SIGTERM stops mid-test tears its
+fixtures down and ends every process it started, also those outside its process tree (a local run's
+detached supervisor and its node). A real pytest run in a subprocess with tests/session_stop.py as its
+plugin (what tests/conftest.py installs), plain and with a pytest-xdist worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+
+from proc_helpers import alive, wait_for
+from session_stop import SESSION_MARK, session_processes
+
+TESTS = Path(__file__).parent
+
+#: The stopped session's one test: a fixture that holds a process (its teardown ends it and says so), and
+#: a local `air run` whose supervisor is detached (a session of its own, reparented to PID 1 once `air
+#: run` exits) and whose node sleeps; then it sleeps, until the signal comes.
+INNER_TEST = '''
+import json, os, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+OUT = Path(os.environ["STOP_TEST_OUT"])
+
+
+@pytest.fixture
+def held():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])
+    yield proc
+    proc.terminate()
+    proc.wait()
+    (OUT / "torn_down").write_text("yes")
+
+
+def air(*args):
+    return subprocess.run([sys.executable, "-m", "air.cli.main", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_runs_then_sleeps(held):
+    submitted = air("run", "-f", str(OUT / "sleeper.yaml"), "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = json.loads(submitted.stdout)["data"]["run_id"]
+    deadline = time.monotonic() + 300
+    while not (OUT / "node.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    run = json.loads(air("get", "run", run_id, "--json").stdout)["data"]
+    (OUT / "ready.json").write_text(json.dumps({"run_id": run_id, "mark": os.environ.get("TESTS_SESSION_MARK"),
+                                               "held": held.pid, "supervisor": run["supervisor_pid"],
+                                               "node": int((OUT / "node.pid").read_text())}))
+    time.sleep(900)
+'''
+
+
+@pytest.mark.parametrize("workers", [None, 1], ids=["plain", "xdist"])
+def test_sigterm_mid_run_leaves_no_process_of_the_session(tmp_path: Path, workers: int | None) -> None:
+    inner, out, home = tmp_path / "inner", tmp_path / "out", tmp_path / "inner-home"
+    inner.mkdir()
+    out.mkdir()
+    (inner / "test_inner.py").write_text(INNER_TEST)
+    (out / "sleeper.yaml").write_text(textwrap.dedent(f"""\
+        experiment_name: stopped-suite
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: echo $$ > {out}/node.pid.tmp && mv {out}/node.pid.tmp {out}/node.pid && exec sleep 900
+        """))
+    env = {**os.environ, "STOP_TEST_OUT": str(out), "AIR_HOME": str(home),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "session_stop", "-p", "no:cacheprovider",
+            "--rootdir", str(inner), "--basetemp", str(tmp_path / "inner-tmp"), "-o", "timeout=0",
+            *(["-n", str(workers)] if workers else []), str(inner / "test_inner.py")]
+    session = subprocess.Popen(argv, cwd=inner, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    ready = out / "ready.json"
+    mark = None
+    try:
+        wait_for(lambda: ready.exists() or session.poll() is not None, "the stopped session's run to start",
+                 timeout=420, interval=0.2)
+        assert ready.exists(), session.communicate(timeout=60)[0]
+        started = json.loads(ready.read_text())
+        mark = started["mark"]
+        pids = [started["held"], started["supervisor"], started["node"]]
+        assert len(alive(pids)) == 3, started
+        assert psutil.Process(started["supervisor"]).environ().get(SESSION_MARK) == mark  # tagged, detached
+        session.send_signal(signal.SIGTERM)
+        output = session.communicate(timeout=420)[0]
+        assert session.returncode == 2, output  # pytest's "interrupted"
+        assert "stopped by SIGTERM" in output, output
+        assert (out / "torn_down").read_text() == "yes", output  # the fixture's teardown ran
+        assert alive(pids) == [], output
+        left = session_processes(mark, air_home_under=str(home), own_children=False)
+        assert left == [], [" ".join(p.cmdline()) for p in left]
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+        for proc in session_processes(mark or "-", air_home_under=str(home), own_children=False):
+            proc.kill()
