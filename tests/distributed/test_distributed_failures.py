@@ -140,11 +140,13 @@ def test_killed_caller_takes_its_ranks_and_everything_they_started_with_it(tmp_p
              timeout=PROMPT_S)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize(("signum", "remote"), [(signal.SIGTERM, False), (signal.SIGHUP, False),
+                                               (signal.SIGTERM, True)])
 def test_caller_stopped_by_a_signal_ends_its_call_canceled_with_the_signal_named(
-        tmp_path: Path, pid_dir: Path, signum: signal.Signals) -> None:
+        tmp_path: Path, pid_dir: Path, signum: signal.Signals, remote: bool) -> None:
     """A user stopping their own script (SIGTERM, a closed terminal's SIGHUP) is a cancel, not air failing:
-    the run is CANCELED with the signal named, every rank ended, and the script ends as the signal ends it."""
+    the run is CANCELED with the signal named, every rank ended, and the script ends as the signal ends it;
+    a local call and a `remote=True` call driven in the caller alike."""
     from air.runs.store import RunStore
 
     script = tmp_path / "caller.py"
@@ -154,7 +156,7 @@ def test_caller_stopped_by_a_signal_ends_its_call_canceled_with_the_signal_named
         import rank_programs as rp
         from pathlib import Path
         from air import distributed
-        distributed(2, "CPU")(rp.sleep_forever).distributed(Path({str(pid_dir)!r}))
+        distributed(2, "CPU", remote={remote})(rp.sleep_forever).distributed(Path({str(pid_dir)!r}))
     """))
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL)
     wait_for(lambda: len(read_pids(pid_dir)) >= 8, "both ranks to start their grandchildren", timeout=60)
