@@ -126,3 +126,19 @@ def test_air_uis_mlflow_is_one_process_too(tmp_path: Path, air_home: Path) -> No
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     wait_for(lambda: not _tagged(tag), "air ui's MLflow to end with it", timeout=60)
+
+
+def test_the_job_runner_asked_for_is_mlflow_servers() -> None:
+    """MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true (air sets it false unless set) still brings MLflow's job
+    runner: mlflow_app hands over to `mlflow server` with the same settings, which starts it."""
+    from air.server.mlflow_app import cli_argv, job_runner_on
+    from air.tracking.ui import ui_environment
+
+    assert not job_runner_on(ui_environment({}))
+    assert job_runner_on(ui_environment({"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "True"}))
+    argv = cli_argv("sqlite:///s.db", "file:///a", "/mlflow", socket_path="/run/x y/m.sock")
+    assert argv[1:4] == ["-m", "mlflow", "server"] and argv[-2:] == ["--uvicorn-opts", "--uds '/run/x y/m.sock'"], argv
+    for flag, value in (("--backend-store-uri", "sqlite:///s.db"), ("--artifacts-destination", "file:///a"),
+                        ("--default-artifact-root", "mlflow-artifacts:/"), ("--static-prefix", "/mlflow")):
+        assert argv[argv.index(flag) + 1] == value, argv
+    assert "--serve-artifacts" in argv

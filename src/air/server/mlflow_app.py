@@ -2,7 +2,7 @@
 app with uvicorn on the server's Unix socket (air.server.mlflow_server starts it under air's guard).
 
     python -m air.server.mlflow_app --store URI --socket PATH --artifacts URI      (air server)
-    python -m air.server.mlflow_app --store URI --host H --port P --artifacts URI \
+    python -m air.server.mlflow_app --store URI --host H --port P --artifacts URI
         --artifact-root URI --static-prefix '' [--workers N]                          (air ui)
 
 Why not `mlflow server`: its CLI is a process of its own that imports all of MLflow's server (the Flask
@@ -13,16 +13,18 @@ with what `mlflow server --serve-artifacts --static-prefix /mlflow --workers 1` 
 FastAPI app (mlflow.server.fastapi_app: MLflow's Flask app and its routers, as the door's route table
 test reads them), the same settings (the variables below, which MLflow's CLI hands its workers), and
 MLflow's own uvicorn log format (so the server's log reads as before). MLflow's job runner stays off
-(air.tracking.ui.ui_environment).
+(air.tracking.ui.ui_environment); asked for (MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true), this process becomes
+`mlflow server` with the same settings, which starts it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 #: Where MLflow proxies artifacts to clients: nodes upload through the door, never into a folder.
 PROXIED_ARTIFACTS = "mlflow-artifacts:/"
@@ -71,6 +73,25 @@ def serve(store: str, artifacts: str, prefix: str, *, socket_path: str | None = 
                 host=host, port=port, log_config=log_config if os.path.exists(log_config) else None)
 
 
+def job_runner_on(environ: Mapping[str, str]) -> bool:
+    """Whether MLflow's job runner was asked for (MLFLOW_SERVER_ENABLE_JOB_EXECUTION, read as MLflow reads
+    it; air sets it false unless it is set, air.tracking.ui.ui_environment): only `mlflow server` starts it."""
+    return environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "true").strip().lower() in ("true", "1")
+
+
+def cli_argv(store: str, artifacts: str, prefix: str, *, socket_path: str | None = None, host: str = "127.0.0.1",
+             port: int = 0, artifact_root: str = PROXIED_ARTIFACTS, workers: int = 1) -> list[str]:
+    """The same server through `mlflow server` (its CLI, uvicorn, and the job runner it starts): what this
+    module runs when the job runner is asked for."""
+    argv = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store, "--serve-artifacts",
+            "--artifacts-destination", artifacts, "--default-artifact-root", artifact_root, "--workers", str(workers)]
+    if prefix:
+        argv += ["--static-prefix", prefix]
+    if socket_path:  # uvicorn binds only the socket when given --uds (the host and port are then unused)
+        return argv + ["--host", "127.0.0.1", "--port", "0", "--uvicorn-opts", f"--uds {shlex.quote(socket_path)}"]
+    return argv + ["--host", host, "--port", str(port)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m air.server.mlflow_app", description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="the backend store URI")
@@ -82,6 +103,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--static-prefix", default="/mlflow", help="the path MLflow serves under ('': none)")
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (1: this one)")
     args = parser.parse_args(argv)
+    if job_runner_on(os.environ):  # MLflow's CLI starts it (and its 8 processes) beside its server
+        from air.tracking.store import prepare_store
+
+        prepare_store(args.store)
+        command = cli_argv(args.store, args.artifacts, args.static_prefix, socket_path=args.socket, host=args.host,
+                           port=args.port, artifact_root=args.artifact_root, workers=args.workers)
+        os.execv(command[0], command)
     serve(args.store, args.artifacts, args.static_prefix, socket_path=args.socket, host=args.host, port=args.port,
           artifact_root=args.artifact_root, workers=args.workers)
     return 0
