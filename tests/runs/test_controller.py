@@ -63,7 +63,7 @@ class FakeHandle:
     def stacks(self, node: int, process: int) -> str:
         return f"stacks of node {node} process {process}"
 
-    def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
+    def fetch_files(self, node: int, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
         return dict.fromkeys(names)
 
     def process_exits(self, node: int) -> list[ProcessExit] | None:

@@ -192,8 +192,9 @@ class AttemptHandle(Protocol):
         """The Python stacks of one node process and every Python process below it (a hang report)."""
         ...
 
-    def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
-        """Files the node's processes wrote in its work folder (rank outcomes); None where missing."""
+    def fetch_files(self, node: int, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
+        """Files the node's processes wrote in its work folder (rank outcomes); None where missing, or
+        larger than `max_bytes` (what a run wrote is read by the server's account only within a bound)."""
         ...
 
     def process_exits(self, node: int) -> list[ProcessExit] | None:

@@ -236,10 +236,11 @@ def _with_work(sandbox: Sandbox | None, work: Path) -> Sandbox | None:
     return dataclasses.replace(sandbox, writable=(*sandbox.writable, str(work)))
 
 
-def _read_own_file(path: Path) -> bytes | None:
+def _read_own_file(path: Path, max_bytes: int | None = None) -> bytes | None:
     """A file the node's processes wrote in their work folder, which they may write (under `air server`,
     as the run's account): never what a link they left there names (a file only the server's account may
-    read, linked there hard or soft), nor a FIFO that would block. None where there is no such file."""
+    read, linked there hard or soft), nor a FIFO that would block, nor more than `max_bytes`. None where
+    there is no such file (or it is larger)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:  # missing, or a link (ELOOP)
@@ -248,7 +249,10 @@ def _read_own_file(path: Path) -> bytes | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # what air writes is renamed into place: one name
             return None
-        return fh.read()
+        if max_bytes is None:
+            return fh.read()
+        data = fh.read(max_bytes + 1)  # (it may still grow after the fstat)
+        return None if len(data) > max_bytes else data
 
 
 class LocalAttempt:
@@ -357,8 +361,8 @@ class LocalAttempt:
                 return self.launch.stacks(index)
         return f"(no process {process} on node {node})"
 
-    def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
-        return {name: _read_own_file(self._work_dirs[node] / name) for name in names}
+    def fetch_files(self, node: int, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
+        return {name: _read_own_file(self._work_dirs[node] / name, max_bytes) for name in names}
 
     def process_exits(self, node: int) -> list[ProcessExit] | None:
         return self._exits[node]

@@ -221,12 +221,15 @@ class NodeAgent:
             atomic_write_bytes(work / name, data, durable=False)
         return str(work)
 
-    def read_files(self, names: Sequence[str]) -> dict[str, bytes | None]:
-        """Files of the work folder (rank outcomes), None for those that do not exist."""
+    def read_files(self, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
+        """Files of the work folder (rank outcomes), None for those that do not exist or are larger than
+        `max_bytes`."""
         out: dict[str, bytes | None] = {}
         for name in names:
             try:
-                out[name] = (self.root / "work" / name).read_bytes()
+                with open(self.root / "work" / name, "rb") as fh:
+                    data = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+                out[name] = None if max_bytes is not None and len(data) > max_bytes else data
             except FileNotFoundError:
                 out[name] = None
         return out

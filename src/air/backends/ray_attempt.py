@@ -360,13 +360,13 @@ class RayAttempt:
                     return f"(no stacks: {exc})"
         return f"(no node {node})"
 
-    def fetch_files(self, node: int, names: Sequence[str]) -> dict[str, bytes | None]:
+    def fetch_files(self, node: int, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
         """Files the node's processes wrote in its work folder (e.g. rank outcomes)."""
         if node in self._lost:
             return dict.fromkeys(names)
         ray = import_ray()
         try:
-            return ray.get(self._agents[node].read_files.remote(list(names)), timeout=300)
+            return ray.get(self._agents[node].read_files.remote(list(names), max_bytes), timeout=300)
         except Exception:
             return dict.fromkeys(names)
 

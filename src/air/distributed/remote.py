@@ -61,7 +61,7 @@ from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, CallerStopped, RunController, SetupFailure
 from air.runs.paths import CALL_PAYLOAD_FILE, CallPaths, torchelastic_error_file
-from air.runs.reasons import error_file_reason
+from air.runs.reasons import ERROR_FILE_MAX_BYTES, error_file_reason
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import Run, RunStore
 from air.settings import (
@@ -423,11 +423,11 @@ class CallJob:
             ranks = [node * self.per_node + local for local in range(self.per_node)]
             names = [outcome_path(self.call_dir, r).name for r in ranks] + [hang_path(self.call_dir, r).name for r in ranks]
             errors = {torchelastic_error_file(attempt, r): r for r in ranks}
-            for name, data in handle.fetch_files(node, [*names, *errors]).items():
-                if name in errors:
-                    error_files[errors[name]] = data
-                elif data:
+            for name, data in handle.fetch_files(node, names).items():
+                if data:
                     atomic_write_bytes(self.call_dir / name, data, durable=False)
+            for name, data in handle.fetch_files(node, list(errors), max_bytes=ERROR_FILE_MAX_BYTES).items():
+                error_files[errors[name]] = data
             exits += handle.process_exits(node) or []
         try:
             outcomes = [read_outcome(self.call_dir, rank, self.max_payload_bytes) for rank in range(self.world)]

@@ -375,6 +375,11 @@ def _clip(text: str, reserve: int = 0) -> str:
 _FRAME_RE = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
 
 
+#: The most of a TORCHELASTIC_ERROR_FILE that is read (the run wrote it; the reader may be the server's
+#: account): torch's record of one exception is a few KiB; a larger file is not taken for one.
+ERROR_FILE_MAX_BYTES = 1024 * 1024
+
+
 def error_file_reason(data: bytes | None, where: str = "") -> TerminationReason | None:
     """The root cause a process recorded in its TORCHELASTIC_ERROR_FILE (torch's `@record`, or torchrun
     copying its failed worker's there): the exception, where it was raised and whose fault it was, as
@@ -434,6 +439,6 @@ def rendezvous_hint(node_processes: int, env: dict[str, str], stacks: str) -> st
             "ranks)")
 
 
-__all__ = ["EXCEPTION_LINE_RE", "SIGNATURES", "Signature", "TRACEBACK_HEADER", "TerminationReason",
-           "disk_limit_reason", "error_file_reason", "mark_line", "memory_limit_reason", "oom_kill_count", "process_limit_reason",
+__all__ = ["ERROR_FILE_MAX_BYTES", "EXCEPTION_LINE_RE", "SIGNATURES", "Signature", "TRACEBACK_HEADER",
+           "TerminationReason", "disk_limit_reason", "error_file_reason", "mark_line", "memory_limit_reason", "oom_kill_count", "process_limit_reason",
            "rendezvous_hint", "scan_line", "size_text", "termination_reason"]

@@ -34,7 +34,7 @@ from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.credentials import door_url
 from air.runs.paths import TORCHELASTIC_ERROR_FILE, RunPaths, process_tag, torchelastic_error_file
-from air.runs.reasons import error_file_reason, oom_kill_count, termination_reason
+from air.runs.reasons import ERROR_FILE_MAX_BYTES, error_file_reason, oom_kill_count, termination_reason
 from air.runs.states import FailureClass, RetryPolicy, RunStatus
 from air.runs.store import RunStore
 from air.settings import (
@@ -409,8 +409,9 @@ class WorkloadJob:
             node=node if self.plan.num_nodes > 1 else None, timeout_minutes=self.plan.timeout_minutes,
             oom_kills=after - before if before is not None and after is not None else None)
         if node is not None and not outcome.timed_out and not outcome.stopped:
-            recorded = error_file_reason(handle.fetch_files(node, [torchelastic_error_file(attempt, 0)]).get(
-                torchelastic_error_file(attempt, 0)), f" (node {node})" if self.plan.num_nodes > 1 else "")
+            error_file = torchelastic_error_file(attempt, 0)
+            recorded = error_file_reason(handle.fetch_files(node, [error_file], max_bytes=ERROR_FILE_MAX_BYTES).get(
+                error_file), f" (node {node})" if self.plan.num_nodes > 1 else "")
             if recorded is not None:  # the root cause as the program (or torchrun) recorded it, traceback and all
                 reason, failure_class = recorded
         limits = self.attempt_limits.get(attempt)
