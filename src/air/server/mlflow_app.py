@@ -20,6 +20,7 @@ MLflow's own uvicorn log format (so the server's log reads as before). MLflow's 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import sys
@@ -63,14 +64,20 @@ def serve(store: str, artifacts: str, prefix: str, *, socket_path: str | None = 
     except Exception as exc:  # MLflow's own opening of it below says what is wrong, in its words
         print(f"air: preparing {store} failed: {exc}", file=sys.stderr, flush=True)
     import uvicorn
+
+    found = importlib.util.find_spec("mlflow")  # MLflow's own uvicorn log format, found without importing it
+    log_config = os.path.join(os.path.dirname(found.origin or ""), "server", "uvicorn_log_config.yaml") if found else ""
+    log = log_config if os.path.exists(log_config) else None
+    if workers > 1:  # uvicorn's worker processes import the app; this one only watches them
+        uvicorn.run("mlflow.server.fastapi_app:app", workers=workers, uds=socket_path, host=host, port=port,
+                    log_config=log)
+        return
     from mlflow.server import handlers
     from mlflow.server.fastapi_app import app
 
     # The store opened (its schema checked) before the socket is bound: the first request does not pay.
     handlers.initialize_backend_stores(store, store, artifact_root)
-    log_config = os.path.join(os.path.dirname(handlers.__file__), "uvicorn_log_config.yaml")
-    uvicorn.run(app if workers == 1 else "mlflow.server.fastapi_app:app", workers=workers, uds=socket_path,
-                host=host, port=port, log_config=log_config if os.path.exists(log_config) else None)
+    uvicorn.run(app, uds=socket_path, host=host, port=port, log_config=log)
 
 
 def job_runner_on(environ: Mapping[str, str]) -> bool:
