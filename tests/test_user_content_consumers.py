@@ -13,7 +13,8 @@ What the scan calls a consumer (`kind`):
 - install: an argv literal that names uv or pip (`[uv, "pip", "install", ...]`, `[python, "-m", "pip"]`);
 - import: `importlib.import_module`, `__import__`, `runpy.run_*`, `exec`, `eval`;
 - yaml: a YAML load (PyYAML's, air.bounds' bounded one; air.bounds itself is the bound, not scanned);
-- json: a JSON parse in the HTTP-facing modules (air.server, air.web): request and MLflow bodies;
+- json: a JSON parse in the HTTP-facing modules (air.server, air.web): request and MLflow bodies; and in
+  the modules that parse what a run's own processes write (RUN_OUTPUT_MODULES);
 - graphql: a GraphQL document parsed (graphql-core's `parse`);
 - unpack: an archive unpacked (`extractall`, `shutil.unpack_archive`);
 - read: `open()`, `Path.open/read_text/read_bytes` of a path built from user input, where the scan can
@@ -57,6 +58,8 @@ _JSON_LOADS = {("json", "loads"), ("json", "load"), ("orjson", "loads"), ("ujson
 _AIR_JSON = {"json_loads_bounded", "model_validate_json", "validate_json"}
 _INSTALLER_WORDS = {"pip", "venv", "sync", "install"}
 _HTTP_FACING = ("server", "web")
+#: Modules that parse files a run's processes write (outcome headers, torch's error files).
+RUN_OUTPUT_MODULES = ("air.distributed.outcome", "air.runs.reasons")
 
 # The rows of docs/access.md's table (its first column).
 YAML = "Workload YAML"
@@ -70,6 +73,7 @@ MLFLOW = "MLflow bodies through the door (REST, ajax-api, GraphQL, artifacts)"
 PARAMETERS = "Parameters and hyperparameters"
 CONFIG = "The server's config.yaml"
 RAY = "Snapshots on a Ray cluster"
+ERROR_FILES = "Root causes a process records (TORCHELASTIC_ERROR_FILE)"
 
 #: (kind, "module:function") -> the title of docs/access.md's row it belongs to. Keep the two in step.
 CONSUMERS: dict[tuple[str, str], str] = {
@@ -97,6 +101,10 @@ CONSUMERS: dict[tuple[str, str], str] = {
     # the call driver keeps the payload as bytes and its request as typed JSON; only the ranks unpickle
     ("read", "air.distributed.call_driver:main"): CALL,
     ("unpickle", "air.distributed.worker:main"): CALL,
+    # the header a rank wrote, read as typed, bounded JSON by whoever drives the call (a server's call driver)
+    ("json", "air.distributed.outcome:_split"): OUTCOMES,
+    # read within 1 MiB by the supervisor or the call driver, parsed as JSON for its message
+    ("json", "air.runs.reasons:error_file_reason"): ERROR_FILES,
     # only in the caller's own process
     ("unpickle", "air.distributed.outcome:CallResult.load"): OUTCOMES,
     ("unpickle", "air.distributed.outcome:RankRaised.rebuild"): OUTCOMES,
@@ -233,7 +241,7 @@ class _Scan(ast.NodeVisitor):
         elif (head == "yaml" and attr in _YAML_LOADS) or name.split(".")[-1] in _AIR_YAML | {"BoundedLoader"}:
             self.add("yaml", node)
         elif ((head, attr) in _JSON_LOADS or attr in _AIR_JSON or name in _AIR_JSON) and \
-                self.module.split(".")[1] in _HTTP_FACING:
+                (self.module.split(".")[1] in _HTTP_FACING or self.module in RUN_OUTPUT_MODULES):
             self.add("json", node)
         elif name == "open" and node.args and self._user_named(node.args[0]) and not _writes(node):
             self.add("read", node)
@@ -300,6 +308,19 @@ def test_scan_finds_every_kind_of_consumer(tmp_path: Path) -> None:
         ("graphql", "air.server.sample:g"), ("import", "air.server.sample:c"), ("install", "air.server.sample:b"),
         ("read", "air.server.sample:e"), ("unpickle", "air.server.sample:a"), ("unpickle", "air.server.sample:f"),
         ("yaml", "air.server.sample:d")]
+
+
+def test_what_a_run_writes_nested_past_the_parser_is_malformed_not_a_crash() -> None:
+    """A rank's outcome header or TORCHELASTIC_ERROR_FILE nested 200,000 deep: the server's call driver or
+    supervisor reads it as no outcome / no root cause (the rank's exit is reported), never a RecursionError
+    that ends the reader."""
+    from air.distributed.outcome import OUTCOME_MAGIC, parse_outcome
+    from air.runs.reasons import error_file_reason
+
+    deep = b"[" * 200_000
+    assert parse_outcome(OUTCOME_MAGIC + deep + b"\n", 0) is None
+    assert error_file_reason(deep) is None
+    assert error_file_reason(b'{"message": ' + deep + b"}") is None
 
 
 def test_every_consumer_of_user_content_is_in_the_table() -> None:

@@ -93,7 +93,10 @@ def _split(data: bytes, magic: bytes) -> tuple[dict[str, Any], bytes]:
     end = data.find(b"\n", len(magic), len(magic) + HEADER_MAX_BYTES + 1)
     if end < 0:
         raise ValueError("no header within its bound")
-    header = json.loads(data[len(magic):end])
+    try:
+        header = json.loads(data[len(magic):end])
+    except RecursionError:  # nested past the C parser's guard (a rank can write anything): not air's frame
+        raise ValueError("the header nests too deep") from None
     if not isinstance(header, dict):
         raise ValueError("the header is not an object")
     return header, data[end + 1:]

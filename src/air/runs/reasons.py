@@ -392,7 +392,7 @@ def error_file_reason(data: bytes | None, where: str = "") -> TerminationReason 
     try:
         record = json.loads(data)
         message = record["message"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested past the parser's guard
         return None
     callstack = ""
     if isinstance(message, dict):
