@@ -82,6 +82,27 @@ def _ended(server: Server, run_id: str, timeout: float = 300.0) -> tuple[float, 
     raise TimeoutError(f"run {run_id} did not end within {timeout:g} s")
 
 
+def supervisors_done(server: Server, timeout: float = 600.0) -> None:
+    """Wait until the server's supervisors ended (each ends its attempt's MLflow run after the run's end
+    state, through the server): a server stopped before leaves them waiting for its MLflow."""
+    import psutil
+
+    def left() -> list[int]:
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if ("air.runs.supervisor" in (proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE
+                        and proc.environ().get("AIR_HOME") == str(server.home)):
+                    found.append(proc.pid)
+            except (psutil.Error, OSError):
+                continue
+        return found
+
+    deadline = time.monotonic() + timeout
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def submit_once(server: Server, spec: Path) -> tuple[float, float]:
     """(submit → first line, submit → done) of one 1-second run."""
     started = time.time()
@@ -137,6 +158,7 @@ def main() -> None:
                 if args.calls else None
         finally:
             for server in servers.values():
+                supervisors_done(server)
                 server.stop()
     print(f"isolation in force: {servers['isolated'].isolation!r} vs {servers['single trust domain'].isolation!r}")
     print(_line("submit -> done (1-second run)", done))
