@@ -63,16 +63,13 @@ def _as_reader(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=180)
 
 
-def _listing(home: Path) -> tuple[set[str], dict[str, tuple[int, int]]]:
-    """Every name under AIR_HOME, and the store's files with their size and modification time: what the
-    reader must leave as it is (no -shm made, nothing written)."""
-    names = {str(path.relative_to(home)) for path in home.rglob("*")}
-    store = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in home.glob("runs.db*")}
-    return names, store
+def _readers_files(home: Path) -> list[str]:
+    """Files under AIR_HOME that the reading account made (none: it writes nothing, not even a -shm)."""
+    uid = _reader_account().pw_uid
+    return [str(p) for p in home.rglob("*") if p.lstat().st_uid == uid]
 
 
 def _reads_work(home: Path, run_id: str) -> None:
-    before = _listing(home)
     listed = _as_reader(home, "list", "runs", "--all-status")
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert run_id in listed.stdout and "warning" not in listed.stderr, listed.stdout + listed.stderr
@@ -81,7 +78,7 @@ def _reads_work(home: Path, run_id: str) -> None:
     assert json.loads(got.stdout)["data"]["status"] == "SUCCESS"
     logs = _as_reader(home, "logs", run_id, "--no-follow")
     assert logs.returncode == 0 and "done-reading" in logs.stdout, logs.stdout + logs.stderr
-    assert _listing(home) == before  # the reader wrote nothing, not even a -shm
+    assert _readers_files(home) == []
 
 
 def test_an_account_that_cannot_write_the_store_reads_it_and_is_told_it_cannot_write(
@@ -112,6 +109,14 @@ def test_an_account_that_cannot_write_the_store_reads_it_and_is_told_it_cannot_w
         _reads_work(shared_home, run_id)
     finally:
         writer.close()
+
+    folder = shared_home / "runs" / run_id  # a run folder not shared: said as such, not an internal error
+    folder.chmod(0o700)
+    hidden = _as_reader(shared_home, "logs", run_id, "--no-follow")
+    assert hidden.returncode == 1, hidden.stdout + hidden.stderr
+    assert f"This account ({READER}) may not read {folder}/" in hidden.stderr, hidden.stderr
+    assert f"chmod -R go+rX {shared_home}" in hidden.stderr and "Internal error" not in hidden.stderr
+    folder.chmod(0o755)
 
     for args in (("run", "-f", str(shared_home.parent / "w.yaml")), ("prune", "--older-than-days", "0")):
         shutil.copy(path, shared_home.parent / "w.yaml")

@@ -14,7 +14,7 @@ import click
 
 from air import __version__
 from air.cli.output import Settings, apply, error_envelope, stderr
-from air.errors import AirError
+from air.errors import AirError, StoreError
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -179,6 +179,19 @@ def _report(exc: AirError, *, json_mode: bool, verbose: bool) -> NoReturn:
     sys.exit(exc.exit_code)
 
 
+def _unreadable(exc: PermissionError) -> StoreError:
+    """A file air needs that this account may not read or write: which, and the ways out."""
+    import getpass
+
+    from air.home import AirHome
+
+    home = AirHome(create=False).root
+    return StoreError(
+        f"This account ({getpass.getuser()}) may not {'read' if exc.filename else 'use'} "
+        f"{exc.filename or home}: {exc.strerror or exc}.",
+        hint=f"Run as the account that owns {home}, or have it shared for reading: chmod -R go+rX {home}")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in argv
@@ -216,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
         from air.runs.schema import store_error
 
         _report(store_error(AirHome(create=False).runs_db, exc), json_mode=json_mode, verbose=verbose)
+    except PermissionError as exc:  # a file of another account's AIR_HOME that this one may not read
+        _report(_unreadable(exc), json_mode=json_mode, verbose=verbose)
     except Exception as exc:  # an unexpected failure: short message, traceback with -v
         if json_mode:
             error_envelope(None, f"{type(exc).__name__}: {exc}")
