@@ -14,6 +14,8 @@ another Ray (the Ray backend's own raylet holds Ray's default ports there).
   0 once the head has gone away (the driver finished and stopped it) instead of retrying for minutes.
   A joining node keeps its own temp dir (`$RAY_TMPDIR/ray`) instead of taking the head's, so nodes on one
   host do not share a session folder (whose logs both nodes' log monitors would send, every line twice).
+  It records the node's metrics export port (and whether it is the head) in `$RAY_TMPDIR/air-ray-node.json`,
+  where `RayMetricsMonitor()` finds it with no arguments.
 * `ray stop`: stops this node's Ray only, never every Ray process of the machine.
 * anything else: the real `ray`, unchanged.
 
@@ -25,6 +27,7 @@ last on the machine. Authentication is explicit: a per-run token in RAY_AUTH_MOD
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -44,6 +47,8 @@ from air.settings import AIR_PROCESS_TAG, AIR_RAY_HEAD_PORT, AIR_RAY_NODE, AIR_R
 _PORT_OPTIONS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
                  "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
 _HEAD_PORT_OPTIONS = ("ray-client-server-port", "dashboard-port")
+#: This node's Ray, as the shim started it (in the node's own RAY_TMPDIR): {"metrics_export_port": …, "head": …}.
+NODE_INFO_FILE = "air-ray-node.json"
 
 
 def install_shim(folder: Path, python: str | None = None) -> Path:
@@ -96,6 +101,33 @@ def local_workload_ray_env(num_nodes: int, *, shim_dir: Path, path: str | None =
     finally:
         for tmp in tmpdirs:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_node_info(env: Mapping[str, str], rewritten: Sequence[str]) -> None:
+    """Record the metrics export port `ray start` gets (the shim picked it, or the user did), so a
+    process of this node (RayMetricsMonitor) finds it: Ray itself tells no client of it before `ray.init`."""
+    given = _options(rewritten)
+    port = given.get("metrics-export-port", (0, None))[1]
+    tmpdir = env.get("RAY_TMPDIR")
+    if not tmpdir or not port or not port.isdigit():
+        return
+    try:
+        atomic_write_text(Path(tmpdir) / NODE_INFO_FILE,
+                          json.dumps({"metrics_export_port": int(port), "head": "head" in given}))
+    except OSError:  # a node without its own temp dir: RayMetricsMonitor then needs its metrics_url
+        pass
+
+
+def node_info(env: Mapping[str, str]) -> dict[str, object] | None:
+    """What `write_node_info` recorded for this node (None if the shim started no Ray here)."""
+    tmpdir = env.get("RAY_TMPDIR")
+    if not tmpdir:
+        return None
+    try:
+        found = json.loads((Path(tmpdir) / NODE_INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def _is_shim(folder: str) -> bool:
@@ -237,6 +269,7 @@ def _start(args: Sequence[str]) -> int:
             for note in notes:
                 print(f"[air] ray start: {note}", flush=True)  # stdout, like ray's (seed 000 hides stderr)
         given = _options(rewritten)
+        write_node_info(os.environ, rewritten)
         command = [*_real_ray(), "start", *rewritten]
         block, joining = "block" in given, "address" in given and "head" not in given
         if block and joining:
@@ -330,4 +363,5 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["START_TRIES", "install_shim", "local_workload_ray_env", "rewrite_start", "workload_ray_env"]
+__all__ = ["NODE_INFO_FILE", "START_TRIES", "install_shim", "local_workload_ray_env", "node_info", "rewrite_start",
+           "workload_ray_env", "write_node_info"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import time
 import urllib.request
 from collections.abc import Iterable
@@ -73,20 +74,27 @@ def metric_key(prefix: str, family: str, labels: tuple[tuple[str, str], ...]) ->
 class RayMetricsMonitor(Periodic):
     """Scrapes this node's Ray metrics into an MLflow run (see the module docstring).
 
-    `metrics_url` defaults to this node's export port as air's Ray nodes publish it
-    (AIR_RAY_METRICS_PORT); `node_name` (default `node_<NODE_RANK>`) separates per-node metrics.
+    With no arguments it works in any process of an air node that runs Ray: `run_id` defaults to
+    MLFLOW_RUN_ID (or MLflow's active run), found once the thread starts (a workload node's run may be
+    made after its processes start); `metrics_url` to this node's export port as air publishes it
+    (AIR_RAY_METRICS_PORT in `ray_launch`, the `ray` shim's file in a workload node's RAY_TMPDIR, else
+    this node's entry in `ray.nodes()` once the process called `ray.init`); `is_head_node` to what the
+    shim recorded, else NODE_RANK 0; `node_name` (default `node_<NODE_RANK>`) separates per-node metrics.
     """
 
-    def __init__(self, run_id: str, is_head_node: bool, sampling_interval: float = 10, *,
-                 metrics_url: str | None = None, tracking_uri: str | None = None,
+    def __init__(self, run_id: str | None = None, is_head_node: bool | None = None, sampling_interval: float = 10,
+                 *, metrics_url: str | None = None, tracking_uri: str | None = None,
                  node_name: str | None = None) -> None:
         super().__init__(float(sampling_interval), "air-ray-metrics")
         self.run_id = run_id
-        self.is_head_node = is_head_node
         self.sampling_interval = float(sampling_interval)
-        port = os.environ.get(AIR_RAY_METRICS_PORT)
-        self.metrics_url = metrics_url or (f"http://127.0.0.1:{port}/metrics" if port else None)
-        self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        info = _shim_node_info()
+        if is_head_node is None:
+            head = info.get("head") if info else None
+            is_head_node = head if isinstance(head, bool) else os.environ.get("NODE_RANK", "0") in ("", "0")
+        self.is_head_node = is_head_node
+        self.metrics_url = metrics_url or _metrics_url(info)
+        self.tracking_uri = tracking_uri
         self.node_name = node_name or f"node_{os.environ.get('NODE_RANK', '0')}"
         self._client_now: MlflowClient | None = None
         self._step = 0
@@ -94,9 +102,15 @@ class RayMetricsMonitor(Periodic):
         self.last_error: str | None = None
 
     def _client(self) -> MlflowClient:
-        """Imported lazily: mlflow loads only in a process that logs Ray's metrics."""
+        """Imported lazily: mlflow loads only in a process that logs Ray's metrics. (In a workload node the
+        import is also what gives this process the attempt's MLFLOW_RUN_ID: air/tracking/node_hook.py.)"""
+        import mlflow
         from mlflow import MlflowClient
 
+        if self.run_id is None:
+            active = mlflow.active_run()
+            self.run_id = os.environ.get("MLFLOW_RUN_ID") or (active.info.run_id if active else None)
+        self.tracking_uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if self.tracking_uri is None:
             try:
                 from air.tracking.store import tracking_uri
@@ -108,8 +122,11 @@ class RayMetricsMonitor(Periodic):
 
     def start(self) -> None:
         """Start sampling in a daemon thread (idempotent)."""
+        self.metrics_url = self.metrics_url or _metrics_url(_shim_node_info())
         if self.metrics_url is None:
-            _log.warning("RayMetricsMonitor: no metrics URL (AIR_RAY_METRICS_PORT unset); not started")
+            _log.warning("RayMetricsMonitor: no Ray metrics port found (no AIR_RAY_METRICS_PORT, no Ray started by "
+                         "air's `ray` shim on this node, no `ray.init` in this process); pass metrics_url=; "
+                         "not started")
             return
         super().start()
 
@@ -140,9 +157,12 @@ class RayMetricsMonitor(Periodic):
         from mlflow.entities import Metric
 
         client = client or self._client()
+        assert self.run_id is not None, "RayMetricsMonitor: no MLflow run to log to (pass run_id=)"
         values = self.sample()
         now = int(time.time() * 1000)
         metrics = [Metric(key, value, now, self._step) for key, value in values.items()]
+        if not metrics:  # Ray's metrics agent exports nothing yet (a node just started): not a sample
+            return 0
         for start in range(0, len(metrics), 900):  # MLflow caps a batch at 1000 metrics
             client.log_batch(self.run_id, metrics=metrics[start : start + 900])
         self._step += 1
@@ -151,13 +171,18 @@ class RayMetricsMonitor(Periodic):
 
     def _run_is_running(self, client: MlflowClient) -> bool:
         try:
-            return client.get_run(self.run_id).info.status == "RUNNING"
+            return client.get_run(str(self.run_id)).info.status == "RUNNING"
         except Exception:  # unknown: keep going
             return True
 
     def tick(self) -> bool:
         try:
             client = self._client_now = self._client_now or self._client()
+            if self.run_id is None:
+                _log.warning("RayMetricsMonitor: no MLflow run (MLFLOW_RUN_ID unset, no active run); pass run_id=; "
+                             "stopped")
+                self.last_error = "no MLflow run"
+                return False
             if not self._run_is_running(client):
                 return False
             self.log_sample(client)
@@ -167,6 +192,34 @@ class RayMetricsMonitor(Periodic):
                 _log.warning("RayMetricsMonitor: %s: %s", type(exc).__name__, exc)
             self.last_error = f"{type(exc).__name__}: {exc}"
         return True
+
+
+def _shim_node_info() -> dict[str, object] | None:
+    """This node's Ray as air's `ray` shim started it in a workload node (None elsewhere)."""
+    if not os.environ.get("RAY_TMPDIR"):
+        return None
+    from air.backends.ray_shim import node_info
+
+    return node_info(os.environ)
+
+
+def _metrics_url(info: dict[str, object] | None) -> str | None:
+    """This node's metrics endpoint: AIR_RAY_METRICS_PORT (ray_launch), the shim's record, else (a process
+    that already called `ray.init`) this node's MetricsExportPort in `ray.nodes()`."""
+    port = os.environ.get(AIR_RAY_METRICS_PORT) or (info or {}).get("metrics_export_port")
+    if port:
+        return f"http://127.0.0.1:{port}/metrics"
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        node_id = ray.get_runtime_context().get_node_id()
+        for node in ray.nodes():
+            if node.get("NodeID") == node_id and node.get("MetricsExportPort"):
+                return f"http://{node.get('NodeManagerAddress') or '127.0.0.1'}:{node['MetricsExportPort']}/metrics"
+    except Exception as exc:  # metrics never fail a run
+        _log.warning("RayMetricsMonitor: Ray's node list: %s: %s", type(exc).__name__, exc)
+    return None
 
 
 __all__ = ["GLOBAL_FAMILIES", "NODE_FAMILIES", "RayMetricsMonitor", "parse_prometheus"]
