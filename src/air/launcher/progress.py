@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import struct
 import tempfile
 from collections.abc import Sequence
@@ -35,19 +36,35 @@ class HeartbeatSlots:
                 fh.write(bytes(SLOT.size))
 
     def read(self, index: int) -> float:
-        """Wall-clock time of the process's last heartbeat; 0.0 if it never beat (or the slot is gone)."""
-        try:
-            fd = os.open(self.paths[index], os.O_RDONLY)
-        except OSError:
+        """Wall-clock time of the process's last heartbeat; 0.0 if it never beat (or the slot is gone).
+        A walled process may replace its slot (its folder is its account's): only a regular file counts,
+        opened without following a link and without waiting (a FIFO would block the run's watch)."""
+        fd = open_slot(self.paths[index])
+        if fd is None:
             return 0.0
         try:
             data = os.pread(fd, SLOT.size, 0)
+        except OSError:
+            return 0.0
         finally:
             os.close(fd)
         return SLOT.unpack(data)[0] if len(data) == SLOT.size else 0.0
 
     def close(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def open_slot(path: str) -> int | None:
+    """A descriptor of `path` when it is a regular file (not a link, FIFO or device), else None: for the
+    files root reads in a folder a walled process can write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
 
 
 @dataclass(frozen=True)

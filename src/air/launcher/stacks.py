@@ -25,6 +25,8 @@ from typing import TypeVar
 
 import psutil
 
+from air.launcher.progress import open_slot
+
 #: How long one py-spy dump may take before the report goes on without it.
 PY_SPY_TIMEOUT_S = 15.0
 #: How long a faulthandler dump is waited for.
@@ -74,20 +76,23 @@ def _spy(exe: str, proc: psutil.Process) -> str:
 
 
 def _faulthandler(proc: psutil.Process, stacks_file: str | None) -> str:
-    if not stacks_file or not os.path.exists(stacks_file):
+    # The file is in a folder the (walled) process can write: one descriptor of a regular file, taken
+    # before the signal, is what is read (a link or FIFO swapped in is never followed nor waited on).
+    fd = open_slot(stacks_file) if stacks_file else None
+    if fd is None:
         return "(no stacks: py-spy is not installed and this process has no faulthandler hook)"
-    before = os.path.getsize(stacks_file)
-    try:
-        os.kill(proc.pid, signal.SIGUSR2)
-    except OSError as exc:
-        return f"(no stacks: {exc})"
-    deadline = time.monotonic() + FAULTHANDLER_WAIT_S
-    while time.monotonic() < deadline and os.path.getsize(stacks_file) == before:
-        time.sleep(0.05)
-    time.sleep(0.1)  # let it finish writing
-    with open(stacks_file, encoding="utf-8", errors="replace") as fh:
+    with os.fdopen(fd, "rb") as fh:
+        before = os.fstat(fd).st_size
+        try:
+            os.kill(proc.pid, signal.SIGUSR2)
+        except OSError as exc:
+            return f"(no stacks: {exc})"
+        deadline = time.monotonic() + FAULTHANDLER_WAIT_S
+        while time.monotonic() < deadline and os.fstat(fd).st_size == before:
+            time.sleep(0.05)
+        time.sleep(0.1)  # let it finish writing
         fh.seek(before)
-        text = fh.read().strip()
+        text = fh.read(1 << 20).decode("utf-8", "replace").strip()
     return text or "(no stacks: the process did not answer SIGUSR2; it may be stopped)"
 
 
