@@ -50,8 +50,9 @@ def install(config: pytest.Config) -> None:
         os.environ.setdefault(SESSION_MARK, uuid.uuid4().hex)  # a worker: its controller's session
     _state["pid"] = os.getpid()
     signal.signal(signal.SIGTERM, _on_signal)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # started ignoring it (a background job): kept
-        signal.signal(signal.SIGINT, _on_signal)
+    # Also where it started ignoring SIGINT (a shell's background job, as `make test` runs it): a handled
+    # signal is back to its default in the programs a test starts, so their Ctrl-C works as in a terminal.
+    signal.signal(signal.SIGINT, _on_signal)
     os.register_at_fork(after_in_child=_as_before)
 
 
