@@ -36,10 +36,10 @@ setup: $(STAMP)
 demo: setup
 	AIR_HOME=$${AIR_HOME:-$(CURDIR)/.air-home} $(PY) examples/quickstart/ddp_cpu.py
 
-# pytest-xdist workers for the main tier: 0 runs it in one process (CI, and the figures in the README).
-# `make test TEST_WORKERS=3` spreads it (37:39 instead of ~47 min on the 2-core VM: most of the suite is
-# CPU-bound process start-up, so more workers than cores gain little and load the machine).
-TEST_WORKERS ?= 0
+# pytest-xdist workers for the main tier (CI runs this default): one per core of the 2-core VM, since most
+# of the suite is CPU-bound process start-up; in one process (TEST_WORKERS=0) it takes over an hour there.
+# More workers than cores gain little and load the machine.
+TEST_WORKERS ?= 2
 
 # Everything but GPU tests on the full install, then the lean install's own run (tests/lean need it),
 # whether or not the first failed: both results are reported, and `make test` fails if either did.
