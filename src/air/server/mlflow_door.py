@@ -63,6 +63,10 @@ if TYPE_CHECKING:
 
 #: Most bytes of a JSON API request the door reads to decide (MLflow's own log-batch limit is far below).
 MAX_API_BODY = 16 * 1024 * 1024
+#: The JSON names protobuf's parsing (MLflow's parse_dict) also takes for a run's id fields. The door
+#: checks run_id/run_uuid/run_ids; MLflow reads `run_id or run_uuid`, so {"run_uuid": own, "runId": another}
+#: would be checked as one run and act on the other: a body naming a run so is refused.
+_RUN_ID_ALIASES = frozenset({"runId", "runUuid", "runIds"})
 #: Most bytes of a run search's answer the door filters (MLflow pages searches; the UI asks for 100 runs).
 MAX_SEARCH_ANSWER = 64 * 1024 * 1024
 #: Read size of streamed bodies.
@@ -435,6 +439,9 @@ async def _json_body(request: Request) -> dict[str, Any]:  # Any: MLflow's bodie
         raise Refused(400, "The request body is not JSON.") from None
     if not isinstance(body, dict):
         raise Refused(400, "The request body must be a JSON object.")
+    aliases = sorted(_RUN_ID_ALIASES.intersection(body))
+    if aliases:
+        raise Refused(400, f"Name the MLflow run as run_id (or run_uuid, run_ids), not {aliases[0]!r}.")
     return body
 
 
