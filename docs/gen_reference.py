@@ -138,7 +138,9 @@ _ROUTES: dict[str, str] = {
     "POST /api/v1/calls": "Start a `@distributed(remote=True)` call: the pickled call (`payload_b64`), `name`, "
     "`num_accelerators`, `accelerator_type` [, `timeout`, `hang_timeout`, `max_retries`, `preload`, "
     "`use_reserved_pool`, `pool`]; answers its run id.",
-    "GET /api/v1/runs/{run_id}/result": "A call's pickled result (its owner or an admin; 409 while it runs).",
+    "GET /api/v1/runs/{run_id}/result": "A call's result (its owner or an admin; 409 while it runs): a typed JSON "
+    "header (the values' sizes, or the rank's exception type, message and traceback, or air's error) and the ranks' "
+    "pickled bytes, which the server never unpickles; only the caller does.",
 }
 
 
