@@ -133,6 +133,21 @@ def test_disk_used_counts_what_is_on_disk(tmp_path: Path) -> None:
     assert 3 << 20 <= used < (3 << 20) + (1 << 20)
 
 
+def test_disk_used_never_enters_a_folder_the_run_swapped_for_a_link(tmp_path: Path) -> None:
+    """The run's account writes the watched folders: one it replaces by a link (to / or another run's
+    folder) before the walk reaches it is not entered, at the top or below."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "big").write_bytes(b"x" * (3 << 20))
+    watched = tmp_path / "scratch"
+    watched.mkdir()
+    (watched / "checkpoints").symlink_to(elsewhere)  # a folder swapped for a link
+    top = tmp_path / "swapped-top"
+    top.symlink_to(elsewhere)
+    assert disk_used([watched]) < 1 << 20
+    assert disk_used([top]) == 0
+
+
 def test_blob_quota_counts_each_users_uploads(tmp_path: Path) -> None:
     paths = ServerPaths(tmp_path)
     paths.blobs.mkdir(parents=True)

@@ -40,27 +40,22 @@ def node_cgroup_name(home: Path, run_id: str, attempt: int, node: int) -> str:
 
 def disk_used(paths: Iterable[Path]) -> int:
     """Bytes these folders hold on disk (allocated blocks: a sparse file counts what it really uses);
-    links are not followed, a file that goes while it is counted is skipped."""
+    links are not followed, a file that goes while it is counted is skipped. The walk goes by folder
+    descriptors: a folder the run swaps for a link while it is counted is not entered (the run's account
+    writes these folders; the watcher may be root)."""
     total = 0
-    stack = [str(p) for p in paths]
     seen: set[tuple[int, int]] = set()
-    while stack:
-        path = stack.pop()
-        try:
-            with os.scandir(path) as entries:
-                for entry in entries:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
-        except OSError:
-            continue
+    for top in paths:
+        for _folder, dirs, files, folder_fd in os.fwalk(str(top), follow_symlinks=False):
+            for name in [*dirs, *files]:
+                try:
+                    st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
     return total
 
 
