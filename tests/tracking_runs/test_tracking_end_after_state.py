@@ -43,7 +43,7 @@ def test_success_is_written_before_the_mlflow_end_and_the_run_still_ends_finishe
         experiment_name: p4-exp
         compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
         command: |
-          echo "${{MLFLOW_RUN_ID:-unset}}" > {marks}/started
+          echo "${{MLFLOW_EXPERIMENT_ID:-unset}}" > {marks}/started
           python - <<'PY'
           import mlflow
           mlflow.log_metric("loss", 0.25)

@@ -53,7 +53,7 @@ def test_the_hook_holds_only_a_real_import_of_mlflow_and_keeps_the_sites_own_sit
     look = _python("import importlib.util, importlib.metadata, os, sys\n"
                    "assert importlib.util.find_spec('mlflow') is not None\n"
                    "importlib.metadata.version('mlflow')\n"
-                   "print(os.environ.get('USERS_SITE'), os.environ.get('MLFLOW_RUN_ID'), 'mlflow' in sys.modules)",
+                   "print(os.environ.get('USERS_SITE'), os.environ.get('MLFLOW_TRACKING_URI'), 'mlflow' in sys.modules)",
                    hook, str(users))
     assert look.returncode == 0 and look.stderr == "", look.stderr  # (a broken hook says so on stderr)
     assert look.stdout.split() == ["ran", "None", "False"]
@@ -98,7 +98,7 @@ def test_a_node_starts_before_its_mlflow_run_exists_and_logs_into_it(tmp_path: P
         compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
         parameters: {{lr: 0.5}}
         command: |
-          echo "${{MLFLOW_RUN_ID:-unset}}" > {marks}/started
+          echo "${{MLFLOW_EXPERIMENT_ID:-unset}}" > {marks}/started
           python - <<'PY'
           import mlflow
           for step in range(3):

@@ -46,7 +46,7 @@ from air.settings import (
     AIR_SUPERVISOR,
     node_environ,
 )
-from air.tracking.attempt_tracking import AttemptTracking, node_hook_env
+from air.tracking.attempt_tracking import AttemptTracking, node_command, node_hook_env
 from air.workload.plan import RunPlan
 
 if TYPE_CHECKING:
@@ -360,8 +360,8 @@ class WorkloadJob:
             if TORCHELASTIC_ERROR_FILE not in self.plan.env_variables:  # torchrun's root cause lands here (judge)
                 env[TORCHELASTIC_ERROR_FILE] = f"{NODE_DIR}/{torchelastic_error_file(attempt, 0)}"
             node_hook_env(env, tracking_env)  # first on PYTHONPATH: hands node processes their MLflow run
-            launches.append(NodeLaunch.command(node, ["bash", "-euo", "pipefail", str(self.plan.command_path)], env,
-                                               logs[node], cwd, hide=hide))
+            argv = node_command(self.plan.command, str(self.plan.command_path), tracking_env)  # (MLFLOW_RUN_ID)
+            launches.append(NodeLaunch.command(node, argv, env, logs[node], cwd, hide=hide))
         sandbox = self._sandbox(environment, hook=tracking_env.get("PYTHONPATH"))
         if sandbox is not None:
             launches = [dataclasses.replace(launch, sandbox=sandbox) for launch in launches]

@@ -422,4 +422,21 @@ def node_hook_env(env: dict[str, str], tracking_env: Mapping[str, str]) -> dict[
     return prepend_pythonpath(env, hook)
 
 
-__all__ = ["AttemptTracking", "WorkloadTracking", "node_hook_env", "upload_logs"]
+def node_command(command: str, command_path: str, tracking_env: Mapping[str, str]) -> list[str]:
+    """A node's argv: `bash -euo pipefail COMMAND_FILE`. A command that reads MLFLOW_RUN_ID itself, started
+    before its run exists (early start), runs through the hook's bash prelude (node_hook.prelude_of): it waits
+    for the run, exports its id, then runs the same. Other commands start at once (their Python processes
+    get the id from the hook, when they read it or import mlflow)."""
+    argv = ["bash", "-euo", "pipefail", command_path]
+    hook = tracking_env.get("PYTHONPATH")
+    if not hook or tracking_env.get("MLFLOW_RUN_ID"):
+        return argv
+    from air.tracking.node_hook import prelude_of, reads_run_id
+
+    prelude = prelude_of(Path(hook))
+    if not reads_run_id(command) or not prelude.is_file():
+        return argv
+    return ["bash", str(prelude), command_path]
+
+
+__all__ = ["AttemptTracking", "WorkloadTracking", "node_command", "node_hook_env", "upload_logs"]

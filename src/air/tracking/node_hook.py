@@ -6,8 +6,10 @@ learns it when it exists: every Python process of the node imports a `sitecustom
 into the attempt's folder (first on PYTHONPATH). It copies the run's variables (MLFLOW_RUN_ID,
 MLFLOW_EXPERIMENT_ID) from the attempt's run-variables file into `os.environ` at once when it exists;
 otherwise it holds the first real `import mlflow` (the module's execution, not a `find_spec` look)
-until the file appears, so the user's plain `mlflow.log_metric` lands in the attempt's run. A process
-that never imports MLflow never waits. The environment's own `sitecustomize`, if any, still runs.
+until the file appears, so the user's plain `mlflow.log_metric` lands in the attempt's run; a read of
+`os.environ["MLFLOW_RUN_ID"]` before that (Lightning's `MLFlowLogger(run_id=...)`) waits the same way. A
+process that does neither never waits. The environment's own `sitecustomize`, if any, still runs. A node
+command that names MLFLOW_RUN_ID in bash starts through `prelude_of(folder)`, which waits and exports it.
 
 The hook is plain Python with no air import: a node may run an interpreter that cannot import air.
 
@@ -20,7 +22,9 @@ without a run id, into an MLflow run of its own that the door ties to the same a
 from __future__ import annotations
 
 import json
+import math
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -39,6 +43,7 @@ import sys
 
 
 def _air_mlflow_hook():
+    import _thread
     import importlib.abc
     import json
     import time
@@ -73,14 +78,17 @@ def _air_mlflow_hook():
         os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
         os.environ.pop("MLFLOW_EXPERIMENT_NAME", None)
 
-    class Loader(importlib.abc.Loader):
-        def __init__(self, inner):
-            self.inner = inner
+    state = {"done": False}
+    lock = _thread.RLock()
 
-        def create_module(self, spec):
-            return self.inner.create_module(spec)
-
-        def exec_module(self, module):
+    def await_run(say=None):
+        # Once per process: wait (bounded) for the run's variables, or go on without a run.
+        with lock:
+            if state["done"]:
+                return
+            state["done"] = True  # (first: load() below reads os.environ, which must not wait again)
+            if not load() and say:
+                sys.stderr.write(say)
             deadline = time.monotonic() + WAIT_S
             while not load() and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -89,6 +97,25 @@ def _air_mlflow_hook():
                 sys.stderr.write(f"[air] the attempt's MLflow run was not made within {WAIT_S:g} s; this "
                                  + ("process's MLflow logs locally, copied into the run once it is made\\n" if SPOOL
                                     else "process's MLflow logs into a run of its own\\n"))
+
+    class Environ(type(os.environ)):
+        # Code that reads the run's id before any `import mlflow` (Lightning's
+        # `MLFlowLogger(run_id=os.environ.get("MLFLOW_RUN_ID"))`, transformers' callback) gets it too: that
+        # read, and only that one, waits for the run. Other variables, and listing os.environ, never wait.
+        def __getitem__(self, key):
+            if key in RUN_KEYS and not state["done"]:
+                await_run("[air] waiting for its MLflow run (this process reads " + key + ")\\n")
+            return super().__getitem__(key)
+
+    class Loader(importlib.abc.Loader):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def create_module(self, spec):
+            return self.inner.create_module(spec)
+
+        def exec_module(self, module):
+            await_run()
             try:
                 sys.meta_path.remove(gate)
             except ValueError:
@@ -116,6 +143,12 @@ def _air_mlflow_hook():
     gate = Gate()
     if "mlflow" not in sys.modules and not load() and os.path.isdir(os.path.dirname(env_file)):
         sys.meta_path.insert(0, gate)
+        try:
+            os.environ.__class__ = Environ  # (the same object: a module's `from os import environ` sees it too)
+        except TypeError:
+            pass
+    else:
+        state["done"] = True
     # The environment's own sitecustomize, as if this one were not here.
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     mine = sys.modules.pop("sitecustomize", None)
@@ -182,9 +215,46 @@ ENV_FILE = @ENV_FILE@
 SPOOL = @SPOOL@
 FLUSH_S = @FLUSH_S@
 BUFFER_S = "2"
+RUN_KEYS = ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID")
 _air_async_logging()
 _air_mlflow_hook()
 '''
+
+
+#: A node command that reads `$MLFLOW_RUN_ID` in bash (`echo "run $MLFLOW_RUN_ID"`) starts through this: it waits
+#: (bounded, said in the node's log) for the attempt's run's variables and exports them, then runs the command
+#: under `bash -euo pipefail` as always. Commands that do not mention MLFLOW_RUN_ID start at once without it.
+_PRELUDE = """# Written by air (air/tracking/node_hook.py): MLFLOW_RUN_ID for a node command that reads it.
+if [ -z "${MLFLOW_RUN_ID:-}" ]; then
+  _air_file=@ENV_FILE@
+  if [ ! -s "$_air_file" ]; then
+    echo "[air] waiting for its MLflow run (the command reads MLFLOW_RUN_ID)" >&2
+    _air_end=$((SECONDS + @WAIT_S@))
+    while [ ! -s "$_air_file" ] && [ "$SECONDS" -lt "$_air_end" ]; do sleep 0.1; done
+  fi
+  _air_id=$(sed -n 's/.*"MLFLOW_RUN_ID": *"\\([^"]*\\)".*/\\1/p' "$_air_file" 2>/dev/null || true)
+  _air_exp=$(sed -n 's/.*"MLFLOW_EXPERIMENT_ID": *"\\([^"]*\\)".*/\\1/p' "$_air_file" 2>/dev/null || true)
+  if [ -n "$_air_id" ]; then
+    export MLFLOW_RUN_ID="$_air_id"
+    if [ -n "$_air_exp" ]; then export MLFLOW_EXPERIMENT_ID="$_air_exp"; fi
+  else
+    echo "[air] the attempt's MLflow run was not made within @WAIT_S@ s; MLFLOW_RUN_ID is not set" >&2
+  fi
+  unset _air_file _air_end _air_id _air_exp
+fi
+exec bash -euo pipefail "$@"
+"""
+
+
+def reads_run_id(command: str) -> bool:
+    """Whether a node command reads MLFLOW_RUN_ID itself (then it starts once the run exists: `prelude_of`)."""
+    return "MLFLOW_RUN_ID" in command
+
+
+def prelude_of(folder: Path) -> Path:
+    """The bash prelude (in the hook's folder, which walled nodes see too) of commands that read MLFLOW_RUN_ID:
+    `bash PRELUDE COMMAND_FILE` waits for the run, exports its id and runs `bash -euo pipefail COMMAND_FILE`."""
+    return folder / "mlflow_run_id.sh"
 
 
 def write_hook(folder: Path, env_file: Path, wait_s: float = HOOK_WAIT_S, *, walled: bool = False) -> Path:
@@ -200,6 +270,8 @@ def write_hook(folder: Path, env_file: Path, wait_s: float = HOOK_WAIT_S, *, wal
               .replace("@ENV_FILE@", repr(str(node_env_of(folder) if walled else env_file)))
               .replace("@SPOOL@", repr(spool)).replace("@FLUSH_S@", repr(float(FLUSH_S))))
     atomic_write_text(folder / "sitecustomize.py", source)
+    atomic_write_text(prelude_of(folder), _PRELUDE.replace("@WAIT_S@", str(max(1, math.ceil(wait_s))))
+                      .replace("@ENV_FILE@", shlex.quote(str(node_env_of(folder) if walled else env_file))))
     return folder
 
 
