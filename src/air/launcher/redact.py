@@ -67,5 +67,20 @@ class Redactor:
                 break
         return self.mask_bytes(data[:cut]), data[cut:]
 
+    def split_text(self, text: str) -> tuple[str, str]:
+        """`split` for text read back from a log (a long line served in pieces)."""
+        if self._text is None:
+            return text, ""
+        cut = len(text) - self.overlap  # (the overlap counts bytes: at least as many characters)
+        if cut <= 0:
+            return "", text
+        for match in self._text.finditer(text):
+            if match.start() >= cut:
+                break
+            if match.end() > cut:
+                cut = match.end()
+                break
+        return self.mask_text(text[:cut]), text[cut:]
+
 
 __all__ = ["MASK", "Redactor", "needles"]

@@ -471,13 +471,32 @@ def log_list(store: RunStore, run: Run, attempt: int | None) -> dict[str, object
             "logs": [{"label": s.label, "index": s.index, "bytes": s.path.stat().st_size} for s in written if s.path]}
 
 
+#: The most of one log line held at once while a log is served (the reader may be the server's account):
+#: a run may print gigabytes with no newline, which the pump writes on in pieces.
+LOG_PIECE_CHARS = 1 << 20
+
+
 def masked_log(path: Path, mask: Callable[[str], str]) -> Iterator[str]:
     """A whole log line by line through `mask` (logs an older air wrote may hold values), byte for byte
-    otherwise: surrogateescape keeps invalid UTF-8 as it was (encode it back the same way)."""
+    otherwise: surrogateescape keeps invalid UTF-8 as it was (encode it back the same way). A line longer
+    than LOG_PIECE_CHARS comes in pieces; a masker that can `split` keeps a value cut by a piece boundary
+    whole (a run's RunMasker does)."""
+    split: Callable[[str], tuple[str, str]] | None = getattr(mask, "split", None)
+    held = ""
     with open(path, encoding="utf-8", errors="surrogateescape", newline="") as log:
-        for line in log:
-            text, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
-            yield mask(text) + end
+        while piece := log.readline(LOG_PIECE_CHARS):
+            text = held + piece
+            held = ""
+            if text.endswith("\n"):
+                yield mask(text[:-1]) + "\n"
+            elif split is not None:
+                shown, held = split(text)
+                if shown:
+                    yield shown
+            else:
+                yield mask(text)
+    if held:
+        yield mask(held)
 
 
 def log_masker(run: Run) -> Callable[[str], str]:

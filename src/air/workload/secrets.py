@@ -164,9 +164,17 @@ class RunMasker:
             ) from exc
 
     def __call__(self, text: str) -> str:
+        return self._built().mask_text(text)
+
+    def split(self, text: str) -> tuple[str, str]:
+        """A piece of a line too long to hold whole: (what can be shown now, masked; the raw rest to
+        put before the next piece), so a value cut by the piece boundary is still hidden whole."""
+        return self._built().split_text(text)
+
+    def _built(self) -> Redactor:
         if self._redactor is None:
             self._redactor = Redactor(self.resolve())
-        return self._redactor.mask_text(text)
+        return self._redactor
 
 
 def masker_for_run(
