@@ -123,7 +123,8 @@ def test_sigterm_ends_the_ui_tree_busy_port_is_an_error_and_links_use_the_real_p
     started.append(ui)
     tree = ui.wait_ready()
     cmdlines = [" ".join(p.cmdline()) for p in tree]
-    assert any("uvicorn" in c for c in cmdlines) and sum("spawn_main" in c for c in cmdlines) >= 2, cmdlines
+    # MLflow's app under uvicorn in one process of air's (air.server.mlflow_app), with its 2 workers
+    assert any("-m air.server.mlflow_app" in c for c in cmdlines) and sum("spawn_main" in c for c in cmdlines) >= 2, cmdlines
     assert not [c for c in cmdlines if "mlflow.server.jobs" in c or "huey" in c], cmdlines  # no job runner
     assert "Ctrl-C to stop" in ui.log.read_text()
 
