@@ -160,18 +160,21 @@ class AirServer:
         return found.group(1) + user
 
     def mlflow_socket(self) -> Path:
-        """The Unix socket the server's MLflow listens on (its `--uds`): ServerPaths.mlflow_socket, or a
-        0700 temporary folder's when that path is longer than a socket path may be (a deep tmp_path)."""
+        """The Unix socket the server's MLflow listens on (air.server.mlflow_app's `--socket`, or uvicorn's
+        `--uds` under `mlflow server`): ServerPaths.mlflow_socket, or a 0700 temporary folder's when that
+        path is longer than a socket path may be (a deep tmp_path)."""
         assert self.proc is not None
         for process in psutil.Process(self.proc.pid).children(recursive=True):
             try:
                 argv = process.cmdline()
             except psutil.Error:
                 continue
-            for arg in argv:
+            for index, arg in enumerate(argv):
                 if arg.startswith("--uds "):
                     return Path(arg.split(" ", 1)[1])
-        raise AssertionError("no MLflow process with --uds under the server")
+                if arg == "--socket" and "air.server.mlflow_app" in argv and index + 1 < len(argv):
+                    return Path(argv[index + 1])
+        raise AssertionError("no MLflow process listening on a Unix socket under the server")
 
     def sleeping_run(self, user: str, folder: Path, name: str) -> str:
         """A RUNNING run of `user` that sleeps until canceled, once its log says it sleeps (an isolated

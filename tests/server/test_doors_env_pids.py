@@ -79,7 +79,8 @@ CALL = PROBE + textwrap.dedent('''
 
 #: What of the server's own processes a run would show on its command lines (the server, its MLflow on
 #: a Unix socket, supervisors, call drivers).
-SERVER_MARKS = ("air.cli.main server start", "--uds ", "air.runs.supervisor", "air.distributed.call_driver")
+SERVER_MARKS = ("air.cli.main server start", "--uds ", "air.server.mlflow_app", "air.runs.supervisor",
+                "air.distributed.call_driver")
 
 
 def agent_root() -> Path:
@@ -177,8 +178,9 @@ def test_bobs_node_sees_neither_the_servers_environment_nor_anyones_processes(is
     assert server.run_status(isolated.alice_run) == "RUNNING"  # type: ignore[attr-defined]
 
 
-def test_the_node_folders_are_0700_and_each_runs_scratch_its_accounts(isolated: AirServer) -> None:
+def test_the_node_folders_are_0700_and_each_runs_scratch_its_accounts(isolated: AirServer, tmp_path: Path) -> None:
     server = isolated
+    _bobs_run(server, tmp_path)  # bob's account exists once the server ran something of his (this test alone too)
     root = agent_root()
     info = root.stat()
     assert (info.st_uid, info.st_mode & 0o777) == (os.getuid(), 0o700), (root, oct(info.st_mode))

@@ -270,7 +270,8 @@ def mlflow_tree(server: AirServer) -> list[psutil.Process]:
             continue
         if "mlflow" in command and "air.runs.supervisor" not in command:
             tree.append(process)
-    assert any("--uds" in p.cmdline() for p in tree), [p.cmdline() for p in tree]
+    assert any("--socket" in p.cmdline() and "air.server.mlflow_app" in p.cmdline() for p in tree), [
+        p.cmdline() for p in tree]  # MLflow on a Unix socket of its own
     return tree
 
 

@@ -73,7 +73,8 @@ def test_with_a_tracking_server_air_ui_serves_only_its_pages(
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", "ui", "--port", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "MLFLOW_TRACKING_URI": server})
+                                env={**os.environ, "MLFLOW_TRACKING_URI": server,
+                                     "PYTHONFAULTHANDLER": "1"})  # (a crash at exit says where, in the log)
     try:
         def answers() -> bool:
             assert proc.poll() is None, log.read_text()
@@ -90,7 +91,7 @@ def test_with_a_tracking_server_air_ui_serves_only_its_pages(
         # Noted for `air get run`'s page link; never taken for an MLflow UI of the server's store.
         assert pages_base_url(store=server) == f"http://127.0.0.1:{port + 1}" and running_ui(server) is None
         os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=60) == 0, log.read_text()
         assert port_is_free(port + 1)
         assert pages_base_url(store=server) is None and not (air_home / "ui.json").exists()
     finally:

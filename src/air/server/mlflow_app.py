@@ -66,7 +66,7 @@ def serve(store: str, artifacts: str, prefix: str, *, socket_path: str | None = 
     import uvicorn
 
     found = importlib.util.find_spec("mlflow")  # MLflow's own uvicorn log format, found without importing it
-    log_config = os.path.join(os.path.dirname(found.origin or ""), "server", "uvicorn_log_config.yaml") if found else ""
+    log_config = os.path.join(os.path.dirname(found.origin or ""), "server/uvicorn_log_config.yaml") if found else ""
     log = log_config if os.path.exists(log_config) else None
     if workers > 1:  # uvicorn's worker processes import the app; this one only watches them
         uvicorn.run("mlflow.server.fastapi_app:app", workers=workers, uds=socket_path, host=host, port=port,
