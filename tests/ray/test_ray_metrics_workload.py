@@ -37,10 +37,13 @@ def square(x):
     time.sleep(0.1)
     return x * x
 
+def cluster_families_exported():  # Ray exports the cluster-wide families some seconds after the node's own
+    return any(k.startswith("system/ray/ray_") for k in monitor.sample())
+
 deadline = time.time() + 180
-while monitor.samples_logged < 1 and time.time() < deadline:
+while (monitor.samples_logged < 1 or not cluster_families_exported()) and time.time() < deadline:
     ray.get([square.remote(i) for i in range(4)])
-monitor.finish()
+monitor.finish()  # (its last sample holds the cluster's families too)
 print("samples:", monitor.samples_logged, "error:", monitor.last_error, "head:", monitor.is_head_node)
 PY
 ray stop
