@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import AnyStr
 
 MASK = "***"
 
@@ -56,31 +57,28 @@ class Redactor:
         """
         if self._bytes is None:
             return data, b""
-        cut = len(data) - self.overlap
-        if cut <= 0:
-            return b"", data
-        for match in self._bytes.finditer(data):
-            if match.start() >= cut:
-                break
-            if match.end() > cut:
-                cut = match.end()
-                break
+        cut = _final_cut(self._bytes, data, self.overlap)
         return self.mask_bytes(data[:cut]), data[cut:]
 
     def split_text(self, text: str) -> tuple[str, str]:
         """`split` for text read back from a log (a long line served in pieces)."""
         if self._text is None:
             return text, ""
-        cut = len(text) - self.overlap  # (the overlap counts bytes: at least as many characters)
-        if cut <= 0:
-            return "", text
-        for match in self._text.finditer(text):
-            if match.start() >= cut:
-                break
-            if match.end() > cut:
-                cut = match.end()
-                break
+        cut = _final_cut(self._text, text, self.overlap)  # (overlap counts bytes: at least as many characters)
         return self.mask_text(text[:cut]), text[cut:]
+
+
+def _final_cut(pattern: re.Pattern[AnyStr], data: AnyStr, overlap: int) -> int:
+    """Where `split` cuts `data`: `overlap` from its end, or past a value found across that point."""
+    cut = len(data) - overlap
+    if cut <= 0:
+        return 0
+    for match in pattern.finditer(data):
+        if match.start() >= cut:
+            break
+        if match.end() > cut:
+            return match.end()
+    return cut
 
 
 __all__ = ["MASK", "Redactor", "needles"]
