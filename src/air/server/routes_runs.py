@@ -8,6 +8,7 @@ cancel needs CAN_MANAGE_RUN (403 for one who may only view it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -41,7 +42,7 @@ from air.server.app import AuthError, Caller, error_body, pages_base, store_of, 
 from air.server.audit import RUN_CANCEL, record
 from air.server.fanout import hub_of, reader_following, take_ndjson
 from air.server.submission import submit_request
-from air.server.uploads import BlobQuota, ServerPaths, check_digest, missing_blobs, receive_blob
+from air.server.uploads import BlobQuota, BlobQuotaExceeded, ServerPaths, check_digest, missing_blobs, receive_blob
 from air.server.visibility import change_permissions, current_policy, readable_run, run_visible, viewer_for
 
 router = APIRouter()
@@ -262,6 +263,15 @@ async def put_blob(request: Request, digest: str, who: Caller) -> dict[str, obje
     check_digest(digest)
     declared = request.headers.get("content-length")
     quota = BlobQuota(_paths(request), who.user, (await run_in_threadpool(load_config)).server.limits.blob_quota_per_user)
-    size = await receive_blob(_paths(request), digest, read_limited(request),  # streamed to disk as it comes
-                              quota=quota, declared=int(declared) if declared and declared.isdigit() else None)
+    body = read_limited(request)
+    try:
+        size = await receive_blob(_paths(request), digest, body,  # streamed to disk as it comes
+                                  quota=quota, declared=int(declared) if declared and declared.isdigit() else None)
+    except BlobQuotaExceeded:
+        # Read (and drop) the rest of the body, within the upload limit, before answering: a server that answers
+        # and closes while the client still sends cuts the connection (EPIPE) before the client reads the 413.
+        with contextlib.suppress(PayloadTooLarge):
+            async for _ in body:
+                pass
+        raise
     return {"digest": digest, "size": size}
