@@ -46,7 +46,7 @@ CALLER = textwrap.dedent("""
     print("TIMES " + json.dumps(times))
 """)
 
-#: What the API says of a run that ended (air.runs.states.RunStatus's terminal values).
+#: What the API says of a run that ended (air.store.states.RunStatus's terminal values).
 ENDED = {"SUCCESS", "FAILED", "CANCELED", "PREEMPTED", "LOST"}
 
 

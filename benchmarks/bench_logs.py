@@ -59,10 +59,10 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="air-bench-logs-"))
     os.environ["AIR_HOME"] = str(home)
     try:
-        from air.runs.logtail import tail_lines
-        from air.runs.paths import RunPaths
-        from air.runs.states import AttemptStatus, RunStatus
-        from air.runs.store import RunStore
+        from air.views.logtail import tail_lines
+        from air.store.paths import RunPaths
+        from air.store.states import AttemptStatus, RunStatus
+        from air.store.run_store import RunStore
 
         store = RunStore()
         run = store.create_run(experiment="bench-logs", accelerator_type="CPU_1xCPU", num_accelerators=1,

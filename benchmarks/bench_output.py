@@ -55,7 +55,7 @@ def timed_shell(command: str) -> float:
 
 
 def wait_terminal(run_id: str, timeout: float = 1800) -> str:
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     store = RunStore()
     deadline = time.monotonic() + timeout
@@ -79,11 +79,11 @@ def air_node(folder: Path, size: int, rep: int) -> tuple[float, float]:
     status = wait_terminal(run_id)
     whole = time.perf_counter() - start
     if status != "SUCCESS":
-        from air.runs.store import RunStore
+        from air.store.run_store import RunStore
 
         raise SystemExit(f"run {run_id} ended {status}: {RunStore().get_run(run_id).termination_reason}")
     began, ended = (float(v) for v in stamps.read_text().split())
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
 
     log = RunPaths(run_id).node_logs(0)[0]
     if log.stat().st_size != size:
@@ -143,7 +143,7 @@ def peak_rss(argv: list[str]) -> tuple[float, int, str]:
 
 def watch(folder: Path, name: str, command: str) -> tuple[float, float, str]:
     """(peak RSS MiB of `air run --watch`, of `air logs ID` afterwards, the end of the watch's output)."""
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     peak, code, tail = peak_rss([*AIR, "run", "-f", str(workload(folder, name, command)), "--watch"])
     if code != 0:

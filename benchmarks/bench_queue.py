@@ -79,8 +79,8 @@ def bench_server(work: Path, depth: int, chain: int, run_s: float) -> dict[str, 
     server = Server(home)
     os.environ["AIR_HOME"] = str(home)  # this process reads the server's store (timestamps) and cleans up
     from air.runs.cancel import cancel_run
-    from air.runs.states import RunStatus
-    from air.runs.store import RunStore
+    from air.store.states import RunStatus
+    from air.store.run_store import RunStore
 
     store = RunStore()
     out: dict[str, Any] = {}
@@ -126,9 +126,9 @@ def bench_server(work: Path, depth: int, chain: int, run_s: float) -> dict[str, 
 
 
 def bench_list(work: Path, rows: int, reps: int) -> dict[str, list[float]]:
-    from air.runs.records import Run
-    from air.runs.states import RunStatus
-    from air.runs.store import RunStore
+    from air.store.records import Run
+    from air.store.states import RunStatus
+    from air.store.run_store import RunStore
 
     full, empty = work / "list-home", work / "empty-home"
     now = time.time()

@@ -52,8 +52,8 @@ command: |
 
 def fill(home: Path, count: int) -> tuple[float, list[str]]:
     """Insert `count` runs; returns the seconds it took and a few ids to look up."""
-    from air.runs.states import FailureClass, RunStatus
-    from air.runs.store import Run, RunStore, process_create_time
+    from air.store.states import FailureClass, RunStatus
+    from air.store.run_store import Run, RunStore, process_create_time
 
     me, my_start = os.getpid(), process_create_time(os.getpid())
     base = time.time() - count * 60.0
@@ -93,7 +93,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="air-bench-store-"))
     os.environ["AIR_HOME"] = str(home)
     try:
-        from air.runs.store import RunStore
+        from air.store.run_store import RunStore
 
         seconds, ids = fill(home, args.runs)
         size_mb = sum(p.stat().st_size for p in home.glob("runs.db*")) / 1e6
@@ -118,7 +118,7 @@ def main() -> None:
         for name, fn in cases:
             fn()  # warm: the first query of a process opens the connection and checks the schema
             print(f"  {name:<44} {median_ms(fn, args.repeat):8.2f}")
-        cold = [sys.executable, "-c", "import time, sys; t=time.perf_counter(); from air.runs.store import RunStore; "
+        cold = [sys.executable, "-c", "import time, sys; t=time.perf_counter(); from air.store.run_store import RunStore; "
                 "RunStore().list_runs(statuses='all'); print(time.perf_counter()-t)"]
         firsts = [float(subprocess.run(cold, capture_output=True, text=True, check=True).stdout)
                   for _ in range(args.repeat)]

@@ -46,7 +46,7 @@ def _workload(folder: Path, mark: Path) -> Path:
 def _ended(store_path: Path, run_id: str, timeout: float = 300) -> tuple[float, float, float]:
     """The run's end time in the store, once SUCCESS; then waits for its supervisor to exit: (end time,
     the supervisor's exit time, its CPU seconds)."""
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     store = RunStore(store_path)
     deadline = time.monotonic() + timeout

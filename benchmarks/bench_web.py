@@ -33,8 +33,8 @@ TARGET_MS = 300.0
 
 
 def add_queued(home: Path, count: int) -> None:
-    from air.runs.states import RunStatus
-    from air.runs.store import Run, RunStore
+    from air.store.states import RunStatus
+    from air.store.run_store import Run, RunStore
 
     now = time.time()
     store = RunStore(home / "runs.db")
@@ -47,7 +47,7 @@ def add_queued(home: Path, count: int) -> None:
 
 def write_big_log(run_id: str, megabytes: int) -> int:
     """A node log of `megabytes` MB of training-like lines: the run page must read its end only."""
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
 
     paths = RunPaths(run_id)
     path = paths.node_log(0, 0)

@@ -61,8 +61,8 @@ def mlflow_run_ended(client: Any, mlflow_run_id: str, timeout: float = 300.0, *,
     With `air_run_id` (a workload whose node's MLflow fluent API may end the run itself): also until the
     run's supervisor, which uploads the logs, has exited."""
     if air_run_id is not None:
-        from air.runs.liveness import supervisor_alive
-        from air.runs.store import RunStore
+        from air.store.liveness import supervisor_alive
+        from air.store.run_store import RunStore
 
         wait_for(lambda: not supervisor_alive(RunStore().get_run(air_run_id)), f"{air_run_id}'s supervisor to exit",
                  timeout=timeout, interval=0.2)
@@ -77,8 +77,8 @@ def tracking_done(run_id: str, timeout: float = 300.0, *, home: Path | None = No
     MLflow link) of a run that just ended waits for this first. `home`: the AIR_HOME the run lives in
     (default: this process's)."""
     from air.home import AirHome
-    from air.runs.liveness import supervisor_alive
-    from air.runs.store import RunStore
+    from air.store.liveness import supervisor_alive
+    from air.store.run_store import RunStore
 
     store = RunStore() if home is None else RunStore(AirHome(home).runs_db)
     wait_for(lambda: not supervisor_alive(store.get_run(run_id)), f"{run_id}'s supervisor to exit (tracking done)",

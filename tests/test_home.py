@@ -10,7 +10,7 @@ import pytest
 
 import air
 from air.home import AirHome, air_home
-from air.runs.paths import CallPaths, RunPaths
+from air.store.paths import CallPaths, RunPaths
 
 SRC = Path(air.__file__).parent
 OWNER = SRC / "home.py"

@@ -29,7 +29,7 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 WIDTH, HEIGHT = 1400, 1000
 #: Runs start slowly on a loaded 2-core machine (torch and mlflow imports): generous deadlines.
 DEADLINE_S = 600
-#: A run's terminal statuses (air.runs.states.RunStatus).
+#: A run's terminal statuses (air.store.states.RunStatus).
 ENDED = ("SUCCESS", "FAILED", "CANCELED")
 
 #: The training each workload runs: a small MLP on two interleaved spirals, one MLflow point per step.

@@ -73,8 +73,8 @@ def where_things_went(func_name: str, wait_s: float = 30.0) -> str:
     short-lived process; this waits up to `wait_s` for it to say which run it made.
     """
     from air.home import air_home
-    from air.runs.paths import CallPaths
-    from air.runs.store import RunStore
+    from air.store.paths import CallPaths
+    from air.store.run_store import RunStore
     from air.tracking import DEFAULT_CALL_EXPERIMENT, run_url, tracking_uri
 
     home = air_home()

@@ -2,7 +2,7 @@
 
 `AirHome` owns the top-level names, as submitit's `JobPaths` owns a job's: nothing else in air spells
 `runs.db` or `envs/` (tests/test_home.py fails if one does). The names inside a run's or a call's
-folder belong to `RunPaths`/`CallPaths` (air/runs/paths.py), which take their root from here. A new
+folder belong to `RunPaths`/`CallPaths` (air/store/paths.py), which take their root from here. A new
 top-level file or folder is added here and nowhere else.
 """
 

@@ -20,7 +20,7 @@ from server_helpers import AIR, AirServer, running_server
 import air
 from air.client.models import CancelAnswer, LogFile, SecretRef
 from air.errors import AirError, UserInputError
-from air.runs.states import RunStatus
+from air.store.states import RunStatus
 
 #: Node 0 prints two lines; node 1 prints nothing (its log exists, empty).
 SPEC: dict[str, Any] = {"experiment_name": "one-path", "max_retries": 0,

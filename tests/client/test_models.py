@@ -21,10 +21,10 @@ from air.client.models import (
     parse_request,
 )
 from air.errors import UserInputError
-from air.runs.follow import Lines, LogSource, NewAttempt
-from air.runs.states import RunStatus
-from air.runs.store import Run as StoredRun
-from air.runs.views import run_dict
+from air.store.run_store import Run as StoredRun
+from air.store.states import RunStatus
+from air.views.follow import Lines, LogSource, NewAttempt
+from air.views.query import run_dict
 
 
 def stored_run() -> StoredRun:

@@ -18,16 +18,16 @@ from air.client.models import Attempt, RunDetail, RunList
 from air.distributed.outcome import ok, resolve
 from air.errors import RankFailedError
 from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec, start_processes
-from air.runs.states import AttemptStatus, RunStatus
-from air.runs.store import RunStore
-from air.runs.views import run_detail, run_summary
+from air.store.run_store import RunStore
+from air.store.states import AttemptStatus, RunStatus
+from air.views.query import run_detail, run_summary
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "air"
 
 
 def _ended_run(store: RunStore) -> str:
     """A real run in the store that made two attempts and failed."""
-    from air.runs.states import FailureClass
+    from air.store.states import FailureClass
 
     run = store.create_run(experiment="contract", accelerator_type="CPU_1xCPU", num_accelerators=1, num_nodes=1,
                            profile="local", spec_yaml="{}").run

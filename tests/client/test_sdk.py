@@ -24,7 +24,7 @@ import air
 from air.client import ApiVersionError
 from air.client.models import API_VERSION, API_VERSION_HEADER, LinesEvent, RunEvent
 from air.client.sdk import RunWaitTimeout
-from air.runs.states import AttemptStatus, RunStatus
+from air.store.states import AttemptStatus, RunStatus
 from proc_helpers import wait_for
 
 SPEC: dict[str, Any] = {"experiment_name": "sdk", "compute": {"num_accelerators": 1, "accelerator_type": "CPU_1xCPU"},

@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from air.runs.queue import queue_info
-from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
+from air.store.run_store import Run, RunStore
+from air.store.states import RunStatus
 from proc_helpers import wait_for
 
 

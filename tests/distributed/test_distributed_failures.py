@@ -147,7 +147,7 @@ def test_caller_stopped_by_a_signal_ends_its_call_canceled_with_the_signal_named
     """A user stopping their own script (SIGTERM, a closed terminal's SIGHUP) is a cancel, not air failing:
     the run is CANCELED with the signal named, every rank ended, and the script ends as the signal ends it;
     a local call and a `remote=True` call driven in the caller alike."""
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     script = tmp_path / "caller.py"
     script.write_text(textwrap.dedent(f"""
@@ -176,7 +176,7 @@ def test_caller_stopped_by_a_signal_ends_its_call_canceled_with_the_signal_named
 def test_a_rank_that_died_after_recording_its_root_cause_is_failed_with_it() -> None:
     """A rank's TORCHELASTIC_ERROR_FILE (its own, as torchrun gives each worker one) holds the exception
     torch's `@record` wrote: the run's reason is that exception and where it was raised, not the exit code."""
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     with pytest.raises(RankFailedError) as info:
         cpu2(rp.record_then_die).distributed(1)

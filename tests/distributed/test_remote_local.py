@@ -13,9 +13,9 @@ import pytest
 from air import distributed
 from air.backends.ray_agent import tagged_processes_any_node
 from air.errors import WorkloadFailureException
-from air.runs.paths import RunPaths, process_tag
-from air.runs.states import AttemptStatus, FailureClass, RunStatus
-from air.runs.store import RunStore
+from air.store.paths import RunPaths, process_tag
+from air.store.run_store import RunStore
+from air.store.states import AttemptStatus, FailureClass, RunStatus
 from proc_helpers import wait_for
 
 

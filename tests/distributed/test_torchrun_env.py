@@ -16,7 +16,7 @@ import pytest
 
 from air import distributed
 from air.distributed.local import omp_note
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 
 #: What torchrun's agent sets for its own bookkeeping, not the worker's contract: the signals it forwards.
 AGENT_ONLY = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}

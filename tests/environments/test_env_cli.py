@@ -16,7 +16,7 @@ from air.environments import ensure_environment, parse_dependencies
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
+from air.store.paths import RunPaths
 
 
 def test_env_list_prints_a_table_of_cached_environments(tmp_path: Path, wheelhouse: Path) -> None:

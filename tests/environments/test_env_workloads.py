@@ -10,8 +10,8 @@ from env_fixtures import offline_uv_fixture, uv_cache_fixture, wheelhouse_fixtur
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import air, submit, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 
 
 def test_workload_imports_its_dependency_and_the_second_run_reuses_it(tmp_path: Path, wheelhouse: Path,

@@ -14,11 +14,11 @@ import yaml
 
 from air import ray_init as exported
 from air.errors import RuntimeConfigurationError
-from air.runs.paths import RunPaths
-from air.runs.states import RunStatus
-from air.runs.store import RunStore
 from air.runtime import ray_init
 from air.settings import AIR_RAY_HEAD_PORT
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
+from air.store.states import RunStatus
 
 pytestmark = pytest.mark.ray
 

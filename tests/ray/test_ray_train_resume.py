@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from air.backends.ray_agent import tagged_processes_any_node
-from air.runs.paths import RunPaths, process_tag
-from air.runs.states import RunStatus
-from air.runs.store import RunStore
+from air.store.paths import RunPaths, process_tag
+from air.store.run_store import RunStore
+from air.store.states import RunStatus
 
 pytestmark = pytest.mark.ray
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from air.runs.store import Run, RunStore
+from air.store.run_store import Run, RunStore
 
 
 class StepClock:

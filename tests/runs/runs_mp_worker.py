@@ -7,8 +7,8 @@ import time
 import traceback
 from typing import Any
 
-from air.runs.states import RunStatus
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
+from air.store.states import RunStatus
 
 
 def older_waiting(db_path: str, run_id: str) -> int:

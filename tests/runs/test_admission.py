@@ -22,10 +22,10 @@ import pytest
 from air.home import AirHome
 from air.runs.admission import AdmissionLoop, loop_running, queued_rows
 from air.runs.cancel import cancel_run
-from air.runs.paths import RunPaths
 from air.runs.reconcile import SUPERVISOR_START_GRACE_S, reconcile
-from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import Run, RunStore
+from air.store.states import RunStatus
 from proc_helpers import alive, wait_for
 
 

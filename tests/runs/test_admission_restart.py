@@ -16,8 +16,8 @@ from test_admission import admission_loops, air, one_slot, submit, supervisors_o
 from air.client.sdk import Client
 from air.home import AirHome
 from air.runs.admission import ensure_loop, loop_running, waiting_for_local_loop
-from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
+from air.store.run_store import Run, RunStore
+from air.store.states import RunStatus
 from proc_helpers import alive, wait_for
 
 __all__ = ["one_slot"]  # the fixture, shared with test_admission

@@ -15,9 +15,9 @@ from air.errors import LaunchError
 from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.progress import Silence
 from air.runs.controller import AttemptVerdict, Phase, RunController, SetupFailure
-from air.runs.paths import RunPaths
-from air.runs.states import AttemptStatus, FailureClass, RetryPolicy, RunStatus
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
+from air.store.states import AttemptStatus, FailureClass, RetryPolicy, RunStatus
 from air.tracking.attempt_tracking import AttemptTracking
 
 OK = AttemptOutcome((NodeExit(0, 0, None),), None)

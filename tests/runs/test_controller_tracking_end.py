@@ -11,8 +11,8 @@ from pathlib import Path
 from test_controller import FAILED, OK, FakeBackend, FakeJob, new_run
 
 from air.runs.controller import RunController
-from air.runs.states import RetryPolicy, RunStatus
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
+from air.store.states import RetryPolicy, RunStatus
 from air.tracking.attempt_tracking import AttemptTracking
 
 

@@ -29,8 +29,8 @@ from air.launcher.cgroups import (
 )
 from air.runs.limits import disk_used, limits_at_start, node_cgroup_name
 from air.runs.reasons import disk_limit_reason, memory_limit_reason, process_limit_reason, size_text
-from air.runs.store import RunStore
 from air.server.uploads import BlobQuota, BlobQuotaExceeded, ServerPaths
+from air.store.run_store import RunStore
 from proc_helpers import wait_for
 
 

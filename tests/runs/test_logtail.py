@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from air.runs.logtail import LineCursor, tail_lines
+from air.views.logtail import LineCursor, tail_lines
 
 
 def naive_tail(data: bytes, n: int) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from air.runs.views import LOG_PIECE_CHARS, masked_log
+from air.views.query import LOG_PIECE_CHARS, masked_log
 from air.workload.secrets import RunMasker
 
 SECRET = "s3cr3t-" + "k" * 40

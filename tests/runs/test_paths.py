@@ -11,7 +11,7 @@ import pytest
 
 from air.errors import UserInputError
 from air.files import atomic_write_bytes, atomic_write_text
-from air.runs.paths import (
+from air.store.paths import (
     RunPaths,
     is_run_id,
     new_run_id,

@@ -11,8 +11,8 @@ import pytest
 from test_controller import FAILED, OK, FakeBackend, FakeJob, new_run
 
 from air.runs.controller import RunController
-from air.runs.states import AttemptStatus, PriorityClass, RetryPolicy, RunStatus
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
+from air.store.states import AttemptStatus, PriorityClass, RetryPolicy, RunStatus
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from air.runs.reasons import MAX_REASON_CHARS, scan_line, termination_reason
-from air.runs.states import FailureClass
+from air.store.states import FailureClass
 
 CUDA_OOM = """\
 epoch 0 step 10 loss 2.31

@@ -1,6 +1,6 @@
 """Reads follow permissions, the pure parts (issue 22): the workload's `permissions` field, the config's
 `groups:` and `server.default_visibility`, and the store's SQL listing filter, which must read a run's
-stored grants exactly as the access rule (air.runs.access) does, malformed ones included."""
+stored grants exactly as the access rule (air.store.access) does, malformed ones included."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 
 from air.config import load_config
 from air.errors import UserInputError
-from air.runs.access import Grant, Level, Policy, grants_from_json, grants_to_json
-from air.runs.store import RunStore
 from air.runs.submit import spec_grants
+from air.store.access import Grant, Level, Policy, grants_from_json, grants_to_json
+from air.store.run_store import RunStore
 from air.workload.loading import parse_workload
 
 BASE = {"experiment_name": "perm", "command": "true",

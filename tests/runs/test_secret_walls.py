@@ -18,8 +18,8 @@ import pytest
 
 from air.launcher.pump import MAX_LINE, OutputPump
 from air.launcher.redact import Redactor
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
 from runs_helpers import air, wait_terminal, write_workload

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from air.errors import UserInputError
-from air.runs.states import (
+from air.store.states import (
     ATTEMPT_TRANSITIONS,
     RUN_TRANSITIONS,
     AttemptStatus,
@@ -160,7 +160,7 @@ def test_statuses_parses_user_input() -> None:
 
 
 def test_a_hang_is_retried_within_max_retries_and_its_own_budget() -> None:
-    from air.runs.states import FailureClass, RetryDecision, RetryPolicy
+    from air.store.states import FailureClass, RetryDecision, RetryPolicy
 
     assert RetryPolicy(2).decide(0, FailureClass.HANG).decision is RetryDecision.RETRY
     assert RetryPolicy(2).decide(2, FailureClass.HANG).decision is RetryDecision.FAIL
@@ -175,7 +175,7 @@ def test_a_hang_is_retried_within_max_retries_and_its_own_budget() -> None:
 def test_priority_classes_rank_and_read_back() -> None:
     """Issue 26: the stored rank orders the queue (higher first); a rank reads back as its class, and a row
     older than priorities (None) is NORMAL."""
-    from air.runs.states import PriorityClass
+    from air.store.states import PriorityClass
 
     assert [c.rank for c in (PriorityClass.BEST_EFFORT, PriorityClass.NORMAL, PriorityClass.CRITICAL)] == [0, 100, 200]
     assert [PriorityClass.from_rank(r) for r in (None, 0, 99, 100, 150, 200, 299)] == [

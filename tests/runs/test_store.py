@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from air.errors import GPUValidationError, NotFoundError, UserInputError
-from air.runs.states import (
+from air.store.run_store import SCHEMA_VERSION, Run, RunStore, process_create_time, supervisor_alive
+from air.store.states import (
     AttemptStatus,
     FailureClass,
     IllegalTransitionError,
     RunStatus,
     StatusConflictError,
 )
-from air.runs.store import SCHEMA_VERSION, Run, RunStore, process_create_time, supervisor_alive
 
 MakeRun = Callable[..., Run]
 

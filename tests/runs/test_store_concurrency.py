@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from air.runs.states import RunStatus
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
+from air.store.states import RunStatus
 
 PROCESSES = 20
 CAPACITY = 2

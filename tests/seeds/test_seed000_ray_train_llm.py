@@ -99,7 +99,7 @@ def test_cpu_workload_trains_with_falling_loss_and_logs_to_mlflow(air_home: Path
 def test_a_failed_attempt_resumes_from_its_last_checkpoint(air_home: Path, tmp_path: Path) -> None:
     """The fine-tune checkpoints at step 6 (checkpoint_every: 6) into AIR_CHECKPOINT_DIR and attempt 0 fails
     at step 8 (crash_at_step); attempt 1 resumes from step 6 through `ray.train.get_checkpoint()`."""
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
 
     result = air_cli("run", "-f", str(SEED000 / "train_cpu.yaml"), "--watch", "--json",
                      "--override", "max_retries=1", "--override", "parameters.crash_at_step=8",

@@ -142,7 +142,7 @@ class AirServer:
 
     def run_status_offline(self, run_id: str) -> str:
         """The run's status read from the server's store while no server runs."""
-        from air.runs.store import RunStore
+        from air.store.run_store import RunStore
 
         return RunStore(self.home / "runs.db").get_run(run_id).status.value
 

@@ -117,9 +117,9 @@ def _with_bodies(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _api_schema(tmp: Path) -> dict[str, Any]:
     """The OpenAPI schema the server's app builds (over an empty store: building it reads none)."""
-    from air.runs.store import RunStore
     from air.server.app import create_app
     from air.server.uploads import ServerPaths
+    from air.store.run_store import RunStore
 
     return create_app(store=RunStore(tmp / "schema-only.db"), paths=ServerPaths(tmp / "schema-only")).openapi()
 

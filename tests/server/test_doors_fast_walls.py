@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from server_helpers import AIR, AirServer, free_port, home_processes
 
-from air.runs.paths import RunPaths
 from air.settings import AIR_MLFLOW_HOLD
+from air.store.paths import RunPaths
 from proc_helpers import alive, wait_for
 
 NODE = r'''

@@ -21,11 +21,11 @@ import psutil
 from server_helpers import AirServer
 
 from air.client.models import LinesEvent, RunEvent, SkippedEvent, decode_event
-from air.runs.fanout import FollowHub, reader_following
-from air.runs.paths import RunPaths
-from air.runs.states import RunStatus
-from air.runs.store import RunStore
 from air.server.fanout import ndjson_line, take_ndjson
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
+from air.store.states import RunStatus
+from air.views.fanout import FollowHub, reader_following
 
 LINES = 150
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from server_helpers import AirServer
 
 from air.client.models import LinesEvent, RunEvent, SkippedEvent, decode_event
-from air.runs.states import RunStatus
+from air.store.states import RunStatus
 
 
 @dataclass

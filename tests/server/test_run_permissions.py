@@ -21,8 +21,8 @@ from typing import Any
 
 from server_helpers import AIR, AirServer, running_server
 
-from air.runs.store import RunStore
 from air.server.audit import entries
+from air.store.run_store import RunStore
 from proc_helpers import wait_for
 
 PRIVATE = "groups:\n  ml: [bob]\n  ops: [root]\nserver:\n  default_visibility: private\n"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from server_helpers import AirServer
 
-from air.runs.store import RunStore
 from air.runs.sweep import child_run_ids
+from air.store.run_store import RunStore
 from proc_helpers import alive, wait_for
 
 SWEEP_TIMEOUT_S = 420

@@ -26,8 +26,8 @@ import pytest
 from server_helpers import AIR, AirServer, alive, free_port, home_processes
 
 from air.home import AirHome
-from air.runs.paths import RunPaths
 from air.settings import AIR_MLFLOW_HOLD, AIR_TRACKING_GIVE_UP_S
+from air.store.paths import RunPaths
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from proc_helpers import tracking_done, wait_for
@@ -184,7 +184,7 @@ def test_two_backfills_of_one_marked_run_at_once_make_its_mlflow_run_once(air_ho
 def _ended_attempt(store: Any, tracking: dict[str, str] | None = None) -> str:
     """A run whose attempt 0 ended with tracking on and no MLflow run (its supervisor gave up: `{}`), or,
     with `tracking`, whose back-fill already wrote its note."""
-    from air.runs.states import AttemptStatus
+    from air.store.states import AttemptStatus
 
     run = store.create_run(experiment="pass", accelerator_type="CPU_1xCPU", num_accelerators=1, num_nodes=1).run
     store.start_attempt(run.id)
@@ -208,7 +208,7 @@ def test_the_servers_pass_records_made_runs_drops_stale_markers_and_waits_for_a_
     import time
 
     from air.runs.reconcile import PENDING_SETTLE_S, backfill_pending, mark_tracking_pending
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     store = RunStore()
     made = _ended_attempt(store, {"run_id": "0123abcd", "experiment_id": "1", "tracking_uri": "http://x/mlflow"})

@@ -99,7 +99,7 @@ def test_killed_supervisors_mlflow_run_is_ended_by_the_next_command(tmp_path: Pa
     import os
     import signal
 
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     logged = tmp_path / "logged"
     path = write_workload(tmp_path, "orphan", f"""
@@ -132,6 +132,6 @@ def test_killed_supervisors_mlflow_run_is_ended_by_the_next_command(tmp_path: Pa
     info = wait_for(ended, "the attempt's MLflow run to be ended", timeout=120, interval=0.5)
     assert info.status in ("FAILED", "KILLED") and info.end_time, info
     assert client.get_metric_history(attempt.mlflow_run_id, "step")[0].value == 1.0
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
 
     assert "ended FAILED" in RunPaths(run_id).supervisor_log.read_text()

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from air.home import AirHome
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 from air.tracking.node_hook import write_env, write_hook
 from proc_helpers import tracking_done, wait_for
 

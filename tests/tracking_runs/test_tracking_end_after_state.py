@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from air.home import AirHome
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 from proc_helpers import mlflow_run_ended, tracking_done
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from air import distributed
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 from proc_helpers import mlflow_run_ended, tracking_done, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workload_runs"))
@@ -161,7 +161,7 @@ def test_unreachable_tracking_server_is_a_warning_not_a_failure(tmp_path: Path, 
     """)
     run = wait_terminal(submit(path), timeout=120)
     assert run.status.value == "SUCCESS"
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
 
     # The run's end state comes first; its supervisor's MLflow attempt (and its warning) may come after.
     supervisor_log = RunPaths(run.id).supervisor_log

@@ -14,7 +14,7 @@ from typing import Any
 from runs_helpers import submit, wait_status, wait_terminal, write_workload
 from web_helpers import http_get, runs_rows, save_screenshot, text_of
 
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 from proc_helpers import alive, wait_for
 
 #: A run page follows its log while the run is active; pages and runs start slowly on a loaded 2-core machine.

@@ -152,7 +152,7 @@ def test_a_failed_call_shows_per_rank_logs_with_the_failing_rank_first(
     import subprocess
     import sys
 
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     script = tmp_path / "caller.py"
     script.write_text(CALLER.replace("MARKER", repr(str(tmp_path / "rank_0_printed"))))

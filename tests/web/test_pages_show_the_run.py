@@ -20,8 +20,8 @@ from typing import Any
 from runs_helpers import submit, wait_status, wait_terminal, write_workload
 from web_helpers import http_get, runs_rows, text_of
 
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 from proc_helpers import tracking_done, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from web_helpers import free_port, http_get
 
-from air.runs.store import RunStore
 from air.server.app import create_app
 from air.server.tokens import create_token
+from air.store.run_store import RunStore
 from air.web.serve import PageServer
 
 MLFLOW = "http://mlflow.example.org:5001"

@@ -228,7 +228,7 @@ def test_the_cookie_is_a_revocable_session_never_the_token(srv: AirServer, chrom
     assert value != token and token not in value and token.removeprefix("air_") not in value
     assert "air_session" not in chrome.execute_script("return document.cookie")  # scripts cannot read it
     # The store keeps only the id's sha256; no key on disk could mint a cookie.
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     rows = RunStore(srv.home / "runs.db").reader().execute(
         "SELECT session_sha256, user, token_id, expires_at - created_at FROM web_sessions").fetchall()
@@ -302,7 +302,7 @@ def test_air_ui_forms_need_their_token_and_its_own_host_name(
 
     from runs_helpers import submit, wait_status, write_workload
 
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     run_id = submit(write_workload(tmp_path, "local", """
         experiment_name: local

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 
 from air.runs.reasons import mark_line
-from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
-from air.runs.views import run_list_page
+from air.store.run_store import Run, RunStore
+from air.store.states import RunStatus
+from air.views.query import run_list_page
 from air.web.auth import WebSessions, WebUser
 
 

@@ -10,7 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from air.runs.store import Run, RunStore
+from air.store.run_store import Run, RunStore
 
 
 def air(*args: str, env: dict[str, str] | None = None, timeout: float = 120,

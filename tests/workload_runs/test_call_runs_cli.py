@@ -18,8 +18,8 @@ from typing import Any
 
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
-from air.runs.store import Run, RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import Run, RunStore
 from proc_helpers import alive, read_pids, wait_for
 
 #: The caller's ranks write their pid here; `sleep` makes them wait to be ended.

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from runs_helpers import air, submit, wait_terminal, write_workload
 
-from air.runs.states import RunStatus
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
+from air.store.states import RunStatus
 from proc_helpers import tracking_done
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from runs_helpers import air
 
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "torchrun_ddp" / "workload.yaml"
 

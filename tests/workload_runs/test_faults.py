@@ -11,7 +11,7 @@ from pathlib import Path
 
 from runs_helpers import air, submit, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
+from air.store.paths import RunPaths
 from proc_helpers import alive, read_pids
 
 
@@ -51,7 +51,7 @@ def test_a_silent_node_is_ended_as_hung_with_its_stacks_and_nothing_left(tmp_pat
 
 
 def RunStore_attempt(run_id: str) -> dict[str, object]:  # reads like the store's record
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     attempt = RunStore().list_attempts(run_id)[0]
     return {"failure_class": str(attempt.failure_class)}

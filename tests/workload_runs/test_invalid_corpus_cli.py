@@ -32,6 +32,6 @@ def test_invalid_workload_exits_2_names_the_field_and_writes_nothing(
     assert _expectation(path) in err
     assert path.name in err or "No workload" in err
     assert not (air_home / "runs").exists() or not any((air_home / "runs").iterdir())
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     assert RunStore().list_runs(statuses="all") == []

@@ -130,7 +130,7 @@ def test_a_calls_experiment_is_the_mlflow_experiment_it_was_logged_to(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
     from air.tracking import tracking_uri
 
     monkeypatch.setenv("AIR_TRACKING", "on")

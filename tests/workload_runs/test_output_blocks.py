@@ -16,8 +16,8 @@ from runs_helpers import air, submit, wait_terminal, write_workload
 
 from air.launcher.pump import READ_BYTES, OutputPump
 from air.launcher.redact import Redactor
-from air.runs.logtail import SHOW_BYTES, LineCursor, cut_marker, lines_since, tail_lines
-from air.runs.paths import RunPaths
+from air.store.paths import RunPaths
+from air.views.logtail import SHOW_BYTES, LineCursor, cut_marker, lines_since, tail_lines
 from proc_helpers import pipe_unread, wait_for
 
 MIB = 1024 * 1024

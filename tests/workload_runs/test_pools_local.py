@@ -13,7 +13,7 @@ import pytest
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
 from air.errors import UserInputError
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 from proc_helpers import wait_for
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
-from air.runs.states import AttemptStatus, PriorityClass, RunStatus
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
+from air.store.states import AttemptStatus, PriorityClass, RunStatus
 from proc_helpers import wait_for
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "server"))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 from proc_helpers import wait_for
 
 TEN_DAYS_AGO = time.time() - 10 * 86400

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 from proc_helpers import alive, wait_for
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 
 #: A command that prints a line every 0.2 s for two minutes: running long enough to be interrupted.
 TICKING = "python -c \"import time\nfor i in range(600): print('tick', i, flush=True); time.sleep(0.2)\""
@@ -65,7 +65,7 @@ def _ctrl_c_once(tmp_path: Path, seen: str, *args: str) -> tuple[int, str]:
 
 
 def _log_lines(run_id: str) -> int:
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
 
     path = RunPaths(run_id).node_logs(0).get(0)
     return len(path.read_text().splitlines()) if path is not None and path.exists() else 0

@@ -15,8 +15,8 @@ from pathlib import Path
 from runs_helpers import air, submit, wait_terminal, write_workload
 
 from air.launcher.pump import times_path
-from air.runs.logtail import lines_since, offset_since
-from air.runs.paths import RunPaths
+from air.store.paths import RunPaths
+from air.views.logtail import lines_since, offset_since
 
 
 def workload(folder: Path, name: str, command: str) -> Path:

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from runs_helpers import air, submit, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
 from air.runs.sweep import child_run_ids
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 from air.workload.sweep_spec import ForEachSpec, merge_parameters
 from proc_helpers import alive, tracking_done, wait_for
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
-from air.runs.paths import RunPaths
-from air.runs.store import RunStore
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
 from proc_helpers import alive, read_pids, wait_for
 
 
@@ -99,7 +99,7 @@ def test_cancel_ends_every_process(tmp_path: Path, pid_dir: Path) -> None:
 
 def _tagged(run_id: str) -> list[int]:
     from air.launcher import tagged_processes
-    from air.runs.paths import process_tag
+    from air.store.paths import process_tag
 
     return [p.pid for p in tagged_processes(process_tag(run_id))]
 

@@ -256,7 +256,7 @@ class Backend(Protocol):
 
 
 class PooledRun(Protocol):
-    """What a backend reads of a run the ledger holds (air.runs.store.Run): the pool it waits in."""
+    """What a backend reads of a run the ledger holds (air.store.run_store.Run): the pool it waits in."""
 
     @property
     def pool(self) -> str | None: ...

@@ -13,7 +13,7 @@ from air.cli.main import common, settings
 from air.cli.output import stderr
 from air.client.models import LinesEvent, Run
 from air.errors import AirError, NotFoundError, UserInputError
-from air.runs.follow import log_sources
+from air.views.follow import log_sources
 
 if TYPE_CHECKING:
     from air.cli.watch import Event

@@ -10,10 +10,10 @@ from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import envelope, fmt_time, print_fields, print_table, shape_text
 from air.errors import UserInputError
-from air.runs.states import RunStatus
-from air.runs.states import statuses as parse_statuses
-from air.runs.store import RunStore
-from air.runs.views import duration_text, quiet_summary
+from air.store.run_store import RunStore
+from air.store.states import RunStatus
+from air.store.states import statuses as parse_statuses
+from air.views.query import duration_text, quiet_summary
 
 if TYPE_CHECKING:
     from air.client.models import Run, RunDetail
@@ -46,7 +46,7 @@ def get_run(run_id: str) -> None:
 def get_pools() -> None:
     """Pools: each one's accelerator type and total/used/idle accelerators (config.yaml `pools:`)."""
     from air.client import server_client
-    from air.runs.views import pools_view
+    from air.views.query import pools_view
 
     client = server_client(settings().profile)  # a server profile's, or None: this machine
     data = client.get("/pools") if client is not None else pools_view(RunStore())

@@ -145,9 +145,9 @@ def token() -> None:
 @common
 def create(name: str, admin: bool, unix_user: str | None) -> None:
     """A new token for user NAME, printed as the last line (shown once: keep it)."""
-    from air.runs.store import RunStore
     from air.server.audit import TOKEN_CREATE, record, shell_actor
     from air.server.tokens import create_token
+    from air.store.run_store import RunStore
 
     store = RunStore()
     info, secret = create_token(store, name, admin=admin, unix_user=unix_user)
@@ -167,8 +167,8 @@ def create(name: str, admin: bool, unix_user: str | None) -> None:
 @common
 def list_(include_revoked: bool) -> None:
     """Tokens: id, user, admin, created (never the tokens themselves)."""
-    from air.runs.store import RunStore
     from air.server.tokens import list_tokens
+    from air.store.run_store import RunStore
 
     tokens = list_tokens(RunStore(), include_revoked=include_revoked)
     if settings().json:
@@ -188,9 +188,9 @@ def list_(include_revoked: bool) -> None:
 @common
 def revoke(id_or_user: str) -> None:
     """Revoke a token by its id, or every token of a user by name."""
-    from air.runs.store import RunStore
     from air.server.audit import TOKEN_REVOKE, record, shell_actor
     from air.server.tokens import revoke_tokens
+    from air.store.run_store import RunStore
 
     store = RunStore()
     ids = revoke_tokens(store, id_or_user)
@@ -209,8 +209,8 @@ def revoke(id_or_user: str) -> None:
 def audit(limit: int) -> None:
     """Who did what: token create/revoke, permission changes, cancels, logins and logouts (oldest first).
     Run it on the server's machine with its AIR_HOME, like `air server token`."""
-    from air.runs.store import RunStore
     from air.server.audit import entries
+    from air.store.run_store import RunStore
 
     found = entries(RunStore(), limit=limit)
     if settings().json:

@@ -43,7 +43,7 @@ from air.client.models import LinesEvent, NewAttemptEvent, Run, RunDetail, RunEv
 from air.client.sdk import Client
 from air.errors import AirError, UserInputError
 from air.runs.reasons import EXCEPTION_LINE_RE, TRACEBACK_HEADER, mark_line
-from air.runs.states import RunStatus
+from air.store.states import RunStatus
 
 #: Distinct errors the TERMINAL event lists (the hosted product's cap).
 MAX_ERRORS = 50
@@ -345,7 +345,7 @@ class MetricReader:
         return {str(m["key"]): float(m["value"]) for m in metrics if isinstance(m, dict) and "key" in m}
 
     def _local(self, run_id: str, mlflow_run_id: str, attempt: int | None) -> dict[str, float]:
-        from air.runs.paths import RunPaths
+        from air.store.paths import RunPaths
         from air.tracking.store import client, tracking_uri
 
         uri = tracking_uri()

@@ -18,7 +18,7 @@ MAX_ITEMS = 50
 
 def _items(incomplete: str, statuses: Literal["all"] | None) -> list[CompletionItem]:
     try:
-        from air.runs.store import RunStore
+        from air.store.run_store import RunStore
 
         store = RunStore.if_exists()
         if store is None:

@@ -141,7 +141,7 @@ def _reconcile_quietly() -> None:
     try:
         from air.runs.admission import ensure_loop
         from air.runs.reconcile import reconcile
-        from air.runs.store import RunStore
+        from air.store.run_store import RunStore
 
         store = RunStore.if_exists()  # no store yet: no run to check, and nothing to create
         if store is not None and not store.read_only():  # a read-only store is only looked at
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except sqlite3.Error as exc:  # the run store failed past its opening (a write to a read-only one, a lock)
         from air.home import AirHome
-        from air.runs.schema import store_error
+        from air.store.schema import store_error
 
         _report(store_error(AirHome(create=False).runs_db, exc), json_mode=json_mode, verbose=verbose)
     except PermissionError as exc:  # a file of another account's AIR_HOME that this one may not read

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from air.cli.output import event, status, stderr
 from air.progress import Spinner, spinner
-from air.runs.logtail import LineCursor
-from air.runs.paths import RunPaths
-from air.runs.states import RunStatus
+from air.store.paths import RunPaths
+from air.store.states import RunStatus
+from air.views.logtail import LineCursor
 
 if TYPE_CHECKING:
     from air.client.models import Run
@@ -122,7 +122,7 @@ class WatchExtras:
 
     def _progress(self) -> None:
         """"[run] node 1 quiet for 12m": once each time the quiet nodes (or their minutes) change."""
-        from air.runs.views import quiet_summary
+        from air.views.query import quiet_summary
 
         now = time.monotonic()
         if now < self.next_progress_look:

@@ -20,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 
 from air.bounds import MAX_NUM_ACCELERATORS, MAX_RETRIES
 from air.errors import UserInputError
-from air.runs.states import AttemptStatus, FailureClass, RunStatus
+from air.store.states import AttemptStatus, FailureClass, RunStatus
 
 if TYPE_CHECKING:
-    from air.runs.follow import FollowEvent
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
+    from air.views.follow import FollowEvent
 
 #: The version of the API this air speaks (the `/api/v1` routes and these models). Raised when a route or
 #: a model changes in a way an older client cannot read.
@@ -170,7 +170,7 @@ class Run(_Answer):
 
     @property
     def id(self) -> str:
-        """`run_id`, as a store's run names it (air.runs.follow.log_sources reads either)."""
+        """`run_id`, as a store's run names it (air.views.follow.log_sources reads either)."""
         return self.run_id
 
     @property
@@ -227,7 +227,7 @@ class LogList(_Answer):
 
 class RunDetail(Run):
     """`GET /runs/{id}`, `air get run` and `air.Client.get`: the run with its attempts, folder, how quiet
-    its nodes are, its checkpoints and (a call) its rank logs (air.runs.views.run_detail makes it)."""
+    its nodes are, its checkpoints and (a call) its rank logs (air.views.query.run_detail makes it)."""
 
     attempt_list: list[Attempt] = []
     folder: str | None = None
@@ -392,11 +392,11 @@ def decode_event(line: bytes | str) -> Event | None:
 
 
 def event_from(item: FollowEvent, store: RunStore | None = None) -> RunEvent | LinesEvent | NewAttemptEvent:
-    """What `air.runs.follow` yields on the run's machine (a store `Run`, `Lines`, `NewAttempt`) as the
+    """What `air.views.follow` yields on the run's machine (a store `Run`, `Lines`, `NewAttempt`) as the
     event a client reads: the server streams it, the SDK yields it when it follows a run locally. With
     `store`, a QUEUED run's event says why it waits (`queue`: `air run --watch` prints it without asking)."""
-    from air.runs.follow import Lines, NewAttempt
-    from air.runs.views import run_dict, run_summary
+    from air.views.follow import Lines, NewAttempt
+    from air.views.query import run_dict, run_summary
 
     if isinstance(item, Lines):
         return LinesEvent(lines=item.lines, label=item.source.label, index=item.source.index, attempt=item.attempt)

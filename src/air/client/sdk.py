@@ -38,11 +38,11 @@ from air.client.models import (
     event_from,
 )
 from air.errors import AirError, UserInputError
-from air.runs.states import RunStatus
+from air.store.states import RunStatus
 
 if TYPE_CHECKING:
-    from air.runs.follow import FollowEvent
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
+    from air.views.follow import FollowEvent
     from air.workload.snapshot import SnapshotPlan
     from air.workload.spec import WorkloadSpec
 
@@ -80,7 +80,7 @@ class Client:
     def store(self) -> RunStore:
         """This machine's run store (only without a server)."""
         if self._store is None:
-            from air.runs.store import RunStore
+            from air.store.run_store import RunStore
 
             self._store = RunStore()
         return self._store
@@ -129,7 +129,7 @@ class Client:
         """`get`'s answer as the API words it (`air get run --json` prints it, its field order kept)."""
         if self.server is not None:
             return self.server.get(f"/runs/{run_id}")
-        from air.runs.views import run_detail
+        from air.views.query import run_detail
 
         return run_detail(self.store, self.store.get_run(run_id))
 
@@ -144,7 +144,7 @@ class Client:
                 "/runs", status=[s.value for s in sorted(statuses)] or None, all_status=all_status, limit=limit,
                 experiment=experiment_glob, accelerator_type=accelerator_type, num_accelerators=num_accelerators,
                 user=user, all_users=all_users)["runs"])
-        from air.runs.views import run_dict, run_summary
+        from air.views.query import run_dict, run_summary
 
         found = self.store.list_runs(statuses="all" if all_status else (statuses or None), limit=limit,
                                      experiment_glob=experiment_glob, accelerator_type=accelerator_type,
@@ -156,7 +156,7 @@ class Client:
              experiment: str | None = None, all_users: bool = False, limit: int = 20) -> list[Run]:
         """Runs, newest first: the active ones, those of `status`, or every one (`all_status`); through a
         server yours only unless `all_users`."""
-        from air.runs.states import statuses
+        from air.store.states import statuses
 
         named = [status] if isinstance(status, str | RunStatus) else list(status or ())
         rows = self.list_data(statuses=statuses(named), all_status=all_status, experiment_glob=experiment,
@@ -189,8 +189,8 @@ class Client:
         any event (on this machine; through a server, at the first event)."""
         if self.server is not None:
             return self._streamed(run_id, live=live, where={**where, "minutes": minutes})
-        from air.runs.follow import follow, snapshot
-        from air.runs.views import log_masker
+        from air.views.follow import follow, snapshot
+        from air.views.query import log_masker
 
         run = self.store.get_run(run_id)
         mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
@@ -222,7 +222,7 @@ class Client:
         "rank" for a local call), index and size."""
         if self.server is not None:
             return LogList.model_validate(self.server.get(f"/runs/{run_id}/logs", attempt=attempt))
-        from air.runs.views import log_list
+        from air.views.query import log_list
 
         return LogList.model_validate(log_list(self.store, self.store.get_run(run_id), attempt))
 
@@ -238,7 +238,7 @@ class Client:
                                      target / f"{log.label}_{log.index}.log", attempt=listed.attempt)
             return listed
         from air.files import atomic_write_bytes
-        from air.runs.views import log_masker, masked_log, written_logs
+        from air.views.query import log_masker, masked_log, written_logs
 
         run = self.store.get_run(listed.run_id)
         mask = log_masker(run)

@@ -20,9 +20,9 @@ from air.client.models import CallRequest
 from air.constants import SERVER_MAX_CALL_RESULT_BYTES
 from air.distributed.outcome import CallResult
 from air.files import atomic_write_bytes, atomic_write_text
-from air.runs.paths import CallPaths
-from air.runs.states import FailureClass, RunStatus
-from air.runs.store import Run, RunStore
+from air.store.paths import CallPaths
+from air.store.run_store import Run, RunStore
+from air.store.states import FailureClass, RunStatus
 
 
 def start_call(store: RunStore, user: str, call: CallRequest, payload: bytes) -> Run:

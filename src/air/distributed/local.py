@@ -15,8 +15,8 @@ from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings, resolve_local
 from air.errors import SerializationError
 from air.launcher.warm import python_can_fork
-from air.runs.paths import TORCHELASTIC_ERROR_FILE
 from air.settings import AIR_ACCELERATOR_KIND, AIR_RUN_ID, AIR_WARM_START
+from air.store.paths import TORCHELASTIC_ERROR_FILE
 
 
 def serialize_call(func: Callable[..., object], args: Sequence[object], kwargs: Mapping[str, object]) -> bytes:
@@ -125,7 +125,7 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
         prestart_call_zygote(preload, RANK_MODULE, shape.world_size, os.getcwd())
     from air.accelerators import MachineAccelerators, discover  # imported after the prestart: ~40 ms
     from air.distributed.remote import CallJob, caller_stops_cancel, drive_call
-    from air.runs.store import RunStore
+    from air.store.run_store import RunStore
 
     name = getattr(func, "__name__", "fn")
     nested = bool(os.environ.get(AIR_RUN_ID))

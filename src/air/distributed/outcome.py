@@ -54,7 +54,7 @@ class RankOutcome:
 
 
 def outcome_path(call_dir: Path, rank: int) -> Path:
-    """Where a rank answers (beside the payload it ran, air.runs.paths.CALL_PAYLOAD_FILE)."""
+    """Where a rank answers (beside the payload it ran, air.store.paths.CALL_PAYLOAD_FILE)."""
     return call_dir / f"rank_{rank}.outcome"
 
 

@@ -60,10 +60,7 @@ from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec
 from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, CallerStopped, RunController, SetupFailure
-from air.runs.paths import CALL_PAYLOAD_FILE, CallPaths, torchelastic_error_file
 from air.runs.reasons import ERROR_FILE_MAX_BYTES, error_file_reason
-from air.runs.states import FailureClass, RetryPolicy, RunStatus
-from air.runs.store import Run, RunStore
 from air.settings import (
     AIR_ACCELERATOR_TYPE,
     AIR_ATTEMPT,
@@ -74,6 +71,9 @@ from air.settings import (
     AIR_RUN_ID,
     AIR_SYS_PATH,
 )
+from air.store.paths import CALL_PAYLOAD_FILE, CallPaths, torchelastic_error_file
+from air.store.run_store import Run, RunStore
+from air.store.states import FailureClass, RetryPolicy, RunStatus
 from air.tracking.attempt_tracking import AttemptTracking
 
 if TYPE_CHECKING:
@@ -403,7 +403,7 @@ class CallJob:
         from air.config import load_config
         from air.launcher import reap_tag
         from air.runs.limits import AttemptLimits
-        from air.runs.paths import process_tag
+        from air.store.paths import process_tag
 
         def end_ranks() -> None:
             reap_tag(process_tag(self.run_id), subtags=True)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from air.files import atomic_write_text
-from air.runs.paths import CallPaths
 from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
+from air.store.paths import CallPaths
 from air.tracking.attempt_tracking import AttemptTracking
 from air.tracking.handle import TrackingHandle
 from air.tracking.store import tracking_enabled
@@ -138,7 +138,7 @@ def experiment_name(handle: TrackingHandle) -> str | None:
 def _link(run_id: str, attempt: int, handle: TrackingHandle) -> None:
     """Name the attempt's MLflow run in the run store and its `tracking.json` (`air get run` shows it)."""
     try:
-        from air.runs.store import RunStore
+        from air.store.run_store import RunStore
         from air.tracking.ui import write_tracking_ref
 
         RunStore().set_mlflow_run_id(run_id, handle.run_id, attempt=attempt, experiment=experiment_name(handle))

@@ -24,7 +24,6 @@ import cloudpickle
 from air.constants import release_timeout_s
 from air.distributed.outcome import done_path, error, hang_path, ok, write_outcome
 from air.launcher.zygote import exit_now, import_with_gc_off
-from air.runs.paths import CALL_PAYLOAD_FILE
 from air.settings import (
     AIR_LAUNCHER_PID,
     AIR_MLFLOW_ENV_FILE,
@@ -32,6 +31,7 @@ from air.settings import (
     AIR_STACKS_FILE,
     AIR_SYS_PATH,
 )
+from air.store.paths import CALL_PAYLOAD_FILE
 
 _PR_SET_PDEATHSIG = 1
 

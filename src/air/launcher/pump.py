@@ -7,7 +7,7 @@ write, one time mark and one "last output" note: per block, not per line, so a n
 of short lines is held back by its disk, not by Python (issue 25). A line cut by a dying process is still
 written (with a newline added). A line longer than `MAX_LINE` is written on in pieces, without a newline,
 rather than held in memory: the log keeps the line whole and readers bound what they show of it
-(`air.runs.logtail`).
+(`air.views.logtail`).
 
 Progress bars (`\\r` updates, as tqdm writes them) stay one line: of the part of a line not yet written only
 the last `\\r` state is kept, and a complete line is stored from its last `\\r` on (the `\\r` kept, so a

@@ -1,5 +1,4 @@
-"""Runs: the run store (SQLite, WAL), run and attempt states, run folders, termination reasons, log tails,
-and the run controller. Internal to air (the CLI, the supervisor and the backends import its modules);
-users meet it through `air` commands. Nothing is imported here: a `@distributed` call imports
-`air.runs.paths` on its path and must not pay for the store, the reasons' regexes and the rest with it.
+"""Runs: the run controller and everything that drives a run (submit, admission, the supervisor, sweeps,
+cancel, preemption, retries, reasons). Internal to air; the store it drives is air.store, the read side
+air.views. Nothing is imported here.
 """

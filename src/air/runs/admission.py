@@ -42,10 +42,10 @@ from air.accelerators import MachineAccelerators, parse_accelerator_type
 from air.constants import ADMISSION_POLL_S, ADMISSION_TICK_S
 from air.errors import AirError, GPUValidationError
 from air.home import AirHome
-from air.runs.paths import RunPaths
-from air.runs.states import RunStatus, StatusConflictError
-from air.runs.store import RunStore
 from air.settings import AIR_PROCESS_TAG, AIR_SUPERVISOR
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
+from air.store.states import RunStatus, StatusConflictError
 
 if TYPE_CHECKING:
     from air.config import AirConfig
@@ -230,7 +230,7 @@ class AdmissionLoop:
             pid = self._spawn(row.id, _saved_environ(row.id))
         except Exception as exc:  # its slots go back; the run ends with the reason, not stuck QUEUED
             _log.error("run %s: could not start its supervisor: %s", row.id, exc)
-            from air.runs.states import FailureClass
+            from air.store.states import FailureClass
 
             with contextlib.suppress(AirError):
                 self.store.transition(row.id, RunStatus.INTERNAL_ERROR, reason=f"Could not start the supervisor: "

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 
 from air.constants import CANCEL_NO_SUPERVISOR_S, CANCEL_WAIT_S
-from air.runs.paths import process_tag
-from air.runs.states import FailureClass, RunStatus, StatusConflictError
-from air.runs.store import RunStore, supervisor_alive
+from air.store.paths import process_tag
+from air.store.run_store import RunStore, supervisor_alive
+from air.store.states import FailureClass, RunStatus, StatusConflictError
 
 #: The reason a canceled run carries when nobody is named.
 CANCEL_REASON = "Canceled by the user"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from air.files import atomic_write_text
-from air.runs.paths import RunPaths
+from air.store.paths import RunPaths
 
 
 def checkpoint_location(run_id: str, checkpoint_root: str | None = None) -> str:

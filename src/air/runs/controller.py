@@ -42,9 +42,10 @@ from air.launcher.progress import find_hang, quiet_for
 from air.launcher.stacks import collect as collect_stacks
 from air.runs.credentials import door_url, node_tracking_env
 from air.runs.credentials import revoke as revoke_credentials
-from air.runs.paths import RunPaths, process_tag
 from air.runs.reasons import rendezvous_hint
-from air.runs.states import (
+from air.store.paths import RunPaths, process_tag
+from air.store.run_store import RunStore
+from air.store.states import (
     AttemptStatus,
     FailureClass,
     RetryDecision,
@@ -52,7 +53,6 @@ from air.runs.states import (
     RunStatus,
     StatusConflictError,
 )
-from air.runs.store import RunStore
 from air.tracking.attempt_tracking import AttemptTracking
 from air.tracking.ui import write_tracking_ref
 
@@ -447,7 +447,7 @@ class RunController:
         """The attempt was ended for a CRITICAL run: record it PREEMPTED (not a failure) and put the run
         back in the queue at its old place (through WAITING_FOR_RETRY, as a retry goes, but counted as a
         preemption, not a retry). False when a cancel got there first (the run is then CANCELED)."""
-        from air.runs.preemption import requeued
+        from air.store.preemption import requeued
 
         reason = (f"Preempted by CRITICAL run {by}: back in the queue at its place; it resumes from "
                   "AIR_CHECKPOINT_DIR (not counted against max_retries)")
@@ -467,7 +467,7 @@ class RunController:
         return True
 
     def _clear_preemption(self) -> None:
-        from air.runs.preemption import clear_request
+        from air.store.preemption import clear_request
 
         with self.store.writer() as conn:
             clear_request(conn, self.run_id)

@@ -19,8 +19,8 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from air.runs.store import RunStore
 from air.settings import AIR_MLFLOW_DOOR
+from air.store.run_store import RunStore
 
 #: Every run credential starts with this (an API token starts with `air_`): the door tells them apart.
 CREDENTIAL_PREFIX = "airrun_"
@@ -62,7 +62,7 @@ def verify(store: RunStore, credential: str | None) -> RunCredential | None:
         "WHERE c.token_sha256 = ? AND c.revoked_at IS NULL", (secret_digest(credential),)).fetchone()
     if row is None:
         return None
-    from air.runs.states import RunStatus
+    from air.store.states import RunStatus
 
     try:
         if RunStatus(row[2]).is_terminal():

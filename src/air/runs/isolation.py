@@ -26,8 +26,8 @@ from air.launcher.sandbox import (
     check_account,
     ensure_account,
 )
-from air.runs.store import RunStore
 from air.settings import AIR_ISOLATION
+from air.store.run_store import RunStore
 
 #: Each air user runs as a Unix account of their own, in a bubblewrap view (the server is root).
 UNIX_USER = "unix-user+bwrap"

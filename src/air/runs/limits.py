@@ -25,7 +25,7 @@ from air.config import ServerLimits
 from air.home import AirHome
 from air.launcher.cgroups import Cgroup, CgroupError, Counters, Limits, server_group
 from air.runs.reasons import TerminationReason, disk_limit_reason, memory_limit_reason, process_limit_reason
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 
 _log = logging.getLogger("air.supervisor")
 

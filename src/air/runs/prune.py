@@ -22,9 +22,9 @@ from pathlib import Path
 from air.errors import UserInputError
 from air.files import folder_size
 from air.home import AirHome
-from air.runs.paths import RUN_ID_RE, RunPaths
-from air.runs.states import RunStatus
-from air.runs.store import RunStore
+from air.store.paths import RUN_ID_RE, RunPaths
+from air.store.run_store import RunStore
+from air.store.states import RunStatus
 
 #: What `--older-than-days` defaults to.
 DEFAULT_OLDER_THAN_DAYS = 30.0

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
+from air.store.run_store import Run, RunStore
+from air.store.states import RunStatus
 
 #: How many run ids a reason names before it says "and N more".
 SHOWN_IDS = 3

@@ -14,7 +14,7 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from air.runs.states import FailureClass
+from air.store.states import FailureClass
 
 #: Longest reason kept (the store and the CLI show it on one line).
 MAX_REASON_CHARS = 300

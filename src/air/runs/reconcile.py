@@ -24,11 +24,11 @@ from pathlib import Path
 
 from air.errors import NotFoundError
 from air.home import AirHome
-from air.runs.liveness import process_alive, supervisor_alive
-from air.runs.paths import is_run_id, process_tag
-from air.runs.records import Attempt, Run
-from air.runs.states import FailureClass, RunStatus, StatusConflictError
-from air.runs.store import RunStore
+from air.store.liveness import process_alive, supervisor_alive
+from air.store.paths import is_run_id, process_tag
+from air.store.records import Attempt, Run
+from air.store.run_store import RunStore
+from air.store.states import FailureClass, RunStatus, StatusConflictError
 
 #: A PENDING run with no supervisor recorded after this long never got one.
 SUPERVISOR_START_GRACE_S = 60.0
@@ -74,7 +74,7 @@ def reconcile(store: RunStore, *, now: float | None = None) -> list[str]:
 
 def _end_mlflow_runs(store: RunStore, run: Run) -> None:
     """The dead supervisor's attempts' MLflow runs end FAILED too (off this command's path: tracking/ended.py)."""
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
     from air.tracking.ended import end_orphaned, refs_of
 
     paths = RunPaths(run.id)
@@ -87,7 +87,7 @@ def backfill_tracking(store: RunStore, run_id: str, *, marked: bool = False) -> 
     made afterwards, off this command's path (tracking/backfill.py); True when a back-fill started. Through
     a tracking server that can be away, the run is marked "tracking pending" first (`air server` tries again
     until it is made: `backfill_pending`)."""
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
     from air.tracking.backfill import BackfillJob, backfill_later
 
     run, paths = store.get_run(run_id), RunPaths(run_id)
@@ -176,7 +176,7 @@ def _record_made(store: RunStore, run_id: str) -> None:
     supervisor would have: `air get run` and the pages show them. The run's own link stays its latest attempt's."""
     import json
 
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
 
     paths, attempts = RunPaths(run_id), store.list_attempts(run_id)
     recorded = False
@@ -196,7 +196,7 @@ def _record_made(store: RunStore, run_id: str) -> None:
 
 def _missing_attempts(store: RunStore, run_id: str) -> list[Attempt]:
     """The ended attempts of `run_id` that ran with tracking on and have no MLflow run (backfill.missing)."""
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
     from air.tracking.backfill import missing
 
     paths = RunPaths(run_id)

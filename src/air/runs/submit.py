@@ -21,10 +21,10 @@ import yaml
 from air.backends import Backend, backend_for
 from air.errors import UserInputError
 from air.files import atomic_write_text
-from air.runs.access import Grant, Level, grants_to_json
-from air.runs.paths import RunPaths
-from air.runs.states import FailureClass, RunStatus
-from air.runs.store import Run, RunStore
+from air.store.access import Grant, Level, grants_to_json
+from air.store.paths import RunPaths
+from air.store.run_store import Run, RunStore
+from air.store.states import FailureClass, RunStatus
 from air.workload.plan import RunPlan, make_plan
 from air.workload.spec import WorkloadSpec
 

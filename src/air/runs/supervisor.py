@@ -33,10 +33,7 @@ from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.credentials import door_url
-from air.runs.paths import TORCHELASTIC_ERROR_FILE, RunPaths, process_tag, torchelastic_error_file
 from air.runs.reasons import ERROR_FILE_MAX_BYTES, error_file_reason, oom_kill_count, termination_reason
-from air.runs.states import FailureClass, RetryPolicy, RunStatus
-from air.runs.store import RunStore
 from air.settings import (
     AIR_ATTEMPT,
     AIR_CHECKPOINT_DIR,
@@ -46,6 +43,9 @@ from air.settings import (
     AIR_SUPERVISOR,
     node_environ,
 )
+from air.store.paths import TORCHELASTIC_ERROR_FILE, RunPaths, process_tag, torchelastic_error_file
+from air.store.run_store import RunStore
+from air.store.states import FailureClass, RetryPolicy, RunStatus
 from air.tracking.attempt_tracking import AttemptTracking, node_command, node_hook_env
 from air.workload.plan import RunPlan
 

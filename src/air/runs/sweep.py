@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from air.runs.states import FailureClass, RunStatus, StatusConflictError
-from air.runs.store import Run, RunStore
+from air.store.run_store import Run, RunStore
+from air.store.states import FailureClass, RunStatus, StatusConflictError
 
 if TYPE_CHECKING:
     from air.tracking.attempt_tracking import AttemptTracking
@@ -93,7 +93,7 @@ def child_run_ids(store: RunStore, parent_run_id: str) -> list[str]:
 
 def max_concurrent_of(run_id: str) -> int | None:
     """A sweep's `max_concurrent` as its plan has it (None: unset, or not a sweep)."""
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
     from air.workload.plan import RunPlan
 
     try:
@@ -122,7 +122,7 @@ class SweepJob:
     """Drives a sweep's parent run (see the module docstring). `poll_s` is injectable for tests."""
 
     def __init__(self, run_id: str, store: RunStore, *, poll_s: float = SWEEP_POLL_S) -> None:
-        from air.runs.paths import RunPaths
+        from air.store.paths import RunPaths
         from air.workload.plan import RunPlan
 
         self.run_id = run_id
@@ -288,7 +288,7 @@ def _child_spec(parent_spec_yaml: str, parameters: dict[str, object], run_name: 
 def run_sweep(run_id: str, store: RunStore) -> RunStatus:
     """The parent's supervisor body (air.runs.supervisor.main calls it for a plan with a sweep)."""
     from air.log import configure_file
-    from air.runs.paths import RunPaths
+    from air.store.paths import RunPaths
 
     handler = configure_file(RunPaths(run_id).supervisor_log)
     try:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 
 #: The actions air records here (the pages record "login" and "logout"; they are plain text).
 TOKEN_CREATE = "token.create"

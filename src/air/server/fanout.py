@@ -1,4 +1,4 @@
-"""The API's follow streams on the shared readers of air.runs.fanout: each event encoded once as the
+"""The API's follow streams on the shared readers of air.views.fanout: each event encoded once as the
 NDJSON line of `GET /runs/{id}/follow` (air.client.models), a follower that fell behind told so with a
 `SkippedEvent`, a reader's failure as the stream's last `ErrorEvent` line."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from starlette.applications import Starlette
 
 from air.client.models import ErrorEvent, SkippedEvent, encode_event, event_from
-from air.runs.fanout import Follower, FollowHub, Item, Skipped, reader_following
-from air.runs.follow import FollowEvent
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
+from air.views.fanout import Follower, FollowHub, Item, Skipped, reader_following
+from air.views.follow import FollowEvent
 
 
 def ndjson_line(event: FollowEvent, store: RunStore | None = None) -> bytes:
@@ -19,7 +19,7 @@ def ndjson_line(event: FollowEvent, store: RunStore | None = None) -> bytes:
 
 def hub_of(app: Starlette) -> FollowHub:
     """The API app's hub: its readers encode NDJSON lines."""
-    from air.runs.fanout import hub_of as _hub_of
+    from air.views.fanout import hub_of as _hub_of
 
     store = app.state.store
     return _hub_of(app, encode=lambda event: ndjson_line(event, store))

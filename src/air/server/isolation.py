@@ -19,8 +19,8 @@ from air.home import AirHome
 from air.launcher.sandbox import BWRAP as SANDBOX_BWRAP
 from air.launcher.sandbox import bwrap_works, can_switch_accounts
 from air.runs.isolation import BWRAP, NONE, UNIX_USER
-from air.runs.store import RunStore
 from air.settings import AIR_FORWARD_ENV, AIR_ISOLATION, AIR_ISOLATION_UNAVAILABLE
+from air.store.run_store import RunStore
 
 #: What a server that cannot isolate, serving one user, reports.
 NONE_ONE_USER = "none (one user)"

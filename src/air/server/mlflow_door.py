@@ -10,7 +10,7 @@ Who may pass (401 without any):
   each with the run and its owner), its own artifacts, experiment reads, and run searches filtered to its
   own runs; nothing else (another run's MLflow runs: 403, or 404 when its owner may not even see them);
 - a user's API token, or the web session cookie (MLflow's UI pages): reads of the MLflow runs of the air
-  runs the user may view (air.runs.access, as the API), writes to those they manage, experiment reads,
+  runs the user may view (air.store.access, as the API), writes to those they manage, experiment reads,
   filtered searches, MLflow's UI files, and the GraphQL reads of MLflow's run pages once resolved as
   MLflow resolves them (air.server.mlflow_graphql: every run they reach is checked); every endpoint the
   door cannot scope to a run (model registry, traces, run creation, deletes of experiments...) is refused;
@@ -41,8 +41,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from air.runs.access import Level, Policy
-from air.runs.store import RunStore
 from air.server.mlflow_routes import Rule, api_op, artifacts_root, rule_of
 from air.server.mlflow_server import MLFLOW_PREFIX
 from air.server.run_credentials import (
@@ -55,6 +53,8 @@ from air.server.run_credentials import (
     protected_tag,
 )
 from air.server.tokens import verify_token
+from air.store.access import Level, Policy
+from air.store.run_store import RunStore
 
 if TYPE_CHECKING:
     import aiohttp

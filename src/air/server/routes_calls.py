@@ -17,9 +17,9 @@ from starlette.concurrency import run_in_threadpool
 from air.client.models import CallAnswer, CallRequest, parse_request
 from air.constants import SERVER_MAX_UPLOAD_BYTES
 from air.errors import UserInputError
-from air.runs.paths import CallPaths
 from air.server.app import AuthError, Caller, store_of
 from air.server.routes_runs import json_body
+from air.store.paths import CallPaths
 
 router = APIRouter()
 

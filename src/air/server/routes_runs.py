@@ -1,6 +1,6 @@
 """`/api/v1/runs` and `/api/v1/blobs`: list, show, submit, cancel and follow runs; upload snapshot blobs.
 
-Every answer is a view of `air.runs.views` (what the CLI's `--json` prints), so a remote CLI prints
+Every answer is a view of `air.views.query` (what the CLI's `--json` prints), so a remote CLI prints
 from the same dicts as a local one. Who may read or cancel a run is air.server.visibility's rule (the
 server's `default_visibility`, the run's `permissions`): a run one may not view is 404 on every route,
 cancel needs CAN_MANAGE_RUN (403 for one who may only view it).
@@ -31,19 +31,34 @@ from air.client.models import (
 from air.config import load_config
 from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
-from air.runs.access import Level
 from air.runs.cancel import cancel_run as cancel
 from air.runs.cancel import canceled_by
-from air.runs.follow import log_sources, snapshot
-from air.runs.states import RunStatus
-from air.runs.states import statuses as parse_statuses
-from air.runs.views import log_list, log_masker, masked_log, pools_view, run_detail, run_summary, written_logs
 from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
 from air.server.audit import RUN_CANCEL, record
 from air.server.fanout import hub_of, reader_following, take_ndjson
 from air.server.submission import submit_request
-from air.server.uploads import BlobQuota, BlobQuotaExceeded, ServerPaths, check_digest, missing_blobs, receive_blob
+from air.server.uploads import (
+    BlobQuota,
+    BlobQuotaExceeded,
+    ServerPaths,
+    check_digest,
+    missing_blobs,
+    receive_blob,
+)
 from air.server.visibility import change_permissions, current_policy, readable_run, run_visible, viewer_for
+from air.store.access import Level
+from air.store.states import RunStatus
+from air.store.states import statuses as parse_statuses
+from air.views.follow import log_sources, snapshot
+from air.views.query import (
+    log_list,
+    log_masker,
+    masked_log,
+    pools_view,
+    run_detail,
+    run_summary,
+    written_logs,
+)
 
 router = APIRouter()
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from air.runs.access import Level, Policy, Viewer
 from air.runs.credentials import CREDENTIAL_PREFIX, RunCredential, verify
-from air.runs.store import RunStore
+from air.store.access import Level, Policy, Viewer
+from air.store.run_store import RunStore
 
 #: The tag naming the air run of an MLflow run (air.tracking.attempt_tags writes it too).
 RUN_TAG = "air.run_id"

@@ -21,8 +21,8 @@ from air.errors import UserInputError
 if TYPE_CHECKING:
     import uvicorn
 
-    from air.runs.store import RunStore
     from air.server.mlflow_server import MLflowState
+    from air.store.run_store import RunStore
 
 #: `serve`'s `on_ready(url, mlflow_uri, mlflow_state)`, called once the port is open.
 OnReady = Callable[[str, str, "MLflowState | None"], None]
@@ -69,8 +69,8 @@ def _housekeeping(store: RunStore, stopping: threading.Event, tracking_ready: Ca
     whose supervisor died (what every local `air` command does, here without one being typed), and, once
     `tracking_ready()` (its MLflow answers) and then every BACKFILL_EVERY_S, make the MLflow runs of runs
     marked "tracking pending" (their supervisor gave up while MLflow was away: reconcile.backfill_pending)."""
-    from air.runs.follow import RECONCILE_EVERY_S
     from air.runs.reconcile import BACKFILL_EVERY_S, backfill_pending, reconcile
+    from air.views.follow import RECONCILE_EVERY_S
 
     known: set[int] = set()
     backfill_at = 0.0
@@ -120,7 +120,6 @@ def serve(host: str, port: int, *, mlflow: bool = False, tls_cert: Path | None =
     open; `on_mlflow(state)` once MLflow is ready or has failed. `single_trust_domain`: run every run as
     the server's own account, with no walls (air.server.isolation). `critical_users`: who besides admins
     may submit `compute.priority_class: CRITICAL` (it preempts BEST_EFFORT runs)."""
-    from air.runs.store import RunStore
     from air.server.isolation import apply_isolation, choose_isolation
     from air.server.mlflow_server import (
         MLFLOW_PREFIX,
@@ -129,6 +128,7 @@ def serve(host: str, port: int, *, mlflow: bool = False, tls_cert: Path | None =
         server_credential,
         supervisor_env,
     )
+    from air.store.run_store import RunStore
 
     if (tls_cert is None) != (tls_key is None):
         raise UserInputError("--tls-cert and --tls-key go together.")
@@ -172,8 +172,8 @@ def _serve(host: str, port: int, *, mlflow_socket: Path | None, tls_cert: Path |
     import uvicorn
 
     from air.runs.reconcile import reconcile
-    from air.runs.store import RunStore
     from air.server.app import create_app
+    from air.store.run_store import RunStore
     from air.tracking.store import tracking_uri
 
     store = RunStore()

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 from air.client.models import DryRunAnswer, SubmitAnswer, SubmitRequest, parse_request
 from air.errors import UserInputError
-from air.runs.store import RunStore
 from air.server.tokens import Principal
 from air.server.uploads import ServerPaths, build_snapshot
+from air.store.run_store import RunStore
 
 if TYPE_CHECKING:
     from air.environments import DependencySet

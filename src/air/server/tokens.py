@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from air.errors import NotFoundError, UserInputError
 from air.runs.credentials import secret_digest
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 
 TOKEN_PREFIX = "air_"
 _USER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")

@@ -1,4 +1,4 @@
-"""Who may see or act on which run, on `air server`: the rule of air.runs.access with the server's own
+"""Who may see or act on which run, on `air server`: the rule of air.store.access with the server's own
 config.yaml (`server.default_visibility`, `groups:`), as every reader applies it: the API routes, the
 pages, log downloads, follow streams and the MLflow door.
 
@@ -16,9 +16,9 @@ from typing import Annotated
 
 from air.config import AirConfig, config_path, load_config
 from air.errors import NotFoundError, UserInputError
-from air.runs.access import Grant, Level, Policy, Viewer, unknown_groups
-from air.runs.store import Run, RunStore
 from air.server.tokens import Principal
+from air.store.access import Grant, Level, Policy, Viewer, unknown_groups
+from air.store.run_store import Run, RunStore
 from air.workload.spec import WorkloadSpec
 
 _cache_lock = threading.Lock()
@@ -103,9 +103,9 @@ def change_permissions(store: RunStore, run_id: str, who: Principal, body: objec
     from pydantic import Field, TypeAdapter, ValidationError
 
     from air.bounds import MAX_PERMISSION_ENTRIES
-    from air.runs.access import grants_to_json
     from air.server.app import AuthError
     from air.server.audit import PERMISSIONS_CHANGE, record
+    from air.store.access import grants_to_json
     from air.workload.spec import PermissionSpec
     from air.workload.spec_rules import PermissionEntry, dotted
 

@@ -3,7 +3,7 @@
 `create_web_app()` builds a self-contained Starlette app: `air ui` serves it on loopback without login;
 `air server` mounts it under `/ui` (air.server.app) so the pages share its port and tokens. Every page is server-rendered HTML that reads completely with
 JavaScript off; `static/air.js` only adds live refresh and the live log stream (SSE). The data comes
-from `air.runs.views` (the CLI's `--json` reads the same functions).
+from `air.views.query` (the CLI's `--json` reads the same functions).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from starlette.templating import Jinja2Templates
 
 from air.constants import WEB_REFRESH_MS
 from air.errors import AirError, NotFoundError, UserInputError
-from air.runs import views
-from air.runs.access import Level, Policy, Viewer
-from air.runs.store import Run, RunStore
+from air.store.access import Level, Policy, Viewer
+from air.store.run_store import Run, RunStore
+from air.views import query as views
 from air.web.auth import (
     SESSION_COOKIE,
     Authenticator,
@@ -147,7 +147,7 @@ def create_web_app(
     token's id -> its user while the token is valid (asked on every request a session makes; without it
     nobody can log in, only bearer tokens work). `mlflow_url`: the MLflow UI's address, for the header link
     (None: no link). `audit`: told of logins, logouts and cancels. `access`: the server's access policy
-    (air.runs.access; default visibility and groups): a run the user may not view is a 404 page and is not
+    (air.store.access; default visibility and groups): a run the user may not view is a 404 page and is not
     listed, cancel needs CAN_MANAGE_RUN; None (`air ui`): one user, who sees everything. `hosts`: the only
     Host names answered (`air ui` on loopback: a DNS-rebinding page may not read it); None: any.
     """

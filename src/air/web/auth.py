@@ -25,7 +25,7 @@ from starlette.requests import Request
 
 from air.constants import WEB_SESSION_TTL_S
 from air.runs.credentials import secret_digest
-from air.runs.store import RunStore
+from air.store.run_store import RunStore
 
 #: The session cookie's name.
 SESSION_COOKIE = "air_session"

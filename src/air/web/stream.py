@@ -1,6 +1,6 @@
 """Live log lines as Server-Sent Events: follow one node's (or rank's) log from an offset until the run
 ends, then say so. Reads only what was appended, never the file from the start, through the one reader
-all followers of that log share (air.runs.fanout)."""
+all followers of that log share (air.views.fanout)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from air.constants import STREAM_AUTH_RECHECK_S, WEB_STREAM_POLL_S
-from air.runs.fanout import Skipped, hub_of, reader_following
-from air.runs.follow import Lines
-from air.runs.store import Run, RunStore
-from air.runs.views import LOG_TAIL_LINES, marked_line
+from air.store.run_store import Run, RunStore
+from air.views.fanout import Skipped, hub_of, reader_following
+from air.views.follow import Lines
+from air.views.query import LOG_TAIL_LINES, marked_line
 
 #: Lines sent per event at most (a burst of output is several events, not one huge one).
 LINES_PER_EVENT = 500
@@ -46,7 +46,7 @@ async def follow_log(
     whole file. `signed_in` is asked again every STREAM_AUTH_RECHECK_S: a revoked token's stream ends
     there with `signed_out` (the page reloads into the login page).
 
-    Every page following this log shares one reader (air.runs.fanout): it reads the file once per poll
+    Every page following this log shares one reader (air.views.fanout): it reads the file once per poll
     for all of them. A page that falls behind gets a line saying how many lines it skipped."""
 
     yield ": following\n\n"  # flushes the headers: the browser's EventSource opens now

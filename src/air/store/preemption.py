@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 
-from air.runs.states import PriorityClass, RunStatus
+from air.store.states import PriorityClass, RunStatus
 
 
 def request_preemption(conn: sqlite3.Connection, run_id: str, *, kind: str, backend: str, pool: str | None,

@@ -4,7 +4,7 @@
 to be a generator per follower, sleeping in the server's thread pool: 40 followers of one run took every
 thread and `GET /runs/{id}` waited its turn. Here a follower is a bounded queue on the event loop. One
 `Reader` per run (and per selection: node, rank, pinned attempt) polls the run and its logs once
-(`air.runs.follow.Following`, one short step in a worker thread every POLL_S), encodes each event once
+(`air.views.follow.Following`, one short step in a worker thread every POLL_S), encodes each event once
 (the hub's `encode`), and hands the same object to every follower's queue.
 
 - A newcomer starts exactly where the reader is (`Following.join`): its tail (or its `--minutes`, or the
@@ -32,9 +32,9 @@ from typing import Any
 from anyio.to_thread import run_sync as run_in_threadpool
 
 from air.errors import AirError
-from air.runs.follow import POLL_S, FollowEvent, Following, Lines
-from air.runs.store import Run as StoreRun
-from air.runs.store import RunStore
+from air.store.run_store import Run as StoreRun
+from air.store.run_store import RunStore
+from air.views.follow import POLL_S, FollowEvent, Following, Lines
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Protocol
 
 from air.errors import NotFoundError, UserInputError
-from air.runs.logtail import LineCursor, lines_since, tail_lines
-from air.runs.paths import CallPaths, RunPaths
-from air.runs.store import Run, RunStore
+from air.store.paths import CallPaths, RunPaths
+from air.store.run_store import Run, RunStore
+from air.views.logtail import LineCursor, lines_since, tail_lines
 
 POLL_S = 0.2
 RECONCILE_EVERY_S = 2.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from air.runs.records import Run
+from air.store.records import Run
 
 
 def process_create_time(pid: int) -> float | None:

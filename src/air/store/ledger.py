@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from air.errors import GPUValidationError, NotFoundError
-from air.runs.schema import StoreDatabase
-from air.runs.states import PriorityClass, RunStatus, StatusConflictError
+from air.store.schema import StoreDatabase
+from air.store.states import PriorityClass, RunStatus, StatusConflictError
 
 SLOT_KINDS = ("GPU", "CPU")
 #: The claim kind of a run admitted to ask Ray for its nodes (`try_admit`); one per run, keyed by queue_seq.
@@ -108,7 +108,7 @@ class SlotLedger(StoreDatabase):
             free = [i for i in allowed if i not in used]
             if len(free) < count:
                 if row.priority >= PriorityClass.CRITICAL.rank:
-                    from air.runs.preemption import request_preemption
+                    from air.store.preemption import request_preemption
 
                     request_preemption(conn, run_id, kind=kind, backend=row.backend, pool=row.pool,
                                        allowed=allowed, needed=count - len(free))
@@ -118,7 +118,7 @@ class SlotLedger(StoreDatabase):
                 "INSERT INTO slot_claims (slot_kind, slot_index, run_id, claimed_at) VALUES (?, ?, ?, ?)",
                 [(kind, i, run_id, now) for i in chosen],
             )
-            from air.runs.preemption import clear_request
+            from air.store.preemption import clear_request
 
             clear_request(conn, run_id)  # a preemption asked of an earlier holding is void: these slots are new
             return chosen

@@ -25,11 +25,11 @@ from typing import Literal
 
 from air.errors import NotFoundError, UserInputError
 from air.home import AirHome
-from air.runs.access import LEVEL_NAMES, Viewer
-from air.runs.ledger import SLOT_KINDS, SlotLedger
-from air.runs.liveness import process_create_time, supervisor_alive
-from air.runs.paths import RUN_ID_RE, new_run_id, parse_run_id_fragment
-from air.runs.records import (
+from air.store.access import LEVEL_NAMES, Viewer
+from air.store.ledger import SLOT_KINDS, SlotLedger
+from air.store.liveness import process_create_time, supervisor_alive
+from air.store.paths import RUN_ID_RE, new_run_id, parse_run_id_fragment
+from air.store.records import (
     ATTEMPT_FIELDS,
     ATTEMPT_SELECT,
     INSERT_RUN,
@@ -44,8 +44,8 @@ from air.runs.records import (
     run_from_row,
     run_values,
 )
-from air.runs.schema import SCHEMA_VERSION
-from air.runs.states import (
+from air.store.schema import SCHEMA_VERSION
+from air.store.states import (
     AttemptStatus,
     FailureClass,
     IllegalTransitionError,

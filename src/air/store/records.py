@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
-from air.runs.states import AttemptStatus, FailureClass, PriorityClass, RunStatus
+from air.store.states import AttemptStatus, FailureClass, PriorityClass, RunStatus
 
 #: What a run is: a workload YAML (`air run`), or a `@distributed` call (local, or remote=True).
 RUN_KINDS = ("workload", "call")

@@ -13,14 +13,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
-from air.runs.access import Viewer
-from air.runs.paths import CallPaths, RunPaths
-from air.runs.states import RunStatus
-from air.runs.store import Run, RunStore
+from air.store.access import Viewer
+from air.store.paths import CallPaths, RunPaths
+from air.store.run_store import Run, RunStore
+from air.store.states import RunStatus
 
 if TYPE_CHECKING:
     from air.config import AirConfig
-    from air.runs.follow import LogSource
+    from air.views.follow import LogSource
 from air.runs.sweep import child_run, is_sweep_spec, list_tasks, max_concurrent_of, parent_of
 
 
@@ -68,7 +68,7 @@ def run_dict(run: Run) -> dict[str, object]:
 
 def permissions_list(stored: str | None) -> list[dict[str, str]]:
     """A run's grants as the workload YAML spells them (`user_name`/`group_name`, `level`), not the store's text."""
-    from air.runs.access import grants_from_json
+    from air.store.access import grants_from_json
 
     return [{**({"user_name": g.user} if g.user is not None else {"group_name": str(g.group)}), "level": g.level.name}
             for g in grants_from_json(stored)]
@@ -101,7 +101,7 @@ def mlflow_link(run: Run) -> str | None:
 def mlflow_recording(run: Run) -> bool:
     """An ended run whose supervisor is still alive is still recording its MLflow run (the last attempt's
     end state is written first; the supervisor then waits for the MLflow run, records its id, ends it)."""
-    from air.runs.liveness import supervisor_alive
+    from air.store.liveness import supervisor_alive
 
     return run.status.is_terminal() and bool(supervisor_alive(run))
 
@@ -448,8 +448,8 @@ def _ray_pools(store: RunStore, config: AirConfig, gpu_model: str) -> list[dict[
 
 def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:
     """The logs of one attempt a page shows: a local call's per rank, any other run's per node
-    (`air.runs.follow.log_sources`, what `air logs` reads)."""
-    from air.runs.follow import log_sources
+    (`air.views.follow.log_sources`, what `air logs` reads)."""
+    from air.views.follow import log_sources
 
     return [{"label": s.label, "index": s.index, "path": s.path, "exists": s.path is not None and s.path.exists()}
             for s in log_sources(run, attempt)]
@@ -458,7 +458,7 @@ def log_files(run: Run, attempt: int) -> list[dict[str, Any]]:
 def written_logs(store: RunStore, run: Run, attempt: int | None) -> tuple[int, list[LogSource]]:
     """The logs of `attempt` (default: the latest) that exist so far, and its index: what the API's
     `GET /runs/{id}/logs` lists and `air logs --download-to` copies (on this machine or through a server)."""
-    from air.runs.follow import attempt_index, log_sources
+    from air.views.follow import attempt_index, log_sources
 
     index = attempt_index(store, run, attempt)
     return index, [s for s in log_sources(run, index) if s.path is not None and s.path.exists()]
@@ -522,7 +522,7 @@ def log_view(run: Run, path: Path, *, lines: int = LOG_TAIL_LINES, query: str | 
     """The last `lines` lines of a log (or, with `query`, the last matching ones among the final
     LOG_SEARCH_LINES), masked and marked, read from the end of the file. `error` says why nothing shows."""
     from air.errors import AirError
-    from air.runs.logtail import complete_tail, tail_lines
+    from air.views.logtail import complete_tail, tail_lines
 
     try:
         mask = log_masker(run)
