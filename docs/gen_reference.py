@@ -198,7 +198,7 @@ def api_page() -> str:
         "pages under `/ui` (`/` leads there) and MLflow under `/mlflow` (see [Who can read what](../access.md)). "
         "Every answer states the API version the server speaks in its `X-Air-Api-Version` header (today 1); air's "
         "clients refuse a server that states another. Bodies, answers and stream events are the pydantic models "
-        "of `air.client.models`; the [Python SDK](../sdk.md) reads them.\n\n"
+        "of `air.wire`; the [Python SDK](../sdk.md) reads them.\n\n"
         "| method | route | query | what it does |\n|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
 

@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_helpers import AIR, AirServer, running_server
 
 import air
-from air.client.models import CancelAnswer, LogFile, SecretRef
 from air.errors import AirError, UserInputError
 from air.store.states import RunStatus
+from air.wire import CancelAnswer, LogFile, SecretRef
 
 #: Node 0 prints two lines; node 1 prints nothing (its log exists, empty).
 SPEC: dict[str, Any] = {"experiment_name": "one-path", "max_retries": 0,

@@ -1,4 +1,4 @@
-"""The wire models (air.client.models): every follow event survives encode -> decode as the same event,
+"""The wire models (air.wire): every follow event survives encode -> decode as the same event,
 a line of an unknown kind is skipped (a newer server's), and a run's times keep the API's RFC 3339 form."""
 
 from __future__ import annotations
@@ -7,7 +7,12 @@ import time
 
 import pytest
 
-from air.client.models import (
+from air.errors import UserInputError
+from air.store.run_store import Run as StoredRun
+from air.store.states import RunStatus
+from air.views.follow import Lines, LogSource, NewAttempt
+from air.views.query import run_dict
+from air.wire import (
     ErrorBody,
     ErrorEvent,
     LinesEvent,
@@ -20,11 +25,6 @@ from air.client.models import (
     event_from,
     parse_request,
 )
-from air.errors import UserInputError
-from air.store.run_store import Run as StoredRun
-from air.store.states import RunStatus
-from air.views.follow import Lines, LogSource, NewAttempt
-from air.views.query import run_dict
 
 
 def stored_run() -> StoredRun:

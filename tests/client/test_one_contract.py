@@ -1,4 +1,4 @@
-"""One typed contract and one of each type (issue 23): the CLI reads runs as air.client.models
+"""One typed contract and one of each type (issue 23): the CLI reads runs as air.wire
 whether they come from this machine's store or a server; one process spec from the controller to the
 launcher; `resolve` reads the exits a backend returns; no alias modules; no new cross-module `_private`
 imports."""
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from air.client.models import Attempt, RunDetail, RunList
 from air.distributed.outcome import ok, resolve
 from air.errors import RankFailedError
 from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec, start_processes
 from air.store.run_store import RunStore
 from air.store.states import AttemptStatus, RunStatus
 from air.views.query import run_detail, run_summary
+from air.wire import Attempt, RunDetail, RunList
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "air"
 

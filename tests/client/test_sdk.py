@@ -1,7 +1,7 @@
 """`air.Client` (issue 23): the same test body drives a run end to end against this machine's store
 (AIR_HOME) and against a real `air server` on loopback; cancel works through both; a server of another
 API version is a clear error (in the SDK and in the CLI); the server parses request bodies with the
-shared models (air.client.models)."""
+shared models (air.wire)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from server_helpers import AIR, AirServer, running_server
 
 import air
 from air.client import ApiVersionError
-from air.client.models import API_VERSION, API_VERSION_HEADER, LinesEvent, RunEvent
 from air.client.sdk import RunWaitTimeout
 from air.store.states import AttemptStatus, RunStatus
+from air.wire import API_VERSION, API_VERSION_HEADER, LinesEvent, RunEvent
 from proc_helpers import wait_for
 
 SPEC: dict[str, Any] = {"experiment_name": "sdk", "compute": {"num_accelerators": 1, "accelerator_type": "CPU_1xCPU"},

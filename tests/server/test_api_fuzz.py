@@ -8,7 +8,7 @@ must be below 500 and carry nothing of alice's (her run's id only where bob's ow
 
 The schema is the one the server's app builds (`create_app().openapi()`: the server serves none, its
 `openapi_url` is off). The routes that read their body by hand (bounded JSON, streamed blobs) declare no
-body there, so this test adds each one's typed request model (air.client.models), so generated bodies
+body there, so this test adds each one's typed request model (air.wire), so generated bodies
 reach the models' checks. A run id in a path is now and then bob's own finished run or alice's private
 one, so the routes behind the run lookup are reached too.
 """
@@ -85,10 +85,10 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory, bubblewrap_installed: None)
 
 
 def _with_bodies(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema with the request bodies the routes read by hand (air.client.models' typed requests)."""
+    """The schema with the request bodies the routes read by hand (air.wire' typed requests)."""
     from pydantic import BaseModel, TypeAdapter
 
-    from air.client.models import BlobsMissingRequest, CallRequest, SecretPutRequest, SubmitRequest
+    from air.wire import BlobsMissingRequest, CallRequest, SecretPutRequest, SubmitRequest
     from air.workload.spec import PermissionSpec
 
     components = schema.setdefault("components", {}).setdefault("schemas", {})

@@ -20,12 +20,12 @@ from pathlib import Path
 import psutil
 from server_helpers import AirServer
 
-from air.client.models import LinesEvent, RunEvent, SkippedEvent, decode_event
 from air.server.fanout import ndjson_line, take_ndjson
 from air.store.paths import RunPaths
 from air.store.run_store import RunStore
 from air.store.states import RunStatus
 from air.views.fanout import FollowHub, reader_following
+from air.wire import LinesEvent, RunEvent, SkippedEvent, decode_event
 
 LINES = 150
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from server_helpers import AirServer
 
-from air.client.models import LinesEvent, RunEvent, SkippedEvent, decode_event
 from air.store.states import RunStatus
+from air.wire import LinesEvent, RunEvent, SkippedEvent, decode_event
 
 
 @dataclass

@@ -268,7 +268,7 @@ def test_bad_arguments_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def feed(lines: list[str], *, label: str = "node", index: int = 0, attempt: int = 0, **options: Any) -> list[Event]:
     from air.cli.cmd_subscribe import Monitor
-    from air.client.models import LinesEvent
+    from air.wire import LinesEvent
 
     out: list[Event] = []
     monitor = Monitor(lambda kind, **fields: out.append({"type": kind, **fields}), node=None,
@@ -308,7 +308,7 @@ def test_what_the_monitor_holds_is_bounded() -> None:
     assert len(huge[0]["line"]) < MAX_LINE_CHARS + 100 and huge[0]["line"].endswith("more characters)")
 
     from air.cli.cmd_subscribe import Monitor
-    from air.client.models import LinesEvent, Run
+    from air.wire import LinesEvent, Run
 
     out: list[Event] = []
     monitor = Monitor(lambda kind, **fields: out.append({"type": kind, **fields}), node=None, errors_only=True,
@@ -326,7 +326,7 @@ def test_what_the_monitor_holds_is_bounded() -> None:
 
 def test_a_reattached_stream_does_not_repeat_lines() -> None:
     from air.cli.cmd_subscribe import Monitor
-    from air.client.models import LinesEvent
+    from air.wire import LinesEvent
 
     out: list[Event] = []
     monitor = Monitor(lambda kind, **fields: out.append({"type": kind, **fields}), node=None, errors_only=False,

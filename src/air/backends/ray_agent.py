@@ -53,6 +53,7 @@ from air.launcher.machine import NodeSampler, Sample
 from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.procs import reap_tag as reap_launch_tag
 from air.launcher.procs import tagged_processes
+from air.processes import PROCESS_KINDS
 from air.settings import AIR_LAUNCHER_PID, AIR_PATH_PREFIX, AIR_PROCESS_TAG, AIR_RAY_NODE
 
 if TYPE_CHECKING:
@@ -313,8 +314,7 @@ class NodeAgent:
         env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_RAY_NODE)}
         try:
             self._sentinel = subprocess.Popen(
-                [sys.executable, "-m", "air.backends.ray_agent", "--detach", tag, str(self.root),
-                 *(str(t) for t in self._ray_tmpdirs)], stdin=subprocess.PIPE,
+                PROCESS_KINDS["sentinel"].argv("--detach", tag, str(self.root), *(str(t) for t in self._ray_tmpdirs)), stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
                 close_fds=True,
             )

@@ -42,6 +42,7 @@ from pathlib import Path
 from air.backends.ray_cluster import START_TRIES, RayAuth, retry_start, startup_timed_out, stop_marked
 from air.backends.ray_train_report import train_report_env
 from air.files import atomic_write_text
+from air.processes import PROCESS_KINDS
 from air.settings import AIR_PROCESS_TAG, AIR_RAY_HEAD_PORT, AIR_RAY_NODE, AIR_RAY_SHIM_DIR
 
 _PORT_OPTIONS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
@@ -55,7 +56,7 @@ def install_shim(folder: Path, python: str | None = None) -> Path:
     """Write the `ray` shim into `folder` (idempotent); returns the folder to put first on PATH."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "ray"
-    text = f'#!/bin/sh\nexec "{python or sys.executable}" -m air.backends.ray_shim "$@"\n'
+    text = f'#!/bin/sh\nexec "{python or sys.executable}" -m {PROCESS_KINDS["ray_shim"].module} "$@"\n'
     if not script.exists() or script.read_text() != text:
         atomic_write_text(script, text, mode=0o755)
     return folder

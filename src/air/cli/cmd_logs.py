@@ -11,9 +11,9 @@ import click
 from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import stderr
-from air.client.models import LinesEvent, Run
 from air.errors import AirError, NotFoundError, UserInputError
 from air.views.follow import log_sources
+from air.wire import LinesEvent, Run
 
 if TYPE_CHECKING:
     from air.cli.watch import Event

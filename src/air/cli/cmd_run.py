@@ -50,8 +50,8 @@ def run(file_arg: str | None, file_opt: str | None, overrides: tuple[str, ...], 
                              hint="Use: air run -f train.yaml --watch --node 1   (or later: air logs ID --node 1)")
     if idempotency_key is not None and not (0 < len(idempotency_key.strip()) <= 64):
         raise UserInputError("--idempotency-key must be 1 to 64 characters.")
-    from air.client.models import DryRunAnswer
     from air.client.sdk import Client
+    from air.wire import DryRunAnswer
     from air.workload.loading import load_workload
 
     client = Client(profile=s.profile)  # this machine, or a server: one path for both

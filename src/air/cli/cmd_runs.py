@@ -16,7 +16,7 @@ from air.store.states import statuses as parse_statuses
 from air.views.query import duration_text, quiet_summary
 
 if TYPE_CHECKING:
-    from air.client.models import Run, RunDetail
+    from air.wire import Run, RunDetail
 
 
 @click.group()
@@ -29,8 +29,8 @@ def get() -> None:
 @common
 def get_run(run_id: str) -> None:
     """A run: status, attempts, termination reason, MLflow run, logs."""
-    from air.client.models import RunDetail
     from air.client.sdk import Client
+    from air.wire import RunDetail
 
     client = Client(profile=settings().profile)
     detail = client.get_data(run_id)
@@ -225,7 +225,7 @@ def list_runs(all_status: bool, status_names: tuple[str, ...], limit: int, filte
     if settings().json:
         envelope({"runs": runs})
         return
-    from air.client.models import RunList
+    from air.wire import RunList
 
     if not runs and not named and not all_status:  # nothing active: say so, and show what ended last
         recent = RunList.model_validate({"runs": fetch(True, RECENT_WHEN_IDLE)}).runs

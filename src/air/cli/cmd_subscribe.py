@@ -39,11 +39,11 @@ from air.cli.complete import complete_run_id
 from air.cli.main import common, settings
 from air.cli.output import event, stderr
 from air.client.http import RemoteError
-from air.client.models import LinesEvent, NewAttemptEvent, Run, RunDetail, RunEvent, SkippedEvent
 from air.client.sdk import Client
 from air.errors import AirError, UserInputError
 from air.runs.reasons import EXCEPTION_LINE_RE, TRACEBACK_HEADER, mark_line
 from air.store.states import RunStatus
+from air.wire import LinesEvent, NewAttemptEvent, Run, RunDetail, RunEvent, SkippedEvent
 
 #: Distinct errors the TERMINAL event lists (the hosted product's cap).
 MAX_ERRORS = 50

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from air.client.models import LinesEvent, NewAttemptEvent, RunEvent, SkippedEvent
+from air.wire import LinesEvent, NewAttemptEvent, RunEvent, SkippedEvent
 
 if TYPE_CHECKING:
     from air.client.sdk import Client

@@ -20,8 +20,8 @@ from air.store.states import RunStatus
 from air.views.logtail import LineCursor
 
 if TYPE_CHECKING:
-    from air.client.models import Run
     from air.client.sdk import Client
+    from air.wire import Run
 
 #: How often a running run's progress is looked at, and how long a node must be quiet to be named.
 PROGRESS_EVERY_S = 5.0
@@ -83,7 +83,7 @@ class WatchExtras:
 
     # -- the queue ------------------------------------------------------------------------------------
     def _queue(self, info: dict[str, Any] | None) -> None:
-        """Why the run waits, as its follow event says (air.client.models.event_from)."""
+        """Why the run waits, as its follow event says (air.wire.event_from)."""
         if info is None:
             return
         text = f"[{self.run_id}] {info['reason']}"

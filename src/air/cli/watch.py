@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from air.cli.output import event, stderr
 from air.cli.output import status as say_status
-from air.client.models import LinesEvent, NewAttemptEvent, Run, RunEvent, SkippedEvent
 from air.store.states import RunStatus
 from air.views.query import duration_text
+from air.wire import LinesEvent, NewAttemptEvent, Run, RunEvent, SkippedEvent
 
 if TYPE_CHECKING:
     from air.client.sdk import Client

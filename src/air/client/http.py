@@ -1,5 +1,5 @@
 """The HTTP client of `air server`: JSON requests, NDJSON streams, errors as air errors; every answer's
-API version is checked (air.client.models.API_VERSION).
+API version is checked (air.wire.API_VERSION).
 
 Which server: AIR_SERVER_URL + AIR_TOKEN (scripts, CI) win; else a profile `{backend: server, url,
 token_path}` chosen as usual (`-p`, AIR_PROFILE, default_profile). Standard library only (urllib), so a
@@ -19,7 +19,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from air.client.models import (
+from air.constants import SERVER_REQUEST_TIMEOUT_S
+from air.errors import AirError, UserInputError
+from air.settings import AIR_SERVER_URL, AIR_TOKEN
+from air.wire import (
     API_VERSION,
     API_VERSION_HEADER,
     ErrorEvent,
@@ -30,9 +33,6 @@ from air.client.models import (
     SkippedEvent,
     decode_event,
 )
-from air.constants import SERVER_REQUEST_TIMEOUT_S
-from air.errors import AirError, UserInputError
-from air.settings import AIR_SERVER_URL, AIR_TOKEN
 
 API = "/api/v1"
 
@@ -156,7 +156,7 @@ class ServerClient:
 
     def events(self, run_id: str,
                **params: object) -> Iterator[RunEvent | LinesEvent | NewAttemptEvent | SkippedEvent]:
-        """A run's follow stream (`GET /runs/{id}/follow`) as typed events (air.client.models.decode_event),
+        """A run's follow stream (`GET /runs/{id}/follow`) as typed events (air.wire.decode_event),
         until the server ends it (or goes away: the caller sees the stream end early). An error line (a
         failure after the stream began) is raised as a RemoteError."""
         with self._request("GET", f"/runs/{run_id}/follow", params=params, timeout=None) as response:

@@ -1,5 +1,5 @@
 """`air.Client`: the Python SDK of air runs, mirroring the CLI (`air run`, `get run`, `list runs`, `logs`,
-`cancel`, `secrets`) with typed answers (`air.client.models.Run` and the follow events).
+`cancel`, `secrets`) with typed answers (`air.wire.Run` and the follow events).
 
 One class for both places a run can live: with a server (arguments, else AIR_SERVER_URL + AIR_TOKEN, else
 a `server` profile) every method is a request of the versioned API; without one it works on this
@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air.client.http import RemoteError, ServerClient, server_client
-from air.client.models import (
+from air.errors import AirError, UserInputError
+from air.store.states import RunStatus
+from air.wire import (
     BlobsMissingAnswer,
     CancelAnswer,
     DryRunAnswer,
@@ -37,8 +39,6 @@ from air.client.models import (
     SubmitRequest,
     event_from,
 )
-from air.errors import AirError, UserInputError
-from air.store.states import RunStatus
 
 if TYPE_CHECKING:
     from air.store.run_store import RunStore

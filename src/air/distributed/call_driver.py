@@ -16,13 +16,14 @@ import os
 import subprocess
 import sys
 
-from air.client.models import CallRequest
 from air.constants import SERVER_MAX_CALL_RESULT_BYTES
 from air.distributed.outcome import CallResult
 from air.files import atomic_write_bytes, atomic_write_text
+from air.processes import PROCESS_KINDS
 from air.store.paths import CallPaths
 from air.store.run_store import Run, RunStore
 from air.store.states import FailureClass, RunStatus
+from air.wire import CallRequest
 
 
 def start_call(store: RunStore, user: str, call: CallRequest, payload: bytes) -> Run:
@@ -41,7 +42,7 @@ def start_call(store: RunStore, user: str, call: CallRequest, payload: bytes) ->
         atomic_write_bytes(paths.payload, payload)
         atomic_write_text(paths.request, call.model_dump_json(exclude={"payload_b64"}))  # its shape: the run's
         with open(paths.driver_log, "ab") as log:
-            subprocess.Popen([sys.executable, "-m", "air.distributed.call_driver", run.id], stdin=subprocess.DEVNULL,
+            subprocess.Popen(PROCESS_KINDS["call_driver"].argv(run.id), stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True, cwd=str(paths.folder))
     except BaseException as exc:
         store.transition(run.id, RunStatus.INTERNAL_ERROR, reason=f"Could not start the call: {exc}"[:500],

@@ -15,6 +15,7 @@ from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings, resolve_local
 from air.errors import SerializationError
 from air.launcher.warm import python_can_fork
+from air.processes import PROCESS_KINDS
 from air.settings import AIR_ACCELERATOR_KIND, AIR_RUN_ID, AIR_WARM_START
 from air.store.paths import TORCHELASTIC_ERROR_FILE
 
@@ -57,7 +58,7 @@ def _find_unpicklable(func: Callable[..., object], args: Sequence[object],
 
 
 #: The module every call's rank runs (`python -m`), on any backend.
-RANK_MODULE = "air.distributed.worker"
+RANK_MODULE = PROCESS_KINDS["rank"].module
 
 #: air's note when it sets OMP_NUM_THREADS=1 for a call's ranks (torchrun's rule, and torchrun warns of it
 #: too), said once per call; `{ranks}` is how many ranks share the machine.

@@ -37,7 +37,6 @@ from air.backends.base import (
 )
 from air.constants import CANCEL_CHECK_S, release_timeout_s
 from air.distributed.local import (
-    RANK_MODULE,
     call_experiment,
     omp_note,
     rank_env,
@@ -58,6 +57,7 @@ from air.errors import RuntimeConfigurationError, WorkloadFailureException
 from air.files import atomic_write_bytes
 from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec
 from air.launcher.sandbox import Sandbox
+from air.processes import PROCESS_KINDS
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, CallerStopped, RunController, SetupFailure
 from air.runs.reasons import ERROR_FILE_MAX_BYTES, error_file_reason
@@ -385,7 +385,7 @@ class CallJob:
                                accelerator_kind=self.accelerator.kind, run_id=self.run_id,
                                restart_count=attempt, max_restarts=self.max_restarts, num_nodes=self.num_nodes,
                                error_file=f"{NODE_DIR}/{torchelastic_error_file(attempt, rank)}")
-                procs.append(ProcessSpec(name=f"rank {rank}", argv=[NODE_PYTHON, "-m", RANK_MODULE, NODE_DIR],
+                procs.append(ProcessSpec(name=f"rank {rank}", argv=PROCESS_KINDS["rank"].argv(NODE_DIR, python=NODE_PYTHON),
                                          env=env, log_path=self.log_paths[rank], cwd=os.getcwd(), hide=hide,
                                          node=node, rank=rank, done_file=done_path(self.call_dir, rank).name))
             launches.append(NodeLaunch(node_rank=node, processes=procs, log_path=node_logs[node],

@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from air.client import RemoteError, ServerClient
-from air.client.models import CallAnswer, CallRequest, LinesEvent, Run, RunEvent
 from air.distributed.local import call_experiment, serialize_call
 from air.distributed.outcome import CallResult
 from air.distributed.preload import preload_for
 from air.distributed.shape import CallSettings
+from air.wire import CallAnswer, CallRequest, LinesEvent, Run, RunEvent
 
 #: How often the client asks whether a call it lost the log stream of has ended (seconds).
 _POLL_S = 0.5

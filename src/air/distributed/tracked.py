@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from air.files import atomic_write_text
+from air.processes import PROCESS_KINDS
 from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
 from air.store.paths import CallPaths
 from air.tracking.attempt_tracking import AttemptTracking
@@ -119,7 +120,7 @@ class LazyCallTracking(AttemptTracking):
             "attempt": self.attempt, "logs": {str(r): str(p) for r, p in rank_logs.items()},
             "env_file": str(self.env_file)}))
         with open(job.with_suffix(".log"), "ab") as log:
-            subprocess.Popen([sys.executable, "-m", "air.distributed.tracked", str(job)], stdin=subprocess.DEVNULL,
+            subprocess.Popen(PROCESS_KINDS["recorder"].argv(str(job)), stdin=subprocess.DEVNULL,
                              stdout=log, stderr=log, start_new_session=True, close_fds=True,
                              env={k: v for k, v in os.environ.items() if k != AIR_PROCESS_TAG})
 

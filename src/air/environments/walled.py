@@ -22,6 +22,7 @@ from pathlib import Path
 from air.environments.build import Log, build_environment
 from air.environments.dependencies import Confinement, DependencySet, parse_dependencies
 from air.errors import EnvironmentBuildError, UserInputError
+from air.processes import PROCESS_KINDS
 
 #: A line of the child's output longer than this is cut; past `_MAX_LINES` lines the rest are counted only.
 _MAX_LINE = 4000
@@ -49,7 +50,7 @@ def build_walled(*, wrap: Callable[[list[str]], list[str]], dependencies: list[s
     env = {k: os.environ[k] for k in _FORWARDED if k in os.environ}
     env.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "NO_COLOR": "1", "UV_CACHE_DIR": str(cache),
                 "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **environ})
-    argv = wrap([sys.executable, "-I", "-m", "air.environments.walled"])
+    argv = wrap(PROCESS_KINDS["walled"].argv())
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=env, text=True, errors="replace")
     last = ""

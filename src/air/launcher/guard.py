@@ -22,6 +22,7 @@ from types import FrameType
 import psutil
 
 from air.launcher.procs import become_subreaper, die_with_parent, terminate_tree
+from air.processes import PROCESS_KINDS
 from air.settings import AIR_PROCESS_TAG
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -42,7 +43,7 @@ def raise_stopped(signum: int, _frame: FrameType | None) -> None:
 def guard_argv(command: list[str], parent_pid: int | None = None) -> list[str]:
     """argv that runs `command` under a guard whose parent is `parent_pid` (default: this process)."""
     parent = os.getpid() if parent_pid is None else parent_pid
-    return [sys.executable, "-m", "air.launcher.guard", str(parent), "--", *command]
+    return PROCESS_KINDS["guard"].argv(str(parent), "--", *command)
 
 
 def main(argv: list[str]) -> int:

@@ -34,6 +34,7 @@ import psutil
 from air.constants import LEADER_EXIT_WAIT_S, float_env
 from air.launcher.cgroups import join_argv
 from air.launcher.sandbox import Sandbox, root_env
+from air.processes import PROCESS_KINDS
 from air.settings import (
     AIR_HEARTBEAT_FILE,
     AIR_LAUNCHER_PID,
@@ -257,7 +258,7 @@ def start_zygote(warm: WarmStart, argvs: Sequence[Sequence[str]], envs: Sequence
         plan = {"preload": list(warm.preload), "sys_path": list(warm.sys_path), "procs": procs,
                 "grace_s": warm.grace_s, "store": store_plan(warm)}
         passed = [status_w, plan_r, *[w for _, w in out_pipes], *[w for _, w in err_pipes]]
-        argv = [warm.python, "-m", "air.launcher.zygote", str(plan_r), str(status_w)]
+        argv = PROCESS_KINDS["zygote"].argv(str(plan_r), str(status_w), python=warm.python)
         if warm.sandbox is not None:  # (root starts it: its loader's variables come after the switch)
             argv = join_argv(warm.sandbox.cgroup, warm.sandbox.wrap(argv, cwd=cwds[0], env=shared))
         popen = subprocess.Popen(
@@ -359,7 +360,7 @@ class KeptZygote:
         def hold() -> None:
             try:
                 started["popen"] = subprocess.Popen(
-                    [warm.python, "-m", "air.launcher.zygote", "keep", str(theirs.fileno())],
+                    PROCESS_KINDS["kept_zygote"].argv("keep", str(theirs.fileno()), python=warm.python),
                     env={**env, TAG_SLOT_ENV: "x" * TAG_SLOT_LEN}, cwd=cwd, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                     pass_fds=[theirs.fileno()])

@@ -42,6 +42,7 @@ from air.accelerators import MachineAccelerators, parse_accelerator_type
 from air.constants import ADMISSION_POLL_S, ADMISSION_TICK_S
 from air.errors import AirError, GPUValidationError
 from air.home import AirHome
+from air.processes import PROCESS_KINDS
 from air.settings import AIR_PROCESS_TAG, AIR_SUPERVISOR
 from air.store.paths import RunPaths
 from air.store.run_store import RunStore
@@ -350,7 +351,7 @@ def start_local_loop(home: AirHome | None = None) -> int:
     started at the same time finds the lock held and exits at once."""
     home = home or AirHome()
     with open(home.admission_log, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "air.runs.admission"], stdin=subprocess.DEVNULL, stdout=log,
+        proc = subprocess.Popen(PROCESS_KINDS["admission"].argv(), stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=log, start_new_session=True, close_fds=True, env=_own_environ(),
                                 cwd=str(home.root))
     return proc.pid

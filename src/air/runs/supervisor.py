@@ -30,6 +30,7 @@ from air.home import AirHome
 from air.launcher.node import NODE_DIR
 from air.launcher.redact import Redactor
 from air.launcher.sandbox import Sandbox
+from air.processes import PROCESS_KINDS
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.credentials import door_url
@@ -538,7 +539,7 @@ def spawn(run_id: str, environ: Mapping[str, str] | None = None) -> int:
     paths = RunPaths(run_id)
     log = open(paths.supervisor_log, "ab")  # handed to the child
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "air.runs.supervisor", run_id], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(PROCESS_KINDS["supervisor"].argv(run_id), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True, close_fds=True,
                                 env=_supervisor_env(run_id, environ), cwd=str(paths.folder))
     finally:

@@ -18,13 +18,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from air import __version__
-from air.client.models import API_VERSION, API_VERSION_HEADER, Health
 from air.errors import AirError, NotFoundError, UserInputError
 from air.server.tokens import Principal, verify_token
 from air.server.uploads import ServerPaths
 from air.store.run_store import RunStore
 from air.web.auth import bearer_token
 from air.web.security import SecurityHeaders
+from air.wire import API_VERSION, API_VERSION_HEADER, Health
 
 API = "/api/v1"
 #: Where the web pages are mounted.

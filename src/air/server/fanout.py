@@ -1,15 +1,15 @@
 """The API's follow streams on the shared readers of air.views.fanout: each event encoded once as the
-NDJSON line of `GET /runs/{id}/follow` (air.client.models), a follower that fell behind told so with a
+NDJSON line of `GET /runs/{id}/follow` (air.wire), a follower that fell behind told so with a
 `SkippedEvent`, a reader's failure as the stream's last `ErrorEvent` line."""
 
 from __future__ import annotations
 
 from starlette.applications import Starlette
 
-from air.client.models import ErrorEvent, SkippedEvent, encode_event, event_from
 from air.store.run_store import RunStore
 from air.views.fanout import Follower, FollowHub, Item, Skipped, reader_following
 from air.views.follow import FollowEvent
+from air.wire import ErrorEvent, SkippedEvent, encode_event, event_from
 
 
 def ndjson_line(event: FollowEvent, store: RunStore | None = None) -> bytes:

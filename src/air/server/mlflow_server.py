@@ -35,7 +35,6 @@ import socket
 import ssl
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -46,6 +45,7 @@ from pathlib import Path
 
 from air.errors import LaunchError, UserInputError
 from air.files import atomic_write_text
+from air.processes import PROCESS_KINDS
 from air.settings import AIR_MLFLOW_DOOR, AIR_MLFLOW_HOLD, AIR_PROCESS_TAG, AIR_SUPERVISOR_ONLY
 
 #: How long the MLflow server may take to answer /health (its start imports a lot; a loaded machine is slow).
@@ -134,8 +134,8 @@ def mlflow_argv(sock: Path, store: str | None = None) -> list[str]:
         raise UserInputError(f"MLFLOW_TRACKING_URI points at an MLflow server ({uri}); it is not served again.",
                              hint="Unset it to serve this AIR_HOME's store, or let the server use that one.")
     artifact_root().mkdir(parents=True, exist_ok=True, mode=0o700)
-    return [sys.executable, "-m", "air.server.mlflow_app", "--store", uri, "--socket", str(sock),
-            "--artifacts", artifact_root().as_uri(), "--static-prefix", MLFLOW_PREFIX]
+    return PROCESS_KINDS["mlflow"].argv("--store", uri, "--socket", str(sock), "--artifacts", artifact_root().as_uri(),
+                                        "--static-prefix", MLFLOW_PREFIX)
 
 
 def ui_argv(host: str, port: int, workers: int = 1) -> list[str]:
@@ -151,9 +151,9 @@ def ui_argv(host: str, port: int, workers: int = 1) -> list[str]:
                              "store.")
     root = artifact_root()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return [sys.executable, "-m", "air.server.mlflow_app", "--store", uri, "--host", host, "--port", str(port),
-            "--artifacts", root.as_uri(), "--artifact-root", root.as_uri() if is_embedded(uri) else "mlflow-artifacts:/",
-            "--static-prefix", "", "--workers", str(workers)]
+    return PROCESS_KINDS["mlflow"].argv(
+        "--store", uri, "--host", host, "--port", str(port), "--artifacts", root.as_uri(), "--artifact-root",
+        root.as_uri() if is_embedded(uri) else "mlflow-artifacts:/", "--static-prefix", "", "--workers", str(workers))
 
 
 def _private_folder(path: Path) -> None:

@@ -14,12 +14,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from air.client.models import CallAnswer, CallRequest, parse_request
 from air.constants import SERVER_MAX_UPLOAD_BYTES
 from air.errors import UserInputError
 from air.server.app import AuthError, Caller, store_of
 from air.server.routes_runs import json_body
 from air.store.paths import CallPaths
+from air.wire import CallAnswer, CallRequest, parse_request
 
 router = APIRouter()
 

@@ -19,15 +19,6 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from air.bounds import MAX_JSON_BYTES, MAX_QUERY_INT, json_loads_bounded
-from air.client.models import (
-    BlobsMissingAnswer,
-    BlobsMissingRequest,
-    CancelAnswer,
-    ErrorEvent,
-    encode_event,
-    event_from,
-    parse_request,
-)
 from air.config import load_config
 from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
@@ -58,6 +49,15 @@ from air.views.query import (
     run_detail,
     run_summary,
     written_logs,
+)
+from air.wire import (
+    BlobsMissingAnswer,
+    BlobsMissingRequest,
+    CancelAnswer,
+    ErrorEvent,
+    encode_event,
+    event_from,
+    parse_request,
 )
 
 router = APIRouter()

@@ -7,11 +7,11 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 
 from air.bounds import MAX_SECRET_BYTES, MAX_SECRETS_PER_USER
-from air.client.models import SecretList, SecretPutRequest, SecretRef, parse_request
 from air.errors import UserInputError
 from air.server.app import Caller
 from air.server.routes_runs import json_body
 from air.server.tokens import Principal
+from air.wire import SecretList, SecretPutRequest, SecretRef, parse_request
 
 router = APIRouter()
 

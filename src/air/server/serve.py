@@ -17,6 +17,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 from air.errors import UserInputError
+from air.processes import PROCESS_KINDS
 
 if TYPE_CHECKING:
     import uvicorn
@@ -44,7 +45,7 @@ def _server(config: uvicorn.Config, stopping: threading.Event) -> uvicorn.Server
 
 
 #: The modules of the detached processes this server starts and never waits for.
-_DETACHED = ("air.runs.supervisor", "air.distributed.call_driver", "air.tracking.backfill")
+_DETACHED = tuple(PROCESS_KINDS[k].module for k in ("supervisor", "call_driver", "backfill"))
 
 
 def _reap_detached(known: set[int]) -> None:

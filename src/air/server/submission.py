@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from air.client.models import DryRunAnswer, SubmitAnswer, SubmitRequest, parse_request
 from air.errors import UserInputError
 from air.server.tokens import Principal
 from air.server.uploads import ServerPaths, build_snapshot
 from air.store.run_store import RunStore
+from air.wire import DryRunAnswer, SubmitAnswer, SubmitRequest, parse_request
 
 if TYPE_CHECKING:
     from air.environments import DependencySet

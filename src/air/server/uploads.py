@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from air.client.models import SnapshotManifest
 from air.constants import SERVER_MAX_SNAPSHOT_FILES
 from air.errors import UserInputError
 from air.home import AirHome
+from air.wire import SnapshotManifest
 from air.workload.snapshot_links import leaving_links
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from air.processes import PROCESS_KINDS
 from air.settings import AIR_MLFLOW_DOOR
 from air.tracking.ended import note
 
@@ -94,7 +95,7 @@ def backfill_later(job: BackfillJob, log: Path) -> bool:
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            subprocess.Popen([sys.executable, "-m", "air.tracking.backfill", json.dumps(job)],
+            subprocess.Popen(PROCESS_KINDS["backfill"].argv(json.dumps(job)),
                              stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                              close_fds=True)
     except (OSError, TypeError, ValueError) as exc:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from air.processes import PROCESS_KINDS
 from air.tracking.handle import END_STATUSES, EndStatus
 
 #: MLflow statuses of a run nobody has ended yet.
@@ -43,7 +44,7 @@ def end_orphaned(runs: Iterable[tuple[str, str | None]], status: EndStatus, *, l
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            subprocess.Popen([sys.executable, "-m", "air.tracking.ended", job], stdin=subprocess.DEVNULL,
+            subprocess.Popen(PROCESS_KINDS["ended"].argv(job), stdin=subprocess.DEVNULL,
                              stdout=out, stderr=out, start_new_session=True, close_fds=True)
     except OSError as exc:
         note(log, f"could not end the MLflow run(s) {', '.join(r for r, _ in jobs)}: {exc}")

@@ -67,7 +67,7 @@ FollowEvent = Run | Lines | NewAttempt
 
 
 class RunShape(Protocol):
-    """What `log_sources` reads of a run: a store `Run`, or the API's (air.client.models.Run)."""
+    """What `log_sources` reads of a run: a store `Run`, or the API's (air.wire.Run)."""
 
     @property
     def id(self) -> str: ...

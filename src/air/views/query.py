@@ -84,7 +84,7 @@ def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dic
 
 
 def run_summary(store: RunStore, run: Run, *, capacity: int | None = None) -> dict[str, object]:
-    """A row of `air list runs --json`, `GET /runs` (air.client.models.Run) and the runs page: `run_dict`
+    """A row of `air list runs --json`, `GET /runs` (air.wire.Run) and the runs page: `run_dict`
     and, for a QUEUED run, why it waits (`queue`; `capacity` as queue_dict takes it)."""
     return {**run_dict(run), "queue": queue_dict(store, run, capacity=capacity)}
 
@@ -465,7 +465,7 @@ def written_logs(store: RunStore, run: Run, attempt: int | None) -> tuple[int, l
 
 
 def log_list(store: RunStore, run: Run, attempt: int | None) -> dict[str, object]:
-    """`written_logs` as the API words it (air.client.models.LogList): each log's label, index and size."""
+    """`written_logs` as the API words it (air.wire.LogList): each log's label, index and size."""
     index, written = written_logs(store, run, attempt)
     return {"run_id": run.id, "attempt": index,
             "logs": [{"label": s.label, "index": s.index, "bytes": s.path.stat().st_size} for s in written if s.path]}
