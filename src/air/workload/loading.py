@@ -21,36 +21,13 @@ from pydantic import ValidationError
 
 from air.bounds import MAX_BASE_FILES, MAX_BASES_DEPTH, MAX_YAML_DEPTH, YamlBoundError, compose_bounded
 from air.errors import UserInputError
+from air.workload.overrides import apply_overrides
 from air.workload.schema import model_at, unknown_key_message
 from air.workload.spec import WorkloadSpec
-from air.workload.spec_rules import MAX_YAML_BYTES, dotted, show_value
+from air.workload.spec_rules import MAX_YAML_BYTES, Problem, dotted, show_value
 from air.workload.sweep_spec import merge_parameters as deep_merge
 
 # ---- problems and the error that lists them ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a workload: where (field path, YAML line, override) and what."""
-
-    loc: tuple[str | int, ...]
-    message: str
-    line: int | None = None
-    override: str | None = None
-    #: The base file (`_bases_`) the line is in; None: the workload file itself.
-    file: str | None = None
-
-    def render(self, source: str) -> str:
-        where = f"{dotted(self.loc)}: " if self.loc else ""
-        text = f"{source}: {where}{self.message}"
-        if self.override:
-            shown = self.override if len(self.override) <= 200 else f"{self.override[:150]}… ({len(self.override)} characters)"
-            text += f" (from --override {shown})"
-        elif self.line and self.file:
-            text += f" (line {self.line} of {self.file})"
-        elif self.line:
-            text += f" (line {self.line})"
-        return text
 
 
 class WorkloadSpecError(UserInputError):
@@ -471,8 +448,6 @@ def _validate(
     problems: list[Problem],
 ) -> WorkloadSpec:
     """Overrides, then paths, then the model; all their problems in one error, in file order."""
-    from air.workload.overrides import apply_overrides  # overrides.py builds on this module
-
     data, override_problems, overridden = apply_overrides(copy.deepcopy(dict(data)), overrides)
     problems = [*problems, *_resolve_paths(data, base_dir), *override_problems]
     spec: WorkloadSpec | None = None

@@ -20,7 +20,6 @@ import yaml
 from pydantic import BaseModel
 
 from air.bounds import YamlBoundError, safe_load_bounded
-from air.workload.loading import Problem
 from air.workload.schema import (
     accepts_none,
     annotation_members,
@@ -30,7 +29,7 @@ from air.workload.schema import (
     unknown_key_message,
 )
 from air.workload.spec import WorkloadSpec
-from air.workload.spec_rules import dotted, show_value
+from air.workload.spec_rules import Problem, dotted, show_value
 
 
 class _OverrideProblem(Exception):

@@ -1,13 +1,15 @@
 """The workload spec's rules: name and size limits, keys renamed or not supported, and the small validators
 the spec's models (spec.py) share, worded the way loading.py reports problems.
 
-Also what the readers of a spec's errors need without the models: `dotted` field paths and `show_value`.
+Also what the readers of a spec's errors need without the models: `dotted` field paths, `show_value`, and
+`Problem` (one thing wrong, which loading.py and overrides.py both report).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, NoReturn
 
 from pydantic import AfterValidator, BeforeValidator
@@ -125,6 +127,30 @@ def dotted(loc: Sequence[str | int]) -> str:
         else:
             out += f"[{seg!r}]"
     return out
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a workload: where (field path, YAML line, override) and what."""
+
+    loc: tuple[str | int, ...]
+    message: str
+    line: int | None = None
+    override: str | None = None
+    #: The base file (`_bases_`) the line is in; None: the workload file itself.
+    file: str | None = None
+
+    def render(self, source: str) -> str:
+        where = f"{dotted(self.loc)}: " if self.loc else ""
+        text = f"{source}: {where}{self.message}"
+        if self.override:
+            shown = self.override if len(self.override) <= 200 else f"{self.override[:150]}… ({len(self.override)} characters)"
+            text += f" (from --override {shown})"
+        elif self.line and self.file:
+            text += f" (line {self.line} of {self.file})"
+        elif self.line:
+            text += f" (line {self.line})"
+        return text
 
 
 def check_name(value: str, what: str) -> str:
