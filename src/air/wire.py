@@ -1,8 +1,10 @@
 """The client contract of `air server`, as data: request bodies, answers and follow-stream events.
 
-One module for every side of the wire: the server's routes parse request bodies with these models, the
-CLI, `@distributed(remote=True)` and the SDK (`air.Client`) read answers and events with them, and
-`decode_event` is the one reader of a follow stream's lines. `API_VERSION` is what this air speaks; the
+One module for every side of the wire, below the views: pure data, so the views and the server build
+these models (air.views.query.event_from, the routes' answers: FastAPI serializes them and the OpenAPI
+schema describes each), the server parses request bodies with them (air.server.deps.parse_request), the
+CLI, `@distributed(remote=True)` and the SDK (`air.Client`) read them, and `decode_event` is the one
+reader of a follow stream's lines. `API_VERSION` is what this air speaks; the
 server states it in `GET /api/v1/health` and in the `X-Air-Api-Version` header of every answer, and the
 client refuses a server that states another (air.client.http).
 
@@ -14,17 +16,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from air.bounds import MAX_NUM_ACCELERATORS, MAX_RETRIES
-from air.errors import UserInputError
 from air.store.states import AttemptStatus, FailureClass, RunStatus
-
-if TYPE_CHECKING:
-    from air.store.run_store import RunStore
-    from air.views.follow import FollowEvent
 
 #: The version of the API this air speaks (the `/api/v1` routes and these models). Raised when a route or
 #: a model changes in a way an older client cannot read.
@@ -43,21 +40,6 @@ class _Answer(BaseModel):
     """An answer: fields a newer server adds are kept, not refused."""
 
     model_config = ConfigDict(extra="allow")
-
-
-_RequestT = TypeVar("_RequestT", bound=_Request)
-
-
-def parse_request(model: type[_RequestT], body: object, what: str) -> _RequestT:
-    """A request body as `model`, or a UserInputError (400) that names every wrong field and the fields
-    the request takes."""
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-                             for e in exc.errors()[:5])
-        fields = ", ".join(model.model_fields)
-        raise UserInputError(f"Malformed {what}: {problems}.", hint=f"A {what} takes: {fields}.") from None
 
 
 # ---- requests ---------------------------------------------------------------------------------------
@@ -311,6 +293,51 @@ class BlobsMissingAnswer(_Answer):
     missing: list[str]
 
 
+class BlobAnswer(_Answer):
+    """`PUT /blobs/{sha256}`: the blob kept, and its size in bytes."""
+
+    digest: str
+    size: int
+
+
+class PermissionsAnswer(_Answer):
+    """`PUT /runs/{id}/permissions`: the run's grants now (an empty list: none but its owner's)."""
+
+    run_id: str
+    permissions: list[dict[str, Any]]
+
+
+class Pool(_Answer):
+    """One pool of `GET /pools` (`air get pools`): its accelerators, total, used and idle, the runs holding
+    them and how many wait (a pool of Ray nodes adds `ray_labels`)."""
+
+    name: str
+    accelerator_type: str
+    kind: str
+    slots: list[int]
+    total: int
+    used: int
+    idle: int
+    runs: list[str]
+    queued: int
+    default: bool
+
+
+class PoolList(_Answer):
+    """`GET /pools` (air.views.query.pools_view)."""
+
+    pools: list[Pool]
+    max_running_runs_per_user: int | None = None
+
+
+class WhoAmI(_Answer):
+    """`GET /whoami`: the caller the token stands for."""
+
+    user: str
+    admin: bool
+    token_id: str
+
+
 class Health(_Answer):
     """`GET /api/v1/health` (no token needed)."""
 
@@ -391,30 +418,14 @@ def decode_event(line: bytes | str) -> Event | None:
     return None
 
 
-def event_from(item: FollowEvent, store: RunStore | None = None) -> RunEvent | LinesEvent | NewAttemptEvent:
-    """What `air.views.follow` yields on the run's machine (a store `Run`, `Lines`, `NewAttempt`) as the
-    event a client reads: the server streams it, the SDK yields it when it follows a run locally. With
-    `store`, a QUEUED run's event says why it waits (`queue`: `air run --watch` prints it without asking)."""
-    from air.views.follow import Lines, NewAttempt
-    from air.views.query import run_dict, run_summary
-
-    if isinstance(item, Lines):
-        return LinesEvent(lines=item.lines, label=item.source.label, index=item.source.index, attempt=item.attempt)
-    if isinstance(item, NewAttempt):
-        return NewAttemptEvent(new_attempt=item.attempt, previous=item.previous)
-    if store is not None and item.status is RunStatus.QUEUED:
-        return RunEvent(run=Run.model_validate(run_summary(store, item)))
-    return RunEvent(run=Run.model_validate(run_dict(item)))
-
-
 def encode_event(event: Event) -> bytes:
     """One event as a line of the stream."""
     return event.model_dump_json().encode() + b"\n"
 
 
 __all__ = [
-    "API_VERSION", "API_VERSION_HEADER", "Attempt", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
+    "API_VERSION", "API_VERSION_HEADER", "Attempt", "BlobAnswer", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
     "CancelAnswer", "DryRunAnswer", "ErrorBody", "ErrorEvent", "Event", "Health", "LinesEvent", "LogFile", "LogList", "NewAttemptEvent",
-    "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SecretList", "SecretPutRequest", "SecretRef", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "decode_event",
-    "encode_event", "event_from", "parse_request",
+    "PermissionsAnswer", "Pool", "PoolList", "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SecretList", "SecretPutRequest", "SecretRef", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "WhoAmI", "decode_event",
+    "encode_event",
 ]

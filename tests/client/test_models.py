@@ -8,10 +8,11 @@ import time
 import pytest
 
 from air.errors import UserInputError
+from air.server.deps import parse_request
 from air.store.run_store import Run as StoredRun
 from air.store.states import RunStatus
 from air.views.follow import Lines, LogSource, NewAttempt
-from air.views.query import run_dict
+from air.views.query import event_from, run_dict
 from air.wire import (
     ErrorBody,
     ErrorEvent,
@@ -22,8 +23,6 @@ from air.wire import (
     SubmitRequest,
     decode_event,
     encode_event,
-    event_from,
-    parse_request,
 )
 
 

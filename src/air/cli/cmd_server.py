@@ -89,7 +89,7 @@ def start(host: str, port: int, mlflow: bool, mlflow_port: int | None, public_ur
 
     def ready(url: str, mlflow_uri: str, state: MLflowState | None) -> None:
         from air.runs.limits import limits_at_start
-        from air.server.app import API, PAGES
+        from air.server.deps import API, PAGES
 
         now = f"; {state.state} ({state.waited_s():.0f} s so far, its output: {log})" \
             if state is not None and state.state == "starting" else ""

@@ -83,7 +83,7 @@ class WatchExtras:
 
     # -- the queue ------------------------------------------------------------------------------------
     def _queue(self, info: dict[str, Any] | None) -> None:
-        """Why the run waits, as its follow event says (air.wire.event_from)."""
+        """Why the run waits, as its follow event says (air.views.query.event_from)."""
         if info is None:
             return
         text = f"[{self.run_id}] {info['reason']}"

@@ -37,7 +37,6 @@ from air.wire import (
     SnapshotManifest,
     SubmitAnswer,
     SubmitRequest,
-    event_from,
 )
 
 if TYPE_CHECKING:
@@ -190,7 +189,7 @@ class Client:
         if self.server is not None:
             return self._streamed(run_id, live=live, where={**where, "minutes": minutes})
         from air.views.follow import follow, snapshot
-        from air.views.query import log_masker
+        from air.views.query import event_from, log_masker
 
         run = self.store.get_run(run_id)
         mask = log_masker(run)  # before any line: fails closed when secrets cannot be resolved
@@ -224,7 +223,7 @@ class Client:
             return LogList.model_validate(self.server.get(f"/runs/{run_id}/logs", attempt=attempt))
         from air.views.query import log_list
 
-        return LogList.model_validate(log_list(self.store, self.store.get_run(run_id), attempt))
+        return log_list(self.store, self.store.get_run(run_id), attempt)
 
     def download_logs(self, run_id: str, folder: str | os.PathLike[str], attempt: int | None = None) -> LogList:
         """Copy every log of `attempt` (default: the latest) to `folder`/logs/`<label>_<index>.log`, secret

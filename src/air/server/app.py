@@ -10,7 +10,6 @@ outside `/ui` stays a JSON 404 of the API rather than a page.
 from __future__ import annotations
 
 import threading
-from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,73 +18,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from air import __version__
 from air.errors import AirError, NotFoundError, UserInputError
+from air.server.deps import API, PAGES, Caller, error_body, http_status, principal
 from air.server.tokens import Principal, verify_token
 from air.server.uploads import ServerPaths
 from air.store.run_store import RunStore
-from air.web.auth import bearer_token
 from air.web.security import SecurityHeaders
-from air.wire import API_VERSION, API_VERSION_HEADER, Health
-
-API = "/api/v1"
-#: Where the web pages are mounted.
-PAGES = "/ui"
-
-
-class AuthError(AirError):
-    """No valid token (401), or a valid one that may not do this (403)."""
-
-    exit_code = 2
-    kind = "USER"
-
-    def __init__(self, message: str, *, status: int, hint: str | None = None) -> None:
-        super().__init__(message, hint=hint)
-        self.status = status
-        self.code = "UNAUTHENTICATED" if status == 401 else "PERMISSION_DENIED"
-
-
-def error_body(exc: AirError) -> dict[str, object]:
-    """An error as the API answers it (the CLI's --json error envelope has the same fields)."""
-    return {"error": {"code": exc.code, "kind": exc.kind, "message": exc.message, "hint": exc.hint,
-                      "exit_code": exc.exit_code}}
-
-
-def http_status(exc: AirError) -> int:
-    if isinstance(exc, AuthError):
-        return exc.status
-    if isinstance(exc, NotFoundError):
-        return 404
-    if getattr(exc, "http_status", None):
-        return int(exc.http_status)  # type: ignore[attr-defined]
-    return 400 if isinstance(exc, UserInputError) else 500
-
-
-def store_of(request: Request) -> RunStore:
-    return request.app.state.store
-
-
-def principal(request: Request) -> Principal:
-    """The caller, from the bearer token; 401 when there is none or it is not valid."""
-    found = verify_token(store_of(request), bearer_token(request))
-    if found is None:
-        given = request.headers.get("authorization")
-        raise AuthError("A valid air token is required." if given else "No token given.", status=401,
-                        hint="Send Authorization: Bearer <token> (AIR_TOKEN, or the profile's token_path); "
-                        "an admin makes one with: air server token create NAME")
-    return found
-
-
-def token_still_valid(request: Request) -> bool:
-    """Whether the request's bearer token is still valid (a long stream asks again as it goes)."""
-    return verify_token(store_of(request), bearer_token(request)) is not None
-
-
-def pages_base(request: Request) -> str:
-    """The pages' address as this request reached the server (what a link for its caller should use)."""
-    return str(request.base_url).rstrip("/") + PAGES
-
-
-#: A route's caller: `who: Caller` (401 before the route runs when the token is not valid).
-Caller = Annotated[Principal, Depends(principal)]
+from air.wire import API_VERSION, API_VERSION_HEADER, Health, WhoAmI
 
 
 def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = None,
@@ -105,31 +43,32 @@ def create_app(*, store: RunStore | None = None, paths: ServerPaths | None = Non
 
     @app.exception_handler(AirError)
     async def air_error(request: Request, exc: AirError) -> JSONResponse:
-        return JSONResponse(error_body(exc), status_code=http_status(exc))
+        return JSONResponse(error_body(exc).model_dump(mode="json"), status_code=http_status(exc))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
-        return JSONResponse(error_body(UserInputError(f"Invalid request: {problems}")), status_code=400)
+        return JSONResponse(error_body(UserInputError(f"Invalid request: {problems}")).model_dump(mode="json"),
+                            status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         err = NotFoundError(f"No such API route: {request.method} {request.url.path}") if exc.status_code == 404 \
             else UserInputError(str(exc.detail))
-        return JSONResponse(error_body(err), status_code=exc.status_code)
+        return JSONResponse(error_body(err).model_dump(mode="json"), status_code=exc.status_code)
 
     @app.get(API + "/health")
-    def health() -> dict[str, object]:
+    def health() -> Health:
         # The walls around runs (air.server.isolation); an app made without `air server start` has none.
         # and its MLflow's state (starting, ready, failed; off: none of its own), air.server.mlflow_server.
         mlflow = getattr(app.state, "mlflow_state", None)
         return Health(status="ok", version=__version__, api_version=API_VERSION,
                       isolation=getattr(app.state, "isolation", "") or "none",
-                      mlflow=mlflow.as_json() if mlflow is not None else {"state": "off"}).model_dump(mode="json")
+                      mlflow=mlflow.as_json() if mlflow is not None else {"state": "off"})
 
     @app.get(API + "/whoami")
-    def whoami(who: Caller) -> dict[str, object]:
-        return {"user": who.user, "admin": who.admin, "token_id": who.token_id}
+    def whoami(who: Caller) -> WhoAmI:
+        return WhoAmI(user=who.user, admin=who.admin, token_id=who.token_id)
 
     app.include_router(runs_router, prefix=API, dependencies=[Depends(principal)])
     app.include_router(secrets_router, prefix=API, dependencies=[Depends(principal)])
@@ -180,5 +119,4 @@ def _mount_pages(app: FastAPI) -> None:
     app.mount(PAGES, pages)
 
 
-__all__ = ["API", "PAGES", "AuthError", "Caller", "create_app", "error_body", "pages_base", "principal", "store_of",
-           "token_still_valid"]
+__all__ = ["create_app"]

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from starlette.applications import Starlette
 
+from air.server.deps import error_body
 from air.store.run_store import RunStore
 from air.views.fanout import Follower, FollowHub, Item, Skipped, reader_following
 from air.views.follow import FollowEvent
-from air.wire import ErrorEvent, SkippedEvent, encode_event, event_from
+from air.views.query import event_from
+from air.wire import SkippedEvent, encode_event
 
 
 def ndjson_line(event: FollowEvent, store: RunStore | None = None) -> bytes:
@@ -26,12 +28,10 @@ def hub_of(app: Starlette) -> FollowHub:
 
 
 def _line(item: Item | Skipped) -> bytes:
-    from air.server.app import error_body
-
     if isinstance(item, Skipped):
         return encode_event(SkippedEvent(skipped=item.count))
     if item.error is not None:
-        return encode_event(ErrorEvent.model_validate(error_body(item.error)))
+        return encode_event(error_body(item.error))
     if item.encoded is not None:
         return item.encoded
     assert item.event is not None

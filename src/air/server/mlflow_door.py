@@ -177,7 +177,7 @@ class Door:
         """The pages' signed-in user of this request (their session cookie), or None."""
         if not request.cookies:
             return None
-        from air.server.app import PAGES
+        from air.server.deps import PAGES
         from air.web.auth import LoginRequired
 
         for route in self.app.routes:

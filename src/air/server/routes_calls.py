@@ -16,10 +16,9 @@ from starlette.concurrency import run_in_threadpool
 
 from air.constants import SERVER_MAX_UPLOAD_BYTES
 from air.errors import UserInputError
-from air.server.app import AuthError, Caller, store_of
-from air.server.routes_runs import json_body
+from air.server.deps import AuthError, Caller, json_body, parse_request, store_of
 from air.store.paths import CallPaths
-from air.wire import CallAnswer, CallRequest, parse_request
+from air.wire import CallAnswer, CallRequest
 
 router = APIRouter()
 
@@ -30,7 +29,7 @@ class NotReady(UserInputError):
 
 
 @router.post("/calls")
-async def submit_call(request: Request, who: Caller) -> dict[str, object]:
+async def submit_call(request: Request, who: Caller) -> CallAnswer:
     from air.distributed.call_driver import start_call
 
     body = await json_body(request, SERVER_MAX_UPLOAD_BYTES)  # the pickled call travels inside it
@@ -43,8 +42,7 @@ async def submit_call(request: Request, who: Caller) -> dict[str, object]:
     if not payload:
         raise UserInputError("Malformed call: payload_b64 is empty.", hint="Send the cloudpickled call, base64-encoded.")
     run = await run_in_threadpool(start_call, store_of(request), who.user, call, payload)
-    answer = CallAnswer(run_id=run.id, num_nodes=run.num_nodes, world=run.num_accelerators, status=run.status)
-    return answer.model_dump(mode="json")
+    return CallAnswer(run_id=run.id, num_nodes=run.num_nodes, world=run.num_accelerators, status=run.status)
 
 
 @router.get("/runs/{run_id}/result")

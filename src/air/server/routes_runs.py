@@ -1,9 +1,9 @@
 """`/api/v1/runs` and `/api/v1/blobs`: list, show, submit, cancel and follow runs; upload snapshot blobs.
 
-Every answer is a view of `air.views.query` (what the CLI's `--json` prints), so a remote CLI prints
-from the same dicts as a local one. Who may read or cancel a run is air.server.visibility's rule (the
-server's `default_visibility`, the run's `permissions`): a run one may not view is 404 on every route,
-cancel needs CAN_MANAGE_RUN (403 for one who may only view it).
+Every answer is a view of `air.views.query` (what the CLI's `--json` prints) as its air.wire model, so
+a remote CLI prints the same fields as a local one. Who may read or cancel a run is air.server.visibility's
+rule (the server's `default_visibility`, the run's `permissions`): a run one may not view is 404 on every
+route, cancel needs CAN_MANAGE_RUN (403 for one who may only view it).
 """
 
 from __future__ import annotations
@@ -18,14 +18,25 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from air.bounds import MAX_JSON_BYTES, MAX_QUERY_INT, json_loads_bounded
+from air.bounds import MAX_QUERY_INT
 from air.config import load_config
-from air.constants import SERVER_MAX_UPLOAD_BYTES, STREAM_AUTH_RECHECK_S
+from air.constants import STREAM_AUTH_RECHECK_S
 from air.errors import AirError, NotFoundError, UserInputError
 from air.runs.cancel import cancel_run as cancel
 from air.runs.cancel import canceled_by
-from air.server.app import AuthError, Caller, error_body, pages_base, store_of, token_still_valid
 from air.server.audit import RUN_CANCEL, record
+from air.server.deps import (
+    AuthError,
+    Caller,
+    PayloadTooLarge,
+    error_body,
+    json_body,
+    pages_base,
+    parse_request,
+    read_limited,
+    store_of,
+    token_still_valid,
+)
 from air.server.fanout import hub_of, reader_following, take_ndjson
 from air.server.submission import submit_request
 from air.server.uploads import (
@@ -42,6 +53,7 @@ from air.store.states import RunStatus
 from air.store.states import statuses as parse_statuses
 from air.views.follow import log_sources, snapshot
 from air.views.query import (
+    event_from,
     log_list,
     log_masker,
     masked_log,
@@ -51,13 +63,18 @@ from air.views.query import (
     written_logs,
 )
 from air.wire import (
+    BlobAnswer,
     BlobsMissingAnswer,
     BlobsMissingRequest,
     CancelAnswer,
-    ErrorEvent,
+    DryRunAnswer,
+    LogList,
+    PermissionsAnswer,
+    PoolList,
+    RunDetail,
+    RunList,
+    SubmitAnswer,
     encode_event,
-    event_from,
-    parse_request,
 )
 
 router = APIRouter()
@@ -66,35 +83,8 @@ router = APIRouter()
 STREAM_CHECK_S = 0.5
 
 
-class PayloadTooLarge(UserInputError):
-    code = "PAYLOAD_TOO_LARGE"
-    http_status = 413
-
-
 def _paths(request: Request) -> ServerPaths:
     return request.app.state.paths
-
-
-async def read_limited(request: Request, limit: int = SERVER_MAX_UPLOAD_BYTES) -> AsyncIterator[bytes]:
-    """The request body in chunks; 413 as soon as it is (or says it will be) larger than `limit`."""
-    declared = request.headers.get("content-length")
-    too_big = PayloadTooLarge(f"The request body is larger than the server accepts ({limit >> 20} MiB).",
-                              hint="Keep large data out of the code snapshot (.gitignore) and read it on the nodes.")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise too_big
-    seen = 0
-    async for chunk in request.stream():
-        seen += len(chunk)
-        if seen > limit:
-            raise too_big
-        yield chunk
-
-
-async def json_body(request: Request, limit: int = MAX_JSON_BYTES) -> object:
-    """The request body as JSON, within the bounds of air.bounds (size, depth, 64-bit integers): a body
-    past them is a 4xx that says which, never a 500."""
-    data = b"".join([chunk async for chunk in read_limited(request, limit)])
-    return json_loads_bounded(data)
 
 
 #: An integer query parameter that reaches SQLite: bounded, so a 30-digit one is a 400, not an overflow.
@@ -107,11 +97,11 @@ IndexQuery = Annotated[int | None, Query(le=MAX_QUERY_INT, ge=0)]
 # ---- runs -----------------------------------------------------------------------------------------
 
 
-@router.get("/runs")
+@router.get("/runs", response_model_exclude_unset=True)
 def list_runs(request: Request, who: Caller, all_users: bool = False,
               all_status: bool = False, status: Annotated[list[str] | None, Query()] = None, limit: QueryInt = 20,
               experiment: str | None = None, accelerator_type: str | None = None,
-              num_accelerators: OptionalQueryInt = None, user: str | None = None) -> dict[str, object]:
+              num_accelerators: OptionalQueryInt = None, user: str | None = None) -> RunList:
     """`user`: that user's runs (those the caller may see), whatever `all_users` says."""
     store = store_of(request)
     if limit <= 0 or limit > 100_000:
@@ -124,13 +114,13 @@ def list_runs(request: Request, who: Caller, all_users: bool = False,
                            experiment_glob=experiment, accelerator_type=accelerator_type,
                            num_accelerators=num_accelerators, visible_to=policy.list_filter(viewer))
     runs = [r for r in runs if policy.allows(viewer, r)]  # the SQL filter's reading, checked by the rule itself
-    return {"runs": [run_summary(store, r) for r in runs]}
+    return RunList.model_validate({"runs": [run_summary(store, r) for r in runs]})
 
 
-@router.get("/pools")
-def list_pools(request: Request, who: Caller) -> dict[str, object]:
+@router.get("/pools", response_model_exclude_unset=True)
+def list_pools(request: Request, who: Caller) -> PoolList:
     store = store_of(request)
-    data = pools_view(store)
+    data = PoolList.model_validate(pools_view(store))
     policy = current_policy()
     viewer = viewer_for(who, policy)
     if policy.list_filter(viewer) is not None:  # `private`: the runs holding a pool's slots, if one may see them
@@ -141,35 +131,34 @@ def list_pools(request: Request, who: Caller) -> dict[str, object]:
             except NotFoundError:
                 return False
 
-        for pool in data["pools"]:
-            if "runs" in pool:
-                pool["runs"] = [r for r in pool["runs"] if sees(r)]
+        for pool in data.pools:
+            pool.runs = [r for r in pool.runs if sees(r)]
     return data
 
 
-@router.get("/runs/{run_id}")
-def get_run(request: Request, run_id: str, who: Caller) -> dict[str, object]:
+@router.get("/runs/{run_id}", response_model_exclude_unset=True)
+def get_run(request: Request, run_id: str, who: Caller) -> RunDetail:
     store = store_of(request)
-    return run_detail(store, readable_run(store, run_id, who), pages_base=pages_base(request))
+    return RunDetail.model_validate(run_detail(store, readable_run(store, run_id, who), pages_base=pages_base(request)))
 
 
 @router.post("/runs")
-async def submit_run(request: Request, who: Caller) -> dict[str, object]:
+async def submit_run(request: Request, who: Caller) -> SubmitAnswer | DryRunAnswer:
     body = await json_body(request)
     return await run_in_threadpool(submit_request, store_of(request), _paths(request), who, body,
                                    critical_users=getattr(request.app.state, "critical_users", frozenset()))
 
 
 @router.put("/runs/{run_id}/permissions")
-async def put_permissions(request: Request, run_id: str, who: Caller) -> dict[str, object]:
+async def put_permissions(request: Request, run_id: str, who: Caller) -> PermissionsAnswer:
     """Replace who else may see or act on the run (the workload's `permissions` form); CAN_MANAGE only."""
     body = await json_body(request)
     run = await run_in_threadpool(change_permissions, store_of(request), run_id, who, body)
-    return {"run_id": run.id, "permissions": json.loads(run.permissions or "[]")}
+    return PermissionsAnswer(run_id=run.id, permissions=json.loads(run.permissions or "[]"))
 
 
 @router.post("/runs/{run_id}/cancel")
-def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, object]:
+def cancel_run(request: Request, run_id: str, who: Caller) -> CancelAnswer:
     store = store_of(request)
     run = readable_run(store, run_id, who)
     if not run_visible(run, who, need=Level.CAN_MANAGE_RUN):
@@ -178,7 +167,7 @@ def cancel_run(request: Request, run_id: str, who: Caller) -> dict[str, object]:
     reason = canceled_by(who.user, admin=who.admin, owner=run.user)
     if not run.is_terminal:
         record(store, who.user, RUN_CANCEL, run.id, {"owner": run.user, "via": "api", "reason": reason})
-    return CancelAnswer(run_id=run.id, status=cancel(store, run.id, reason=reason)).model_dump(mode="json")
+    return CancelAnswer(run_id=run.id, status=cancel(store, run.id, reason=reason))
 
 
 @router.get("/runs/{run_id}/follow")
@@ -204,11 +193,11 @@ def follow_run(request: Request, run_id: str, who: Caller, node: IndexQuery = No
         if not token_still_valid(request):  # revoked while following: no more lines
             revoked = AuthError("The token this stream was opened with is no longer valid (revoked).", status=401,
                                 hint="Ask an admin for a new one: air server token create NAME")
-            return encode_event(ErrorEvent.model_validate(error_body(revoked)))
+            return encode_event(error_body(revoked))
         try:
             readable_run(store, run.id, who)  # a grant taken back while following: a 404 line, no more
         except AirError as exc:
-            return encode_event(ErrorEvent.model_validate(error_body(exc)))
+            return encode_event(error_body(exc))
         return None
 
     async def body() -> AsyncIterator[bytes]:
@@ -242,7 +231,7 @@ def follow_run(request: Request, run_id: str, who: Caller, node: IndexQuery = No
 
 
 @router.get("/runs/{run_id}/logs")
-def list_logs(request: Request, run_id: str, who: Caller, attempt: IndexQuery = None) -> dict[str, object]:
+def list_logs(request: Request, run_id: str, who: Caller, attempt: IndexQuery = None) -> LogList:
     """The logs of one attempt (`air logs --download-to`): each one's label, index and size in bytes."""
     store = store_of(request)
     return log_list(store, readable_run(store, run_id, who), attempt)
@@ -268,13 +257,13 @@ def download_log(request: Request, run_id: str, label: str, index: int, who: Cal
 
 
 @router.post("/blobs/missing")
-async def blobs_missing(request: Request) -> dict[str, object]:
+async def blobs_missing(request: Request) -> BlobsMissingAnswer:
     asked = parse_request(BlobsMissingRequest, await json_body(request), "blob question")
-    return BlobsMissingAnswer(missing=missing_blobs(_paths(request), asked.digests)).model_dump(mode="json")
+    return BlobsMissingAnswer(missing=missing_blobs(_paths(request), asked.digests))
 
 
 @router.put("/blobs/{digest}")
-async def put_blob(request: Request, digest: str, who: Caller) -> dict[str, object]:
+async def put_blob(request: Request, digest: str, who: Caller) -> BlobAnswer:
     check_digest(digest)
     declared = request.headers.get("content-length")
     quota = BlobQuota(_paths(request), who.user, (await run_in_threadpool(load_config)).server.limits.blob_quota_per_user)
@@ -289,4 +278,4 @@ async def put_blob(request: Request, digest: str, who: Caller) -> dict[str, obje
             async for _ in body:
                 pass
         raise
-    return {"digest": digest, "size": size}
+    return BlobAnswer(digest=digest, size=size)

@@ -8,10 +8,9 @@ from fastapi import APIRouter, Request
 
 from air.bounds import MAX_SECRET_BYTES, MAX_SECRETS_PER_USER
 from air.errors import UserInputError
-from air.server.app import Caller
-from air.server.routes_runs import json_body
+from air.server.deps import Caller, json_body, parse_request
 from air.server.tokens import Principal
-from air.wire import SecretList, SecretPutRequest, SecretRef, parse_request
+from air.wire import SecretList, SecretPutRequest, SecretRef
 
 router = APIRouter()
 
@@ -31,15 +30,15 @@ def _check_room(request: Request, who: Principal, scope: str, key: str) -> None:
 
 
 @router.get("/secrets")
-def list_secrets(request: Request, who: Caller) -> dict[str, object]:
+def list_secrets(request: Request, who: Caller) -> SecretList:
     from air.workload.secrets import list_secrets as listed
 
     refs = [SecretRef(scope=scope, key=key) for scope, key in listed(store=_store(request, who))]
-    return SecretList(secrets=refs).model_dump()
+    return SecretList(secrets=refs)
 
 
 @router.put("/secrets/{scope}/{key}")
-async def put_secret(request: Request, scope: str, key: str, who: Caller) -> dict[str, object]:
+async def put_secret(request: Request, scope: str, key: str, who: Caller) -> SecretRef:
     from starlette.concurrency import run_in_threadpool
 
     from air.workload.secrets import put_secret as put
@@ -53,12 +52,12 @@ async def put_secret(request: Request, scope: str, key: str, who: Caller) -> dic
                              "or on the nodes, and put only a token or password in a secret.")
     await run_in_threadpool(_check_room, request, who, scope, key)
     await run_in_threadpool(put, scope, key, value, store=_store(request, who))
-    return SecretRef(scope=scope, key=key).model_dump()
+    return SecretRef(scope=scope, key=key)
 
 
 @router.delete("/secrets/{scope}/{key}")
-def delete_secret(request: Request, scope: str, key: str, who: Caller) -> dict[str, object]:
+def delete_secret(request: Request, scope: str, key: str, who: Caller) -> SecretRef:
     from air.workload.secrets import delete_secret as delete
 
     delete(scope, key, store=_store(request, who))
-    return SecretRef(scope=scope, key=key).model_dump()
+    return SecretRef(scope=scope, key=key)

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from air.errors import UserInputError
+from air.server.deps import AuthError, parse_request
 from air.server.tokens import Principal
 from air.server.uploads import ServerPaths, build_snapshot
 from air.store.run_store import RunStore
-from air.wire import DryRunAnswer, SubmitAnswer, SubmitRequest, parse_request
+from air.wire import DryRunAnswer, SubmitAnswer, SubmitRequest
 
 if TYPE_CHECKING:
     from air.environments import DependencySet
@@ -29,8 +30,6 @@ def _spec_with_root(spec: dict[str, object], root: str) -> dict[str, object]:
 def check_priority(who: Principal, priority_class: str, critical_users: frozenset[str]) -> None:
     """CRITICAL preempts other users' BEST_EFFORT runs: only admins and the server's `--critical-users` may."""
     if priority_class == "CRITICAL" and not who.admin and who.user not in critical_users:
-        from air.server.app import AuthError
-
         raise AuthError(f"{who.user} may not submit compute.priority_class: CRITICAL on this server.",
                         status=403, hint="Submit it as NORMAL or BEST_EFFORT, or ask the server's admin to add you "
                         "to `air server start --critical-users`.")
@@ -66,7 +65,7 @@ def walled_cache_state(store: RunStore, user: str, deps: DependencySet, base_pyt
 
 
 def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: object, *,
-                   critical_users: frozenset[str] = frozenset()) -> dict[str, object]:
+                   critical_users: frozenset[str] = frozenset()) -> SubmitAnswer | DryRunAnswer:
     from air.runs.submit import prepare_spec, submit
     from air.server.visibility import check_groups
     from air.workload.loading import parse_workload
@@ -98,10 +97,10 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: ob
         if deps is not None and prepared.plan.environment_state is not None:
             prepared.plan.environment_state = (walled_cache_state(store, who.user, deps, prepared.plan.base_python)
                                                or prepared.plan.environment_state)
-        return DryRunAnswer(status="DRY_RUN_OK", plan=prepared.plan.describe()).model_dump(mode="json")
+        return DryRunAnswer(status="DRY_RUN_OK", plan=prepared.plan.describe())
     run, existing = submit(prepared, idempotency_key=f"{who.user}:{token}" if token else None, store=store,
                            user=who.user)
     plan = prepared.plan
     return SubmitAnswer(run_id=run.id, status=run.status, existing=existing, num_nodes=plan.num_nodes,
                         per_node=plan.per_node, accelerator=plan.accelerator,
-                        experiment=plan.experiment).model_dump(mode="json")
+                        experiment=plan.experiment)

@@ -16,6 +16,7 @@ from typing import Annotated
 
 from air.config import AirConfig, config_path, load_config
 from air.errors import NotFoundError, UserInputError
+from air.server.deps import AuthError
 from air.server.tokens import Principal
 from air.store.access import Grant, Level, Policy, Viewer, unknown_groups
 from air.store.run_store import Run, RunStore
@@ -103,7 +104,6 @@ def change_permissions(store: RunStore, run_id: str, who: Principal, body: objec
     from pydantic import Field, TypeAdapter, ValidationError
 
     from air.bounds import MAX_PERMISSION_ENTRIES
-    from air.server.app import AuthError
     from air.server.audit import PERMISSIONS_CHANGE, record
     from air.store.access import grants_to_json
     from air.workload.spec import PermissionSpec

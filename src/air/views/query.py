@@ -1,7 +1,8 @@
 """What the CLI's `--json`, the server's API and the web pages show of a run: one query layer.
 
-Every view is plain data (JSON-ready dicts) built from the run store; the CLI prints it, the server
-returns it, the pages render it. The hosted CLI's field names sit beside air's own.
+Every view is plain data (JSON-ready dicts, or air.wire's models where the API answers with one) built
+from the run store; the CLI prints it, the server returns it, the pages render it. The hosted CLI's
+field names sit beside air's own.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from air.store.access import Viewer
 from air.store.paths import CallPaths, RunPaths
 from air.store.run_store import Run, RunStore
 from air.store.states import RunStatus
+from air.wire import LinesEvent, LogFile, LogList, NewAttemptEvent, RunEvent
+from air.wire import Run as WireRun
 
 if TYPE_CHECKING:
     from air.config import AirConfig
-    from air.views.follow import LogSource
+    from air.views.follow import FollowEvent, LogSource
 from air.runs.sweep import child_run, is_sweep_spec, list_tasks, max_concurrent_of, parent_of
 
 
@@ -464,11 +467,26 @@ def written_logs(store: RunStore, run: Run, attempt: int | None) -> tuple[int, l
     return index, [s for s in log_sources(run, index) if s.path is not None and s.path.exists()]
 
 
-def log_list(store: RunStore, run: Run, attempt: int | None) -> dict[str, object]:
-    """`written_logs` as the API words it (air.wire.LogList): each log's label, index and size."""
+def log_list(store: RunStore, run: Run, attempt: int | None) -> LogList:
+    """`written_logs` as the API words it: each log's label, index and size."""
     index, written = written_logs(store, run, attempt)
-    return {"run_id": run.id, "attempt": index,
-            "logs": [{"label": s.label, "index": s.index, "bytes": s.path.stat().st_size} for s in written if s.path]}
+    return LogList(run_id=run.id, attempt=index,
+                   logs=[LogFile(label=s.label, index=s.index, bytes=s.path.stat().st_size) for s in written if s.path])
+
+
+def event_from(item: FollowEvent, store: RunStore | None = None) -> RunEvent | LinesEvent | NewAttemptEvent:
+    """What `air.views.follow` yields on the run's machine (a store `Run`, `Lines`, `NewAttempt`) as the
+    event a client reads: the server streams it, the SDK yields it when it follows a run locally. With
+    `store`, a QUEUED run's event says why it waits (`queue`: `air run --watch` prints it without asking)."""
+    from air.views.follow import Lines, NewAttempt
+
+    if isinstance(item, Lines):
+        return LinesEvent(lines=item.lines, label=item.source.label, index=item.source.index, attempt=item.attempt)
+    if isinstance(item, NewAttempt):
+        return NewAttemptEvent(new_attempt=item.attempt, previous=item.previous)
+    if store is not None and item.status is RunStatus.QUEUED:
+        return RunEvent(run=WireRun.model_validate(run_summary(store, item)))
+    return RunEvent(run=WireRun.model_validate(run_dict(item)))
 
 
 #: The most of one log line held at once while a log is served (the reader may be the server's account):
