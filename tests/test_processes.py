@@ -28,7 +28,7 @@ def argv_built(source: str, filename: str = "<text>") -> list[int]:
     for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, (ast.List, ast.Tuple)):
             items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
-            if any(a == "-m" and isinstance(b, str) and b.startswith("air.") for a, b in zip(items, items[1:])):
+            if any(a == "-m" and isinstance(b, str) and b.startswith("air.") for a, b in zip(items, items[1:], strict=False)):
                 found.append(node.lineno)
         elif isinstance(node, ast.JoinedStr):
             text = "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))

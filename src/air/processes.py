@@ -30,38 +30,38 @@ class ProcessKind:
 
 
 PROCESS_KINDS = {kind.name: kind for kind in (
-    ProcessKind("cli", "air.cli.main", "the user", "itself, once the command is done",
-                "nothing past its command (it may start `admission`)", script="air ..."),
-    ProcessKind("server", "air.cli.cmd_server", "the user (or a service manager)", "SIGTERM / SIGINT",
-                "the API, the pages, the MLflow door, the admission loop (a thread)", script="air server"),
-    ProcessKind("ui", "air.cli.cmd_ui", "the user", "Ctrl-C", "its entry in ui.json, the pages, the MLflow UI (under "
-                "`guard`)", script="air ui"),
-    ProcessKind("admission", "air.runs.admission", "any `air` command while runs wait", "itself, once none waits",
-                "the AIR_HOME's admission lock; admits queued runs, starts their `supervisor`"),
+    ProcessKind("cli", "air.cli.main", "the user",
+                "itself, its command done", "nothing past its command", script="air ..."),
+    ProcessKind("server", "air.cli.cmd_server", "the user (or a service manager)",
+                "SIGTERM / SIGINT", "the API, the pages, the MLflow door, the admission thread", script="air server"),
+    ProcessKind("ui", "air.cli.cmd_ui", "the user",
+                "Ctrl-C", "its entry in ui.json, the pages, the MLflow UI (under `guard`)", script="air ui"),
+    ProcessKind("admission", "air.runs.admission", "any `air` command while runs wait",
+                "itself, once none waits", "the admission lock; starts admitted runs' `supervisor`"),
     ProcessKind("supervisor", "air.runs.supervisor", "admission; `air run` (a sweep's parent)",
-                "itself, at the run's end (`air cancel` asks it)", "one workload run: its attempts, nodes, supervisor.log"),
+                "itself, at the run's end", "one workload run: its attempts, nodes, supervisor.log"),
     ProcessKind("call_driver", "air.distributed.call_driver", "`air server` (a `remote=True` call)",
-                "itself, at the call's end", "one call run on the server, as a supervisor does"),
+                "itself, at the call's end", "one call run, as a supervisor does"),
     ProcessKind("rank", "air.distributed.worker", "the node launcher (or a zygote's fork)",
                 "itself; the launcher ends its tree", "one rank of a `@distributed` call"),
-    ProcessKind("zygote", "air.launcher.zygote", "a warm launch", "the launch's end", "the launch's preloaded "
-                "imports and forked processes (and the c10d store)"),
-    ProcessKind("kept_zygote", "air.launcher.zygote", "a local call's caller", "its caller's exit", "preloaded imports "
-                "kept between the caller's launches (one leader per launch)"),
-    ProcessKind("guard", "air.launcher.guard", "`air server`, `air ui`", "its parent's end (even SIGKILL)",
-                "a foreign process tree (MLflow's server), ended whole"),
-    ProcessKind("mlflow", "air.server.mlflow_app", "`guard`", "its guard", "MLflow's app, imported once "
-                "(socket for `air server`, TCP for `air ui`)"),
-    ProcessKind("ended", "air.tracking.ended", "reconcile (any `air` command)", "itself", "ending the MLflow runs of "
-                "a dead supervisor's attempt"),
-    ProcessKind("backfill", "air.tracking.backfill", "reconcile (any `air` command)", "itself", "an attempt's missing "
-                "MLflow runs"),
-    ProcessKind("recorder", "air.distributed.tracked", "a local call's caller", "itself (in turn on "
-                ".mlflow-recorder.lock)", "the MLflow run of an attempt no rank recorded"),
-    ProcessKind("sentinel", "air.backends.ray_agent", "a Ray node agent, per launch", "the agent's \"done\", else its "
-                "death", "ending the launch's processes and node folders if the agent dies"),
-    ProcessKind("walled", "air.environments.walled", "the supervisor (`air server` runs)", "the build's end or a "
-                "cancel", "one environment build, as the run's account in its sandbox", flags=("-I",)),
-    ProcessKind("ray_shim", "air.backends.ray_shim", "a workload's `ray` command (bin/ray)", "itself (it execs Ray)",
-                "free ports and marks for the node's Ray"),
+    ProcessKind("zygote", "air.launcher.zygote", "a warm launch",
+                "the launch's end", "preloaded imports, the launch's forks, the c10d store"),
+    ProcessKind("kept_zygote", "air.launcher.zygote", "a local call's caller",
+                "its caller's exit", "preloaded imports kept between the caller's launches"),
+    ProcessKind("guard", "air.launcher.guard", "`air server`, `air ui`",
+                "its parent's end (even SIGKILL)", "a foreign process tree (MLflow's), ended whole"),
+    ProcessKind("mlflow", "air.server.mlflow_app", "`guard`",
+                "its guard", "MLflow's app, imported once (a socket or TCP port)"),
+    ProcessKind("ended", "air.tracking.ended", "reconcile (any `air` command)",
+                "itself", "ending a dead supervisor's MLflow runs"),
+    ProcessKind("backfill", "air.tracking.backfill", "reconcile (any `air` command)",
+                "itself", "an attempt's missing MLflow runs"),
+    ProcessKind("recorder", "air.distributed.tracked", "a local call's caller",
+                "itself", "the MLflow run of an attempt no rank recorded"),
+    ProcessKind("sentinel", "air.backends.ray_agent", "a Ray node agent, per launch",
+                "the agent's \"done\", else its death", "ending the launch's processes if the agent dies"),
+    ProcessKind("walled", "air.environments.walled", "the supervisor (`air server` runs)",
+                "the build's end, a cancel", "one environment build in the run's sandbox", flags=("-I",)),
+    ProcessKind("ray_shim", "air.backends.ray_shim", "a workload's `ray` command (bin/ray)",
+                "itself (it execs Ray)", "free ports and marks for the node's Ray"),
 )}
