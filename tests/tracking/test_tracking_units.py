@@ -92,7 +92,8 @@ def test_run_url_points_into_the_ui() -> None:
 
 def test_tracking_ref_round_trips_into_a_link(tmp_path: Path) -> None:
     """`tracking.json` is written whole (no temp file left) and read back into the same links as before."""
-    from air.tracking.ui import tracking_ref_url, write_tracking_ref
+    from air.tracking.handle import write_tracking_ref
+    from air.tracking.ui import tracking_ref_url
 
     ref = tmp_path / "attempt_0" / "tracking.json"
     assert tracking_ref_url(ref) is None  # no note yet: no link, no error

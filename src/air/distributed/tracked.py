@@ -23,7 +23,7 @@ from air.processes import PROCESS_KINDS
 from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
 from air.store.paths import CallPaths
 from air.tracking.attempt_tracking import AttemptTracking
-from air.tracking.handle import TrackingHandle
+from air.tracking.handle import TrackingHandle, write_tracking_ref
 from air.tracking.store import tracking_enabled
 from air.tracking.sysmetrics import TakeSamples
 
@@ -140,7 +140,6 @@ def _link(run_id: str, attempt: int, handle: TrackingHandle) -> None:
     """Name the attempt's MLflow run in the run store and its `tracking.json` (`air get run` shows it)."""
     try:
         from air.store.run_store import RunStore
-        from air.tracking.ui import write_tracking_ref
 
         RunStore().set_mlflow_run_id(run_id, handle.run_id, attempt=attempt, experiment=experiment_name(handle))
         write_tracking_ref(CallPaths(run_id).tracking(attempt), handle)

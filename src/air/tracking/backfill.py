@@ -129,8 +129,8 @@ def _backfill(job: BackfillJob) -> int:
 
 def _make_runs(job: BackfillJob) -> int:
     from air.tracking.attempt import start_attempt_run
+    from air.tracking.handle import write_tracking_ref
     from air.tracking.store import client, http_limits
-    from air.tracking.ui import write_tracking_ref
 
     door = os.environ.get(AIR_MLFLOW_DOOR)  # under `air server`: links name its door, as the supervisor's do
     failed = 0

@@ -7,6 +7,7 @@ Every method swallows tracking failures into `warn`: MLflow trouble never decide
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable, Mapping
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from air.files import atomic_write_text
 from air.tracking.params import clean_tags
 from air.tracking.store import (
     HTTP_ARTIFACT_TIMEOUT_S,
@@ -157,3 +159,10 @@ class TrackingHandle:
         state = dict(self.__dict__)
         state["warn"] = default_warn
         return state
+
+
+def write_tracking_ref(path: Path, handle: TrackingHandle) -> None:
+    """Note which MLflow run an attempt logs to (atomically), so `air get run` can link to it later
+    without asking MLflow; the caller owns the file's name (`RunPaths.tracking`)."""
+    atomic_write_text(path, json.dumps({"run_id": handle.run_id, "experiment_id": handle.experiment_id,
+                                        "tracking_uri": handle.tracking_uri}))

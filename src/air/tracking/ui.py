@@ -5,7 +5,7 @@ UI server comes with the full `mlflow` distribution (the `ui` extra); air itself
 `mlflow-skinny`. A running `air ui` notes its addresses (MLflow's UI and air's pages) in
 `$AIR_HOME/ui.json` (this module owns that file), so links printed by `air get run` and by calls point
 at the ports it really listens on. An
-attempt's `tracking.json` (named by `RunPaths.tracking`) is written and read into a link here too.
+attempt's `tracking.json` (named by `RunPaths.tracking`, written by handle.py) is read into a link here.
 """
 
 from __future__ import annotations
@@ -18,15 +18,11 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from air.errors import UserInputError
 from air.files import atomic_write_text
 from air.home import AirHome
 from air.tracking.store import artifact_root, is_embedded, is_http, prepare_store, tracking_uri
-
-if TYPE_CHECKING:
-    from air.tracking.handle import TrackingHandle
 
 DEFAULT_UI_HOST = "127.0.0.1"
 DEFAULT_UI_PORT = 5000
@@ -91,21 +87,6 @@ def run_url(run_id: str, experiment_id: str, base: str | None = None) -> str:
     """Link to one run in an MLflow UI (the single-page app's route); `base` defaults to `ui_base_url()`."""
     base = ui_base_url() if base is None else base
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-
-
-def write_tracking_ref(path: Path, handle: TrackingHandle) -> None:
-    """Note which MLflow run an attempt logs to (atomically), so `air get run` can link to it later
-    without asking MLflow; the caller owns the file's name (`RunPaths.tracking`)."""
-    atomic_write_text(
-        path,
-        json.dumps(
-            {
-                "run_id": handle.run_id,
-                "experiment_id": handle.experiment_id,
-                "tracking_uri": handle.tracking_uri,
-            }
-        ),
-    )
 
 
 def tracking_ref_url(path: Path) -> str | None:
