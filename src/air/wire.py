@@ -18,7 +18,7 @@ import datetime as _dt
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, RootModel, field_serializer
 
 from air.bounds import MAX_NUM_ACCELERATORS, MAX_RETRIES
 from air.store.states import AttemptStatus, FailureClass, RunStatus
@@ -61,10 +61,15 @@ class SnapshotManifest(_Request):
     files: list[SnapshotFile]
 
 
-class SubmitRequest(_Request):
-    """`POST /runs`: a workload (validated by the server as `air run` validates YAML) and its snapshot."""
+class WorkloadFields(RootModel[dict[str, Any]]):
+    """A workload's fields as its YAML holds them (air.workload.spec.WorkloadSpec's); the server validates
+    them as `air run` validates YAML, against the run's code snapshot, which only it has."""
 
-    spec: dict[str, object]
+
+class SubmitRequest(_Request):
+    """`POST /runs`: a workload and its snapshot."""
+
+    spec: WorkloadFields
     snapshot: SnapshotManifest | None = None
     idempotency_key: Annotated[str, Field(min_length=1, max_length=64, pattern=r"\S")] | None = None
     dry_run: bool = False
@@ -426,6 +431,6 @@ def encode_event(event: Event) -> bytes:
 __all__ = [
     "API_VERSION", "API_VERSION_HEADER", "Attempt", "BlobAnswer", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
     "CancelAnswer", "DryRunAnswer", "ErrorBody", "ErrorEvent", "Event", "Health", "LinesEvent", "LogFile", "LogList", "NewAttemptEvent",
-    "PermissionsAnswer", "Pool", "PoolList", "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SecretList", "SecretPutRequest", "SecretRef", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "WhoAmI", "decode_event",
+    "PermissionsAnswer", "Pool", "PoolList", "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SecretList", "SecretPutRequest", "SecretRef", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "WhoAmI", "WorkloadFields", "decode_event",
     "encode_event",
 ]

@@ -71,7 +71,7 @@ def submit_request(store: RunStore, paths: ServerPaths, who: Principal, body: ob
     from air.workload.loading import parse_workload
 
     request = parse_request(SubmitRequest, body, "submit request")
-    spec_data: dict[str, object] = dict(request.spec)
+    spec_data: dict[str, object] = dict(request.spec.root)
     manifest = request.snapshot
     environment = spec_data.get("environment")
     if isinstance(environment, dict) and isinstance(environment.get("dependencies"), str):
