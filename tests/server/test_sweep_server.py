@@ -8,7 +8,7 @@ from pathlib import Path
 
 from server_helpers import AirServer
 
-from air.runs.sweep import child_run_ids
+from air.runs.sweep_tasks import child_run_ids
 from air.store.run_store import RunStore
 from proc_helpers import alive, wait_for
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from runs_helpers import air, submit, wait_terminal, write_workload
 
-from air.runs.sweep import child_run_ids
+from air.runs.sweep_tasks import child_run_ids
 from air.store.paths import RunPaths
 from air.store.run_store import RunStore
 from air.workload.sweep_spec import ForEachSpec, merge_parameters

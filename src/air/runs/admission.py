@@ -43,6 +43,7 @@ from air.constants import ADMISSION_POLL_S, ADMISSION_TICK_S
 from air.errors import AirError, GPUValidationError
 from air.home import AirHome
 from air.processes import PROCESS_KINDS
+from air.runs.spawn import spawn_supervisor
 from air.settings import AIR_PROCESS_TAG, AIR_SUPERVISOR
 from air.store.paths import RunPaths
 from air.store.run_store import RunStore
@@ -154,7 +155,7 @@ class AdmissionLoop:
         self.poll_s = poll_s
         self.tick_s = tick_s
         self.woken = threading.Event()
-        self._spawn = spawn or _spawn_supervisor
+        self._spawn = spawn or spawn_supervisor
         self._machine: MachineAccelerators | None = None
         self._children: set[int] = set()
 
@@ -280,12 +281,6 @@ class AdmissionLoop:
     def _data_version(self) -> int:
         """Changes whenever another connection committed to the store (a run ended, one was queued)."""
         return int(self.store.reader().execute("PRAGMA data_version").fetchone()[0])
-
-
-def _spawn_supervisor(run_id: str, environ: dict[str, str] | None) -> int:
-    from air.runs.supervisor import spawn
-
-    return spawn(run_id, environ)
 
 
 # -- one loop per AIR_HOME ------------------------------------------------------------------------------

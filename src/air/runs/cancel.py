@@ -54,7 +54,7 @@ def cancel_sweep_children(store: RunStore, run_id: str, reason: str) -> dict[str
     down at the same time, not one after another); child id → its status. Empty for any other run."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from air.runs.sweep import child_run, child_run_ids
+    from air.runs.sweep_tasks import child_run, child_run_ids
 
     active = [c for c in child_run_ids(store, run_id) if (child := child_run(store, c)) and not child.is_terminal]
     if not active:

@@ -24,7 +24,7 @@ from air.wire import Run as WireRun
 if TYPE_CHECKING:
     from air.config import AirConfig
     from air.views.follow import FollowEvent, LogSource
-from air.runs.sweep import child_run, is_sweep_spec, list_tasks, max_concurrent_of, parent_of
+from air.runs.sweep_tasks import child_run, is_sweep_spec, list_tasks, max_concurrent_of, parent_of
 
 
 def rfc3339(ts: float | None) -> str | None:
