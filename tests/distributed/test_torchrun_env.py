@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from air import distributed
-from air.distributed.local import omp_note
+from air.distributed.ranks import omp_note
 from air.store.run_store import RunStore
 
 #: What torchrun's agent sets for its own bookkeeping, not the worker's contract: the signals it forwards.

@@ -10,7 +10,7 @@ import pytest
 from air.backends.ray_backend import RayBackend
 from air.backends.ray_cluster import RayAuth
 from air.backends.ray_shim import local_workload_ray_env, rewrite_start, workload_ray_env
-from air.distributed.remote import plan_shape
+from air.distributed.call_run import plan_shape
 from air.distributed.shape import check_settings
 from air.errors import GPUValidationError, RuntimeConfigurationError
 from air.ray.metrics import metric_key, parse_prometheus

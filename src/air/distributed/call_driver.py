@@ -1,7 +1,7 @@
 """A `@distributed(remote=True)` call that an `air server` drives: started by the server, then driven by
 its own detached process (`python -m air.distributed.call_driver RUN_ID`), as a workload's supervisor
 is, so it outlives the client and the server. The driver runs the same controller a caller runs
-(air.distributed.remote.drive_call) and leaves every rank's value, or the error, in the call folder
+(air.distributed.call_run.drive_call) and leaves every rank's value, or the error, in the call folder
 (`CallPaths.result`) for the client to fetch.
 
 It runs as the server's account, so it never unpickles what the ranks return: it reads their outcomes'
@@ -30,7 +30,7 @@ def start_call(store: RunStore, user: str, call: CallRequest, payload: bytes) ->
     """Check the shape against this machine's default profile, record the run (kind `call`, owned by
     `user`), write its request and payload, and start its driver. Bad input raises before anything exists."""
     from air.config import resolve_profile
-    from air.distributed.remote import create_call_run
+    from air.distributed.call_run import create_call_run
     from air.distributed.shape import CallSettings
 
     run, *_ = create_call_run(
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     from air.accelerators import parse_accelerator_type
     from air.backends import backend_for
     from air.config import resolve_profile
-    from air.distributed.remote import CallJob, drive_call
+    from air.distributed.call_run import CallJob, drive_call
     from air.runs.checkpoints import checkpoint_location
     from air.runs.isolation import run_sandbox
 

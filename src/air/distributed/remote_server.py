@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from air.client import RemoteError, ServerClient
-from air.distributed.local import call_experiment, serialize_call
 from air.distributed.outcome import CallResult
 from air.distributed.preload import preload_for
-from air.distributed.shape import CallSettings
+from air.distributed.ranks import call_experiment, serialize_call
+from air.distributed.shape import CallSettings, required_shape
 from air.wire import CallAnswer, CallRequest, LinesEvent, Run, RunEvent
 
 #: How often the client asks whether a call it lost the log stream of has ended (seconds).
@@ -29,7 +29,6 @@ _QUEUE_LINE_EVERY_S = 10.0
 def call_through_server(client: ServerClient, func: Callable[..., object], args: Sequence[object],
                         kwargs: Mapping[str, object], settings: CallSettings, *, max_retries: int = 0) -> list[Any]:
     from air.config import remote_pool_id, use_reserved_pool
-    from air.distributed.remote import required_shape
 
     count, accelerator_type = required_shape(settings)
 

@@ -144,3 +144,17 @@ def resolve_local(settings: CallSettings, machine: MachineAccelerators | None = 
         )
     gpu_ids = tuple(g.physical_id for g in machine.gpus[:count])
     return LocalShape(AcceleratorType("GPU", count, machine.gpu_model or "GPU"), count, gpu_ids)
+
+
+def required_shape(settings: CallSettings) -> tuple[int, str]:
+    """A remote call's rank count and accelerator type, both of which it must name (no machine to default to)."""
+    count = settings.num_accelerators
+    raw = (settings.accelerator_type or "").strip()
+    if count is None or not raw:
+        missing = " and ".join(n for n, v in (("num_accelerators", count), ("accelerator_type", raw)) if not v)
+        raise RuntimeConfigurationError(
+            f"remote=True needs {missing}: how many ranks, on which accelerator.",
+            hint="For example @distributed(num_accelerators=16, accelerator_type='GPU_8xH100', remote=True), "
+            "or accelerator_type='CPU' to run CPU ranks.",
+        )
+    return count, raw
