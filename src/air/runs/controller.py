@@ -54,7 +54,7 @@ from air.store.states import (
     StatusConflictError,
 )
 from air.tracking.attempt_tracking import AttemptTracking
-from air.tracking.ui import write_tracking_ref
+from air.tracking.handle import write_tracking_ref
 
 #: How long a run's process goes on after its end state to end the attempt's MLflow run (uploads included).
 TRACKING_END_S = 600.0
