@@ -68,6 +68,17 @@ class AirHome:
         return self.root / "secrets.json"
 
     @property
+    def images(self) -> Path:
+        """`images.json`: the container images `air register image` resolved and pulled on this machine
+        (url -> digest, local image id, python; air/environments/containers.py)."""
+        return self.root / "images.json"
+
+    @property
+    def images_lock(self) -> Path:
+        """Held while `images.json` is read and rewritten (and while an image is pulled)."""
+        return self.root / "images.json.lock"
+
+    @property
     def ui(self) -> Path:
         """`ui.json`: the running `air ui` processes and their addresses."""
         return self.root / "ui.json"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from air.accelerators import AcceleratorType, normalize_model, parse_accelerator_type
+from air.environments.containers import ContainerSpec
 from air.errors import RuntimeConfigurationError
 from air.launcher.machine import NodeSamples
 from air.launcher.node import ProcessExit, ProcessSpec
@@ -52,6 +53,8 @@ class NodeLaunch:
     ray_shim: bool = False
     #: Every process of the node runs walled in (air.launcher.sandbox); its work folder is writable there.
     sandbox: Sandbox | None = None
+    #: Every process of the node runs in this container image (air.environments.containers; local backend).
+    container: ContainerSpec | None = None
 
     @classmethod
     def command(cls, node_rank: int, argv: Sequence[str], env: dict[str, str], log_path: Path,

@@ -81,6 +81,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("air.cli.cmd_env", "env"), "secrets": ("air.cli.cmd_secrets", "secrets"), "ui": ("air.cli.cmd_ui", "ui"),
     "prune": ("air.cli.cmd_prune", "prune"), "server": ("air.cli.cmd_server", "server"),
     "login": ("air.cli.cmd_login", "login"), "subscribe": ("air.cli.cmd_subscribe", "subscribe"),
+    "register": ("air.cli.cmd_register", "register"),
 }
 #: Other names of a subcommand (not listed in --help).
 _ALIASES: dict[str, str] = {"gc": "prune"}

@@ -112,6 +112,10 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
     `user` owns the run (`air server`: the token's user; default: this machine's user)."""
     store = store or RunStore()
     spec, plan = prepared.spec, prepared.plan
+    if plan.docker_image is not None:  # resolved and pulled now: a bad image is exit 2 and no run exists
+        from air.workload.image_spec import prepare_image
+
+        prepare_image(plan.docker_image, plan.secret_store, backend=plan.backend)
     key = idempotency_key or spec.idempotency_token
     created = store.create_run(
         experiment=spec.experiment_name, accelerator_type=plan.accelerator, num_accelerators=plan.num_accelerators,

@@ -367,6 +367,11 @@ class WorkloadJob:
         if sandbox is not None:
             launches = [dataclasses.replace(launch, sandbox=sandbox) for launch in launches]
             _log.info("attempt %d: nodes walled in (%s)", attempt, sandbox.label)
+        if self.plan.docker_image is not None:  # every node in the workload's image (air/workload/image_spec.py)
+            from air.workload.image_spec import container_for
+
+            image = container_for(self.plan, self.checkpoint_dir)
+            launches = [dataclasses.replace(launch, container=image) for launch in launches]
         _log.debug("attempt %d: node commands %s, cwd %s", attempt,
                    [" ".join(p.argv) for launch in launches for p in launch.processes], cwd)
         return launches

@@ -61,6 +61,8 @@ class RunPlan:
     environment_version: str | int | None = None
     base_python: str = sys.executable
     environment_state: str | None = None
+    #: `environment.docker_image` ({url, tag_policy, credentials_scope, credentials_key}); the nodes run in it.
+    docker_image: dict[str, object] | None = None
     #: The pool it would wait in (config.yaml `pools:`); None: no pools configured (the whole machine).
     pool: str | None = None
     #: `compute.priority_class`: BEST_EFFORT, NORMAL or CRITICAL (orders its pool's queue).
@@ -126,6 +128,7 @@ class RunPlan:
             "code_snapshot": None if not self.code_root else {
                 "root_path": self.code_root, "files": self.code_files, "bytes": self.code_bytes,
                 "content_key": self.code_key, "git": self.git, "notes": self.code_notes},
+            **({"docker_image": self.docker_image} if self.docker_image else {}),
             "environment": None if self.dependencies is None else {
                 "dependencies": self.dependencies, "base_python": self.base_python, "state": self.environment_state},
             "parameters": self.parameters, "secrets": {k: f"{v} ({MASK})" for k, v in self.secret_refs.items()},
@@ -162,6 +165,8 @@ def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address
         hang_timeout_minutes=spec.hang_timeout_minutes, profile=profile, backend=backend, backend_address=backend_address,
         dependencies=deps, dependencies_base_dir=str(spec.source_dir or Path.cwd()),
         environment_version=version, base_python=base_python, environment_state=state,
+        docker_image=(spec.environment.docker_image.model_dump(exclude_none=True)
+                      if spec.environment.docker_image is not None else None),
         bases=[str(b) for b in spec.bases], priority_class=spec.compute.priority_class,
         sweep=({"items": spec.for_each.expand(), "max_concurrent": spec.for_each.max_concurrent}
                if spec.for_each is not None else None),

@@ -31,6 +31,7 @@ from air.accelerators import AcceleratorType, normalize_model, parse_accelerator
 from air.bounds import MAX_NUM_ACCELERATORS, MAX_PERMISSION_ENTRIES, MAX_RETRIES, MAX_TIMEOUT_MINUTES
 from air.constants import DEFAULT_MAX_RETRIES
 from air.errors import GPUTypeError
+from air.workload.image_spec import DockerImageSpec
 from air.workload.spec_rules import (
     GIT_REF_RE,
     GIT_SHA_RE,
@@ -167,6 +168,19 @@ class EnvironmentSpec(_Section):
         examples=[["transformers>=4.45", "datasets>=3.0"], "requirements.txt"],
         json_schema_extra={"air_type": "list of strings, or the path of a requirements file"},
     )
+    docker_image: DockerImageSpec | None = Field(
+        None, description="A container image every node runs in (its own python3 and libraries); exclusive "
+        "with 'dependencies' and 'version'. See docs/containers.md.",
+        examples=[{"url": "127.0.0.1:5000/team/train:v1", "tag_policy": "auto"}])
+
+    @model_validator(mode="after")
+    def _image_alone(self) -> EnvironmentSpec:
+        if self.docker_image is not None:
+            for name in ("dependencies", "version"):
+                if getattr(self, name) is not None:
+                    fail(f"cannot be combined with environment.{name}: the image is the environment "
+                         "(install packages in the image)", field="docker_image")
+        return self
 
     @field_validator("version", mode="before")
     @classmethod

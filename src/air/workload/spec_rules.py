@@ -80,7 +80,6 @@ HOSTED_ONLY_KEYS: dict[str, str] = {
     "udp": f"{_UNSUPPORTED}; run batch inference from 'command'",
     "_bases_": "names base files, which only `air run -f FILE` can read: it merges them before submitting",
     "compute.provisioned_capacity_id": f"{_UNSUPPORTED}; the backend (-p PROFILE) decides where runs go",
-    "environment.docker_image": f"{_UNSUPPORTED}; air builds a uv environment from 'dependencies'",
     **{f"environment.{k}": f"{_UNSUPPORTED}; runs use no container image: list packages in "
        "'environment.dependencies' (a cached uv environment)" for k in ("custom_image_tag", "unity_catalog_image")},
     "code_source.snapshot.remote_volume": f"{_UNSUPPORTED}; snapshots are stored under AIR_HOME",

@@ -1,0 +1,109 @@
+"""`environment.docker_image`: the container image every node of the workload runs in (issue 38).
+
+Its own small section, beside the spec: `url` (required), `tag_policy` (`auto`: reuse the image
+registered on this machine; `latest`: ask the registry and pull again when the tag moved) and the secret
+holding the registry's credentials (`credentials_scope` + `credentials_key`, together). Exclusive with
+`environment.dependencies` and `environment.version` (the image is the environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from air.workload.spec_rules import fail, show_value
+
+if TYPE_CHECKING:
+    from air.environments.containers import ContainerSpec, ImageRecord
+    from air.workload.plan import RunPlan
+
+
+class DockerImageSpec(BaseModel):
+    """A container image for the workload's nodes (podman on the local backend; see docs/containers.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    url: str = Field(
+        ..., description="The image: registry/path:tag (or @sha256:…), pulled and cached on this machine "
+        "(`air register image URL` does it ahead of time).", examples=["127.0.0.1:5000/team/train:v1"])
+    tag_policy: Literal["auto", "latest"] = Field(
+        "auto", description="auto: reuse the image registered here (pulled once); latest: ask the registry "
+        "at each submit and pull again when the tag moved.", examples=["latest"])
+    credentials_scope: str | None = Field(
+        None, description="Secret scope of the registry's credentials (`air secrets`; the value USER:PASSWORD).",
+        examples=["registry"])
+    credentials_key: str | None = Field(None, description="Secret key of the registry's credentials.",
+                                        examples=["ghcr"])
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _url(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        fail(f"must be an image reference like registry/path:tag, got {show_value(value)}")
+
+    @model_validator(mode="after")
+    def _together(self) -> DockerImageSpec:
+        if (self.credentials_scope is None) != (self.credentials_key is None):
+            fail("credentials_scope and credentials_key go together (the secret scope/key holding USER:PASSWORD)")
+        return self
+
+    @property
+    def secret_ref(self) -> str | None:
+        return f"{self.credentials_scope}/{self.credentials_key}" if self.credentials_scope else None
+
+
+def image_credentials(image: Mapping[str, object], secret_store: Path | str | None = None) -> tuple[str, str] | None:
+    """The registry credentials `credentials_scope`/`credentials_key` name (air's secrets), or None: podman's
+    own (its auth.json, else ~/.docker/config.json)."""
+    scope, key = image.get("credentials_scope"), image.get("credentials_key")
+    if not scope or not key:
+        return None
+    from air.environments.containers import parse_credentials
+    from air.workload.secrets import resolve_secrets
+
+    value = resolve_secrets({"REGISTRY": f"{scope}/{key}"},
+                            store=Path(secret_store) if secret_store else None)["REGISTRY"]
+    return parse_credentials(value, f"environment.docker_image: secret {scope}/{key}")
+
+
+def prepare_image(image: Mapping[str, object], secret_store: Path | str | None = None, *,
+                  backend: str = "local") -> ImageRecord:
+    """At submit, before the run exists: the image resolved, pulled and recorded by its tag_policy (a bad
+    url, a missing image, wrong credentials, an unreachable registry: a UserInputError, exit 2). Only the
+    local backend runs nodes in images so far: another is refused with what to do instead."""
+    from air.environments.containers import register
+    from air.errors import UserInputError
+
+    if backend != "local":
+        raise UserInputError(
+            f"environment.docker_image: the {backend} backend does not run nodes in container images (only the "
+            "local backend does).",
+            hint="On Ray, give Ray's own runtime environment an image (runtime_env={'image_uri': URL}, "
+            "docs/containers.md), or run with a local profile.")
+
+    return register(str(image["url"]), tag_policy=str(image.get("tag_policy") or "auto"),
+                    credentials=image_credentials(image, secret_store))
+
+
+def container_for(plan: RunPlan, checkpoint_dir: str | None) -> ContainerSpec:
+    """How the plan's nodes run in its image (the supervisor's; the backend adds each node's own folder):
+    the code, checkpoints writable; command and hyperparameters read-only; the workload's variables kept."""
+    from air.environments.containers import ContainerSpec, image_for_run
+    from air.errors import EnvironmentBuildError, UserInputError
+
+    assert plan.docker_image is not None
+    try:
+        record = image_for_run(str(plan.docker_image["url"]))
+    except UserInputError as exc:
+        raise EnvironmentBuildError(exc.message, hint=exc.hint) from None
+    return ContainerSpec(url=record.url, image_id=record.image_id, run_id=plan.run_id or "",
+                         mounts=tuple(p for p in (plan.code_path, checkpoint_dir) if p),
+                         read_only=tuple(p for p in (plan.command_path, plan.parameters_path) if p),
+                         user_env=tuple((*plan.env_variables, *plan.secret_refs)))
+
+
+__all__ = ["DockerImageSpec", "container_for", "image_credentials", "prepare_image"]
