@@ -8,12 +8,14 @@ holding the registry's credentials (`credentials_scope` + `credentials_key`, tog
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from air.settings import AIR_ISOLATION
 from air.workload.spec_rules import fail, show_value
 
 if TYPE_CHECKING:
@@ -78,6 +80,11 @@ def prepare_image(image: Mapping[str, object], secret_store: Path | str | None =
     from air.environments.containers import register
     from air.errors import UserInputError
 
+    if os.environ.get(AIR_ISOLATION):  # `air server`'s walled runs: a container there is not walled yet
+        raise UserInputError(
+            "environment.docker_image: this server walls its runs in (AIR_ISOLATION), and containers do not run "
+            "as the run owner's account yet.", hint="Run it on your own machine (a local profile), or without "
+            "docker_image (environment.dependencies).")
     if backend != "local":
         raise UserInputError(
             f"environment.docker_image: the {backend} backend does not run nodes in container images (only the "
