@@ -21,6 +21,7 @@ import yaml
 from air.backends import Backend, backend_for
 from air.errors import UserInputError
 from air.files import atomic_write_text
+from air.runs.spawn import spawn_supervisor
 from air.store.access import Grant, Level, grants_to_json
 from air.store.paths import RunPaths
 from air.store.run_store import Run, RunStore
@@ -88,6 +89,13 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
     return Prepared(spec, plan, backend, snapshot, pool)
 
 
+def make_backend(plan: RunPlan, store: RunStore) -> Backend:
+    """The backend the plan's profile names: the supervisor runs attempts on it, a sweep submits children with it."""
+    from air.config import resolve_profile
+
+    return backend_for(resolve_profile(plan.profile), ledger=store)
+
+
 def spec_grants(spec: WorkloadSpec) -> list[Grant]:
     """The workload's `permissions` as the store keeps them."""
     return [Grant(Level[entry.level], user=entry.user_name, group=entry.group_name)
@@ -153,9 +161,7 @@ def submit(prepared: Prepared, *, idempotency_key: str | None = None, store: Run
             plan.code_path = str(code)
         atomic_write_text(paths.submission, plan.to_json())
         if start_supervisor and plan.sweep is not None:  # a for_each parent holds no slots and never queues:
-            from air.runs.supervisor import spawn  # (runs/sweep.py) it starts now, and queues its children
-
-            pid = spawn(run.id)
+            pid = spawn_supervisor(run.id)  # (runs/sweep.py) it starts now, and queues its children
             _log.info("run %s: sweep supervisor started (pid %d), its log: %s", run.id, pid, paths.supervisor_log)
         elif start_supervisor:  # a row in its pool's queue; the admission loop starts its supervisor in turn
             from air.runs import admission

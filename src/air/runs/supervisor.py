@@ -18,23 +18,22 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from air.accelerators import parse_accelerator_type
-from air.backends import Backend, backend_for
 from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, NodeLaunch
 from air.errors import EnvironmentBuildError
 from air.home import AirHome
 from air.launcher.node import NODE_DIR
 from air.launcher.redact import Redactor
 from air.launcher.sandbox import Sandbox
-from air.processes import PROCESS_KINDS
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.credentials import door_url
 from air.runs.reasons import ERROR_FILE_MAX_BYTES, error_file_reason, oom_kill_count, termination_reason
+from air.runs.submit import make_backend
 from air.settings import (
     AIR_ATTEMPT,
     AIR_CHECKPOINT_DIR,
@@ -56,12 +55,6 @@ if TYPE_CHECKING:
     from air.runs.limits import AttemptLimits
 
 _log = logging.getLogger("air.supervisor")
-
-
-def make_backend(plan: RunPlan, store: RunStore) -> Backend:
-    from air.config import resolve_profile
-
-    return backend_for(resolve_profile(plan.profile), ledger=store)
 
 
 def profile_checkpoint_root(plan: RunPlan) -> str | None:
@@ -527,29 +520,6 @@ def _reap_remote_nodes(supervisor: Supervisor | None, run_id: str, within_s: flo
     worker = threading.Thread(target=reap, name="air-reap-remote", daemon=True)
     worker.start()
     worker.join(within_s)
-
-
-def _supervisor_env(run_id: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    source = os.environ if environ is None else environ
-    env = {k: v for k, v in source.items() if k != AIR_PROCESS_TAG}  # independent of any outer run
-    env[AIR_SUPERVISOR] = run_id
-    return env
-
-
-def spawn(run_id: str, environ: Mapping[str, str] | None = None) -> int:
-    """Start the supervisor detached from this terminal; returns its pid. `environ`: the environment it
-    gets (default this process's): the admission loop passes the one `air run` was typed in."""
-    import subprocess
-
-    paths = RunPaths(run_id)
-    log = open(paths.supervisor_log, "ab")  # handed to the child
-    try:
-        proc = subprocess.Popen(PROCESS_KINDS["supervisor"].argv(run_id), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, start_new_session=True, close_fds=True,
-                                env=_supervisor_env(run_id, environ), cwd=str(paths.folder))
-    finally:
-        log.close()
-    return proc.pid
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 The parent is created by `air run` (or `air server`) like any run, but not queued (it holds no slots):
 runs.submit starts its supervisor at once, which sees the plan's `sweep` and runs a `SweepJob` instead
-of attempts. The SweepJob records the tasks (table `sweep_tasks`, owned here), submits children through
+of attempts. The SweepJob records the tasks (table `sweep_tasks`, sweep_tasks.py), submits children through
 the same path as `air run` (runs.submit: queued in the same slot ledger, admitted by the same loop, run by
 the same supervisor; they link the parent's code snapshot, nothing is copied again), keeps at most
 `max_concurrent` of them active, and waits. Each child gets its item merged over the workload's
@@ -22,11 +22,10 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from air.runs.sweep_tasks import SweepTask, child_run, list_tasks, record_tasks, set_child
 from air.store.run_store import Run, RunStore
 from air.store.states import FailureClass, RunStatus, StatusConflictError
 
@@ -38,84 +37,6 @@ _log = logging.getLogger("air.sweep")
 
 #: How often the parent's supervisor looks at its children and its own status.
 SWEEP_POLL_S = 0.5
-_TOP_LEVEL_FOR_EACH = re.compile(r"^for_each:", re.MULTILINE)
-
-
-def is_sweep_spec(spec_yaml: str) -> bool:
-    """Whether a stored spec (yaml.safe_dump of the resolved spec) is a sweep: a top-level `for_each:`
-    (only top-level keys start a line unindented)."""
-    return bool(_TOP_LEVEL_FOR_EACH.search(spec_yaml or ""))
-
-
-@dataclass(frozen=True)
-class SweepTask:
-    """One item of a sweep and the child run carrying it out (None until submitted)."""
-
-    index: int
-    item: dict[str, object]
-    child_run_id: str | None
-
-
-# ---- the sweep_tasks table --------------------------------------------------------------------------
-
-
-def record_tasks(store: RunStore, parent_run_id: str, items: list[dict[str, object]]) -> None:
-    """The parent's tasks, once (a second call keeps what is there)."""
-    with store.writer() as conn:
-        conn.executemany(
-            "INSERT OR IGNORE INTO sweep_tasks (parent_run_id, task_index, child_run_id, item) VALUES (?, ?, NULL, ?)",
-            [(parent_run_id, i, json.dumps(item, default=str)) for i, item in enumerate(items)])
-
-
-def list_tasks(store: RunStore, parent_run_id: str) -> list[SweepTask]:
-    rows = store.reader().execute(
-        "SELECT task_index, item, child_run_id FROM sweep_tasks WHERE parent_run_id = ? ORDER BY task_index",
-        (parent_run_id,)).fetchall()
-    return [SweepTask(index, json.loads(item), child) for index, item, child in rows]
-
-
-def _set_child(store: RunStore, parent_run_id: str, index: int, child_run_id: str) -> None:
-    with store.writer() as conn:
-        conn.execute("UPDATE sweep_tasks SET child_run_id = ? WHERE parent_run_id = ? AND task_index = ?",
-                     (child_run_id, parent_run_id, index))
-
-
-def parent_of(store: RunStore, child_run_id: str) -> tuple[str, int] | None:
-    """(parent run id, task index) of a sweep's child; None for any other run."""
-    row = store.reader().execute("SELECT parent_run_id, task_index FROM sweep_tasks WHERE child_run_id = ?",
-                                 (child_run_id,)).fetchone()
-    return (str(row[0]), int(row[1])) if row else None
-
-
-def child_run_ids(store: RunStore, parent_run_id: str) -> list[str]:
-    return [t.child_run_id for t in list_tasks(store, parent_run_id) if t.child_run_id]
-
-
-def max_concurrent_of(run_id: str) -> int | None:
-    """A sweep's `max_concurrent` as its plan has it (None: unset, or not a sweep)."""
-    from air.store.paths import RunPaths
-    from air.workload.plan import RunPlan
-
-    try:
-        plan = RunPlan.from_json(RunPaths(run_id).submission.read_text())
-    except (OSError, ValueError, TypeError):
-        return None
-    return plan.sweep.get("max_concurrent") if plan.sweep else None
-
-
-def child_run(store: RunStore, run_id: str | None) -> Run | None:
-    """A task's child run; None before it is submitted, or once pruned."""
-    if run_id is None:
-        return None
-    from air.errors import NotFoundError
-
-    try:
-        return store.get_run(run_id)
-    except NotFoundError:
-        return None
-
-
-# ---- the parent's supervisor ------------------------------------------------------------------------
 
 
 class SweepJob:
@@ -166,8 +87,7 @@ class SweepJob:
 
     # -- children -----------------------------------------------------------------------------------
     def _submit_child(self, task: SweepTask) -> None:
-        from air.runs.submit import Prepared, submit
-        from air.runs.supervisor import make_backend
+        from air.runs.submit import Prepared, make_backend, submit
         from air.settings import AIR_SWEEP_INDEX, AIR_SWEEP_RUN_ID
         from air.workload.sweep_spec import merge_parameters
 
@@ -185,7 +105,7 @@ class SweepJob:
         # Queued like any `air run`: the admission loop starts its supervisor when the ledger lets it in.
         child, _existing = submit(prepared, idempotency_key=f"sweep:{self.run_id}:{task.index}", store=self.store,
                                   user=parent.user)
-        _set_child(self.store, self.run_id, task.index, child.id)
+        set_child(self.store, self.run_id, task.index, child.id)
         _log.info("sweep %s: task %d (%s) is run %s", self.run_id, task.index, json.dumps(task.item, default=str),
                   child.id)
 
@@ -298,5 +218,4 @@ def run_sweep(run_id: str, store: RunStore) -> RunStatus:
         handler.close()
 
 
-__all__ = ["SWEEP_POLL_S", "SweepJob", "SweepTask", "child_run", "child_run_ids", "is_sweep_spec", "list_tasks",
-           "max_concurrent_of", "parent_of", "record_tasks", "run_sweep"]
+__all__ = ["SWEEP_POLL_S", "SweepJob", "run_sweep"]
