@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from air.errors import LaunchError
 from air.launcher.node import ProcessExit, ProcessSpec
 from air.launcher.progress import Silence
 from air.runs.controller import AttemptVerdict, Phase, RunController, SetupFailure
+from air.runs.listeners import default_listeners
 from air.store.paths import RunPaths
 from air.store.run_store import RunStore
 from air.store.states import AttemptStatus, FailureClass, RetryPolicy, RunStatus
@@ -174,6 +176,12 @@ def store(air_home: Path) -> RunStore:
     return RunStore()
 
 
+def make_controller(run_id: str, job: FakeJob, backend: FakeBackend, store: RunStore, policy: RetryPolicy,
+                    **how: Any) -> RunController:
+    """A controller as the supervisor builds one: with the default listeners (tracking, progress...)."""
+    return RunController(run_id, job, backend, store, policy, listeners=default_listeners(job, store), **how)
+
+
 def new_run(store: RunStore) -> str:
     return store.create_run(experiment="e", accelerator_type="CPU_1xCPU", num_accelerators=1, num_nodes=1,
                             kind="call").run.id
@@ -190,7 +198,7 @@ def steps(controller: RunController) -> list[tuple[Phase, Phase, RunStatus | Non
 def test_success_is_acquire_start_wait_finish(store: RunStore) -> None:
     run_id = new_run(store)
     backend, job = FakeBackend([OK]), FakeJob()
-    controller = RunController(run_id, job, backend, store, RetryPolicy(0))
+    controller = make_controller(run_id, job, backend, store, RetryPolicy(0))
     assert steps(controller) == [(Phase.ACQUIRE, Phase.START, None), (Phase.START, Phase.WAIT, None),
                                  (Phase.WAIT, Phase.FINISH, None), (Phase.FINISH, Phase.DONE, RunStatus.SUCCESS)]
     assert store.get_run(run_id).status is RunStatus.SUCCESS
@@ -203,7 +211,7 @@ def test_success_is_acquire_start_wait_finish(store: RunStore) -> None:
 def test_a_failed_attempt_is_retried_then_succeeds(store: RunStore) -> None:
     run_id = new_run(store)
     backend, job = FakeBackend([FAILED, OK]), FakeJob()
-    controller = RunController(run_id, job, backend, store, RetryPolicy(1))
+    controller = make_controller(run_id, job, backend, store, RetryPolicy(1))
     phases = steps(controller)
     assert (Phase.FINISH, Phase.ACQUIRE, None) in phases and phases[-1] == (Phase.FINISH, Phase.DONE, RunStatus.SUCCESS)
     assert len(phases) == 8
@@ -217,7 +225,7 @@ def test_a_failed_attempt_is_retried_then_succeeds(store: RunStore) -> None:
 def test_no_retries_left_fails_the_run(store: RunStore) -> None:
     run_id = new_run(store)
     backend = FakeBackend([FAILED, FAILED])
-    assert RunController(run_id, FakeJob(), backend, store, RetryPolicy(1)).run() is RunStatus.FAILED
+    assert make_controller(run_id, FakeJob(), backend, store, RetryPolicy(1)).run() is RunStatus.FAILED
     run = store.get_run(run_id)
     assert run.attempt_count == 2 and run.termination_reason == "exit 3"
     assert backend.released == 2
@@ -226,7 +234,7 @@ def test_no_retries_left_fails_the_run(store: RunStore) -> None:
 def test_timeout_goes_to_the_handle_and_ends_timedout(store: RunStore) -> None:
     run_id = new_run(store)
     backend = FakeBackend([TIMED_OUT])
-    assert RunController(run_id, FakeJob(timeout_s=5.0), backend, store, RetryPolicy(0)).run() is RunStatus.TIMEDOUT
+    assert make_controller(run_id, FakeJob(timeout_s=5.0), backend, store, RetryPolicy(0)).run() is RunStatus.TIMEDOUT
     assert backend.handles[0].timeouts == [5.0]
     assert store.get_attempt(run_id, 0).status is AttemptStatus.TIMEDOUT
 
@@ -235,7 +243,7 @@ def test_cancel_before_the_first_step(store: RunStore) -> None:
     run_id = new_run(store)
     store.transition(run_id, RunStatus.TERMINATING, reason="air cancel")
     backend = FakeBackend([OK])
-    controller = RunController(run_id, FakeJob(), backend, store, RetryPolicy(3))
+    controller = make_controller(run_id, FakeJob(), backend, store, RetryPolicy(3))
     assert steps(controller) == [(Phase.ACQUIRE, Phase.DONE, RunStatus.CANCELED)]
     assert store.get_run(run_id).status is RunStatus.CANCELED
     assert backend.held == 0 and backend.reaped == [controller.tag]
@@ -252,7 +260,7 @@ def test_cancel_while_queued(store: RunStore) -> None:
             store.transition(run_id, RunStatus.TERMINATING, reason="air cancel")
 
     job.on_wait = queued_note  # type: ignore[method-assign]
-    assert RunController(run_id, job, backend, store, RetryPolicy(0)).run() is RunStatus.CANCELED
+    assert make_controller(run_id, job, backend, store, RetryPolicy(0)).run() is RunStatus.CANCELED
     assert store.get_run(run_id).status is RunStatus.CANCELED and store.list_attempts(run_id) == []
     assert backend.held == 0 and len(calls) == 3
 
@@ -260,7 +268,7 @@ def test_cancel_while_queued(store: RunStore) -> None:
 def test_cancel_while_running_ends_the_nodes_and_is_not_retried(store: RunStore) -> None:
     run_id = new_run(store)
     backend = FakeBackend([OK], on_wait=lambda _stop: store.transition(run_id, RunStatus.TERMINATING, reason="x"))
-    assert RunController(run_id, FakeJob(), backend, store, RetryPolicy(5)).run() is RunStatus.CANCELED
+    assert make_controller(run_id, FakeJob(), backend, store, RetryPolicy(5)).run() is RunStatus.CANCELED
     assert backend.handles[0].terminated
     assert [a.status for a in store.list_attempts(run_id)] == [AttemptStatus.CANCELED]
     assert backend.released == 1
@@ -279,7 +287,7 @@ def test_cancel_checks_are_throttled_by_the_clock(store: RunStore) -> None:
         seen.append(should_stop())  # read again: canceled
 
     backend = FakeBackend([OK], on_wait=running)
-    controller = RunController(run_id, FakeJob(), backend, store, RetryPolicy(0), cancel_check_s=1.0, clock=clock)
+    controller = make_controller(run_id, FakeJob(), backend, store, RetryPolicy(0), cancel_check_s=1.0, clock=clock)
     assert controller.run() is RunStatus.CANCELED
     assert seen == [False, False, True]
 
@@ -287,7 +295,7 @@ def test_cancel_checks_are_throttled_by_the_clock(store: RunStore) -> None:
 def test_setup_failure_fails_the_attempt_without_starting_nodes(store: RunStore) -> None:
     run_id = new_run(store)
     backend = FakeBackend([OK])
-    status = RunController(run_id, FakeJob(setup_error="pip failed"), backend, store, RetryPolicy(0)).run()
+    status = make_controller(run_id, FakeJob(setup_error="pip failed"), backend, store, RetryPolicy(0)).run()
     assert status is RunStatus.FAILED
     attempt = store.get_attempt(run_id, 0)
     assert attempt.failure_class is FailureClass.SETUP and attempt.termination_reason == "pip failed"
@@ -298,7 +306,7 @@ def test_a_backend_failure_releases_the_capacity_and_raises(store: RunStore) -> 
     run_id = new_run(store)
     backend = FakeBackend([], start_error=LaunchError("agents gone"))
     with pytest.raises(LaunchError, match="agents gone"):
-        RunController(run_id, FakeJob(), backend, store, RetryPolicy(3)).run()
+        make_controller(run_id, FakeJob(), backend, store, RetryPolicy(3)).run()
     assert backend.released == 1  # the caller (supervisor, or the call) records INTERNAL_ERROR
 
 
@@ -310,7 +318,7 @@ def test_ctrl_c_while_running_records_canceled_and_propagates(store: RunStore) -
 
     backend = FakeBackend([OK], on_wait=interrupt)
     with pytest.raises(KeyboardInterrupt):
-        RunController(run_id, FakeJob(), backend, store, RetryPolicy(3)).run()
+        make_controller(run_id, FakeJob(), backend, store, RetryPolicy(3)).run()
     run = store.get_run(run_id)
     assert run.status is RunStatus.CANCELED and "user signal" in (run.termination_reason or "")
     assert backend.handles[0].terminated and backend.released == 1
@@ -352,7 +360,7 @@ def test_a_silent_node_ends_the_attempt_as_hung_with_stacks_then_it_is_retried(s
     on_wait = _silent_once(clock, [Silence(0, 0, 2.0), Silence(1, 0, 75.0)], seen)
     backend = FakeBackend([OK, OK], on_wait=on_wait)
     on_wait.handle = lambda: backend.handles[-1]  # type: ignore[attr-defined]
-    controller = RunController(run_id, FakeJob(hang_timeout_s=60.0), backend, store, RetryPolicy(1),
+    controller = make_controller(run_id, FakeJob(hang_timeout_s=60.0), backend, store, RetryPolicy(1),
                                clock=clock, progress_check_s=1.0)
     assert controller.run() is RunStatus.SUCCESS
     assert seen == [False, False, True]
@@ -373,7 +381,7 @@ def test_a_hang_with_no_retries_left_fails_the_run_with_a_hang_error(store: RunS
     on_wait = _silent_once(clock, [Silence(0, 0, 61.0, stopped=False), Silence(0, 1, 61.0, stopped=True)], [])
     backend = FakeBackend([OK], on_wait=on_wait)
     on_wait.handle = lambda: backend.handles[-1]  # type: ignore[attr-defined]
-    controller = RunController(run_id, FakeJob(hang_timeout_s=60.0), backend, store, RetryPolicy(0), clock=clock)
+    controller = make_controller(run_id, FakeJob(hang_timeout_s=60.0), backend, store, RetryPolicy(0), clock=clock)
     assert controller.run() is RunStatus.FAILED
     run = store.get_run(run_id)
     assert run.failure_class is FailureClass.HANG and "(it is stopped)" in (run.termination_reason or "")
@@ -389,6 +397,6 @@ def test_without_a_hang_timeout_progress_is_noted_but_never_ends_the_attempt(sto
     on_wait = _silent_once(clock, [Silence(0, 0, 10_000.0)], seen)
     backend = FakeBackend([OK], on_wait=on_wait)
     on_wait.handle = lambda: backend.handles[-1]  # type: ignore[attr-defined]
-    assert RunController(run_id, FakeJob(), backend, store, RetryPolicy(0), clock=clock).run() is RunStatus.SUCCESS
+    assert make_controller(run_id, FakeJob(), backend, store, RetryPolicy(0), clock=clock).run() is RunStatus.SUCCESS
     assert seen == [False, False, False]
     assert '"silent_s": 10000.0' in RunPaths(run_id).progress(0).read_text()

@@ -8,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from test_controller import FAILED, OK, FakeBackend, FakeJob, new_run
+from test_controller import FAILED, OK, FakeBackend, FakeJob, make_controller, new_run
 
-from air.runs.controller import RunController
 from air.store.run_store import RunStore
 from air.store.states import RetryPolicy, RunStatus
 from air.tracking.attempt_tracking import AttemptTracking
@@ -49,7 +48,7 @@ def test_a_retry_waits_for_its_mlflow_run_and_the_last_attempt_does_not(air_home
     store = RunStore()
     run_id = new_run(store)
     job = SpyJob(store, run_id)
-    controller = RunController(run_id, job, FakeBackend([FAILED, OK]), store, RetryPolicy(1))
+    controller = make_controller(run_id, job, FakeBackend([FAILED, OK]), store, RetryPolicy(1))
     assert controller.run() is RunStatus.SUCCESS
     assert store.get_run(run_id).status is RunStatus.SUCCESS
     assert job.log == [
@@ -63,7 +62,7 @@ def test_a_final_failure_is_written_without_waiting_for_mlflow(air_home: Path) -
     store = RunStore()
     run_id = new_run(store)
     job = SpyJob(store, run_id)
-    controller = RunController(run_id, job, FakeBackend([FAILED]), store, RetryPolicy(0))
+    controller = make_controller(run_id, job, FakeBackend([FAILED]), store, RetryPolicy(0))
     assert controller.run() is RunStatus.FAILED
     assert store.get_run(run_id).status is RunStatus.FAILED
     assert job.log == [("end", 0, "FAILED", RunStatus.FAILED)]

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_controller import FAILED, OK, FakeBackend, FakeJob, new_run
+from test_controller import FAILED, OK, FakeBackend, FakeJob, make_controller, new_run
 
-from air.runs.controller import RunController
 from air.store.run_store import RunStore
 from air.store.states import AttemptStatus, PriorityClass, RetryPolicy, RunStatus
 
@@ -43,7 +42,7 @@ def test_a_preempted_attempt_goes_back_to_the_queue_and_is_not_a_retry(store: Ru
     seen: list[RunStatus] = []
     backend, job = FakeBackend([OK, FAILED, OK], on_wait=_preempt_first_attempt(store, run_id, critical, seen)), FakeJob()
     # One retry allowed: the preemption must not spend it, or the FAILED second attempt would end the run.
-    assert RunController(run_id, job, backend, store, RetryPolicy(1)).run() is RunStatus.SUCCESS
+    assert make_controller(run_id, job, backend, store, RetryPolicy(1)).run() is RunStatus.SUCCESS
     attempts = store.list_attempts(run_id)
     assert [a.status for a in attempts] == [AttemptStatus.PREEMPTED, AttemptStatus.FAILED, AttemptStatus.SUCCESS]
     assert f"Preempted by CRITICAL run {critical}" in (attempts[0].termination_reason or "")
@@ -59,7 +58,7 @@ def test_a_mark_of_a_critical_run_canceled_meanwhile_is_ignored(store: RunStore)
     run_id, critical = new_run(store), _critical(store)
     store.transition(critical, RunStatus.CANCELED, reason="canceled")
     backend = FakeBackend([OK], on_wait=_preempt_first_attempt(store, run_id, critical, []))
-    assert RunController(run_id, FakeJob(), backend, store, RetryPolicy(0)).run() is RunStatus.SUCCESS
+    assert make_controller(run_id, FakeJob(), backend, store, RetryPolicy(0)).run() is RunStatus.SUCCESS
     assert [a.status for a in store.list_attempts(run_id)] == [AttemptStatus.SUCCESS]
     assert not backend.handles[0].terminated
     assert (store.get_run(run_id).preemptions, store.get_run(run_id).preempted_by) == (0, None)
@@ -78,7 +77,7 @@ def test_an_attempt_that_succeeded_before_it_was_preempted_stays_a_success(store
             handle.wait = lambda *, timeout_s, should_stop: (mark_then_finish(should_stop), OK)[1]  # type: ignore[method-assign]
             return handle
 
-    assert RunController(run_id, FakeJob(), Finished([OK]), store, RetryPolicy(0)).run() is RunStatus.SUCCESS
+    assert make_controller(run_id, FakeJob(), Finished([OK]), store, RetryPolicy(0)).run() is RunStatus.SUCCESS
     run = store.get_run(run_id)
     assert [a.status for a in store.list_attempts(run_id)] == [AttemptStatus.SUCCESS]
     assert (run.preemptions, run.preempted_by) == (0, None)

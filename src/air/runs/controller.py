@@ -9,8 +9,9 @@ to the next::
        +--canceled--> DONE       +------------------------------------------> FINISH --end--> DONE
 
 FINISH is the one place an attempt's outcome becomes state (`_finish_attempt`): one `RetryPolicy`
-decides retry or end, one `AttemptTracking` (air.tracking) records the attempt in MLflow. What differs
-between a workload and a call (how nodes are built, how an outcome is judged) is the `RunJob`'s.
+decides retry or end. What differs between a workload and a call (how nodes are built, how an outcome is
+judged) is the `RunJob`'s. Every state change is published as a typed `Transition` to the listeners its
+builder passes (air/runs/transitions.py: MLflow tracking, run credentials, progress files, status lines).
 
 The same controller runs detached (`air run`'s supervisor process, air/runs/supervisor.py) and in the
 caller's process (a blocking call, local or `remote=True`, air/distributed/remote.py). Every state change is a
@@ -24,12 +25,10 @@ import contextlib
 import dataclasses
 import functools
 import signal
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,9 +39,8 @@ from air.errors import HangError, NotFoundError
 from air.files import atomic_write_text
 from air.launcher.progress import find_hang, quiet_for
 from air.launcher.stacks import collect as collect_stacks
-from air.runs.credentials import door_url, node_tracking_env
-from air.runs.credentials import revoke as revoke_credentials
 from air.runs.reasons import rendezvous_hint
+from air.runs.transitions import Change, Phase, RunListener, Transition
 from air.store.paths import RunPaths, process_tag
 from air.store.run_store import RunStore
 from air.store.states import (
@@ -53,11 +51,6 @@ from air.store.states import (
     RunStatus,
     StatusConflictError,
 )
-from air.tracking.attempt_tracking import AttemptTracking
-from air.tracking.handle import write_tracking_ref
-
-#: How long a run's process goes on after its end state to end the attempt's MLflow run (uploads included).
-TRACKING_END_S = 600.0
 
 
 class SetupFailure(Exception):
@@ -122,9 +115,6 @@ class RunJob(Protocol):
     def on_wait(self, line: str) -> None:
         """A line while the run waits for capacity (supervisor.log, or the caller's stderr)."""
 
-    def tracking(self, attempt: int, warn: Callable[[str], None]) -> AttemptTracking:
-        """The attempt's MLflow run (AttemptTracking.off() when there is none)."""
-
     def attempt_log(self, attempt: int, node_logs: dict[int, Path]) -> Callable[[str], None]:
         """Where air's own lines about this attempt go (setup, warnings)."""
 
@@ -138,26 +128,6 @@ class RunJob(Protocol):
         """Turn an outcome into a verdict (read tails, fetch rank outcomes...); a stopped one (a cancel)
         is a FailureClass.CANCEL failure."""
 
-    def rank_logs(self) -> dict[int, Path]:
-        """Per-rank logs to attach to the attempt's MLflow run (empty for a workload)."""
-
-
-class Phase(str, Enum):
-    ACQUIRE = "ACQUIRE"
-    START = "START"
-    WAIT = "WAIT"
-    FINISH = "FINISH"
-    DONE = "DONE"
-
-
-@dataclass(frozen=True)
-class Transition:
-    """What one `step()` did: the phase it left, the phase it entered, and the run's status after."""
-
-    before: Phase
-    after: Phase
-    status: RunStatus | None = None
-
 
 @dataclass
 class _Attempt:
@@ -165,7 +135,6 @@ class _Attempt:
 
     index: int
     node_logs: dict[int, Path]
-    tracking: AttemptTracking
     held: contextlib.ExitStack
     handle: AttemptHandle | None = None
     outcome: AttemptOutcome | None = None
@@ -187,7 +156,7 @@ class RunController:
 
     def __init__(self, run_id: str, job: RunJob, backend: Backend, store: RunStore, policy: RetryPolicy, *,
                  cancel_check_s: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 progress_check_s: float = PROGRESS_CHECK_S) -> None:
+                 progress_check_s: float = PROGRESS_CHECK_S, listeners: Sequence[RunListener] = ()) -> None:
         self.run_id = run_id
         self.job = job
         self.backend = backend
@@ -206,8 +175,7 @@ class RunController:
         self._preempt_seen: str | None = None
         self._allocation: Allocation | None = None
         self._attempt: _Attempt | None = None
-        #: The last attempt's MLflow end (status, log uploads), done once the run's end state is written.
-        self._tracking_end: Callable[[], None] | None = None
+        self.listeners = list(listeners)
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> RunStatus:
@@ -215,7 +183,6 @@ class RunController:
         try:
             while self.phase is not Phase.DONE:
                 self.step()
-            self._end_tracking()
         except KeyboardInterrupt as exc:  # Ctrl-C, or a signal that stopped the caller (CallerStopped)
             self._interrupted(exc.reason if isinstance(exc, CallerStopped) else "Canceled by user signal.")
             raise
@@ -223,9 +190,7 @@ class RunController:
             self._abandon()
             raise
         finally:
-            if door_url() is not None:  # the run's MLflow credential dies with it (the door also refuses
-                with contextlib.suppress(Exception):  # any credential of an ended run: this is the second lock)
-                    revoke_credentials(self.store, self.run_id)
+            self._publish(Transition(Change.RUN_ENDED, self.run_id, status=self.status))
         assert self.status is not None
         return self.status
 
@@ -239,7 +204,16 @@ class RunController:
             self.phase = self._wait()
         elif before is Phase.FINISH:
             self.phase = self._finish()
-        return Transition(before, self.phase, self.status)
+        at = self._attempt
+        return self._publish(Transition(Change.STEP, self.run_id, before, self.phase, self.status,
+                                        None if at is None else at.index, handle=None if at is None else at.handle,
+                                        allocation=self._allocation))
+
+    def _publish(self, t: Transition) -> Transition:
+        """Hand a state change to every listener, in order."""
+        for listener in self.listeners:
+            listener.on_transition(t)
+        return t
 
     # -- phases -------------------------------------------------------------------------------------
     def _acquire(self) -> Phase:
@@ -268,11 +242,13 @@ class RunController:
         for path in node_logs.values():
             path.touch()
         air_log = self.job.attempt_log(index, node_logs)
-        tracking = self.job.tracking(index, air_log)
-        tracking.when_ready(lambda: self._record_tracking(index, tracking))  # (a workload's: made in the background)
-        attempt = self._attempt = _Attempt(index, node_logs, tracking, contextlib.ExitStack())
+        started = self._publish(Transition(Change.ATTEMPT_STARTED, self.run_id, after=AttemptStatus.RUNNING,
+                                           attempt=index, node_logs=node_logs, log=air_log))
+        attempt = self._attempt = _Attempt(index, node_logs, contextlib.ExitStack())
         try:
-            node_env = node_tracking_env(self.store, self.run_id, tracking.env())
+            node_env: dict[str, str] = {}
+            for listener in self.listeners:
+                node_env = listener.node_env(started, node_env)
             launches = attempt.held.enter_context(self.job.launches(index, self._allocation, node_logs,
                                                                     node_env, air_log))
             self.job.say(f"attempt {index}: starting {len(launches)} node(s)")
@@ -281,9 +257,6 @@ class RunController:
         except SetupFailure as exc:
             attempt.verdict = AttemptVerdict.failed(exc.message, FailureClass.SETUP, exc.error)
             return Phase.FINISH
-        gpus = None if self._allocation.accelerator.is_cpu else self._allocation.slots_per_node
-        # A backend whose nodes sample their own hosts (Ray's agents) hands their samples over instead.
-        tracking.start_samplers(gpus, self.job.num_nodes, attempt.handle.take_system_samples)
         return Phase.WAIT
 
     def _wait(self) -> Phase:
@@ -321,10 +294,10 @@ class RunController:
             ended = set()
         for node in ended - running:
             attempt.ended_at.setdefault(node, time.time())
-        write_progress(self.paths.progress(attempt.index),
-                       [{"name": label(s.node, s.process), "node": s.node, "process": s.process,
-                         "silent_s": round(s.silent_s, 1), "stopped": s.stopped} for s in silences],
-                       ended=[{"node": n, "ended_at": t} for n, t in sorted(attempt.ended_at.items())])
+        self._publish(Transition(Change.PROGRESS, self.run_id, attempt=attempt.index, processes=tuple(
+            {"name": label(s.node, s.process), "node": s.node, "process": s.process,
+             "silent_s": round(s.silent_s, 1), "stopped": s.stopped} for s in silences),
+            ended=tuple({"node": n, "ended_at": t} for n, t in sorted(attempt.ended_at.items()))))
         hang = find_hang(silences, self.job.hang_timeout_s)
         if hang is None:
             return False
@@ -394,17 +367,12 @@ class RunController:
     def _finish_attempt(self, attempt: _Attempt, verdict: AttemptVerdict) -> RunStatus | None:
         """The one place an attempt's outcome becomes state. Returns the run's end state, or None to retry."""
         index = attempt.index
-        rank_logs = self.job.rank_logs()
-        # The run's last attempt (success, cancel, final failure) ends it at once, without waiting for its
-        # MLflow run: run() then waits for it (bounded), records its id and ends it, in this process. A retried
-        # attempt's end waits for it (below), so WAITING_FOR_RETRY names its MLflow run.
+        # The run's last attempt (success, cancel, final failure) ends it at once; its listeners finish their
+        # part after the end state (RUN_ENDED). A retried attempt's are done before WAITING_FOR_RETRY.
         if verdict.ok:
             self.store.finish_attempt(self.run_id, index, AttemptStatus.SUCCESS)
-            self._tracking_end = functools.partial(attempt.tracking.end, "FINISHED", node_logs=attempt.node_logs,
-                                                   rank_logs=rank_logs)  # after the end state (run())
-            self.store.transition(self.run_id, RunStatus.SUCCESS,
-                                  expected_from={RunStatus.RUNNING, RunStatus.TERMINATING})
-            self.job.say("SUCCESS")
+            self._attempt_ended(attempt, AttemptStatus.SUCCESS)
+            self._transition(RunStatus.SUCCESS, expected_from={RunStatus.RUNNING, RunStatus.TERMINATING})
             return RunStatus.SUCCESS
         assert verdict.reason is not None and verdict.failure_class is not None
         reason, failure_class = verdict.reason, verdict.failure_class
@@ -414,22 +382,20 @@ class RunController:
         # Preempted attempts are not retries: the budget counts the others.
         decision = None if canceled else self.policy.decide(
             index - self.store.get_run(self.run_id).preemptions, failure_class)
-        if decision is not None and decision.decision is RetryDecision.RETRY:
-            attempt.tracking.wait_ready()  # a retried attempt's end is recorded once its MLflow run id is
+        retry = decision is not None and decision.decision is RetryDecision.RETRY
+        self._publish(Transition(Change.ATTEMPT_ENDING, self.run_id, attempt=index, retry=retry))
         self.store.finish_attempt(self.run_id, index, failure_class.attempt_status, reason=reason,
                                   failure_class=failure_class, exit_code=verdict.exit_code, signal=verdict.signal)
-        # A run that ends here ends its MLflow run after its end state is written (run()); a retry first.
-        self._tracking_end = functools.partial(attempt.tracking.end, "KILLED" if canceled else "FAILED", reason,
-                                               node_logs=attempt.node_logs, rank_logs=rank_logs)
         if canceled or decision is None:
+            self._attempt_ended(attempt, failure_class.attempt_status, reason, canceled=True)
             self._to_canceled(reason, failure_class)
             return RunStatus.CANCELED
-        if decision.decision is RetryDecision.RETRY and not self.cancel_requested(force=True):
-            self._end_tracking()
+        retry = retry and not self.cancel_requested(force=True)
+        self._attempt_ended(attempt, failure_class.attempt_status, reason, retry=retry)
+        if retry:
             try:
-                self.store.transition(self.run_id, RunStatus.WAITING_FOR_RETRY,
-                                      reason=f"{reason}. {decision.message}", failure_class=failure_class,
-                                      expected_from={RunStatus.RUNNING})
+                self._transition(RunStatus.WAITING_FOR_RETRY, reason=f"{reason}. {decision.message}",
+                                 failure_class=failure_class, expected_from={RunStatus.RUNNING})
             except StatusConflictError:
                 self._end_canceled()
                 return RunStatus.CANCELED
@@ -439,9 +405,13 @@ class RunController:
             self._end_canceled()
             return RunStatus.CANCELED
         final = decision.final_status or failure_class.run_status
-        self.store.transition(self.run_id, final, reason=reason, failure_class=failure_class)
-        self.job.say(str(final))
+        self._transition(final, reason=reason, failure_class=failure_class)
         return final
+
+    def _attempt_ended(self, attempt: _Attempt, status: AttemptStatus | None, reason: str | None = None, *,
+                       canceled: bool = False, retry: bool = False) -> None:
+        self._publish(Transition(Change.ATTEMPT_ENDED, self.run_id, after=status, attempt=attempt.index, reason=reason,
+                                 canceled=canceled, retry=retry, node_logs=attempt.node_logs))
 
     def _requeue_preempted(self, attempt: _Attempt, by: str) -> bool:
         """The attempt was ended for a CRITICAL run: record it PREEMPTED (not a failure) and put the run
@@ -452,12 +422,11 @@ class RunController:
         reason = (f"Preempted by CRITICAL run {by}: back in the queue at its place; it resumes from "
                   "AIR_CHECKPOINT_DIR (not counted against max_retries)")
         self.job.say(f"attempt {attempt.index} ended: {reason}")
-        attempt.tracking.wait_ready()  # (the attempt's end is recorded once its MLflow run id is)
+        self._publish(Transition(Change.ATTEMPT_ENDING, self.run_id, attempt=attempt.index, retry=True))
         self.store.finish_attempt(self.run_id, attempt.index, AttemptStatus.PREEMPTED, reason=reason)
-        attempt.tracking.end("KILLED", reason, node_logs=attempt.node_logs, rank_logs=self.job.rank_logs())
+        self._attempt_ended(attempt, AttemptStatus.PREEMPTED, reason, canceled=True, retry=True)
         try:
-            self.store.transition(self.run_id, RunStatus.WAITING_FOR_RETRY, reason=reason,
-                                  expected_from={RunStatus.RUNNING})
+            self._transition(RunStatus.WAITING_FOR_RETRY, reason=reason, expected_from={RunStatus.RUNNING})
         except StatusConflictError:
             self._end_canceled()
             return False
@@ -497,8 +466,7 @@ class RunController:
     def _move(self, new: RunStatus, expected: set[RunStatus]) -> bool:
         """Compare-and-set; False when a cancel got there first (the run is TERMINATING or CANCELED)."""
         try:
-            self.store.transition(self.run_id, new, expected_from=expected)
-            self.job.say(f"status {new}")
+            self._transition(new, expected_from=expected)
             return True
         except StatusConflictError:
             if self.store.get_run(self.run_id).status in (RunStatus.TERMINATING, RunStatus.CANCELED):
@@ -509,7 +477,6 @@ class RunController:
     def _end_canceled(self) -> Phase:
         self.backend.reap(self.tag)
         self._to_canceled("Canceled by the user", FailureClass.CANCEL)
-        self.job.say("canceled")
         self.status = RunStatus.CANCELED
         return Phase.DONE
 
@@ -520,13 +487,18 @@ class RunController:
         if run.status is RunStatus.TERMINATING and run.termination_reason:
             reason = run.termination_reason  # the cancel's own reason names who asked ("Canceled by alice")
         if run.status is RunStatus.RUNNING:  # processes existed: cancel goes through TERMINATING
-            self.store.transition(self.run_id, RunStatus.TERMINATING, reason=reason)
-        self.store.transition(self.run_id, RunStatus.CANCELED, reason=reason, failure_class=failure_class)
+            self._transition(RunStatus.TERMINATING, reason=reason)
+        self._transition(RunStatus.CANCELED, reason=reason, failure_class=failure_class)
+
+    def _transition(self, new: RunStatus, reason: str | None = None, failure_class: FailureClass | None = None,
+                    expected_from: set[RunStatus] | None = None) -> None:
+        """Write the run's new status (a compare-and-set with `expected_from`) and publish it."""
+        self.store.transition(self.run_id, new, reason=reason, failure_class=failure_class, expected_from=expected_from)
+        self._publish(Transition(Change.RUN, self.run_id, after=new, reason=reason))
 
     def _interrupted(self, reason: str) -> None:
         """Ctrl-C in an in-process run: end every node, record the attempt and the run CANCELED."""
         attempt, self._attempt = self._attempt, None
-        self._end_tracking()  # (an earlier attempt's, still pending)
         try:
             if attempt is not None:
                 if attempt.handle is not None:
@@ -534,89 +506,31 @@ class RunController:
                 attempt.held.close()
                 self.store.finish_attempt(self.run_id, attempt.index, FailureClass.CANCEL.attempt_status,
                                           reason=reason, failure_class=FailureClass.CANCEL)
-                self._tracking_end = functools.partial(attempt.tracking.end, "KILLED", reason,
-                                                       node_logs=attempt.node_logs, rank_logs=self.job.rank_logs())
+                self._attempt_ended(attempt, FailureClass.CANCEL.attempt_status, reason, canceled=True)
             self._to_canceled(reason, FailureClass.CANCEL)
             self.status = RunStatus.CANCELED
         finally:
             self._release()
             self.phase = Phase.DONE
-            self._end_tracking()  # the last attempt's rule: its end state first, then its MLflow run
 
     def _abandon(self) -> None:
         """An exception escaped a step: end the attempt's processes and give the capacity back (the
         caller records why: the supervisor as INTERNAL_ERROR)."""
         attempt, self._attempt = self._attempt, None
-        self._end_tracking()  # an ended attempt's, still pending
         try:
             if attempt is not None:
                 if attempt.handle is not None:
                     attempt.handle.terminate()
                 attempt.held.close()
-                attempt.tracking.end("FAILED", "air failed while running the attempt")
+                self._attempt_ended(attempt, None, "air failed while running the attempt")
         finally:
             self._release()
 
     # -- helpers ------------------------------------------------------------------------------------
-    def _end_tracking(self) -> None:
-        """The ended attempt's MLflow end (log uploads, then its status), once its outcome is state: a
-        run's end state is written first and `air run` and the pages see it at once; this process goes
-        on only to finish MLflow (supervisor.log says how long when it takes a while). Never raises."""
-        end, self._tracking_end = self._tracking_end, None
-        if end is None:
-            return
-
-        def run_end() -> None:
-            try:
-                end()
-            except Exception as exc:  # tracking never fails a run
-                self.job.say(f"tracking: could not end the attempt's MLflow run: {exc}")
-
-        started = time.monotonic()
-        worker = threading.Thread(target=run_end, name="air-mlflow-end", daemon=True)
-        worker.start()
-        worker.join(TRACKING_END_S)
-        took = time.monotonic() - started
-        if worker.is_alive():
-            self.job.say(f"tracking: the attempt's MLflow run was not ended within {TRACKING_END_S:g} s; left as it is")
-        elif took > 1.0:
-            self.job.say(f"tracking: the attempt's MLflow run ended {took:.1f} s after the run's end state")
-        from air.runs.reconcile import mark_tracking_pending
-
-        if mark_tracking_pending(self.store, self.run_id):  # given up: `air server` makes it once MLflow is back
-            self.job.say("tracking: the run is marked \"tracking pending\": `air server` makes its attempt's "
-                         "MLflow run (logs and locally logged metrics included) once its MLflow answers")
-
     def _release(self) -> None:
         allocation, self._allocation = self._allocation, None
         if allocation is not None:
             self.backend.release(allocation)
-
-    def _record_tracking(self, index: int, tracking: AttemptTracking) -> None:
-        """Link the attempt to its MLflow run in the store and in `attempt_<a>/tracking.json`."""
-        handle = tracking.handle
-        if handle is None:
-            return
-        try:
-            self.store.set_mlflow_run_id(self.run_id, handle.run_id, attempt=index)
-            door = door_url()  # links (`air get run`, pages) go through the server's door, never to loopback
-            write_tracking_ref(self.paths.tracking(index), dataclasses.replace(handle, tracking_uri=door) if door
-                               else handle)
-            if door is not None:  # on a server: the MLflow user is the run's air user, not the server's
-                handle.set_tags({"mlflow.user": self.store.get_run(self.run_id).user})
-        except Exception as exc:  # tracking never fails a run
-            tracking.warn(f"tracking: {exc}")
-
-
-def write_progress(path: Path, processes: list[dict[str, object]], *, ended: list[dict[str, object]] | None = None) -> None:
-    """`attempt_<a>/progress.json`: when it was looked at, how long each node process was quiet, and
-    which nodes' commands have ended (with when) while the attempt goes on."""
-    import json
-
-    try:
-        atomic_write_text(path, json.dumps({"at": time.time(), "processes": processes, "ended": ended or []}))
-    except OSError:
-        pass  # the run folder is gone (pruned): nothing to show it to
 
 
 __all__ = ["AttemptVerdict", "CallerStopped", "Phase", "RunController", "RunJob", "SetupFailure", "Transition"]

@@ -2,9 +2,9 @@
 
 A run on a shared `air server` never gets the server's loopback MLflow address or a user's API token:
 its supervisor (or call driver) mints one credential for the run, hands it to every node with the door's
-address (AIR_MLFLOW_DOOR, set by the server), and revokes it when the run ends. The store keeps only
-the credential's sha256 (`run_credentials`, store migration 4), so a copy of the store gives no one a
-working credential; a credential of a run that has ended is refused even if its revocation never ran
+address (AIR_MLFLOW_DOOR, set by the server), and revokes it when the run ends (runs/listeners/credentials.py).
+The store keeps only the credential's sha256 (`run_credentials`, store migration 4), so a copy of the store
+gives no one a working credential; a credential of a run that has ended is refused even if its revocation never ran
 (the supervisor was killed). What a credential may do at the door is air.server.run_credentials'.
 
 These functions live beside the store (not in air.server) because the supervisor, a lower layer than
@@ -24,11 +24,6 @@ from air.store.run_store import RunStore
 
 #: Every run credential starts with this (an API token starts with `air_`): the door tells them apart.
 CREDENTIAL_PREFIX = "airrun_"
-
-#: The minted credential of each run this process supervises (only its sha256 is stored, so the
-#: plain value must be kept here to hand to the next attempt's nodes).
-_MINTED: dict[str, str] = {}
-
 
 @dataclass(frozen=True)
 class RunCredential:
@@ -74,7 +69,6 @@ def verify(store: RunStore, credential: str | None) -> RunCredential | None:
 
 def revoke(store: RunStore, run_id: str) -> int:
     """Revoke every credential of `run_id`; how many were live."""
-    _MINTED.pop(run_id, None)
     with store.writer() as conn:
         cursor = conn.execute("UPDATE run_credentials SET revoked_at = ? WHERE run_id = ? AND revoked_at IS NULL",
                               (time.time(), run_id))
@@ -86,17 +80,4 @@ def door_url() -> str | None:
     return os.environ.get(AIR_MLFLOW_DOOR) or None
 
 
-def node_tracking_env(store: RunStore, run_id: str, tracking_env: dict[str, str]) -> dict[str, str]:
-    """The MLflow variables of a run's nodes. Behind a door: its address and the run's credential instead
-    of the loopback URI the supervisor itself uses (even when tracking is off for the attempt, so a node
-    never inherits the loopback address); otherwise `tracking_env` as it is."""
-    door = door_url()
-    if door is None:
-        return tracking_env
-    credential = _MINTED.get(run_id)
-    if credential is None:
-        credential = _MINTED[run_id] = mint(store, run_id, store.get_run(run_id).user)
-    return {**tracking_env, "MLFLOW_TRACKING_URI": door, "MLFLOW_TRACKING_TOKEN": credential}
-
-
-__all__ = ["CREDENTIAL_PREFIX", "RunCredential", "door_url", "mint", "node_tracking_env", "revoke", "secret_digest", "verify"]
+__all__ = ["CREDENTIAL_PREFIX", "RunCredential", "door_url", "mint", "revoke", "secret_digest", "verify"]

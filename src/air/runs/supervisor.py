@@ -32,6 +32,7 @@ from air.launcher.sandbox import Sandbox
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import AttemptVerdict, RunController, SetupFailure
 from air.runs.credentials import door_url
+from air.runs.listeners import default_listeners
 from air.runs.reasons import ERROR_FILE_MAX_BYTES, error_file_reason, oom_kill_count, termination_reason
 from air.runs.submit import make_backend
 from air.settings import (
@@ -452,7 +453,8 @@ class Supervisor:
         self.job.store = self.store
         self.job.nodes_local = self.backend.name == "local"
         self.job.checkpoint_dir = checkpoint_location(run_id, profile_checkpoint_root(self.plan))
-        self.controller = RunController(run_id, self.job, self.backend, self.store, RetryPolicy(self.plan.max_retries))
+        self.controller = RunController(run_id, self.job, self.backend, self.store, RetryPolicy(self.plan.max_retries),
+                                        listeners=default_listeners(self.job, self.store))
 
     def say(self, line: str) -> None:
         _log.info("%s", line)
