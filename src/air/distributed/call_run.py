@@ -1,7 +1,5 @@
-"""A call's run: a `@distributed` call becomes a run (kind `call`) on a backend, driven by the run
-controller (air/runs/controller.py) in the caller's process (local.py, remote.py) or a server's call driver
-(call_driver.py); `CallJob` is the call's side of the controller, as the supervisor's `WorkloadJob` is a
-workload's.
+"""A call's run (kind `call`), driven by the run controller in the caller (local.py, remote.py) or a server's
+call driver; `CallJob` is the call's side of the controller, as air/runs/workload_job.py is a workload's.
 
 The run is recorded in the run store, so `air list runs`, `air logs` and `air cancel` know it. Its
 nodes are placed by the backend (local: nodes on this machine through the slot ledger; Ray: one
@@ -54,6 +52,7 @@ from air.launcher.node import NODE_DIR, NODE_PYTHON, ProcessExit, ProcessSpec
 from air.launcher.sandbox import Sandbox
 from air.processes import PROCESS_KINDS
 from air.runs.controller import AttemptVerdict, CallerStopped, RunController, SetupFailure
+from air.runs.listeners import default_listeners
 from air.runs.reasons import ERROR_FILE_MAX_BYTES, error_file_reason
 from air.settings import (
     AIR_ACCELERATOR_TYPE,
@@ -147,7 +146,8 @@ def drive_call(store: RunStore, job: CallJob, max_retries: int) -> CallResult:
     store.set_supervisor(run_id, os.getpid())  # this process drives the run: if it dies, reconcile ends it
     job.max_restarts = max_retries
     job.store = store
-    controller = RunController(run_id, job, backend, store, RetryPolicy(max_retries), cancel_check_s=CANCEL_CHECK_S)
+    controller = RunController(run_id, job, backend, store, RetryPolicy(max_retries), cancel_check_s=CANCEL_CHECK_S,
+                               listeners=default_listeners(job, store))
     if not job.local:  # a local call says nothing unless it waits (its ranks' lines are what the caller sees)
         job.tell(f"run {run_id}: {job.world} rank(s) on {job.num_nodes} node(s) of {job.accelerator.name} "
                  f"({getattr(backend, 'address', backend.name)})")
@@ -436,6 +436,3 @@ class CallJob:
                     "function left behind and was ended (its result stands). This is torch's process-group "
                     "destructor deadlocking, typically after destroy_process_group() while a DDP model is still "
                     f"alive: delete the model first. Stacks: {hang}")
-
-
-__all__ = ["CallJob", "caller_stops_cancel", "create_call_run", "drive_call", "plan_shape"]

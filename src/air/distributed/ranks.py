@@ -1,6 +1,5 @@
-"""What every `@distributed` call shares, local or not: the payload (the pickled call), the ranks'
-environment (torchrun's), whether they fork from a warm zygote, and the call's MLflow experiment. Light on
-purpose: a local call starts its zygote before it imports the run controller (call_run.py)."""
+"""What every `@distributed` call shares: the payload, the ranks' environment (torchrun's), the warm switch, the
+MLflow experiment. Light: a local call starts its zygote before it imports the controller (call_run.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""`@distributed(remote=True)`: the call becomes a run (kind `call`) on the profile's backend, driven
-in this process by the run controller while this process waits (call_run.py); with an air server
-configured, the server drives it (remote_server.py)."""
+"""`@distributed(remote=True)`: a run (kind `call`) on the profile's backend, driven here while this process
+waits (call_run.py), or by an air server (remote_server.py)."""
 
 from __future__ import annotations
 

@@ -216,6 +216,3 @@ def run_sweep(run_id: str, store: RunStore) -> RunStatus:
     finally:
         logging.getLogger("air").removeHandler(handler)
         handler.close()
-
-
-__all__ = ["SWEEP_POLL_S", "SweepJob", "run_sweep"]
