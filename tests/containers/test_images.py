@@ -78,6 +78,7 @@ def test_auto_keeps_the_registered_digest_and_latest_follows_the_tag(
 
     variant = _variant(base_image, tmp_path)
     registry.push(variant, "air-test/moving:1")  # a new push under the same tag
+    subprocess.run(["podman", "rmi", variant], capture_output=True, timeout=120)  # only the registry has it now
     moved = registry.digest(url)
     assert moved != first["digest"]
     probe = "cat /variant.txt 2>/dev/null || echo ORIGINAL-IMAGE"
