@@ -179,16 +179,18 @@ def ray_cluster() -> Iterator[RayTestCluster]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests on the session's Ray cluster run last, together (tests/ray, then the seeds'): tests that
-    start Ray clusters of their own (ray_launch, workloads that run `ray start`) run before it exists, so
-    its idle processes do not slow them down on a small machine. Under pytest-xdist (`make test
-    TEST_WORKERS=3`), every test that starts Ray (the session's cluster or its own) is in one group, on one
-    worker: a Ray node gives up after 30 s if its raylet has not registered, which two Ray clusters starting
-    at once on 2 busy cores can exceed."""
+    """In one process, tests on the session's Ray cluster run last (tests/ray, then the seeds'): tests that
+    start Ray clusters of their own (ray_launch, workloads that run `ray start`) run before it exists, so its
+    idle processes do not slow them down on a small machine. Under pytest-xdist (`make test`: 2 workers,
+    `--dist loadgroup`), the tests on the session's cluster are one group, run by one worker, so a run starts
+    that cluster (three Ray nodes) once, not once a worker; xdist hands out its largest group first. Tests
+    that start Ray clusters of their own are spread over both workers like any other test, so two Ray
+    start-ups may overlap on 2 busy cores. That used to fail a node (Ray's fixed 30 s for a raylet to
+    register, and 15 s for its dashboard agent's port file); air's nodes and the workload `ray` shim now try
+    such a start again (air.backends.ray_cluster.retry_start; tests/ray/test_ray_launch_under_load.py starts
+    Ray 5 times beside 8 busy processes)."""
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
-            path = Path(str(item.fspath))
-            if ("ray_cluster" in getattr(item, "fixturenames", ()) or item.get_closest_marker("ray") is not None
-                    or path.parent.name in ("ray", "seeds")):
+            if "ray_cluster" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group("ray"))
