@@ -32,6 +32,7 @@ def processes_of_calls(air_home: Path) -> list[int]:
     return found
 
 
+@pytest.mark.timeout(600)  # a Ray cluster and Ray Train on 2 busy cores: minutes, not seconds
 def test_ray_launch_runs_a_torch_trainer_and_reports_to_mlflow(air_home: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow import MlflowClient
@@ -91,6 +92,7 @@ def test_ray_launch_runs_a_torch_trainer_and_reports_to_mlflow(air_home: Path, t
     assert not processes_of_calls(air_home)
 
 
+@pytest.mark.timeout(600)  # a Ray cluster and Ray Train on 2 busy cores: minutes, not seconds
 def test_accelerator_type_and_fractional_gpus_schedule_on_the_nodes_that_advertise_them(
         air_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIR_FAKE_GPUS", "2:H100")

@@ -61,6 +61,7 @@ def cpu_hog() -> Iterator[list[psutil.Process]]:
             proc.wait(timeout=30)
 
 
+@pytest.mark.timeout(900)  # 5 Ray clusters beside 8 busy loops on 2 cores: 286 s in CI, the default is 300 s
 def test_ray_launch_succeeds_five_times_in_a_row_beside_eight_busy_processes(
         air_home: Path, cpu_hog: list[psutil.Process], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIR_RAY_OBJECT_STORE_MEMORY", str(80 * 1024 * 1024))
@@ -83,6 +84,7 @@ def test_ray_launch_succeeds_five_times_in_a_row_beside_eight_busy_processes(
     assert not processes_of_calls(air_home)
 
 
+@pytest.mark.timeout(600)  # two Ray clusters and Ray Train on 2 busy cores: minutes, not seconds
 def test_a_call_reaches_only_its_own_cluster_beside_an_unrelated_one(
         air_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
     from air.backends.ray_cluster import RayAuth, start_ray_node
