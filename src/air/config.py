@@ -58,7 +58,7 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(default=LOCAL_PROFILE, exclude=True)
-    backend: Literal["local", "ray", "server"] = "local"
+    backend: Literal["local", "ray", "server", "slurm"] = "local"
     #: Ray: the cluster address (`host:port`, `ray://host:port`, or `auto`). Unused by `local`.
     address: str | None = None
     #: Ray: the cluster's auth token file (RAY_AUTH_MODE=token); unset: the environment's Ray auth settings.
@@ -72,6 +72,14 @@ class Profile(BaseModel):
     url: str | None = None
     #: Server: a file holding this user's token (from `air server token create`).
     token_path: str | None = None
+    #: Slurm (docs/slurm.md): sbatch's --partition, --account, --qos, --constraint, --reservation and --time
+    #: (minutes, or Slurm's "D-HH:MM:SS") of every job of the profile's runs; a run's `slurm:` section wins.
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    reservation: str | None = None
+    time_limit: str | int | None = None
 
     @model_validator(mode="after")
     def _server_needs_url(self) -> Profile:

@@ -60,6 +60,8 @@ PROCESS_KINDS = {kind.name: kind for kind in (
                 "itself", "the MLflow run of an attempt no rank recorded"),
     ProcessKind("sentinel", "air.backends.ray_agent", "a Ray node agent, per launch",
                 "the agent's \"done\", else its death", "ending the launch's processes if the agent dies"),
+    ProcessKind("slurm_node", "air.backends.slurm_node", "`srun` in a run's Slurm job, one per node",
+                "its processes' end; the stop file, scancel", "one node of a Slurm attempt: its processes, node log"),
     ProcessKind("walled", "air.environments.walled", "the supervisor (`air server` runs)",
                 "the build's end, a cancel", "one environment build in the run's sandbox", flags=("-I",)),
     ProcessKind("ray_shim", "air.backends.ray_shim", "a workload's `ray` command (bin/ray)",

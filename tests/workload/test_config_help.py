@@ -65,8 +65,8 @@ def test_leaf_field_page() -> None:
 
 
 def test_topics_are_the_sections() -> None:
-    assert topics() == ["", "compute", "environment", "code_source", "code_source.snapshot",
-                        "code_source.snapshot.git", "for_each"]
+    assert topics() == ["", "compute", "environment", "environment.docker_image", "code_source",
+                        "code_source.snapshot", "code_source.snapshot.git", "for_each", "slurm"]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Backends: where a run's nodes run (`local`, `ray`). `backend_for` builds one from a profile, in
+"""Backends: where a run's nodes run (`local`, `ray`, `slurm`). `backend_for` builds one from a profile, in
 the one place that does."""
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ def backend_for(profile: Profile, *, ledger: SlotLedger | None = None) -> Backen
         backend = RayBackend.from_profile(profile)
         backend.ledger = ledger
         return backend
+    if profile.backend == "slurm":
+        from air.backends.slurm import SlurmBackend
+
+        return SlurmBackend.from_profile(profile)
     from air.backends.local import LocalBackend
 
     return LocalBackend(ledger=ledger)

@@ -101,6 +101,10 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
 
     config = load_config()
     limit = config.max_running_runs_per_user
+    if run.backend == "slurm":  # Slurm's queue decides: its state and reason (air.backends.slurm)
+        from air.backends.slurm import queue_reason
+
+        return QueueInfo(run.id, kind, slots, None, (), (), None, None, (), queue_reason(run.id, run.profile), run.pool)
     if run.backend != "local":
         in_pool = f" in pool {run.pool}" if run.pool else ""
         if store.claimed_slots(run.id) or (limit is None and not config.ray_pools):  # Ray places it now

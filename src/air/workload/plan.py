@@ -78,6 +78,8 @@ class RunPlan:
     code_path: str | None = None
     parameters_path: str | None = None
     command_path: str | None = None
+    #: The workload's `slurm:` section (sbatch options of a `slurm` profile's jobs); None: none given.
+    slurm: dict[str, object] | None = None
     #: The secret store the run's secrets come from (an `air server` user's); None: $AIR_HOME/secrets.json.
     secret_store: str | None = None
 
@@ -170,6 +172,7 @@ def make_plan(spec: WorkloadSpec, *, profile: str, backend: str, backend_address
         bases=[str(b) for b in spec.bases], priority_class=spec.compute.priority_class,
         sweep=({"items": spec.for_each.expand(), "max_concurrent": spec.for_each.max_concurrent}
                if spec.for_each is not None else None),
+        slurm=spec.slurm.model_dump(exclude_none=True) if spec.slurm is not None else None,
     )
     if snapshot_plan is not None:
         plan.code_root = str(snapshot_plan.root_path)

@@ -309,6 +309,38 @@ class CodeSourceSpec(_Section):
     )
 
 
+class SlurmSpec(_Section):
+    """`slurm:` options of this run's Slurm jobs (a `slurm` profile; docs/slurm.md): sbatch's long option
+    names with `_` for `-`. They win over the profile's; the nodes, tasks and GPUs come from `compute`."""
+
+    partition: str | None = Field(None, description="sbatch --partition: the partition the jobs wait in.",
+                                  examples=["debug"])
+    account: str | None = Field(None, description="sbatch --account: the account charged.", examples=["ml-lab"])
+    qos: str | None = Field(None, description="sbatch --qos: the quality of service.", examples=["high"])
+    constraint: str | None = Field(None, description="sbatch --constraint: node features required.",
+                                   examples=["a100&ib"])
+    reservation: str | None = Field(None, description="sbatch --reservation: run inside this reservation.")
+    time: str | int | None = Field(
+        None, description="sbatch --time: each attempt's Slurm time limit, minutes or MM:SS, HH:MM:SS, "
+        "D-HH:MM; past it Slurm ends the job and the attempt is TIMEDOUT.", examples=["2:00:00", 90])
+    mem: str | None = Field(None, description="sbatch --mem: memory per node (e.g. 64G); past it Slurm's OOM "
+                            "kill ends the attempt (failure class OOM).", examples=["64G"])
+    cpus_per_task: int | None = Field(None, gt=0, description="sbatch --cpus-per-task: CPUs of each node's task "
+                                      "(default: the node shape's processes for a CPU shape).", examples=[16])
+    exclude: str | None = Field(None, description="sbatch --exclude: nodes never to use.", examples=["gpu[07-08]"])
+    nodelist: str | None = Field(None, description="sbatch --nodelist: nodes to use.", examples=["gpu[01-02]"])
+    comment: str | None = Field(None, description="sbatch --comment: a note shown by squeue/sacct.")
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, value: object) -> object:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|INFINITE", value.strip()):
+            return value.strip()
+        fail(f"must be minutes or Slurm's [D-]HH:MM:SS (sbatch --time), got {show_value(value)}")
+
+
 class PermissionSpec(_Section):
     """One entry of `permissions`: who (a user, or a group of the server's config) may do what with the run."""
 
@@ -432,6 +464,14 @@ class WorkloadSpec(_Section):
         "`default_visibility: private` no one else sees the run. Locally (no server) it is kept, with no effect.",
         examples=[[{"user_name": "bob", "level": "CAN_VIEW"}, {"group_name": "ml-team", "level": "CAN_MANAGE_RUN"}]],
         json_schema_extra={"air_type": "list of {user_name | group_name, level}"},
+    )
+
+    slurm: SlurmSpec | None = Field(
+        None,
+        description="Options of this run's Slurm jobs under a `slurm` profile (sbatch's names, `_` for `-`: "
+        "partition, account, qos, constraint, reservation, time, mem, cpus_per_task, exclude, nodelist, "
+        "comment); they win over the profile's. Ignored by other backends.",
+        examples=[{"partition": "gpu", "time": "2:00:00", "mem": "64G"}],
     )
 
     _source_path: Path | None = PrivateAttr(default=None)
@@ -559,6 +599,7 @@ __all__ = [
     "EnvironmentSpec",
     "GitSpec",
     "PermissionSpec",
+    "SlurmSpec",
     "RESERVED_ENV_NAMES",
     "SnapshotSpec",
     "WorkloadSpec",

@@ -1,0 +1,576 @@
+"""The Slurm backend: each attempt of a run is one Slurm job of N nodes (docs/slurm.md).
+
+`acquire` submits the job (`sbatch`): its batch script `srun`s air's node launcher once per node
+(air.backends.slurm_node, `--nodes N --ntasks-per-node 1`). While Slurm keeps it PENDING the run is QUEUED
+with Slurm's reason (squeue's %r: Resources, Priority, QOSMaxJobsPerUserLimit...), noted in the run's folder
+(`slurm.json`, read by `air list runs`, `--watch` and the pages through air.runs.queue). Once the job runs,
+its nodes are held: `start` hands them their processes through the job folder (a shared filesystem), and
+the attempt follows Slurm's state as well as the nodes' own reports. Slurm's ends map to air's:
+TIMEOUT → timed out, NODE_FAIL → the node named lost, OUT_OF_MEMORY → killed by the OOM killer,
+CANCELLED/PREEMPTED by someone else → the job lost. Ending an attempt (a failure, `air cancel`) asks the
+nodes to end their processes, then `scancel`s the job, so nothing of it is left on any node.
+
+Slurm's own tools are run as they are (sbatch, squeue, sacct, scancel, sinfo on PATH), with this process's
+environment: SLURM_CONF and the rest are honoured as Slurm honours them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pickle
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from air.accelerators import AcceleratorType, normalize_model
+from air.backends.base import (
+    Allocation,
+    AttemptOutcome,
+    NodeExit,
+    NodeLaunch,
+    ProcLineCallback,
+    build_outcome,
+    parse_node_shape,
+)
+from air.backends.slurm_node import LAUNCH_FILE, SIGNALED_FILE, STOP_FILE, node_dir
+from air.errors import AirError, GPUValidationError, RuntimeConfigurationError
+from air.files import atomic_write_bytes, atomic_write_text
+from air.launcher import ProcessExit, ProcessSpec, reap_tag
+from air.launcher.progress import Silence
+from air.processes import PROCESS_KINDS
+from air.settings import AIR_PROCESS_TAG, AIR_SUPERVISOR
+from air.store.paths import RunPaths
+
+if TYPE_CHECKING:
+    from air.config import Profile
+
+_log = logging.getLogger("air.backends.slurm")
+
+#: How often the queue and a running job are looked at (squeue is one RPC to slurmctld).
+POLL_S = 0.5
+#: How long `start` waits for node 0 to say where it is once Slurm runs the job.
+NODES_UP_S = 120.0
+#: How long a stack request may take.
+STACKS_S = 10.0
+#: The name of the run's Slurm state file in its folder (air.runs.queue reads it).
+STATE_FILE = "slurm.json"
+#: sbatch options a profile and a run's `slurm:` section may set (the section's key → the option).
+OPTIONS = {"partition": "--partition", "account": "--account", "qos": "--qos", "constraint": "--constraint",
+           "reservation": "--reservation", "time": "--time", "mem": "--mem", "cpus_per_task": "--cpus-per-task",
+           "exclude": "--exclude", "nodelist": "--nodelist", "comment": "--comment"}
+
+
+class SlurmError(AirError):
+    """Slurm refused or lost the job (sbatch failed, the job ended before it ran)."""
+
+    exit_code = 1
+
+
+def slurm_tool(*argv: str, timeout: float = 30.0) -> str:
+    """Run one of Slurm's commands; its stdout. RuntimeConfigurationError where it is not installed."""
+    if shutil.which(argv[0]) is None:
+        raise RuntimeConfigurationError(f"{argv[0]} is not on PATH: this machine cannot reach a Slurm cluster.",
+                                        hint="Install Slurm's client commands (Debian: slurm-client) and set "
+                                        "SLURM_CONF if the cluster's slurm.conf is not in /etc/slurm.")
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise SlurmError(f"{' '.join(argv[:2])} failed: {(result.stderr or result.stdout).strip()[-500:]}")
+    return result.stdout
+
+
+def job_state(job_id: str) -> tuple[str, str, str]:
+    """(state, reason, node list) of a job: squeue while Slurm holds it, else sacct's final state."""
+    try:
+        out = slurm_tool("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N").strip()
+    except SlurmError:  # "Invalid job id" once slurmctld forgot it
+        out = ""
+    if out:
+        state, reason, nodes = (out.splitlines()[0].split("|") + ["", ""])[:3]
+        return state, reason, nodes
+    with contextlib.suppress(SlurmError, RuntimeConfigurationError):
+        acct = slurm_tool("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Reason,NodeList").strip()
+        if acct:
+            state, reason, nodes = (acct.splitlines()[0].split("|") + ["", ""])[:3]
+            return state.split()[0], reason, nodes  # "CANCELLED by 0"
+    return "GONE", "", ""
+
+
+def state_file(run_id: str) -> Path:
+    return RunPaths(run_id).folder / STATE_FILE
+
+
+def read_state(run_id: str) -> dict[str, object] | None:
+    """The run's last noted Slurm job (job id, state, reason, partition), for the views; None if none."""
+    try:
+        data = json.loads(state_file(run_id).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def queue_reason(run_id: str, profile: str | None) -> str:
+    """Why a QUEUED run of a Slurm profile waits, in Slurm's words ("Slurm job 12 PENDING (Resources) in
+    partition debug"): its `slurm.json`, else that it is being submitted."""
+    state = read_state(run_id)
+    if state is None or not state.get("job_id"):
+        return f"being submitted to the Slurm cluster of profile {profile or '-'}"
+    where = f" in partition {state['partition']}" if state.get("partition") else ""
+    reason = state.get("reason")
+    detail = f" ({reason})" if reason and reason != "None" else ""
+    return f"Slurm job {state['job_id']} {state.get('state', 'PENDING')}{detail}{where}"
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What a job of the profile asks of Slurm besides its shape (sbatch's names)."""
+
+    values: Mapping[str, str]
+
+    @classmethod
+    def from_profile(cls, profile: Profile, run_section: Mapping[str, object] | None = None) -> SlurmOptions:
+        values: dict[str, str] = {}
+        for key, field in (("partition", "partition"), ("account", "account"), ("qos", "qos"),
+                           ("constraint", "constraint"), ("reservation", "reservation"), ("time", "time_limit")):
+            value = getattr(profile, field, None)
+            if value is not None:
+                values[key] = str(value)
+        for key, value in (run_section or {}).items():
+            if key in OPTIONS and value is not None:
+                values[key] = str(value)
+        return cls(values)
+
+    def argv(self) -> list[str]:
+        return [f"{OPTIONS[key]}={value}" for key, value in sorted(self.values.items())]
+
+
+def sbatch_argv(run_id: str, job_dir: Path, accelerator: AcceleratorType, num_nodes: int, options: SlurmOptions,
+                tag: str) -> list[str]:
+    """The sbatch command of one attempt: the shape as Slurm resources, the options, the batch script."""
+    argv = ["sbatch", "--parsable", f"--job-name={tag}", f"--nodes={num_nodes}", "--ntasks-per-node=1",
+            f"--output={job_dir / 'batch.log'}", f"--chdir={job_dir}", "--kill-on-invalid-dep=yes",
+            "--export=ALL"]
+    if "cpus_per_task" not in options.values and accelerator.is_cpu:
+        argv.append(f"--cpus-per-task={accelerator.per_node}")
+    if not accelerator.is_cpu:
+        argv.append(f"--gres=gpu:{accelerator.per_node}")
+    argv.extend(options.argv())
+    argv.append(str(job_dir / "batch.sh"))
+    return argv
+
+
+def batch_script(job_dir: Path, num_nodes: int) -> str:
+    """The job's script: one task per node, each air's node launcher (air.backends.slurm_node)."""
+    node = shlex.join(PROCESS_KINDS["slurm_node"].argv(str(job_dir)))
+    return ("#!/bin/bash\n"
+            "# air: one task per node, each runs air's node launcher (air.backends.slurm_node)\n"
+            f"exec srun --nodes={num_nodes} --ntasks={num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 "
+            f"--output={shlex.quote(str(job_dir / 'node_%n.out'))} {node}\n")
+
+
+class SlurmBackend:
+    """Runs every attempt as one Slurm job (see the module docstring)."""
+
+    name = "slurm"
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.ledger = None
+        self.address = f"Slurm cluster (profile {profile.name})"
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> SlurmBackend:
+        return cls(profile)
+
+    @property
+    def partition(self) -> str | None:
+        return self.profile.partition
+
+    # -- shapes ---------------------------------------------------------------------------------------
+    def describe_capacity(self) -> str:
+        where = f"partition {self.partition}" if self.partition else "the default partition"
+        try:
+            nodes = self._partition_nodes()
+        except AirError as exc:
+            return f"the Slurm cluster's {where} could not be read ({exc})"
+        return f"the Slurm cluster's {where} has {nodes} node(s)"
+
+    def _partition_nodes(self) -> int:
+        argv = ["sinfo", "-h", "-o", "%D"] + (["-p", self.partition] if self.partition else [])
+        return sum(int(n) for n in slurm_tool(*argv).split() if n.isdigit())
+
+    def plan_shape(self, count: int, accelerator_type: str) -> tuple[AcceleratorType, int]:
+        """A full node type fixes the ranks per node; a bare model puts every rank on one node."""
+        full = parse_node_shape(accelerator_type)
+        if full is not None:
+            return full, full.nodes_for(count)
+        raw = accelerator_type.strip()
+        if raw.lower() == "cpu":
+            return AcceleratorType("CPU", count, "CPU"), 1
+        model = normalize_model(raw) or raw.upper()
+        return AcceleratorType("GPU", count, model), 1
+
+    def check_shape(self, accelerator: AcceleratorType, num_nodes: int) -> None:
+        nodes = self._partition_nodes()
+        if num_nodes > nodes:
+            raise GPUValidationError(
+                f"{num_nodes} node(s) of {accelerator.name} asked, but {self.describe_capacity()}; this run "
+                "could never start there.", hint="Ask for fewer nodes, or another partition (profile partition, "
+                "or the run's slurm.partition).")
+
+    # -- capacity: the job --------------------------------------------------------------------------
+    def acquire(self, run_id: str, accelerator: AcceleratorType, num_nodes: int, *,
+                should_stop: Callable[[], bool], on_wait: Callable[[str], None]) -> Allocation | None:
+        """Submit the attempt's job and wait (QUEUED, Slurm's reason noted) until Slurm runs it."""
+        from air.store.paths import process_tag
+
+        paths = RunPaths(run_id)
+        options = SlurmOptions.from_profile(self.profile, _run_section(paths))
+        root = paths.folder / "slurm"
+        root.mkdir(parents=True, exist_ok=True)
+        job_dir = Path(tempfile.mkdtemp(prefix="job_", dir=root))
+        atomic_write_text(job_dir / "batch.sh", batch_script(job_dir, num_nodes))
+        argv = sbatch_argv(run_id, job_dir, accelerator, num_nodes, options, process_tag(run_id))
+        env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+        if result.returncode != 0:
+            raise SlurmError(f"sbatch refused the job: {(result.stderr or result.stdout).strip()[-800:]}")
+        job_id = result.stdout.strip().split(";")[0]
+        partition = options.values.get("partition")
+        self._note(run_id, job_id, "PENDING", "", partition)
+        on_wait(f"submitted Slurm job {job_id} ({' '.join(argv[2:-1])})")
+        atomic_write_text(job_dir / "job_id", job_id)
+        last = ("", "")
+        while True:
+            if should_stop():
+                self._cancel(job_id, job_dir)
+                self._note(run_id, job_id, "CANCELLED", "", partition)
+                return None
+            state, reason, nodes = job_state(job_id)
+            if (state, reason) != last:
+                last = (state, reason)
+                self._note(run_id, job_id, state, reason, partition)
+                if state == "PENDING":
+                    on_wait(f"Slurm job {job_id} PENDING ({reason})")
+            if state in ("RUNNING", "COMPLETING"):
+                break
+            if state not in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
+                raise SlurmError(f"Slurm job {job_id} ended {state} ({reason}) before it ran; "
+                                 f"see {job_dir / 'batch.log'}")
+            time.sleep(POLL_S)
+        per_node = tuple(tuple(str(i) for i in range(accelerator.per_node)) for _ in range(num_nodes))
+        return Allocation(run_id, accelerator, num_nodes, per_node,
+                          details={"job_id": job_id, "job_dir": str(job_dir), "nodes": nodes})
+
+    def _note(self, run_id: str, job_id: str, state: str, reason: str, partition: str | None) -> None:
+        with contextlib.suppress(OSError):
+            atomic_write_text(state_file(run_id), json.dumps({
+                "job_id": job_id, "state": state, "reason": reason, "partition": partition, "at": time.time()}))
+
+    def _cancel(self, job_id: str, job_dir: Path) -> None:
+        with contextlib.suppress(OSError):
+            (job_dir / STOP_FILE).touch()
+        with contextlib.suppress(AirError, subprocess.SubprocessError):
+            slurm_tool("scancel", job_id)
+
+    def version_mismatches(self, allocation: Allocation) -> list[str]:
+        return []  # every node runs this Python from the shared filesystem
+
+    def start(self, allocation: Allocation, launches: Sequence[NodeLaunch], *, tag: str,
+              on_line: ProcLineCallback | None = None) -> SlurmAttempt:
+        """Hand every node its processes: once node 0 said where it is (MASTER_ADDR/PORT), one file."""
+        job_id = str(allocation.details["job_id"])
+        job_dir = Path(str(allocation.details["job_dir"]))
+        ordered = sorted(launches, key=lambda launch: launch.node_rank)
+        hosts = _wait_for_hosts(job_id, job_dir, len(ordered))
+        master = hosts[0]
+        nodes = {}
+        for launch in ordered:
+            processes = []
+            for proc in launch.processes:
+                env = {**proc.env, "MASTER_ADDR": str(master["addr"]), "MASTER_PORT": str(master["port"]),
+                       "SLURM_JOB_ID": job_id}
+                if allocation.accelerator.is_cpu:
+                    env["CUDA_VISIBLE_DEVICES"] = ""
+                env.pop("RAY_ADDRESS", None)
+                processes.append(_replace_env(proc, env))
+            nodes[launch.node_rank] = {"processes": processes, "log_path": str(launch.log_path),
+                                       "cwd": str(launch.cwd) if launch.cwd else None, "files": dict(launch.files),
+                                       "whole_env": launch.ray_shim}
+        atomic_write_bytes(job_dir / LAUNCH_FILE, pickle.dumps({"tag": tag, "nodes": nodes}), durable=False)
+        attempt = SlurmAttempt(job_id, job_dir, [launch.node_rank for launch in ordered],
+                               [str(h["addr"]) for h in hosts], [str(h.get("slurm_node") or h["host"]) for h in hosts])
+        attempt.master_addr, attempt.master_port = str(master["addr"]), int(str(master["port"]))
+        return attempt
+
+    def release(self, allocation: Allocation) -> None:
+        """The job ends: by itself once every node reported (COMPLETED in Slurm's books), else scancel."""
+        job_id = allocation.details.get("job_id")
+        if not job_id:
+            return
+        job_dir = Path(str(allocation.details["job_dir"]))
+        reported = all((node_dir(job_dir, n) / "exits.json").exists() for n in range(allocation.num_nodes))
+        deadline = time.monotonic() + (10.0 if reported else 0.0)
+        while time.monotonic() < deadline:
+            if job_state(str(job_id))[0] not in ("RUNNING", "COMPLETING", "CONFIGURING"):
+                return
+            time.sleep(0.2)
+        self._cancel(str(job_id), job_dir)
+
+    def reap(self, tag: str) -> int:
+        """End the run's jobs still known to Slurm (by name: the run's tag) and its processes here."""
+        count = 0
+        with contextlib.suppress(AirError, subprocess.SubprocessError):
+            ids = slurm_tool("squeue", "-h", "-n", tag, "-o", "%i").split()
+            if ids:
+                slurm_tool("scancel", *ids)
+                count += len(ids)
+        return count + reap_tag(tag, subtags=True)
+
+
+def _run_section(paths: RunPaths) -> Mapping[str, object] | None:
+    """The run's `slurm:` section, from the plan its supervisor executes (None for a call)."""
+    try:
+        plan = json.loads(paths.submission.read_text())
+    except (OSError, ValueError):
+        return None
+    section = plan.get("slurm") if isinstance(plan, dict) else None
+    return section if isinstance(section, dict) else None
+
+
+def _replace_env(proc: ProcessSpec, env: dict[str, str]) -> ProcessSpec:
+    import dataclasses
+
+    return dataclasses.replace(proc, env=env)
+
+
+def _wait_for_hosts(job_id: str, job_dir: Path, count: int) -> list[dict[str, object]]:
+    """Every node's host.json (written as its task starts); SlurmError if the job ends first."""
+    deadline = time.monotonic() + NODES_UP_S
+    next_look = 0.0
+    while True:
+        hosts = []
+        for rank in range(count):
+            try:
+                hosts.append(json.loads((node_dir(job_dir, rank) / "host.json").read_text()))
+            except (OSError, ValueError):
+                break
+        if len(hosts) == count:
+            return hosts
+        now = time.monotonic()
+        if now > deadline:
+            raise SlurmError(f"the nodes of Slurm job {job_id} did not start within {NODES_UP_S:g} s; see "
+                             f"{job_dir / 'batch.log'}")
+        if now >= next_look:
+            next_look = now + 2.0
+            state, reason, _ = job_state(job_id)
+            if state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
+                raise SlurmError(f"Slurm job {job_id} ended {state} ({reason}) before its nodes started; "
+                                 f"see {job_dir / 'batch.log'}")
+        time.sleep(0.05)
+
+
+class SlurmAttempt:
+    """A started attempt: the job's nodes, seen through the job folder and Slurm's state."""
+
+    master_addr = ""
+    master_port = 0
+
+    def __init__(self, job_id: str, job_dir: Path, node_ranks: Sequence[int], addresses: Sequence[str],
+                 slurm_nodes: Sequence[str]) -> None:
+        self.job_id = job_id
+        self.job_dir = job_dir
+        self.node_ranks = list(node_ranks)
+        self.addresses = list(addresses)
+        self.slurm_nodes = list(slurm_nodes)
+        self._exits: dict[int, list[ProcessExit]] = {}
+        self._ended = False
+
+    # -- what the nodes wrote -----------------------------------------------------------------------
+    def _read_exits(self, node: int) -> list[ProcessExit] | None:
+        if node in self._exits:
+            return self._exits[node]
+        try:
+            raw = json.loads((node_dir(self.job_dir, node) / "exits.json").read_text())
+        except (OSError, ValueError):
+            return None
+        exits = [ProcessExit(**e) for e in raw]
+        self._exits[node] = exits
+        return exits
+
+    def wait(self, *, timeout_s: float | None, should_stop: Callable[[], bool]) -> AttemptOutcome:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        timed_out = stopped = False
+        lost: str | None = None
+        next_look = time.monotonic() + POLL_S
+        while True:
+            exits = [self._read_exits(n) for n in self.node_ranks]
+            if all(e is not None for e in exits):
+                break
+            if any(e is not None and any(p.returncode not in (0, None) and not p.killed_by_launcher for p in e)
+                   for e in exits):
+                self._stop_nodes()  # fail fast: the others end theirs (their exits follow)
+                self._wait_exits(30.0)
+                break
+            if should_stop():
+                stopped = True
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                break
+            if time.monotonic() >= next_look:
+                next_look = time.monotonic() + POLL_S * 2
+                state, reason, _ = job_state(self.job_id)
+                if state not in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
+                    self._wait_exits(3.0)  # the nodes may have finished and written theirs just now
+                    if all(self._read_exits(n) is not None for n in self.node_ranks):
+                        break
+                    lost, timed_out = self._slurm_end(state, reason)
+                    break
+            time.sleep(0.05)
+        if not (stopped or timed_out or lost) and self._signaled():
+            lost, timed_out = self._slurm_end_after_signal()
+        if not all(self._read_exits(n) is not None for n in self.node_ranks):
+            self.terminate()
+        per_node = [self._exits.get(n) for n in self.node_ranks]
+        outcome = build_outcome(self.node_ranks, per_node, self.addresses, timed_out=timed_out, stopped=stopped,
+                                lost_node=lost)
+        if lost and lost.startswith("OOM"):
+            node = self._oom_node()
+            outcome = AttemptOutcome(outcome.exits, NodeExit(node, None, "SIGKILL", False, self.addresses[node]),
+                                     timed_out=False, stopped=False)
+        return outcome
+
+    def _signaled(self) -> bool:
+        """Whether Slurm signaled a node's task (its time limit, scancel, preemption): then the processes'
+        exits are what Slurm did to them, and Slurm says why."""
+        return any((node_dir(self.job_dir, n) / SIGNALED_FILE).exists() for n in self.node_ranks)
+
+    def _slurm_end_after_signal(self) -> tuple[str | None, bool]:
+        """Why Slurm signaled the nodes, once it says (a job COMPLETING for TimeLimit is a TIMEOUT); never
+        a success: an end Slurm forced that it does not explain is the job lost."""
+        deadline = time.monotonic() + 15.0
+        state, reason = "RUNNING", ""
+        while time.monotonic() < deadline:
+            state, reason, _ = job_state(self.job_id)
+            if state == "COMPLETING" and reason == "TimeLimit":
+                state = "TIMEOUT"
+            if state not in ("RUNNING", "COMPLETING", "CONFIGURING", "COMPLETED", "GONE"):
+                return self._slurm_end(state, reason)
+            if state in ("COMPLETED", "GONE"):
+                break
+            time.sleep(0.2)
+        text = (f"Slurm signaled the nodes of job {self.job_id} and ended it ({state}"
+                f"{f', {reason}' if reason and reason != 'None' else ''}) outside air")
+        self._note_all(text)
+        return text, False
+
+    def _slurm_end(self, state: str, reason: str) -> tuple[str | None, bool]:
+        """What Slurm's end of the job means for the attempt: (lost-node reason, timed out). Each is also
+        written into the nodes' logs, so `air logs` shows what Slurm did."""
+        if state == "TIMEOUT":
+            self._note_all(f"Slurm ended job {self.job_id}: TIMEOUT (past its time limit)")
+            return None, True
+        if state == "OUT_OF_MEMORY":
+            node = self._oom_node()
+            self._note_all(f"Slurm ended job {self.job_id}: OUT_OF_MEMORY: oom-kill on node {node} "
+                           f"({self.slurm_nodes[node]})")
+            return "OOM", False
+        if state == "NODE_FAIL":
+            failed = self._failed_node(reason)
+            text = (f"node {failed} ({self.slurm_nodes[failed]}, {self.addresses[failed]}) lost: Slurm job "
+                    f"{self.job_id} NODE_FAIL")
+            self._note_all(text)
+            return text, False
+        text = f"Slurm job {self.job_id} ended {state}{f' ({reason})' if reason and reason != 'None' else ''} " \
+               "outside air (scancel, preemption or the cluster)"
+        self._note_all(text)
+        return text, False
+
+    def _failed_node(self, reason: str) -> int:
+        """The node whose slurmd went away: the first with no exits (Slurm names it in its log, not to us)."""
+        for rank in self.node_ranks:
+            if self._read_exits(rank) is None:
+                return rank
+        return self.node_ranks[0]
+
+    def _oom_node(self) -> int:
+        return self._failed_node("")
+
+    def _note_all(self, text: str) -> None:
+        with contextlib.suppress(Exception):
+            launch_plan = pickle.loads((self.job_dir / LAUNCH_FILE).read_bytes())  # noqa: S301 (our own file)
+            for node in launch_plan["nodes"].values():
+                with open(node["log_path"], "a", encoding="utf-8") as fh:
+                    fh.write(f"[air] {text}\n")
+
+    def _stop_nodes(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.job_dir / STOP_FILE).touch()
+
+    def _wait_exits(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if all(self._read_exits(n) is not None for n in self.node_ranks):
+                return
+            time.sleep(0.05)
+
+    def terminate(self) -> None:
+        """Every node ends its processes (the stop file), then the job is canceled: nothing is left."""
+        if self._ended:
+            return
+        self._ended = True
+        self._stop_nodes()
+        self._wait_exits(15.0)
+        with contextlib.suppress(AirError, subprocess.SubprocessError):
+            slurm_tool("scancel", self.job_id)
+
+    # -- looks into the nodes -----------------------------------------------------------------------
+    def silences(self) -> list[Silence]:
+        out: list[Silence] = []
+        now = time.time()
+        for rank in self.node_ranks:
+            if self._read_exits(rank) is not None:
+                continue
+            try:
+                data = json.loads((node_dir(self.job_dir, rank) / "progress.json").read_text())
+            except (OSError, ValueError):
+                continue
+            age = max(now - float(data["at"]), 0.0)
+            out.extend(Silence(rank, int(i), float(s) + age, bool(stopped)) for i, s, stopped in data["silences"])
+        return out
+
+    def stacks(self, node: int, process: int) -> str:
+        folder = node_dir(self.job_dir, node)
+        answer = folder / f"stacks_{process}.txt"
+        answer.unlink(missing_ok=True)
+        (folder / f"stacks_{process}.req").touch()
+        deadline = time.monotonic() + STACKS_S
+        while time.monotonic() < deadline:
+            if answer.exists():
+                return answer.read_text(errors="replace")
+            time.sleep(0.1)
+        return f"(node {node} did not answer within {STACKS_S:g} s)"
+
+    def fetch_files(self, node: int, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
+        from air.backends.local import _read_own_file
+
+        work = node_dir(self.job_dir, node) / "work"
+        return {name: _read_own_file(work / name, max_bytes) for name in names}
+
+    def process_exits(self, node: int) -> list[ProcessExit] | None:
+        return self._read_exits(node)
+
+    def ended_nodes(self) -> set[int]:
+        return {n for n in self.node_ranks if self._read_exits(n) is not None}
+
+    def take_system_samples(self) -> None:
+        return None

@@ -1,0 +1,231 @@
+"""A real 2-node Slurm cluster on this machine, for one test session (/work/shared/recipes/slurm.md).
+
+Debian's `slurm-wlm` and `munge` are installed where missing (CI on a fresh machine runs as root). The
+cluster is the session's own: its own munged (own socket), slurmctld and two slurmd (`n1`, `n2`) on free
+ports, every file in one state folder. `stop` cancels its jobs, then ends exactly the pids it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BINARIES = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch", "/usr/sbin/munged")
+PACKAGES = ("slurm-wlm", "munge")
+NODES = ("n1", "n2")
+
+
+def install() -> None:
+    """apt-get install slurm-wlm munge once where missing (one apt-get at a time, as tests/conftest.py does)."""
+    if all(Path(b).exists() for b in BINARIES):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    with open("/tmp/air-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(Path(b).exists() for b in BINARIES):
+            return
+        for argv in (["apt-get", "update", "-qq"],
+                     ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq", *PACKAGES]):
+            result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+            assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
+    missing = [b for b in BINARIES if not Path(b).exists()]
+    assert not missing, f"installing {' '.join(PACKAGES)} left {missing} missing"
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` consecutive free TCP ports (slurmd ports are a range in slurm.conf)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count >= 65000:
+            continue
+        held = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return list(range(first, first + count))
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise OSError("no free port range")
+
+
+CONF = """\
+ClusterName=air{tag}
+SlurmctldHost=localhost
+AuthType=auth/munge
+AuthInfo=socket={munge_socket}
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={state}/state
+SlurmdSpoolDir={state}/spool/slurmd-%n
+SlurmctldPidFile={state}/slurmctld.pid
+SlurmdPidFile={state}/slurmd-%n.pid
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SlurmctldLogFile={state}/log/ctld.log
+SlurmdLogFile={state}/log/slurmd-%n.log
+ReturnToService=2
+KillWait=3
+MinJobAge=600
+InactiveLimit=0
+MessageTimeout=20
+NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[{slurmd_port}-{slurmd_last}] CPUs={cpus} RealMemory=2000 State=UNKNOWN
+PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+@dataclass
+class SlurmCluster:
+    """The session's cluster: SLURM_CONF is `conf`; `env` is what a command needs to reach it."""
+
+    state: Path
+    conf: Path = field(init=False)
+    pids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.conf = self.state / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SLURM_CONF": str(self.conf)}
+
+    def tool(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **self.env})
+
+    def start(self) -> None:
+        install()
+        for sub in ("state", "spool", "log", "munge"):
+            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        munge = self.state / "munge"
+        os.chmod(munge, 0o700)
+        socket_path = munge / "munge.socket"
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
+        own_key = munge / "munge.key"
+        shutil.copy(key, own_key)
+        os.chmod(own_key, 0o400)
+        subprocess.run(["/usr/sbin/munged", "--force", f"--socket={socket_path}", f"--key-file={own_key}",
+                        f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
+                        f"--seed-file={munge / 'munged.seed'}"], check=True, capture_output=True, timeout=30)
+        self._remember(munge / "munged.pid")
+        ctld, *slurmd = free_ports(3)
+        self.conf.write_text(CONF.format(tag=os.getpid(), munge_socket=socket_path, state=self.state, ctld_port=ctld,
+                                         slurmd_port=slurmd[0], slurmd_last=slurmd[1],
+                                         cpus=1))
+        env = {**os.environ, **self.env}
+        subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=env, capture_output=True, timeout=60)
+        self._remember(self.state / "slurmctld.pid")
+        for node in NODES:
+            subprocess.run(["slurmd", "-f", str(self.conf), "-N", node], check=True, env=env, capture_output=True,
+                           timeout=60)
+            self._remember(self.state / f"slurmd-{node}.pid")
+        self.pids.extend(_children(self.pids[1]))  # slurmctld's slurmscriptd
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            idle = self.tool("sinfo", "-h", "-t", "idle", "-o", "%D").stdout.split()
+            if sum(int(n) for n in idle if n.isdigit()) == len(NODES):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"Slurm did not come up: {self.tool('sinfo').stdout}\n{self.logs()}")
+
+    def _remember(self, pid_file: Path) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, IndexError):  # (written, maybe not filled yet)
+                self.pids.append(int(pid_file.read_text().split()[0]))
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{pid_file} was never written:\n{self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (self.state / "log").glob("*"))
+
+    def idle(self, timeout: float = 60) -> None:
+        """Wait until no job is left and both nodes are idle (a test starts on an empty cluster)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            jobs = self.tool("squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING,CONFIGURING", "-o", "%i").stdout.split()
+            idle = self.tool("sinfo", "-h", "-t", "idle", "-o", "%D").stdout.split()
+            if not jobs and sum(int(n) for n in idle if n.isdigit()) == len(NODES):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"the cluster is not idle: {self.tool('squeue').stdout}")
+
+    def stop(self) -> None:
+        """Cancel every job of the cluster, then end the daemons this session started (their pids only)."""
+        for pid_file in [self.state / "munge" / "munged.pid", self.state / "slurmctld.pid",
+                         *(self.state / f"slurmd-{n}.pid" for n in NODES)]:
+            with contextlib.suppress(OSError, ValueError, IndexError):  # one started but not yet remembered
+                pid = int(pid_file.read_text().split()[0])
+                if pid not in self.pids:
+                    self.pids.append(pid)
+        with contextlib.suppress(Exception):
+            self.tool("scancel", "--full", "-u", "root")
+            self.idle(timeout=20)
+        for pid in reversed(self.pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for pid in self.pids:
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.05)
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if entry.name.isdigit() and int((entry / "stat").read_text().split(") ", 1)[1].split()[1]) == parent:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError):  # a zombie of ours is gone for this purpose
+        if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+            return False
+    return True
+
+
+def processes_of(conf: Path) -> list[str]:
+    """Command lines of processes whose environment or arguments name this cluster's slurm.conf, but its daemons."""
+    needle = str(conf).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+            if needle in environ or needle in cmdline:
+                text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{entry.name}: {text}")
+    return found

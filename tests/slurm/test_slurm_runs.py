@@ -1,0 +1,132 @@
+"""Workloads on a real 2-node Slurm cluster (issue 37): each attempt is one Slurm job of N nodes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from slurm_cluster import SlurmCluster, processes_of
+
+from air.backends.slurm import read_state
+from air.store.paths import RunPaths
+from air.store.run_store import RunStore
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "torchrun_ddp" / "workload.yaml"
+
+
+def air(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "air.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def workload(folder: Path, command: str, extra: str = "") -> Path:
+    path = folder / "w.yaml"
+    body = (f"experiment_name: slurm-test\ncompute: {{num_accelerators: 2, accelerator_type: CPU_1xCPU}}\n"
+            f"max_retries: 0\n{extra}command: |\n")
+    path.write_text(body + "".join(f"  {line}\n" for line in command.splitlines()))
+    return path
+
+
+def submit(path: Path) -> str:
+    result = air("run", "-f", str(path), "--json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    import json
+
+    return str(json.loads(result.stdout)["data"]["run_id"])
+
+
+def wait_for(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def no_leftover(cluster: SlurmCluster, timeout: float = 30) -> None:
+    """No process of any run is left: none names the cluster's slurm.conf but its own daemons, and no job."""
+    def clean() -> bool:
+        left = [p for p in processes_of(cluster.conf) if int(p.split(":")[0]) not in cluster.pids]
+        jobs = cluster.tool("squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING,CONFIGURING", "-o", "%i").stdout.split()
+        return not left and not jobs
+
+    try:
+        wait_for(clean, timeout, "no process or job left")
+    except AssertionError:
+        left = [p for p in processes_of(cluster.conf) if int(p.split(":")[0]) not in cluster.pids]
+        raise AssertionError(f"left: {left}; {cluster.tool('squeue').stdout}") from None
+
+
+def test_two_node_ddp_example_succeeds_with_both_nodes_logs(hpc: SlurmCluster) -> None:
+    result = air("run", "-f", str(EXAMPLE), "--watch", timeout=300)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "epoch 2: loss" in result.stdout
+    run = RunStore().list_runs(statuses="all")[0]
+    assert run.status.value == "SUCCESS" and run.num_nodes == 2 and run.backend == "slurm"
+    logs = RunPaths(run.id).node_logs(run.current_attempt)
+    assert sorted(logs) == [0, 1]
+    assert "epoch 0: loss" in logs[0].read_text()
+    assert logs[1].exists()  # (rank 1 prints nothing: train.py logs on rank 0)
+    state = read_state(run.id)
+    assert state is not None and state["job_id"]
+    job = hpc.tool("squeue", "-h", "-t", "all", "-j", str(state["job_id"]), "-o", "%T %D").stdout.split()
+    assert job == ["COMPLETED", "2"], job  # one job of 2 nodes, ended by itself
+    no_leftover(hpc)
+
+
+def test_queued_behind_a_full_cluster_shows_slurms_reason_then_cancel(hpc: SlurmCluster, tmp_path: Path) -> None:
+    blocker = hpc.tool("sbatch", "--parsable", "-N2", "--wrap", "sleep 600").stdout.strip()
+    try:
+        run_id = submit(workload(tmp_path, "echo never"))
+
+        def pending() -> bool:
+            return "PENDING (Resources)" in air("list", "runs").stdout
+
+        wait_for(pending, 60, "the run's row says Slurm's PENDING reason")
+        shown = air("list", "runs").stdout
+        assert "QUEUED" in shown and "Slurm job" in shown and "PENDING (Resources)" in shown, shown
+        state = read_state(run_id)
+        assert state is not None and state["state"] == "PENDING" and state["reason"] == "Resources"
+        canceled = air("cancel", run_id)
+        assert canceled.returncode == 0, canceled.stderr + canceled.stdout
+        wait_for(lambda: RunStore().get_run(run_id).status.value == "CANCELED", 60, "CANCELED")
+        job = str(state["job_id"])
+        wait_for(lambda: hpc.tool("squeue", "-h", "-t", "all", "-j", job, "-o", "%T").stdout.strip() in ("", "CANCELLED"), 30,
+                 "its job canceled")
+    finally:
+        hpc.tool("scancel", blocker)
+    no_leftover(hpc)
+
+
+def test_cancel_while_running_leaves_nothing_on_any_node(hpc: SlurmCluster, tmp_path: Path) -> None:
+    run_id = submit(workload(tmp_path, 'echo "node $NODE_RANK up"\nsleep 600'))
+
+    def both_up() -> bool:
+        logs = RunPaths(run_id).node_logs(0)
+        return len(logs) == 2 and all(f"node {n} up" in logs[n].read_text() for n in (0, 1))
+
+    wait_for(lambda: RunStore().get_run(run_id).status.value == "RUNNING", 60, "RUNNING")
+    wait_for(both_up, 60, "both nodes' logs followed live")
+    canceled = air("cancel", run_id)
+    assert canceled.returncode == 0, canceled.stderr + canceled.stdout
+    wait_for(lambda: RunStore().get_run(run_id).status.value == "CANCELED", 60, "CANCELED")
+    no_leftover(hpc)
+
+
+def test_past_slurms_time_limit_is_timedout(hpc: SlurmCluster, tmp_path: Path) -> None:
+    run_id = submit(workload(tmp_path, "sleep 600", extra="slurm: {time: 1}\n"))
+    wait_for(lambda: RunStore().get_run(run_id).is_terminal, 200, "the run ended")
+    run = RunStore().get_run(run_id)
+    assert run.status.value == "TIMEDOUT", (run.status, run.termination_reason)
+    assert "TIMEOUT" in RunPaths(run_id).node_logs(0)[0].read_text()
+    no_leftover(hpc)
+
+
+def test_unknown_slurm_key_is_exit_2_with_the_valid_keys(hpc: SlurmCluster, tmp_path: Path) -> None:
+    result = air("run", "-f", str(workload(tmp_path, "true", extra="slurm: {cpus-per-task: 2}\n")), "--dry-run")
+    assert result.returncode == 2, result.stderr + result.stdout
+    text = result.stderr + result.stdout
+    assert "did you mean 'cpus_per_task'" in text and "partition, account, qos" in text, text
