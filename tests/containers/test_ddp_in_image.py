@@ -13,6 +13,7 @@ import textwrap
 from importlib.metadata import version
 from pathlib import Path
 
+import pytest
 from container_helpers import Registry, containers_of
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "workload_runs"))
@@ -45,6 +46,7 @@ def image_torch(local: str) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.timeout(3600)  # a fresh machine builds the torch image first (about 12 minutes; cached after)
 def test_two_node_ddp_runs_with_the_images_torch(tmp_path: Path, registry: Registry, torch_image: str) -> None:
     expected = image_torch(torch_image)
     assert expected != version("torch")  # the image's torch is not the one air runs with

@@ -22,6 +22,9 @@ from air.environments.containers import RUN_LABEL  # noqa: E402
 from air.store.paths import RunPaths, process_tag  # noqa: E402
 from air.store.run_store import RunStore  # noqa: E402
 
+#: On a fresh machine the first test also installs the tools and builds the image (minutes; cached after).
+pytestmark = pytest.mark.timeout(1800)
+
 PROBE = "python3 -c \"import sys; print('IMAGE-PYTHON', '%d.%d.%d' % sys.version_info[:3], sys.executable)\""
 
 
@@ -193,3 +196,34 @@ def _tagged(tag: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_a_node_failure_and_a_timeout_leave_no_container(tmp_path: Path, base_url: str) -> None:
+    """Node 1 fails: node 0's container is ended with it (fail-fast); a timeout ends the node likewise."""
+    failing = write_workload(tmp_path / "w", "two", f"""\
+        experiment_name: in-image-fails
+        compute: {{accelerator_type: CPU_1xCPU, num_accelerators: 2}}
+        max_retries: 0
+        command: |
+          if [ "$NODE_RANK" = 1 ]; then sleep 2; echo NODE-1-FAILS; exit 3; fi
+          exec sleep 300
+        environment:
+          docker_image: {{url: "{base_url}"}}
+        """)
+    run_id = run_id_of(air("run", "-f", str(failing), "--json", timeout=600))
+    run = wait_terminal(run_id, timeout=300)
+    assert run.status.value == "FAILED" and "Exit code 3 (node 1)" in (run.termination_reason or ""), run.termination_reason
+    assert containers_of(RUN_LABEL, run_id) == [] and _tagged(process_tag(run_id)) == []
+
+    slow = write_workload(tmp_path / "w", "slow", f"""\
+        experiment_name: in-image-times-out
+        compute: {{accelerator_type: CPU_1xCPU, num_accelerators: 1}}
+        max_retries: 0
+        timeout_minutes: 0.1
+        command: exec sleep 300
+        environment:
+          docker_image: {{url: "{base_url}"}}
+        """)
+    run_id = run_id_of(air("run", "-f", str(slow), "--json", timeout=600))
+    assert wait_terminal(run_id, timeout=300).status.value == "TIMEDOUT"
+    assert containers_of(RUN_LABEL, run_id) == [] and _tagged(process_tag(run_id)) == []
