@@ -20,12 +20,32 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         cluster.stop()
 
 
-@pytest.fixture
-def hpc(slurm_cluster: SlurmCluster, air_home: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+@pytest.fixture(scope="session")
+def slurm_netns_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A second cluster whose slurmd each live in a network namespace of their own, with their own address."""
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm-netns"), netns=True)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def use(cluster: SlurmCluster, air_home: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
     """The cluster, empty, reached through this test's AIR_HOME's default profile `hpc`."""
-    slurm_cluster.idle()
-    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    cluster.idle()
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     air_home.mkdir(parents=True, exist_ok=True)
     (air_home / "config.yaml").write_text(
         "default_profile: hpc\nprofiles:\n  hpc: {backend: slurm, partition: debug}\n")
-    return slurm_cluster
+    return cluster
+
+
+@pytest.fixture
+def hpc(slurm_cluster: SlurmCluster, air_home: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    return use(slurm_cluster, air_home, monkeypatch)
+
+
+@pytest.fixture
+def hpc_netns(slurm_netns_cluster: SlurmCluster, air_home: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
+    return use(slurm_netns_cluster, air_home, monkeypatch)

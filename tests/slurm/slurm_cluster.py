@@ -65,7 +65,7 @@ def free_ports(count: int) -> list[int]:
 
 CONF = """\
 ClusterName=air{tag}
-SlurmctldHost=localhost
+SlurmctldHost=localhost{ctld_addr}
 AuthType=auth/munge
 AuthInfo=socket={munge_socket}
 CredType=cred/munge
@@ -76,7 +76,7 @@ SlurmdSpoolDir={state}/spool/slurmd-%n
 SlurmctldPidFile={state}/slurmctld.pid
 SlurmdPidFile={state}/slurmd-%n.pid
 SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
+SlurmdPort={first_slurmd_port}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/backfill
@@ -88,7 +88,7 @@ KillWait=3
 MinJobAge=600
 InactiveLimit=0
 MessageTimeout=20
-NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[{slurmd_port}-{slurmd_last}] CPUs={cpus} RealMemory=2000 State=UNKNOWN
+{nodes}
 PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -98,8 +98,14 @@ class SlurmCluster:
     """The session's cluster: SLURM_CONF is `conf`; `env` is what a command needs to reach it."""
 
     state: Path
+    #: Each slurmd in a network namespace of its own, with its own address on a bridge of the session's
+    #: (/work/shared/recipes/network-namespaces.md): node-to-node traffic crosses a real interface.
+    netns: bool = False
     conf: Path = field(init=False)
     pids: list[int] = field(default_factory=list)
+    #: Slurm node name → its address (127.0.0.1 for both without netns).
+    addresses: dict[str, str] = field(default_factory=dict)
+    _net: list[list[str]] = field(default_factory=list)  # teardown commands of what the session made
 
     def __post_init__(self) -> None:
         self.conf = self.state / "slurm.conf"
@@ -130,15 +136,22 @@ class SlurmCluster:
                         f"--seed-file={munge / 'munged.seed'}"], check=True, capture_output=True, timeout=30)
         self._remember(munge / "munged.pid")
         ctld, *slurmd = free_ports(3)
+        ctld_addr = self._make_network() if self.netns else None
+        if not self.netns:
+            self.addresses = {node: "127.0.0.1" for node in NODES}
+        nodes = "\n".join(f"NodeName={node} NodeHostname=localhost NodeAddr={self.addresses[node]} Port={port} CPUs=1 "
+                          "RealMemory=2000 State=UNKNOWN" for node, port in zip(NODES, slurmd, strict=True))
         self.conf.write_text(CONF.format(tag=os.getpid(), munge_socket=socket_path, state=self.state, ctld_port=ctld,
-                                         slurmd_port=slurmd[0], slurmd_last=slurmd[1],
-                                         cpus=1))
+                                         nodes=nodes, ctld_addr=f"({ctld_addr})" if ctld_addr else "",
+                                         first_slurmd_port=slurmd[0]))
         env = {**os.environ, **self.env}
         subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=env, capture_output=True, timeout=60)
         self._remember(self.state / "slurmctld.pid")
         for node in NODES:
-            subprocess.run(["slurmd", "-f", str(self.conf), "-N", node], check=True, env=env, capture_output=True,
-                           timeout=60)
+            # nsenter, not `ip netns exec`: that remounts /sys, and slurmd then finds no cgroup filesystem
+            prefix = ["nsenter", f"--net=/run/netns/{self._ns(node)}"] if self.netns else []
+            subprocess.run([*prefix, "slurmd", "-f", str(self.conf), "-N", node], check=True, env=env,
+                           capture_output=True, timeout=60)
             self._remember(self.state / f"slurmd-{node}.pid")
         self.pids.extend(_children(self.pids[1]))  # slurmctld's slurmscriptd
         deadline = time.monotonic() + 60
@@ -148,6 +161,36 @@ class SlurmCluster:
                 return
             time.sleep(0.2)
         raise AssertionError(f"Slurm did not come up: {self.tool('sinfo').stdout}\n{self.logs()}")
+
+    def _ns(self, node: str) -> str:
+        return f"airsl{os.getpid() % 100000}{node}"
+
+    def _make_network(self) -> str:
+        """A bridge with this machine's end (slurmctld's address) and one namespace per node on it; returns
+        slurmctld's address."""
+        subnet = f"10.213.{os.getpid() % 250}"
+        bridge = f"airslb{os.getpid() % 100000}"
+        self._ip("link", "add", bridge, "type", "bridge")
+        self._net.append(["ip", "link", "del", bridge])
+        self._ip("addr", "add", f"{subnet}.1/24", "dev", bridge)
+        self._ip("link", "set", bridge, "up")
+        for index, node in enumerate(NODES, start=2):
+            ns, veth = self._ns(node), f"airslv{os.getpid() % 100000}{index}"
+            self._ip("netns", "add", ns)
+            self._net.insert(0, ["ip", "netns", "del", ns])
+            self._ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self._ip("link", "set", veth, "master", bridge)
+            self._ip("link", "set", veth, "up")
+            self._ip("netns", "exec", ns, "ip", "addr", "add", f"{subnet}.{index}/24", "dev", "eth0")
+            self._ip("netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+            self._ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            self.addresses[node] = f"{subnet}.{index}"
+        return f"{subnet}.1"
+
+    @staticmethod
+    def _ip(*argv: str) -> None:
+        result = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=30)
+        assert result.returncode == 0, f"ip {' '.join(argv)}: {result.stderr}"
 
     def _remember(self, pid_file: Path) -> None:
         deadline = time.monotonic() + 10
@@ -193,6 +236,9 @@ class SlurmCluster:
             if _alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        for argv in self._net:  # the namespaces (their veths go with them), then the bridge
+            subprocess.run(argv, capture_output=True, timeout=30)
+        self._net.clear()
 
 
 def _children(parent: int) -> list[int]:

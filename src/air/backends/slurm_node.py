@@ -70,6 +70,16 @@ def own_address() -> str:
         return "127.0.0.1"
 
 
+def interface_of(address: str) -> str | None:
+    """The network interface that holds `address` (None if none does)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    return None
+
+
 class _Node:
     """One node of the job: waits for its launch, runs it, reports (see the module docstring)."""
 
@@ -80,6 +90,7 @@ class _Node:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.stop = threading.Event()
         self.launch: Any = None
+        self.address = "127.0.0.1"
 
     def main(self) -> int:
         from air.launcher import reserve_port
@@ -87,8 +98,9 @@ class _Node:
         signal.signal(signal.SIGTERM, self._signaled)
         signal.signal(signal.SIGINT, self._signaled)
         with reserve_port("0.0.0.0") as port:  # noqa: S104 (the rendezvous listens on every interface)
+            self.address = own_address()
             atomic_write_text(self.dir / "host.json", json.dumps({
-                "host": socket.gethostname(), "addr": own_address(), "port": port.port, "pid": os.getpid(),
+                "host": socket.gethostname(), "addr": self.address, "port": port.port, "pid": os.getpid(),
                 "slurm_node": os.environ.get("SLURMD_NODENAME", "")}))
             plan = self._wait_for_launch()
             if plan is None:
@@ -129,7 +141,11 @@ class _Node:
         # Like the local backend: a process without a log of its own writes the node log (the pump does);
         # one with its own log (a call's rank) is also copied into the node log here.
         base = {} if node["whole_env"] else _call_node_environment()  # a workload's command has its env whole
-        specs = [proc.on_node(work, {**base, **proc.env}, proc.log_path or log_path, cwd=node["cwd"],
+        iface = interface_of(self.address)
+        # gloo finds its own address from the host name (one name for every node of a machine, or a loopback
+        # address in /etc/hosts): it is told the interface the other nodes reach this one on instead.
+        extra = {"GLOO_SOCKET_IFNAME": iface} if iface else {}
+        specs = [proc.on_node(work, {**base, **extra, **proc.env}, proc.log_path or log_path, cwd=node["cwd"],
                               sandbox=proc.sandbox) for proc in node["processes"]]
         own_log = {i for i, proc in enumerate(node["processes"]) if proc.log_path not in (None, log_path)}
         lock = threading.Lock()
