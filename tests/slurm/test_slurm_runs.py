@@ -21,10 +21,10 @@ def air(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
                           timeout=timeout)
 
 
-def workload(folder: Path, command: str, extra: str = "") -> Path:
+def workload(folder: Path, command: str, extra: str = "", retries: int = 0) -> Path:
     path = folder / "w.yaml"
     body = (f"experiment_name: slurm-test\ncompute: {{num_accelerators: 2, accelerator_type: CPU_1xCPU}}\n"
-            f"max_retries: 0\n{extra}command: |\n")
+            f"max_retries: {retries}\n{extra}command: |\n")
     path.write_text(body + "".join(f"  {line}\n" for line in command.splitlines()))
     return path
 
@@ -130,3 +130,19 @@ def test_unknown_slurm_key_is_exit_2_with_the_valid_keys(hpc: SlurmCluster, tmp_
     assert result.returncode == 2, result.stderr + result.stdout
     text = result.stderr + result.stdout
     assert "did you mean 'cpus_per_task'" in text and "partition, account, qos" in text, text
+
+
+def test_a_retry_is_a_new_job_resuming_from_the_checkpoint_dir(hpc: SlurmCluster, tmp_path: Path) -> None:
+    command = ('if [ -f "$AIR_CHECKPOINT_DIR/step" ]; then echo "resumed at $(cat $AIR_CHECKPOINT_DIR/step)"; exit 0; fi\n'
+               'if [ "$NODE_RANK" = 0 ]; then echo 5 > "$AIR_CHECKPOINT_DIR/step"; fi\n'
+               "sleep 1\nexit 3")
+    run_id = submit(workload(tmp_path, command, retries=1))
+    wait_for(lambda: RunStore().get_run(run_id).is_terminal, 200, "the run ended")
+    run = RunStore().get_run(run_id)
+    assert run.status.value == "SUCCESS", (run.status, run.termination_reason)
+    attempts = RunStore().list_attempts(run_id)
+    assert [a.status.value for a in attempts][-1] == "SUCCESS" and len(attempts) == 2
+    assert "resumed at 5" in RunPaths(run_id).node_logs(1)[0].read_text()
+    jobs = {(d / "job_id").read_text() for d in (RunPaths(run_id).folder / "slurm").iterdir()}
+    assert len(jobs) == 2  # each attempt its own Slurm job
+    no_leftover(hpc)
