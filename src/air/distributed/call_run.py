@@ -29,21 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from air.accelerators import AcceleratorType
 from air.backends import Backend, backend_for
-from air.backends.base import (
-    Allocation,
-    AttemptHandle,
-    AttemptOutcome,
-    NodeLaunch,
-)
+from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, NodeLaunch
 from air.constants import CANCEL_CHECK_S, release_timeout_s
-from air.distributed.outcome import (
-    CallResult,
-    done_path,
-    hang_path,
-    outcome_path,
-    read_outcome,
-    settle,
-)
+from air.distributed.outcome import CallResult, done_path, hang_path, outcome_path, read_outcome, settle
 from air.distributed.ranks import omp_note, rank_env, warm_enabled
 from air.distributed.shape import CallSettings, required_shape
 from air.errors import RuntimeConfigurationError, WorkloadFailureException

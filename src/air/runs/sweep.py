@@ -25,12 +25,19 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from air.log import configure_file
+from air.runs.cancel import cancel_sweep_children
+from air.runs.submit import Prepared, make_backend, submit
 from air.runs.sweep_tasks import SweepTask, child_run, list_tasks, record_tasks, set_child
+from air.settings import AIR_MLFLOW_DOOR, AIR_SWEEP_INDEX, AIR_SWEEP_RUN_ID
+from air.store.paths import RunPaths
 from air.store.run_store import Run, RunStore
 from air.store.states import FailureClass, RunStatus, StatusConflictError
+from air.tracking.attempt_tracking import AttemptTracking
+from air.workload.plan import RunPlan
+from air.workload.sweep_spec import merge_parameters
 
 if TYPE_CHECKING:
-    from air.tracking.attempt_tracking import AttemptTracking
     from air.workload.spec import WorkloadSpec
 
 _log = logging.getLogger("air.sweep")
@@ -43,9 +50,6 @@ class SweepJob:
     """Drives a sweep's parent run (see the module docstring). `poll_s` is injectable for tests."""
 
     def __init__(self, run_id: str, store: RunStore, *, poll_s: float = SWEEP_POLL_S) -> None:
-        from air.store.paths import RunPaths
-        from air.workload.plan import RunPlan
-
         self.run_id = run_id
         self.store = store
         self.poll_s = poll_s
@@ -87,10 +91,6 @@ class SweepJob:
 
     # -- children -----------------------------------------------------------------------------------
     def _submit_child(self, task: SweepTask) -> None:
-        from air.runs.submit import Prepared, make_backend, submit
-        from air.settings import AIR_SWEEP_INDEX, AIR_SWEEP_RUN_ID
-        from air.workload.sweep_spec import merge_parameters
-
         parent = self.store.get_run(self.run_id)
         suffix = f"-{task.index}"
         run_name = self.plan.run_name[: 100 - len(suffix)] + suffix
@@ -110,8 +110,6 @@ class SweepJob:
                   child.id)
 
     def _cancel_children(self, reason: str) -> None:
-        from air.runs.cancel import cancel_sweep_children
-
         for child, done in cancel_sweep_children(self.store, self.run_id, reason).items():
             _log.info("sweep %s: child %s %s", self.run_id, child, done.value)
 
@@ -160,9 +158,6 @@ class SweepJob:
 
     # -- MLflow: the parent's own run, which the children's runs nest under ---------------------------
     def _start_tracking(self) -> None:
-        from air.settings import AIR_MLFLOW_DOOR
-        from air.tracking.attempt_tracking import AttemptTracking
-
         def warn(line: str) -> None:
             _log.warning("%s", line)
 
@@ -207,9 +202,6 @@ def _child_spec(parent_spec_yaml: str, parameters: dict[str, object], run_name: 
 
 def run_sweep(run_id: str, store: RunStore) -> RunStatus:
     """The parent's supervisor body (air.runs.supervisor.main calls it for a plan with a sweep)."""
-    from air.log import configure_file
-    from air.store.paths import RunPaths
-
     handler = configure_file(RunPaths(run_id).supervisor_log)
     try:
         return SweepJob(run_id, store).run()

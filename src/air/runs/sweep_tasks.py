@@ -7,7 +7,10 @@ import json
 import re
 from dataclasses import dataclass
 
+from air.errors import NotFoundError
+from air.store.paths import RunPaths
 from air.store.run_store import Run, RunStore
+from air.workload.plan import RunPlan
 
 _TOP_LEVEL_FOR_EACH = re.compile(r"^for_each:", re.MULTILINE)
 
@@ -61,9 +64,6 @@ def child_run_ids(store: RunStore, parent_run_id: str) -> list[str]:
 
 def max_concurrent_of(run_id: str) -> int | None:
     """A sweep's `max_concurrent` as its plan has it (None: unset, or not a sweep)."""
-    from air.store.paths import RunPaths
-    from air.workload.plan import RunPlan
-
     try:
         plan = RunPlan.from_json(RunPaths(run_id).submission.read_text())
     except (OSError, ValueError, TypeError):
@@ -75,8 +75,6 @@ def child_run(store: RunStore, run_id: str | None) -> Run | None:
     """A task's child run; None before it is submitted, or once pruned."""
     if run_id is None:
         return None
-    from air.errors import NotFoundError
-
     try:
         return store.get_run(run_id)
     except NotFoundError:

@@ -1,6 +1,6 @@
-"""A workload's side of the run controller (controller.py), as `CallJob` (air/distributed/call_run.py) is a
-call's: it builds each attempt's nodes (one `bash` per node, in the run's environment, with its secrets and
-MLflow run) and judges how they ended. The supervisor (supervisor.py) drives it."""
+"""A workload's side of the run controller, as air/distributed/call_run.py's `CallJob` is a call's: it builds
+each attempt's nodes (one `bash` per node, in the run's environment, with its secrets and MLflow run) and
+judges how they ended. The supervisor (supervisor.py) drives it."""
 
 from __future__ import annotations
 
