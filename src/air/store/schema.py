@@ -140,7 +140,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",
     ),
     (
-        # `for_each` sweeps (runs/sweep.py owns the table): one row per task of a parent run, with the
+        # `for_each` sweeps (runs/sweep_tasks.py owns the table): one row per task of a parent run, with the
         # child run that carries it out (NULL until it is submitted) and the task's parameter item as JSON.
         """CREATE TABLE sweep_tasks (
             parent_run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
