@@ -146,3 +146,17 @@ def test_a_retry_is_a_new_job_resuming_from_the_checkpoint_dir(hpc: SlurmCluster
     jobs = {(d / "job_id").read_text() for d in (RunPaths(run_id).folder / "slurm").iterdir()}
     assert len(jobs) == 2  # each attempt its own Slurm job
     no_leftover(hpc)
+
+
+def test_a_silent_node_is_a_hang_with_stacks(hpc: SlurmCluster, tmp_path: Path) -> None:
+    """Progress and stacks come from the nodes through the job folder: a node quiet past the hang timeout
+    ends the attempt as HANG, every process's stacks saved."""
+    command = 'echo "node $NODE_RANK up"\nif [ "$NODE_RANK" = 1 ]; then sleep 600; fi\nwhile true; do echo tick; sleep 1; done'
+    run_id = submit(workload(tmp_path, command, extra="hang_timeout_minutes: 0.15\n"))
+    wait_for(lambda: RunStore().get_run(run_id).is_terminal, 200, "the run ended")
+    run = RunStore().get_run(run_id)
+    assert run.status.value == "FAILED" and "Hang: node 1 made no progress" in (run.termination_reason or ""), \
+        run.termination_reason
+    stacks = sorted(p.name for p in RunPaths(run_id).stacks(0, "node 1").parent.iterdir())
+    assert stacks, "no stacks saved"
+    no_leftover(hpc)
