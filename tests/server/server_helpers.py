@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from proc_helpers import alive, wait_for
 
 AIR = [sys.executable, "-m", "air.cli.main"]
+#: A server configuration whose runs only their user (and whom they grant) may see.
+PRIVATE = "server:\n  default_visibility: private\n"
 
 
 def free_port() -> int:
@@ -220,6 +222,16 @@ def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None =
             for pid in home_processes(srv.home):
                 with suppress(psutil.Error):
                     psutil.Process(pid).kill()
+
+
+@contextmanager
+def running_isolated_server(tmp_path: Path, **kwargs: Any) -> Iterator[AirServer]:
+    """`running_server` isolated (its default `unix-user+bwrap`: runs walled in as each user's account),
+    after checking the server says so."""
+    with running_server(tmp_path, start_args=(), **kwargs) as srv:
+        status, health = srv.api("GET", "/api/v1/health")
+        assert status == 200 and health["isolation"] == "unix-user+bwrap", health
+        yield srv
 
 
 def wait_file(path: Path, what: str, timeout: float = 60) -> None:

@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from server_helpers import AirServer, running_server
+from server_helpers import AirServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from proc_helpers import tracking_done
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_mlflow_door import PRIVATE, api, door  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def private_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirServer]:
-    with running_server(tmp_path_factory.mktemp("door-aliases"), mlflow=True, config=PRIVATE) as srv:
-        yield srv
+from test_mlflow_door import api, door  # noqa: E402
 
 
 def _mlflow_run(server: AirServer, user: str, folder: Path) -> str:
@@ -40,8 +32,8 @@ def _mlflow_run(server: AirServer, user: str, folder: Path) -> str:
     return str(server.air_json(user, "get", "run", run_id)["mlflow_run_id"])
 
 
-def test_bob_cannot_name_alices_run_by_its_json_name(private_server: AirServer, tmp_path: Path) -> None:
-    server = private_server
+def test_bob_cannot_name_alices_run_by_its_json_name(private_mlflow_server: AirServer, tmp_path: Path) -> None:
+    server = private_mlflow_server
     alice_mlflow = _mlflow_run(server, "alice", tmp_path / "alice")
     bob_mlflow = _mlflow_run(server, "bob", tmp_path / "bob")
     bob = server.tokens["bob"]

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from server_helpers import AIR, AirServer, running_server
+from server_helpers import AIR, AirServer, running_isolated_server
 
 from air.launcher.cgroups import REQUIRED, hierarchies
 from proc_helpers import wait_for
@@ -105,8 +105,7 @@ version = "0.1"
 @pytest.fixture
 def isolated(tmp_path: Path) -> Iterator[AirServer]:
     """A root server with isolation on (`unix-user+bwrap`, its default)."""
-    with running_server(tmp_path, start_args=()) as srv:
-        assert srv.api("GET", "/api/v1/health")[1]["isolation"] == "unix-user+bwrap"
+    with running_isolated_server(tmp_path) as srv:
         yield srv
 
 
@@ -298,8 +297,8 @@ def _build_processes(server: AirServer) -> list[psutil.Process]:
     return list(found.values())
 
 
-def test_canceling_a_run_during_its_walled_build_leaves_no_process(isolated: AirServer, tmp_path: Path) -> None:
-    server = isolated
+def test_canceling_a_run_during_its_walled_build_leaves_no_process(isolated_server: AirServer, tmp_path: Path) -> None:
+    server = isolated_server
     spec = _workload(tmp_path / "bob", ["./pkg"], "echo never", with_package=True)
     backend = tmp_path / "bob" / "code" / "pkg" / "door_backend.py"
     backend.write_text(backend.read_text().replace('    marker = json.dumps(_probe())',

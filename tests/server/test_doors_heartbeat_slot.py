@@ -9,23 +9,13 @@ without waiting, and only a regular file counts).
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from server_helpers import AirServer, running_server
+from server_helpers import AirServer
 
 
-@pytest.fixture(scope="module")
-def isolated(tmp_path_factory: pytest.TempPathFactory, bubblewrap_installed: None) -> Iterator[AirServer]:
-    with running_server(tmp_path_factory.mktemp("heartbeat-slot"), start_args=()) as srv:
-        status, health = srv.api("GET", "/api/v1/health")
-        assert status == 200 and health["isolation"] == "unix-user+bwrap", health
-        yield srv
-
-
-def test_a_fifo_for_a_heartbeat_slot_does_not_stop_the_runs_timeout(isolated: AirServer, tmp_path: Path) -> None:
-    server = isolated
+def test_a_fifo_for_a_heartbeat_slot_does_not_stop_the_runs_timeout(isolated_server: AirServer, tmp_path: Path) -> None:
+    server = isolated_server
     code = tmp_path / "bob" / "code"
     code.mkdir(parents=True)
     (code / "attack.sh").write_text(textwrap.dedent("""

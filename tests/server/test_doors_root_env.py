@@ -11,11 +11,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from server_helpers import AirServer, running_server
+from server_helpers import AirServer
 
 #: Writes who loaded it (euid 0: root on the host) to $N_MARK; run by the loader before main().
 EVIL_C = textwrap.dedent("""
@@ -30,14 +28,6 @@ EVIL_C = textwrap.dedent("""
         }
     }
 """)
-
-
-@pytest.fixture(scope="module")
-def isolated(tmp_path_factory: pytest.TempPathFactory, bubblewrap_installed: None) -> Iterator[AirServer]:
-    with running_server(tmp_path_factory.mktemp("root-env"), start_args=()) as srv:
-        status, health = srv.api("GET", "/api/v1/health")
-        assert status == 200 and health["isolation"] == "unix-user+bwrap", health
-        yield srv
 
 
 def _evil_project(folder: Path, env: str) -> Path:
@@ -60,8 +50,8 @@ def _evil_project(folder: Path, env: str) -> Path:
     return spec
 
 
-def test_bobs_ld_preload_never_runs_as_root_and_still_reaches_his_node(isolated: AirServer, tmp_path: Path) -> None:
-    server = isolated
+def test_bobs_ld_preload_never_runs_as_root_and_still_reaches_his_node(isolated_server: AirServer, tmp_path: Path) -> None:
+    server = isolated_server
     mark = tmp_path / "root-ran-bobs-code"
     spec = _evil_project(tmp_path / "bob", f"env_variables: {{LD_PRELOAD: ./evil.so, LD_LIBRARY_PATH: /opt/bob, "
                                           f"N_MARK: '{mark}'}}")

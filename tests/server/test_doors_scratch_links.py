@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from server_helpers import AirServer, running_server
+from server_helpers import AirServer
 
 #: An in-tree PEP 517 backend (run by the walled build, as bob's account): it links `air-home` in its HOME
 #: (the node's scratch) to the folder VICTIM names, then builds a wheel whose module says so.
@@ -65,17 +63,9 @@ version = "0.1"
 """
 
 
-@pytest.fixture(scope="module")
-def isolated(tmp_path_factory: pytest.TempPathFactory, bubblewrap_installed: None) -> Iterator[AirServer]:
-    with running_server(tmp_path_factory.mktemp("scratch-links"), start_args=()) as srv:
-        status, health = srv.api("GET", "/api/v1/health")
-        assert status == 200 and health["isolation"] == "unix-user+bwrap", health
-        yield srv
-
-
-def test_a_link_bobs_build_leaves_in_the_scratch_gives_him_no_root_folder(isolated: AirServer,
+def test_a_link_bobs_build_leaves_in_the_scratch_gives_him_no_root_folder(isolated_server: AirServer,
                                                                           tmp_path: Path) -> None:
-    server = isolated
+    server = isolated_server
     victim = tmp_path / "victim"  # a folder of root's holding a root-only file: what bob's link names
     victim.mkdir(mode=0o755)
     (victim / "secret").write_text("root only\n")

@@ -5,11 +5,9 @@ returns every rank's result, with nothing written to the server's state."""
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from server_helpers import AirServer, running_server
+from server_helpers import AirServer
 
 NESTED = textwrap.dedent('''
     from air import distributed
@@ -23,14 +21,8 @@ NESTED = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture
-def isolated(tmp_path: Path) -> Iterator[AirServer]:
-    with running_server(tmp_path, start_args=()) as srv:
-        yield srv
-
-
-def test_a_nested_call_in_an_isolated_run_uses_its_nodes_slots(isolated: AirServer, tmp_path: Path) -> None:
-    server = isolated
+def test_a_nested_call_in_an_isolated_run_uses_its_nodes_slots(isolated_server: AirServer, tmp_path: Path) -> None:
+    server = isolated_server
     code = tmp_path / "code"
     code.mkdir()
     (code / "main.py").write_text(NESTED)

@@ -17,7 +17,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from proc_helpers import tracking_done, wait_for
 
 #: Every run here is private: bob may not even see alice's runs.
-PRIVATE = "server:\n  default_visibility: private\n"
 
 
 def door(server: AirServer, method: str, path: str, *, token: str | None = None, body: Any = None,
@@ -95,12 +93,6 @@ command: |
 """
 
 
-@pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[AirServer]:
-    with running_server(tmp_path, mlflow=True, config=PRIVATE) as srv:
-        yield srv
-
-
 def submit(server: AirServer, user: str, spec: Path, body: str, *extra: str) -> str:
     spec.write_text("experiment_name: door\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}\n" + body)
     result = server.air(user, "run", "-f", str(spec), *extra, timeout=300)
@@ -108,8 +100,8 @@ def submit(server: AirServer, user: str, spec: Path, body: str, *extra: str) -> 
     return str(server.air_json(user, "list", "runs", "--all-status")["runs"][0]["id"])
 
 
-def test_mlflow_only_through_the_door_with_the_right_token(private_server: AirServer, tmp_path: Path) -> None:
-    server = private_server
+def test_mlflow_only_through_the_door_with_the_right_token(private_mlflow_server: AirServer, tmp_path: Path) -> None:
+    server = private_mlflow_server
     alice, bob, root = (server.tokens[u] for u in ("alice", "bob", "root"))
     out = tmp_path / "bob-out"
     out.mkdir()
@@ -281,10 +273,10 @@ def public_addresses() -> list[str]:
             if a.family == socket.AF_INET and not a.address.startswith("127.")]
 
 
-def test_the_doors_overhead_on_log_metric(private_server: AirServer, tmp_path: Path) -> None:
+def test_the_doors_overhead_on_log_metric(private_mlflow_server: AirServer, tmp_path: Path) -> None:
     """log-metric through the door (alice's token on her run's MLflow run: the scoped path) vs straight to
     MLflow's loopback port (median of N, printed)."""
-    server = private_server
+    server = private_mlflow_server
     alice = server.tokens["alice"]
     direct = server.mlflow_socket()
     air_run = submit(server, "alice", tmp_path / "alice.yaml", ALICE_NODE, "--watch")
@@ -350,14 +342,14 @@ def test_a_wildcard_bind_advertises_the_machines_name() -> None:
     assert public_url("0.0.0.0", 8765, tls=False, given="https://air.team.example/") == "https://air.team.example"
 
 
-def test_mlflow_ui_through_the_door_with_the_pages_login(private_server: AirServer, tmp_path: Path,
+def test_mlflow_ui_through_the_door_with_the_pages_login(private_mlflow_server: AirServer, tmp_path: Path,
                                                           chromium_installed: None) -> None:
     """A browser logged in to the pages opens MLflow's UI at /mlflow and sees alice's run and metric; a
     browser without a login gets nothing of MLflow."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "web"))
     from web_helpers import headless_chromium
 
-    server = private_server
+    server = private_mlflow_server
     run_id = submit(server, "alice", tmp_path / "alice.yaml", ALICE_NODE, "--watch")
     tracking_done(run_id, home=server.home)
     detail = server.air_json("alice", "get", "run", run_id)
@@ -464,8 +456,8 @@ print("RESULT " + json.dumps(train.distributed()))
 """
 
 
-@pytest.mark.parametrize("server", ["mlflow"], indirect=True)
-def test_a_remote_calls_ranks_log_through_the_door(server: AirServer, tmp_path: Path) -> None:
+def test_a_remote_calls_ranks_log_through_the_door(mlflow_server: AirServer, tmp_path: Path) -> None:
+    server = mlflow_server
     script = tmp_path / "call.py"
     script.write_text(CALL)
     done = subprocess.run([sys.executable, str(script)], env=server.env("alice"), cwd=tmp_path,
