@@ -85,6 +85,7 @@ SlurmctldLogFile={state}/log/ctld.log
 SlurmdLogFile={state}/log/slurmd-%n.log
 ReturnToService=2
 KillWait=3
+SlurmdTimeout=10
 MinJobAge=600
 InactiveLimit=0
 MessageTimeout=20
@@ -200,6 +201,22 @@ class SlurmCluster:
                 return
             time.sleep(0.05)
         raise AssertionError(f"{pid_file} was never written:\n{self.logs()}")
+
+    def kill_node(self, node: str, pids: list[int]) -> None:
+        """Node `node` dies: its slurmd, and `pids` (what ran there: its step's processes), SIGKILLed."""
+        pid_file = self.state / f"slurmd-{node}.pid"
+        slurmd = int(pid_file.read_text().split()[0])
+        for pid in [slurmd, *pids]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.pids.remove(slurmd)
+        pid_file.unlink()
+
+    def revive_node(self, node: str) -> None:
+        prefix = ["nsenter", f"--net=/run/netns/{self._ns(node)}"] if self.netns else []
+        subprocess.run([*prefix, "slurmd", "-f", str(self.conf), "-N", node], check=True, env={**os.environ, **self.env},
+                       capture_output=True, timeout=60)
+        self._remember(self.state / f"slurmd-{node}.pid")
 
     def logs(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (self.state / "log").glob("*"))

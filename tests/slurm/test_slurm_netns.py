@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from slurm_cluster import SlurmCluster
 from test_slurm_runs import EXAMPLE, no_leftover

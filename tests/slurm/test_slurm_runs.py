@@ -160,3 +160,37 @@ def test_a_silent_node_is_a_hang_with_stacks(hpc: SlurmCluster, tmp_path: Path) 
     stacks = sorted(p.name for p in RunPaths(run_id).stacks(0, "node 1").parent.iterdir())
     assert stacks, "no stacks saved"
     no_leftover(hpc)
+
+
+def test_a_node_lost_mid_run_fails_the_attempt_naming_it_and_the_retry_resumes(hpc: SlurmCluster,
+                                                                               tmp_path: Path) -> None:
+    import json
+
+    import psutil
+
+    command = ('if [ -f "$AIR_CHECKPOINT_DIR/step" ]; then echo "resumed at $(cat $AIR_CHECKPOINT_DIR/step)"; exit 0; fi\n'
+               'if [ "$NODE_RANK" = 0 ]; then echo 7 > "$AIR_CHECKPOINT_DIR/step"; fi\n'
+               'echo "node $NODE_RANK up"\nsleep 600')
+    run_id = submit(workload(tmp_path, command, retries=1))
+
+    def both_up() -> bool:
+        logs = RunPaths(run_id).node_logs(0)
+        return len(logs) == 2 and all(f"node {n} up" in logs[n].read_text() for n in (0, 1))
+
+    wait_for(both_up, 90, "both nodes up")
+    job_dir = next((RunPaths(run_id).folder / "slurm").iterdir())
+    launcher = psutil.Process(json.loads((job_dir / "node_1" / "host.json").read_text())["pid"])
+    doomed = [launcher.ppid(), launcher.pid, *(p.pid for p in launcher.children(recursive=True))]
+    hpc.kill_node("n2", doomed)  # the machine of node 1 goes away, all it ran with it
+    try:
+        wait_for(lambda: RunStore().list_attempts(run_id)[0].status.value != "RUNNING", 90, "attempt 0 ended")
+    finally:
+        hpc.revive_node("n2")
+    first = RunStore().list_attempts(run_id)[0]
+    assert "node 1 (n2" in (first.termination_reason or "") and "NODE_FAIL" in (first.termination_reason or ""), \
+        first.termination_reason
+    wait_for(lambda: RunStore().get_run(run_id).is_terminal, 120, "the run ended")
+    run = RunStore().get_run(run_id)
+    assert run.status.value == "SUCCESS", (run.status, run.termination_reason)
+    assert "resumed at 7" in RunPaths(run_id).node_logs(1)[0].read_text()
+    no_leftover(hpc)

@@ -157,7 +157,7 @@ def sbatch_argv(run_id: str, job_dir: Path, accelerator: AcceleratorType, num_no
     """The sbatch command of one attempt: the shape as Slurm resources, the options, the batch script."""
     argv = ["sbatch", "--parsable", f"--job-name={tag}", f"--nodes={num_nodes}", "--ntasks-per-node=1",
             f"--output={job_dir / 'batch.log'}", f"--chdir={job_dir}", "--kill-on-invalid-dep=yes",
-            "--export=ALL"]
+            "--export=ALL", "--no-requeue"]  # (a failed attempt is retried by air, as a new job)
     if "cpus_per_task" not in options.values and accelerator.is_cpu:
         argv.append(f"--cpus-per-task={accelerator.per_node}")
     if not accelerator.is_cpu:
