@@ -6,6 +6,8 @@ run exists; cancel leaves no container and no process."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -227,3 +229,34 @@ def test_a_node_failure_and_a_timeout_leave_no_container(tmp_path: Path, base_ur
     run_id = run_id_of(air("run", "-f", str(slow), "--json", timeout=600))
     assert wait_terminal(run_id, timeout=300).status.value == "TIMEDOUT"
     assert containers_of(RUN_LABEL, run_id) == [] and _tagged(process_tag(run_id)) == []
+
+
+def test_a_killed_supervisor_leaves_no_container(tmp_path: Path, base_url: str) -> None:
+    """The supervisor is SIGKILLed: the next `air` command ends the run's processes by their tag (the
+    container's too: air passes the tag in), and podman's conmon, untagged, removes the container (--rm)."""
+    path = workload(tmp_path, base_url, "echo STARTED; exec sleep 300")
+    run_id = run_id_of(air("run", "-f", str(path), "--json", timeout=600))
+    run = wait_status(run_id, "RUNNING", timeout=300)
+    deadline = time.monotonic() + 120
+    while "STARTED" not in node_log(run_id):
+        assert time.monotonic() < deadline, node_log(run_id)
+        time.sleep(0.2)
+    assert run.supervisor_pid is not None
+    os.kill(run.supervisor_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{run.supervisor_pid}").exists() and "zombie" not in _state(run.supervisor_pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert air("list", "runs", "--all-status", "--json").returncode == 0  # reconciles the dead supervisor's run
+    assert RunStore().get_run(run_id).status.value == "INTERNAL_ERROR"
+    deadline = time.monotonic() + 60
+    while containers_of(RUN_LABEL, run_id) or _tagged(process_tag(run_id)):
+        assert time.monotonic() < deadline, (containers_of(RUN_LABEL, run_id), _tagged(process_tag(run_id)))
+        time.sleep(0.2)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
+    except (OSError, IndexError):
+        return "zombie"

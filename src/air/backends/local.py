@@ -34,7 +34,13 @@ from air.backends.base import (
 )
 from air.backends.ray_shim import local_workload_ray_env
 from air.constants import TERMINATE_GRACE_S
-from air.environments.containers import TAG_LABEL, ContainerSpec, container_argv, remove_containers
+from air.environments.containers import (
+    TAG_LABEL,
+    ContainerSpec,
+    container_argv,
+    remove_containers,
+    remove_exited,
+)
 from air.errors import AirError, GPUTypeError, GPUValidationError
 from air.files import atomic_write_bytes
 from air.home import AirHome
@@ -195,6 +201,7 @@ class LocalBackend:
                     if (proc := ordered[node].processes[index]).done_file}
             attempt = LocalAttempt(ordered, owners, work_dirs, held, on_line, done)
             if any(launch.container is not None for launch in ordered):  # none outlives the attempt
+                remove_exited()  # (and none a killed supervisor left)
                 held.callback(remove_containers, TAG_LABEL, tag)
             attempt.launch = start_processes(specs, on_line=attempt.deliver if attempt.delivers else None, tag=tag,
                                              grace_s=TERMINATE_GRACE_S,

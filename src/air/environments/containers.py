@@ -337,5 +337,26 @@ def remove_containers(label: str, value: str) -> int:
     return len(ids)
 
 
+def remove_exited(older_than_s: float = 120.0) -> int:
+    """`podman rm` every container air started that exited over `older_than_s` ago: what a killed
+    supervisor's nodes left (their processes ended by their tag, no podman left to remove them). A younger
+    one may be another node's whose `podman run --rm` is still reading its exit code. How many."""
+    podman = shutil.which("podman")
+    if podman is None:
+        return 0
+    listed = subprocess.run([podman, "ps", "-a", "--filter", f"label={TAG_LABEL}", "--filter", "status=exited",
+                             "--format", "json"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    try:
+        found = json.loads(listed.stdout or "[]")
+    except ValueError:
+        return 0
+    now = time.time()
+    ids = [str(c["Id"]) for c in found if isinstance(c, dict) and "Id" in c
+           and now - float(c.get("ExitedAt") or now) > older_than_s]
+    if ids:
+        subprocess.run([podman, "rm", "-f", *ids], capture_output=True, stdin=subprocess.DEVNULL, timeout=120)
+    return len(ids)
+
+
 __all__ = ["ContainerSpec", "ImageRecord", "TAG_POLICIES", "check_url", "container_argv", "image_for_run",
-           "parse_credentials", "register", "registered", "remote_digest", "remove_containers"]
+           "parse_credentials", "register", "registered", "remote_digest", "remove_containers", "remove_exited"]
