@@ -112,7 +112,7 @@ def test_the_credentials_listener_mints_one_credential_behind_a_door_and_revokes
     env = listener.node_env(started, dict(tracking_env))
     assert env["MLFLOW_TRACKING_URI"] == "https://air.example/mlflow" and env["MLFLOW_RUN_ID"] == "abc"
     credential = env["MLFLOW_TRACKING_TOKEN"]
-    assert verify(store, credential) is not None and verify(store, credential).run_id == run_id  # type: ignore[union-attr]
+    assert (holder := verify(store, credential)) is not None and holder.run_id == run_id
     again = listener.node_env(Transition(Change.ATTEMPT_STARTED, run_id, attempt=1), {})
     assert again["MLFLOW_TRACKING_TOKEN"] == credential  # one credential per run, every attempt's nodes
     assert store.reader().execute("SELECT COUNT(*) FROM run_credentials").fetchone()[0] == 1
