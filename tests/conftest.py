@@ -193,4 +193,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
             if "ray_cluster" in getattr(item, "fixturenames", ()):
-                item.add_marker(pytest.mark.xdist_group("ray"))
+                xdist_group(config, item, "ray")
+
+
+def xdist_group(config: pytest.Config, item: pytest.Item, name: str) -> None:
+    """Put `item` in xdist group `name`. pytest-xdist 3.8 groups by a `@name` suffix it writes into
+    `item._nodeid`, which pytest 9 no longer reads (a node's id is `item._id`): with the mark alone, `--dist
+    loadgroup` silently groups nothing. So the suffix is written here as well, on a loadgroup worker only
+    (`config.option.loadgroup`, which xdist sets in its workers)."""
+    item.add_marker(pytest.mark.xdist_group(name))
+    node_id = getattr(item, "_id", None)
+    if getattr(config.option, "loadgroup", False) and node_id is not None and "@" not in item.nodeid:
+        item._id = type(node_id).parse(f"{item.nodeid}@{name}")
