@@ -169,7 +169,9 @@ class SlurmCluster:
     def _make_network(self) -> str:
         """A bridge with this machine's end (slurmctld's address) and one namespace per node on it; returns
         slurmctld's address."""
-        subnet = f"10.213.{os.getpid() % 250}"
+        used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=30).stdout
+        third = next(n for n in [*range(os.getpid() % 250, 250), *range(250)] if f" 10.213.{n}." not in used)
+        subnet = f"10.213.{third}"  # one no other session's bridge uses
         bridge = f"airslb{os.getpid() % 100000}"
         self._ip("link", "add", bridge, "type", "bridge")
         self._net.append(["ip", "link", "del", bridge])
@@ -234,28 +236,30 @@ class SlurmCluster:
 
     def stop(self) -> None:
         """Cancel every job of the cluster, then end the daemons this session started (their pids only)."""
-        for pid_file in [self.state / "munge" / "munged.pid", self.state / "slurmctld.pid",
-                         *(self.state / f"slurmd-{n}.pid" for n in NODES)]:
-            with contextlib.suppress(OSError, ValueError, IndexError):  # one started but not yet remembered
-                pid = int(pid_file.read_text().split()[0])
-                if pid not in self.pids:
-                    self.pids.append(pid)
-        with contextlib.suppress(Exception):
-            self.tool("scancel", "--full", "-u", "root")
-            self.idle(timeout=20)
-        for pid in reversed(self.pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for pid in self.pids:
-            while time.monotonic() < deadline and _alive(pid):
-                time.sleep(0.05)
-            if _alive(pid):
+        try:
+            for pid_file in [self.state / "munge" / "munged.pid", self.state / "slurmctld.pid",
+                             *(self.state / f"slurmd-{n}.pid" for n in NODES)]:
+                with contextlib.suppress(OSError, ValueError, IndexError):  # one started but not yet remembered
+                    pid = int(pid_file.read_text().split()[0])
+                    if pid not in self.pids:
+                        self.pids.append(pid)
+            with contextlib.suppress(Exception):
+                self.tool("scancel", "--full", "-u", "root")
+                self.idle(timeout=20)
+            for pid in reversed(self.pids):
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        for argv in self._net:  # the namespaces (their veths go with them), then the bridge
-            subprocess.run(argv, capture_output=True, timeout=30)
-        self._net.clear()
+                    os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            for pid in self.pids:
+                while time.monotonic() < deadline and _alive(pid):
+                    time.sleep(0.05)
+                if _alive(pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        finally:
+            for argv in self._net:  # the namespaces (their veths go with them), then the bridge
+                subprocess.run(argv, capture_output=True, timeout=30)
+            self._net.clear()
 
 
 def _children(parent: int) -> list[int]:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from slurm_cluster import SlurmCluster
 from test_slurm_runs import EXAMPLE, no_leftover
 
@@ -15,6 +16,7 @@ from air.store.paths import RunPaths
 from air.store.run_store import RunStore
 
 
+@pytest.mark.timeout(900)  # minutes on 2 busy cores (torch's import)
 def test_two_node_ddp_across_namespaces(hpc_netns: SlurmCluster) -> None:
     result = subprocess.run([sys.executable, "-m", "air.cli.main", "run", "-f", str(EXAMPLE), "--watch"],
                             capture_output=True, text=True, timeout=300)

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from slurm_cluster import SlurmCluster, processes_of
 
 from air.backends.slurm import read_state
@@ -60,6 +61,7 @@ def no_leftover(cluster: SlurmCluster, timeout: float = 30) -> None:
         raise AssertionError(f"left: {left}; {cluster.tool('squeue').stdout}") from None
 
 
+@pytest.mark.timeout(900)  # minutes on 2 busy cores (torch's import, Slurm's time limit)
 def test_two_node_ddp_example_succeeds_with_both_nodes_logs(hpc: SlurmCluster) -> None:
     result = air("run", "-f", str(EXAMPLE), "--watch", timeout=300)
     assert result.returncode == 0, result.stderr + result.stdout
@@ -116,6 +118,7 @@ def test_cancel_while_running_leaves_nothing_on_any_node(hpc: SlurmCluster, tmp_
     no_leftover(hpc)
 
 
+@pytest.mark.timeout(900)  # minutes on 2 busy cores (torch's import, Slurm's time limit)
 def test_past_slurms_time_limit_is_timedout(hpc: SlurmCluster, tmp_path: Path) -> None:
     run_id = submit(workload(tmp_path, "sleep 600", extra="slurm: {time: 1}\n"))
     wait_for(lambda: RunStore().get_run(run_id).is_terminal, 200, "the run ended")
@@ -162,6 +165,7 @@ def test_a_silent_node_is_a_hang_with_stacks(hpc: SlurmCluster, tmp_path: Path) 
     no_leftover(hpc)
 
 
+@pytest.mark.timeout(900)  # minutes on 2 busy cores (torch's import, Slurm's time limit)
 def test_a_node_lost_mid_run_fails_the_attempt_naming_it_and_the_retry_resumes(hpc: SlurmCluster,
                                                                                tmp_path: Path) -> None:
     import json
