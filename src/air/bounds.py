@@ -186,23 +186,3 @@ def json_loads_bounded(data: bytes) -> JSONValue:
         raise too_deep
     return value
 
-
-__all__ = [
-    "MAX_JSON_BYTES",
-    "MAX_JSON_DEPTH",
-    "MAX_NUM_ACCELERATORS",
-    "MAX_QUERY_INT",
-    "MAX_RETRIES",
-    "MAX_SECRETS_PER_USER",
-    "MAX_SECRET_BYTES",
-    "MAX_TIMEOUT_MINUTES",
-    "MAX_YAML_ALIAS_VALUES",
-    "MAX_YAML_DEPTH",
-    "BoundedLoader",
-    "JSONObject",
-    "JSONValue",
-    "YamlBoundError",
-    "compose_bounded",
-    "json_loads_bounded",
-    "safe_load_bounded",
-]

@@ -47,9 +47,6 @@ def atomic_write_text(path: Path | str, data: str, *, mode: int = 0o644, durable
     return atomic_write_bytes(path, data.encode(), mode=mode, durable=durable, check=check)
 
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "folder_size"]
-
-
 def folder_size(path: Path) -> int:
     """Bytes a folder takes on disk (allocated blocks, not file lengths); unreadable entries count 0."""
     total = 0

@@ -158,5 +158,3 @@ class AirHome:
     def __repr__(self) -> str:
         return f"AirHome({self.root})"
 
-
-__all__ = ["AirHome", "air_home"]

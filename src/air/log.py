@@ -112,11 +112,3 @@ def prefixed(line: str, verbose: int) -> str | None:
     where = f"{name.removeprefix(ROOT + '.')}: " if verbose >= 2 and name != ROOT else ""
     return f"{PREFIX} {where}{message}"
 
-
-__all__ = [
-    "configure_cli",
-    "configure_file",
-    "level_for",
-    "parse_file_line",
-    "prefixed",
-]

@@ -71,5 +71,3 @@ def _line(text: str) -> Text:
 
     return Text(text, no_wrap=True, overflow="ellipsis")
 
-
-__all__ = ["Spinner", "active", "set_enabled", "spinner"]

@@ -90,5 +90,3 @@ def _run_script(path: str, argv: list[str]) -> None:
         raise RuntimeError(f"{os.path.basename(path)} exited with code {code} on rank {os.environ.get('RANK', '0')}; "
                            "its lines above say why.")
 
-
-__all__ = ["TorchDistributor"]

@@ -427,10 +427,3 @@ def encode_event(event: Event) -> bytes:
     """One event as a line of the stream."""
     return event.model_dump_json().encode() + b"\n"
 
-
-__all__ = [
-    "API_VERSION", "API_VERSION_HEADER", "Attempt", "BlobAnswer", "BlobsMissingAnswer", "BlobsMissingRequest", "CallAnswer", "CallRequest",
-    "CancelAnswer", "DryRunAnswer", "ErrorBody", "ErrorEvent", "Event", "Health", "LinesEvent", "LogFile", "LogList", "NewAttemptEvent",
-    "PermissionsAnswer", "Pool", "PoolList", "RankLog", "Run", "RunDetail", "RunEvent", "RunList", "SecretList", "SecretPutRequest", "SecretRef", "SkippedEvent", "SnapshotFile", "SnapshotManifest", "SubmitAnswer", "SubmitRequest", "WhoAmI", "WorkloadFields", "decode_event",
-    "encode_event",
-]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from air.backends.ray_cluster import RayAuth
-from air.backends.ray_shim import START_TRIES, install_shim, workload_ray_env
+from air.backends.ray_cluster import START_TRIES, RayAuth
+from air.backends.ray_shim import install_shim, workload_ray_env
 from air.settings import AIR_PROCESS_TAG
 from proc_helpers import alive
 

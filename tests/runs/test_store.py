@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from air.errors import GPUValidationError, NotFoundError, UserInputError
-from air.store.run_store import SCHEMA_VERSION, Run, RunStore, process_create_time, supervisor_alive
+from air.store.liveness import supervisor_alive
+from air.store.run_store import Run, RunStore, process_create_time
+from air.store.schema import SCHEMA_VERSION
 from air.store.states import (
     AttemptStatus,
     FailureClass,

@@ -390,5 +390,3 @@ def _gather(ray: ModuleType, refs: dict[int, ObjectRef[T]], timeout_s: float) ->
             continue
     return out
 
-
-__all__ = ["NODE_VIEW", "RayAttempt"]

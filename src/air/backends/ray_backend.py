@@ -40,7 +40,6 @@ from air.backends.ray_agent import (
     NodeAgent,
     local_versions,
     reap_tag,
-    tagged_processes_any_node,
 )
 from air.backends.ray_attempt import Held, RayAttempt
 from air.backends.ray_capacity import RayCapacity, import_ray
@@ -448,5 +447,3 @@ def _tar_folder(folder: Path) -> bytes:
         tar.add(str(folder), arcname=".")
     return buf.getvalue()
 
-
-__all__ = ["NodeLaunch", "RayAttempt", "RayBackend", "tagged_processes_any_node"]

@@ -223,5 +223,3 @@ class RayCapacity:
         room_text = f"{room} node(s) have room now" if room >= 0 else "the cluster is busy"
         return f"waiting for capacity: {num_nodes} Ray node(s) with {{{want}}} each; {room_text}"
 
-
-__all__ = ["ACCELERATOR_SHARE", "RayCapacity"]

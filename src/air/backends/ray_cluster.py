@@ -341,9 +341,3 @@ def _node_ip() -> str:
 
     return str(get_node_ip_address())
 
-
-__all__ = [
-    "RAY_WORKER_ENV", "START_TRIES", "RayAuth", "RayNode", "clean_ray_env", "processes_with_env",
-    "ray_executable", "retry_start", "short_temp_dir", "refresh_auth", "start_ray_node", "startup_timed_out",
-    "stop_marked", "use_auth",
-]

@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from air.backends.ray_cluster import START_TRIES, RayAuth, retry_start, startup_timed_out, stop_marked
+from air.backends.ray_cluster import RayAuth, retry_start, startup_timed_out, stop_marked
 from air.backends.ray_train_report import train_report_env
 from air.files import atomic_write_text
 from air.processes import PROCESS_KINDS
@@ -363,6 +363,3 @@ def main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
-
-__all__ = ["NODE_INFO_FILE", "START_TRIES", "install_shim", "local_workload_ray_env", "node_info", "rewrite_start",
-           "workload_ray_env", "write_node_info"]

@@ -42,5 +42,3 @@ def enable_train_report_logging(env: MutableMapping[str, str] | None = None) -> 
     env.update(train_report_env(env.get(CALLBACKS_ENV)))
     return True
 
-
-__all__ = ["TRAIN_CALLBACK_PATH", "CALLBACK_PATH", "enable_train_report_logging", "train_report_env"]

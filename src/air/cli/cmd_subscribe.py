@@ -621,5 +621,3 @@ def _follow(client: Client, run_id: str, node: int | None,
         if exc.kind != "TRANSIENT":
             raise
 
-
-__all__ = ["Monitor", "MetricReader", "subscribe"]

@@ -141,5 +141,3 @@ def follow_sweep(client: Client, run_id: str, *, node: int | None = None, follow
     finally:
         stopping.set()
 
-
-__all__ = ["CHILD_END_WAIT_S", "Child", "follow_sweep", "sweep_children"]

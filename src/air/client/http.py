@@ -229,5 +229,3 @@ def server_client(profile: str | None = None) -> ServerClient | None:
         raise UserInputError(f"The token file {token_file} of profile {chosen.name!r} is empty.")
     return ServerClient(str(chosen.url), token)
 
-
-__all__ = ["API", "ApiVersionError", "RemoteError", "ServerClient", "server_client"]

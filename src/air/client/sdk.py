@@ -369,5 +369,3 @@ def submit_to_server(client: ServerClient, spec: WorkloadSpec, *, idempotency_ke
     answer = client.post("/runs", request.model_dump(mode="json"))
     return DryRunAnswer.model_validate(answer) if dry_run else SubmitAnswer.model_validate(answer)
 
-
-__all__ = ["Client", "RunWaitTimeout", "submit_to_server", "upload_snapshot"]

@@ -105,5 +105,3 @@ def install(modules: Sequence[str] = tuple(_AFTER_IMPORT)) -> None:
     if not any(isinstance(f, _ProgressImportHook) for f in sys.meta_path):
         sys.meta_path.insert(0, _ProgressImportHook())
 
-
-__all__ = ["install"]

@@ -343,6 +343,3 @@ def _number(path: Path) -> int | None:
     except (OSError, ValueError):
         return None
 
-
-__all__ = ["JOIN_FAILED", "Cgroup", "CgroupError", "Counters", "Hierarchy", "Limits", "hierarchies", "join_argv",
-           "probe", "remove_tree", "server_group", "stale_runs"]

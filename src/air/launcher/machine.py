@@ -246,5 +246,3 @@ def _gpu_sample(i: int, handle: object) -> dict[str, float]:
         pass
     return out
 
-
-__all__ = ["DEFAULT_INTERVAL_S", "MachineReader", "NodeSampler", "NodeSamples", "Sample", "first_line"]

@@ -117,5 +117,3 @@ def quiet_for(seconds: float) -> str:
         return f"{seconds // 60}m"
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
 
-
-__all__ = ["HeartbeatSlots", "Silence", "find_hang", "is_stopped", "quiet_for"]

@@ -80,5 +80,3 @@ def _final_cut(pattern: re.Pattern[AnyStr], data: AnyStr, overlap: int) -> int:
             return match.end()
     return cut
 
-
-__all__ = ["MASK", "Redactor", "needles"]

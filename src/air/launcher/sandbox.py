@@ -270,6 +270,3 @@ def check_account(name: str) -> Account:
         raise SandboxError(f"the Unix account {name!r} is in root's group")
     return account
 
-
-__all__ = ["ACCOUNT_PREFIX", "Account", "Sandbox", "SandboxError", "account_name_for", "bwrap_works",
-           "can_switch_accounts", "check_account", "ensure_account", "root_env"]

@@ -142,5 +142,3 @@ def collect(tasks: Mapping[K, Callable[[], str]], deadline_s: float = STACKS_DEA
     late = f"(no stacks: not collected within {deadline_s:g} s, with every other process's)"
     return {key: results.get(key, late) for key in tasks}
 
-
-__all__ = ["collect", "dump_tree_stacks", "py_spy"]

@@ -277,5 +277,3 @@ def ray_launch(num_accelerators: object = None, accelerator_type: object = None,
 
     return wrap
 
-
-__all__ = ["RayLaunchBootstrap", "RayLaunchFunction", "ray_launch"]

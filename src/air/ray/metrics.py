@@ -221,5 +221,3 @@ def _metrics_url(info: dict[str, object] | None) -> str | None:
         _log.warning("RayMetricsMonitor: Ray's node list: %s: %s", type(exc).__name__, exc)
     return None
 
-
-__all__ = ["GLOBAL_FAMILIES", "NODE_FAMILIES", "RayMetricsMonitor", "parse_prometheus"]

@@ -398,6 +398,3 @@ def main() -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-__all__ = ["AdmissionLoop", "QueuedRow", "ensure_loop", "has_queued", "in_process", "loop_running", "queued_rows",
-           "save_environ", "start_in_thread", "start_local_loop", "waiting_for_local_loop", "wake"]

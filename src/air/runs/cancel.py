@@ -14,8 +14,9 @@ from __future__ import annotations
 import time
 
 from air.constants import CANCEL_NO_SUPERVISOR_S, CANCEL_WAIT_S
+from air.store.liveness import supervisor_alive
 from air.store.paths import process_tag
-from air.store.run_store import RunStore, supervisor_alive
+from air.store.run_store import RunStore
 from air.store.states import FailureClass, RunStatus, StatusConflictError
 
 #: The reason a canceled run carries when nobody is named.
@@ -109,5 +110,3 @@ def _cancel_one(store: RunStore, run_id: str, *, reason: str) -> RunStatus:
     except StatusConflictError:
         return store.get_run(run.id).status
 
-
-__all__ = ["CANCEL_REASON", "cancel_run", "cancel_sweep_children", "canceled_by", "local_user"]

@@ -35,5 +35,3 @@ def latest_checkpoint_of(run_id: str, location: str | None = None) -> str | None
     found = newest_checkpoint(base)
     return str(found) if found is not None else None
 
-
-__all__ = ["checkpoint_location", "latest_checkpoint_of"]

@@ -532,5 +532,3 @@ class RunController:
         if allocation is not None:
             self.backend.release(allocation)
 
-
-__all__ = ["AttemptVerdict", "CallerStopped", "Phase", "RunController", "RunJob", "SetupFailure", "Transition"]

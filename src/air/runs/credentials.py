@@ -79,5 +79,3 @@ def door_url() -> str | None:
     """The MLflow address nodes are given (the air server's `/mlflow`), or None: no door (no server)."""
     return os.environ.get(AIR_MLFLOW_DOOR) or None
 
-
-__all__ = ["CREDENTIAL_PREFIX", "RunCredential", "door_url", "mint", "revoke", "secret_digest", "verify"]

@@ -116,6 +116,3 @@ def run_sandbox(store: RunStore, run_id: str, user: str, *, read_only: Iterable[
                    own_pids=own_pids, air_home=str(scratch / "air-home") if private_home else None,
                    label=f"{mode} as {account.name if account else user}")
 
-
-__all__ = ["BWRAP", "MODES", "NONE", "UNIX_USER", "account_for", "account_prefix", "isolation_mode", "python_roots",
-           "run_sandbox"]

@@ -215,5 +215,3 @@ def _setting(value: int | str, of: str) -> str:
 
     return f"{value} {of}" if isinstance(value, str) else size_text(value)
 
-
-__all__ = ["DISK_CHECK_S", "AttemptLimits", "disk_used", "limits_at_start", "node_cgroup_name"]

@@ -165,5 +165,3 @@ def queue_info(store: RunStore, run: Run, *, capacity: int | None = None) -> Que
         run.id, kind, slots, position, ahead, tuple(holders), size, free, (), "; ".join(parts), run.pool
     )
 
-
-__all__ = ["Holder", "QueueInfo", "local_capacity", "ordinal", "queue_info", "slots_wanted"]

@@ -438,7 +438,3 @@ def rendezvous_hint(node_processes: int, env: dict[str, str], stacks: str) -> st
             f"launch --cpu: use --num_processes {local}, or torchrun --nproc_per_node {local}, to start the node's "
             "ranks)")
 
-
-__all__ = ["ERROR_FILE_MAX_BYTES", "EXCEPTION_LINE_RE", "SIGNATURES", "Signature", "TRACEBACK_HEADER",
-           "TerminationReason", "disk_limit_reason", "error_file_reason", "mark_line", "memory_limit_reason", "oom_kill_count", "process_limit_reason",
-           "rendezvous_hint", "scan_line", "size_text", "termination_reason"]

@@ -118,5 +118,3 @@ def _mount_pages(app: FastAPI) -> None:
     pages.state.stopping = app.state.stopping
     app.mount(PAGES, pages)
 
-
-__all__ = ["create_app"]

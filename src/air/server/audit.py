@@ -64,6 +64,3 @@ def shell_actor() -> str:
 
     return f"os:{local_user()}"
 
-
-__all__ = ["DEFAULT_LIMIT", "PERMISSIONS_CHANGE", "RUN_CANCEL", "TOKEN_CREATE", "TOKEN_REVOKE",
-           "AuditEntry", "entries", "record", "shell_actor"]

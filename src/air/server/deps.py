@@ -124,6 +124,3 @@ def parse_request(model: type[_ModelT], body: object, what: str) -> _ModelT:
         fields = ", ".join(model.model_fields)
         raise UserInputError(f"Malformed {what}: {problems}.", hint=f"A {what} takes: {fields}.") from None
 
-
-__all__ = ["API", "PAGES", "AuthError", "Caller", "PayloadTooLarge", "error_body", "http_status", "json_body",
-           "pages_base", "parse_request", "principal", "read_limited", "store_of", "token_still_valid"]

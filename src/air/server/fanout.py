@@ -8,7 +8,7 @@ from starlette.applications import Starlette
 
 from air.server.deps import error_body
 from air.store.run_store import RunStore
-from air.views.fanout import Follower, FollowHub, Item, Skipped, reader_following
+from air.views.fanout import Follower, FollowHub, Item, Skipped
 from air.views.follow import FollowEvent
 from air.views.query import event_from
 from air.wire import SkippedEvent, encode_event
@@ -44,5 +44,3 @@ async def take_ndjson(follower: Follower, timeout: float) -> bytes | None:
     taken = await follower.take_items(timeout)
     return None if taken is None else b"".join(_line(item) for item in taken)
 
-
-__all__ = ["hub_of", "reader_following", "take_ndjson"]

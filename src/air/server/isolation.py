@@ -134,6 +134,3 @@ def secure_state(home: AirHome | None = None) -> list[Path]:
                 tighten(item, 0o600)
     return changed
 
-
-__all__ = ["NONE_ONE_USER", "apply_isolation", "available_isolation", "choose_isolation", "isolation_advice",
-           "secure_state", "token_users"]

@@ -498,5 +498,3 @@ def mount_door(app: FastAPI, socket_path: Path, *, public: str, server_credentia
     app.router.lifespan_context = lifespan
     return door
 
-
-__all__ = ["MAX_API_BODY", "MAX_SEARCH_ANSWER", "Door", "Refused", "mount_door"]

@@ -250,5 +250,3 @@ def _bounded(definitions: Any) -> None:  # Any: graphql-core's tuple of definiti
                 if spread in fragments:
                     stack.append((fragments[spread].selection_set, depth, path | {spread}))
 
-
-__all__ = ["MAX_QUERY", "NESTED_LOOKUPS", "ROOT_FIELDS", "GraphQLRefused", "graphql_runs", "mlflow_schema"]

@@ -87,5 +87,3 @@ def rule_of(method: str, path: str) -> Rule:
         return Rule.UI
     return Rule.ADMIN
 
-
-__all__ = ["API_PREFIXES", "NO_RUN_DATA", "PER_RUN", "Rule", "api_op", "artifacts_root", "rule_of"]

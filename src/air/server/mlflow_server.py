@@ -423,7 +423,3 @@ def mlflow_server(*, door: str, supervisor: dict[str, str], enabled: bool = True
                 os.environ.pop(key, None)
             starter.stop()
 
-
-__all__ = ["LOOPBACK", "MLFLOW_PREFIX", "MLflowState", "SERVER_CREDENTIAL_PREFIX", "advertised_host", "cert_verifies",
-           "check_public_url", "local_door", "mlflow_argv", "mlflow_server", "open_mlflow_log", "public_url", "server_credential",
-           "socket_folder", "supervisor_env", "ui_argv"]

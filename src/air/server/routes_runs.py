@@ -37,7 +37,7 @@ from air.server.deps import (
     store_of,
     token_still_valid,
 )
-from air.server.fanout import hub_of, reader_following, take_ndjson
+from air.server.fanout import hub_of, take_ndjson
 from air.server.submission import submit_request
 from air.server.uploads import (
     BlobQuota,
@@ -51,6 +51,7 @@ from air.server.visibility import change_permissions, current_policy, readable_r
 from air.store.access import Level
 from air.store.states import RunStatus
 from air.store.states import statuses as parse_statuses
+from air.views.fanout import reader_following
 from air.views.follow import log_sources, snapshot
 from air.views.query import (
     event_from,

@@ -81,5 +81,3 @@ def may(store: RunStore, policy: Policy, caller: DoorCaller, air_run: str | None
         return None if caller.credential.run_id == air_run else 403
     return None if policy.allows(caller.viewer, run, need) else 403
 
-
-__all__ = ["RUN_TAG", "USER_TAG", "DoorCaller", "credential_caller", "linked_air_run", "may", "protected_tag"]

@@ -104,6 +104,3 @@ def verify_token_id(store: RunStore, token_id: str) -> Principal | None:
         (token_id,)).fetchone()
     return Principal(row[0], bool(row[1]), row[2]) if row else None
 
-
-__all__ = ["Principal", "TokenInfo", "create_token", "list_tokens", "revoke_tokens", "verify_token",
-           "verify_token_id"]

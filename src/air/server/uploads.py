@@ -348,5 +348,3 @@ def build_snapshot(paths: ServerPaths, manifest: SnapshotManifest) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
     return final / name
 
-
-__all__ = ["BlobQuota", "BlobQuotaExceeded", "BlobUpload", "ServerPaths", "build_snapshot", "check_digest", "missing_blobs", "receive_blob"]

@@ -134,6 +134,3 @@ def change_permissions(store: RunStore, run_id: str, who: Principal, body: objec
            {"owner": run.user, "before": json.loads(run.permissions or "[]"), "after": json.loads(text or "[]")})
     return changed
 
-
-__all__ = ["change_permissions", "check_groups", "current_policy", "not_found", "policy_of", "readable_run", "run_visible",
-           "viewer_for"]

@@ -137,6 +137,3 @@ def unknown_groups(grants: Sequence[Grant], groups: Mapping[str, Sequence[str]])
     refused: a typo would silently grant nothing)."""
     return sorted({g.group for g in grants if g.group is not None and g.group not in groups})
 
-
-__all__ = ["DEFAULT_VISIBILITY", "LEVEL_NAMES", "Grant", "Guarded", "Level", "Policy", "Viewer", "Visibility",
-           "grants_from_json", "grants_to_json", "groups_of", "level_of", "unknown_groups"]

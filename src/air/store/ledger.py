@@ -229,5 +229,3 @@ class SlotLedger(StoreDatabase):
             (kind.upper(),),
         )}
 
-
-__all__ = ["ADMITTED", "SLOT_KINDS", "SlotLedger"]

@@ -40,5 +40,3 @@ def process_alive(pid: int, started_at: float, *, tolerance_s: float = 1.0) -> b
     except psutil.AccessDenied:
         return True  # it exists and we cannot tell more: never declare a supervisor dead on a guess
 
-
-__all__ = ["process_alive", "process_create_time", "supervisor_alive"]

@@ -273,17 +273,6 @@ def _indices(folder: Path, prefix: str, suffix: str) -> list[int]:
     return out
 
 
-__all__ = [
-    "RUN_ID_RE",
-    "CallPaths",
-    "RunPaths",
-    "is_run_id",
-    "new_run_id",
-    "parse_run_id",
-    "parse_run_id_fragment",
-]
-
-
 def process_tag(run_id: str) -> str:
     """AIR_PROCESS_TAG of every process a run starts, on any node (cancel and reconcile find them by it)."""
     return f"air-run-{run_id}"

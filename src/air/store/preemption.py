@@ -71,5 +71,3 @@ def clear_request(conn: sqlite3.Connection, run_id: str) -> None:
     canceled), or it claims slots afresh (the ledger)."""
     conn.execute("UPDATE runs SET preempted_by = NULL WHERE id = ? AND preempted_by IS NOT NULL", (run_id,))
 
-
-__all__ = ["clear_request", "request_preemption", "requeued"]

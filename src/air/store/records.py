@@ -192,5 +192,3 @@ def current_user() -> str:
 # Field names of the records, for callers that render them (the CLI's --json).
 RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run))
 ATTEMPT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Attempt))
-
-__all__ = ["ATTEMPT_FIELDS", "RUN_FIELDS", "RUN_KINDS", "Attempt", "CreateRunResult", "Run"]

@@ -26,14 +26,12 @@ from typing import Literal
 from air.errors import NotFoundError, UserInputError
 from air.home import AirHome
 from air.store.access import LEVEL_NAMES, Viewer
-from air.store.ledger import SLOT_KINDS, SlotLedger
-from air.store.liveness import process_create_time, supervisor_alive
+from air.store.ledger import SlotLedger
+from air.store.liveness import process_create_time
 from air.store.paths import RUN_ID_RE, new_run_id, parse_run_id_fragment
 from air.store.records import (
-    ATTEMPT_FIELDS,
     ATTEMPT_SELECT,
     INSERT_RUN,
-    RUN_FIELDS,
     RUN_KINDS,
     RUN_SELECT,
     Attempt,
@@ -44,7 +42,6 @@ from air.store.records import (
     run_from_row,
     run_values,
 )
-from air.store.schema import SCHEMA_VERSION
 from air.store.states import (
     AttemptStatus,
     FailureClass,
@@ -573,18 +570,3 @@ class RunStore(SlotLedger):
                     deleted.append(run_id)
         return deleted
 
-
-__all__ = [
-    "ATTEMPT_FIELDS",
-    "Attempt",
-    "BUSY_TIMEOUT_S",
-    "CreateRunResult",
-    "RUN_FIELDS",
-    "RUN_KINDS",
-    "Run",
-    "RunStore",
-    "SCHEMA_VERSION",
-    "SLOT_KINDS",
-    "process_create_time",
-    "supervisor_alive",
-]

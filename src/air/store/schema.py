@@ -462,5 +462,3 @@ def store_error(path: Path, err: sqlite3.Error | OSError, *, busy_timeout_s: flo
     return StoreError(f"The run store {path} failed: {type(err).__name__}: {text}.",
                       hint="Run again with -v for the traceback; if it persists, report it with that output.")
 
-
-__all__ = ["SCHEMA_VERSION", "StoreDatabase", "store_error"]

@@ -388,21 +388,3 @@ _FAILED_WHAT: dict[FailureClass, str] = {
     FailureClass.CANCEL: "Canceled",
 }
 
-
-__all__ = [
-    "ATTEMPT_TRANSITIONS",
-    "RUN_TRANSITIONS",
-    "AttemptStatus",
-    "FailureClass",
-    "IllegalTransitionError",
-    "PriorityClass",
-    "RetryDecision",
-    "RetryPolicy",
-    "RetryVerdict",
-    "RunStatus",
-    "StatusConflictError",
-    "can_transition",
-    "check_attempt_transition",
-    "check_transition",
-    "statuses",
-]

@@ -438,5 +438,3 @@ def node_command(command: str, command_path: str, tracking_env: Mapping[str, str
         return argv
     return ["bash", str(prelude), command_path]
 
-
-__all__ = ["AttemptTracking", "WorkloadTracking", "node_command", "node_hook_env", "upload_logs"]

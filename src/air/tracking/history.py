@@ -32,5 +32,3 @@ def metric_histories(
     except Exception:  # no store, a deleted run: the page shows no charts
         return {}
 
-
-__all__ = ["MAX_POINTS", "metric_histories"]

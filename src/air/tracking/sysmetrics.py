@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from air.launcher.machine import DEFAULT_INTERVAL_S, MachineReader, NodeSamples, Periodic, Sample
+from air.launcher.machine import DEFAULT_INTERVAL_S, MachineReader, NodeSamples, Periodic
 from air.tracking.store import Warn, client, default_warn, http_limits, short_message, tracking_uri
 
 if TYPE_CHECKING:
@@ -235,5 +235,3 @@ def _default_uri() -> str:
     """The node's tracking URI: the one air exported, else air's default."""
     return tracking_uri()
 
-
-__all__ = ["DEFAULT_INTERVAL_S", "NodeMetricsLogger", "Sample", "SystemMetricsSampler", "TakeSamples"]

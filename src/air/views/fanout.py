@@ -310,5 +310,3 @@ def reader_following(run_id: str, store: RunStore, *, node: int | None, rank: in
     """How a reader of this selection follows the run: from where the logs are when it starts."""
     return lambda: Following(run_id, store=store, node=node, rank=rank, attempt=attempt, mask=mask, from_end=True)
 
-
-__all__ = ["FollowHub", "Follower", "Item", "Reader", "Skipped", "hub_of", "reader_following"]

@@ -302,6 +302,3 @@ def follow(
         if not following.behind:
             time.sleep(POLL_S)
 
-
-__all__ = ["FollowEvent", "Following", "Lines", "LogSource", "NewAttempt", "attempt_index", "follow", "log_sources",
-           "logs_are_per_rank", "snapshot"]

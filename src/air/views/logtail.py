@@ -268,5 +268,3 @@ class LineCursor:
             lines.append(self._line.finish())
         return lines
 
-
-__all__ = ["SHOW_BYTES", "LineCursor", "complete_tail", "cut_marker", "lines_since", "offset_since", "tail_lines"]

@@ -442,5 +442,3 @@ def _safe_next(target: str | None, base: str) -> str:
         return target
     return f"{base}/runs"
 
-
-__all__ = ["create_web_app"]

@@ -175,7 +175,3 @@ def check_form_post(request: Request, caller: Caller, form: dict[str, list[str]]
     if not sent or not hmac.compare_digest(sent.encode(), caller.csrf.encode()):
         raise Forbidden("Refused a form post without this page's CSRF token: reload the page and try again.")
 
-
-__all__ = ["CSRF_FIELD", "SESSION_COOKIE", "Authenticator", "Caller", "Forbidden", "LoginRequired", "TokenHolder",
-           "WebSession", "WebSessions", "WebUser", "bearer_token", "check_form_post", "request_caller",
-           "same_site"]

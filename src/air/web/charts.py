@@ -157,5 +157,3 @@ def _time_at_step(rows: Sequence[tuple[float, float, float | None]], step: float
     nearest = min(rows, key=lambda r: abs(r[0] - step))
     return nearest[2] or 0.0
 
-
-__all__ = ["clock_text", "elapsed_text", "line_chart", "nice_ticks", "number_text", "tick_text", "unit_of"]

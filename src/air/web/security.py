@@ -55,5 +55,3 @@ class SecurityHeaders:
 
         await self.app(scope, receive, send_with_headers)
 
-
-__all__ = ["CONTENT_SECURITY_POLICY", "HEADERS", "HSTS", "SecurityHeaders"]

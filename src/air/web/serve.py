@@ -42,5 +42,3 @@ class PageServer:
         self.server.should_exit = True
         self.thread.join(timeout=WEB_SHUTDOWN_GRACE_S + 5)
 
-
-__all__ = ["PageServer"]

@@ -90,5 +90,3 @@ async def follow_log(
     finally:
         hub.leave(follower)
 
-
-__all__ = ["follow_log"]

@@ -260,5 +260,3 @@ def _topic(path: str | None) -> tuple[str, ...]:
         raise UserInputError(f"no help for {path!r}: expected a dotted path like config.compute")
     return parts
 
-
-__all__ = ["config_help", "topics", "type_label"]

@@ -484,5 +484,3 @@ def _dedupe(problems: Sequence[Problem]) -> list[Problem]:
             out.append(problem)
     return out
 
-
-__all__ = ["Composed", "Problem", "WorkloadSpecError", "compose_workload", "load_workload", "parse_workload"]

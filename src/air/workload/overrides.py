@@ -154,5 +154,3 @@ def _kind(annotation: object) -> str:
     names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
     return next((names[m] for m in members if m in names), "a value")
 
-
-__all__ = ["apply_overrides", "coerce_value", "parse_override"]

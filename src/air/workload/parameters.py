@@ -79,5 +79,3 @@ def _unrepresentable(value: object, where: str) -> str | None:
                 return found
     return where
 
-
-__all__ = ["write_parameters"]

@@ -250,15 +250,3 @@ def _write(path: Path, data: Store) -> None:
     text = json.dumps({"version": _FORMAT_VERSION, "scopes": data}, indent=2, sort_keys=True) + "\n"
     atomic_write_text(path, text, mode=0o600)
 
-
-__all__ = [
-    "delete_secret",
-    "list_secrets",
-    "RunMasker",
-    "mask_secrets",
-    "masker_for_run",
-    "parse_secret_ref",
-    "put_secret",
-    "resolve_secrets",
-    "secrets_path",
-]

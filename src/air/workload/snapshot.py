@@ -441,11 +441,3 @@ def _git_tree_entries(root: Path, tree: str, notes: list[str]) -> list[SnapshotE
 def snapshots_root(store_root: Path | None, *, create_home: bool = True) -> Path:
     return Path(store_root) if store_root is not None else AirHome(create=create_home).snapshots
 
-
-__all__ = [
-    "GitProvenance",
-    "SnapshotEntry",
-    "SnapshotPlan",
-    "plan_snapshot",
-    "sha256_file",
-]

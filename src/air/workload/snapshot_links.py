@@ -49,5 +49,3 @@ def leaving_links(links: Mapping[str, str]) -> list[str]:
     """The links of a tree (path -> target) whose fully resolved target is outside it, sorted."""
     return sorted(path for path in links if not resolves_inside(links, path))
 
-
-__all__ = ["MAX_LINK_HOPS", "leaving_links", "resolves_inside"]

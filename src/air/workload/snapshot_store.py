@@ -186,5 +186,3 @@ def prune_snapshots(
         removed.append(item)
     return removed
 
-
-__all__ = ["materialize_snapshot", "prune_snapshots"]

@@ -245,17 +245,3 @@ SecretRef = Annotated[str, BeforeValidator(_secret_ref)]
 #: One `permissions` entry as written (checked and its level normalised before the model sees it).
 PermissionEntry = BeforeValidator(_permission_entry)
 
-
-__all__ = [
-    "HOSTED_ONLY_KEYS",
-    "MAX_YAML_BYTES",
-    "PERMISSION_LEVELS",
-    "RENAMED_KEYS",
-    "RESERVED_ENV_NAMES",
-    "EnvName",
-    "EnvValue",
-    "PermissionEntry",
-    "SecretRef",
-    "dotted",
-    "show_value",
-]

@@ -115,5 +115,3 @@ def describe_item(item: Mapping[str, object], width: int = 60) -> str:
                      for k, v in item.items())
     return text if len(text) <= width else text[: width - 1] + "…"
 
-
-__all__ = ["ForEachSpec", "describe_item", "merge_parameters"]
