@@ -32,6 +32,7 @@ from pathlib import Path
 from air.errors import UserInputError
 from air.files import atomic_write_text
 from air.home import AirHome
+from air.progress import spinner
 
 TAG_POLICIES = ("auto", "latest")
 #: The OCI runtime: podman's default crun fails on cgroup v1 hybrid machines; runc works everywhere.
@@ -126,6 +127,8 @@ def _explain(url: str, output: str, action: str) -> UserInputError:
     """A failed skopeo/podman as the user's problem: bad url, missing image, credentials, registry away."""
     text = output.lower()
     tail = output.strip().splitlines()[-1] if output.strip() else "(no output)"
+    said = re.search(r'msg="(.*)"\s*$', tail)  # skopeo's logrus line: its message alone
+    tail = said.group(1).replace('\\"', '"') if said else tail
     if any(s in text for s in ("unauthorized", "authentication required", "401", "denied", "forbidden")):
         return UserInputError(f"docker image {url}: the registry refused the credentials ({action}).",
                               hint="Check environment.docker_image.credentials_scope/credentials_key (a secret "
@@ -247,7 +250,7 @@ def register(url: str, *, tag_policy: str = "auto", credentials: tuple[str, str]
             base = base.rsplit(":", 1)[0]
         pinned = f"{base}@{digest}"
         started = time.monotonic()
-        with _auth_file(url, credentials) as auth:
+        with _auth_file(url, credentials) as auth, spinner(f"pulling {url} ({digest[:19]}) …"):
             _run([_tool("podman"), "pull", "--quiet", *auth, pinned], max(1.0, deadline - time.monotonic()), url,
                  "podman pull")
         pulled_s = time.monotonic() - started
