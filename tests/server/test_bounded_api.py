@@ -40,7 +40,8 @@ def refused(status: int, body: Any, phrase: str) -> None:
     assert body["error"]["code"] == "INVALID_REQUEST", body
 
 
-def test_bad_input_on_the_api_is_a_400_and_changes_nothing(server: AirServer) -> None:
+def test_bad_input_on_the_api_is_a_400_and_changes_nothing(shared_server: AirServer) -> None:
+    server = shared_server
     alice = server.tokens["alice"]
     before = runs_of(server), uploads_of(server)
 
@@ -105,7 +106,8 @@ def test_bad_input_on_the_api_is_a_400_and_changes_nothing(server: AirServer) ->
     assert os.readlink(up) == "../../a/b/a/b/train.py" and up.read_bytes() == content
 
 
-def test_secrets_have_a_size_and_a_count(server: AirServer) -> None:
+def test_secrets_have_a_size_and_a_count(shared_server: AirServer) -> None:
+    server = shared_server
     alice = server.tokens["alice"]
     assert server.api("PUT", "/api/v1/secrets/big/ok", token=alice, body={"value": "x" * MAX_SECRET_BYTES})[0] == 200
     status, body = server.api("PUT", "/api/v1/secrets/big/no", token=alice, body={"value": "é" * (MAX_SECRET_BYTES // 2 + 1)})

@@ -23,7 +23,8 @@ def _air(home: Path, *args: str, stdin: str | None = None) -> subprocess.Complet
                           input=stdin if stdin is not None else "")
 
 
-def test_login_saves_a_private_token_and_list_runs_goes_to_the_server(server: AirServer, tmp_path: Path) -> None:
+def test_login_saves_a_private_token_and_list_runs_goes_to_the_server(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     spec = tmp_path / "hello.yaml"
     spec.write_text("experiment_name: hello\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 1}\n"
                     "command: echo hi\n")
@@ -49,7 +50,8 @@ def test_login_saves_a_private_token_and_list_runs_goes_to_the_server(server: Ai
     assert local.returncode == 0 and json.loads(local.stdout)["data"]["runs"] == [], local.stderr
 
 
-def test_a_refused_or_missing_token_saves_nothing(server: AirServer, tmp_path: Path) -> None:
+def test_a_refused_or_missing_token_saves_nothing(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     home = tmp_path / "laptop"
     wrong = _air(home, "login", server.url, stdin="not-a-token\n")
     assert wrong.returncode == 2, wrong.stderr
@@ -62,7 +64,8 @@ def test_a_refused_or_missing_token_saves_nothing(server: AirServer, tmp_path: P
     assert server.tokens["bob"] not in as_argument.stderr  # not echoed back either
 
 
-def test_login_under_another_profile_name_keeps_the_default(server: AirServer, tmp_path: Path) -> None:
+def test_login_under_another_profile_name_keeps_the_default(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     home = tmp_path / "laptop"
     done = _air(home, "login", server.url, "-p", "team", "--no-default", stdin=server.tokens["bob"])
     assert done.returncode == 0, done.stderr

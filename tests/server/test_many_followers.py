@@ -73,7 +73,8 @@ def _run(server: AirServer, folder: Path, script: str) -> tuple[str, Path]:
     return run_id, gate
 
 
-def test_three_hundred_followers_each_get_every_line_in_order_and_the_end(server: AirServer, tmp_path: Path) -> None:
+def test_three_hundred_followers_each_get_every_line_in_order_and_the_end(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     lines = 100
     run_id, gate = _run(server, tmp_path, f"for i in range({lines}):\n    print(f'tick-{{i}}', flush=True)\n"
                                           "    time.sleep(0.02)\n")
@@ -96,7 +97,8 @@ def test_three_hundred_followers_each_get_every_line_in_order_and_the_end(server
         assert got.skipped == 0 and got.last is not None and got.last.run.status is RunStatus.SUCCESS, (index, got)
 
 
-def test_a_follower_that_stops_reading_is_skipped_ahead_and_slows_no_one(server: AirServer, tmp_path: Path) -> None:
+def test_a_follower_that_stops_reading_is_skipped_ahead_and_slows_no_one(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     batches = 400  # 400,000 lines, ~20 MB: far more than the stuck follower's socket buffers and queue hold
     run_id, gate = _run(server, tmp_path, f"for b in range({batches}):\n"
                                           "    print(''.join(f'line-{b * 1000 + i} {\"x\" * 40}\\n' for i in range(1000)),"

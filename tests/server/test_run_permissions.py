@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from server_helpers import AIR, AirServer, running_server
 
 from air.server.audit import entries
@@ -99,8 +100,17 @@ def _reads(server: AirServer, user: str, run_id: str, log: dict[str, Any]) -> di
     }
 
 
-def test_private_runs_are_walled_and_grants_open_them(tmp_path: Path) -> None:
-    with running_server(tmp_path, config=PRIVATE) as server, _canceled_after(server) as started:
+@pytest.fixture(scope="module")
+def private_server(tmp_path_factory: pytest.TempPathFactory, bubblewrap_installed: None) -> Iterator[AirServer]:
+    """One server whose runs are private by default, for this module's tests that need that (each asserts on
+    its own runs, or on what its own requests changed)."""
+    with running_server(tmp_path_factory.mktemp("private"), config=PRIVATE) as srv:
+        yield srv
+
+
+def test_private_runs_are_walled_and_grants_open_them(private_server: AirServer, tmp_path: Path) -> None:
+    server = private_server
+    with _canceled_after(server) as started:
         alice, bob = server.tokens["alice"], server.tokens["bob"]
         secret = _submit(server, "alice", _workload(tmp_path, "secret"), started)
         viewed = _submit(server, "alice", _workload(tmp_path, "viewed", "  - {user_name: bob, level: CAN_VIEW}\n"), started)
@@ -217,8 +227,9 @@ def test_private_runs_are_walled_and_grants_open_them(tmp_path: Path) -> None:
                            ("bob", viewed, [])], changes
 
 
-def test_unknown_groups_are_refused_naming_the_known_ones(tmp_path: Path) -> None:
-    with running_server(tmp_path, config=PRIVATE) as server, _canceled_after(server) as started:
+def test_unknown_groups_are_refused_naming_the_known_ones(private_server: AirServer, tmp_path: Path) -> None:
+    server = private_server
+    with _canceled_after(server) as started:
         spec = _workload(tmp_path, "typo", "  - {group_name: mll, level: CAN_VIEW}\n")
         before = _listed(server, "root")
         result = server.air("alice", "run", "-f", str(spec))

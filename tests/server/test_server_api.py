@@ -37,7 +37,8 @@ def follow_a_sleeping_run(server: AirServer, folder: Path, follower_user: str) -
     return run_id, follower
 
 
-def test_bad_requests_are_4xx_and_change_nothing(server: AirServer) -> None:
+def test_bad_requests_are_4xx_and_change_nothing(shared_server: AirServer) -> None:
+    server = shared_server
     alice = server.tokens["alice"]
     before = _state(server)
     good = {"experiment_name": "x", "compute": {"accelerator_type": "CPU_1xCPU", "num_accelerators": 1},
@@ -97,7 +98,8 @@ def test_bad_requests_are_4xx_and_change_nothing(server: AirServer) -> None:
     assert _state(server) == before
 
 
-def test_tokens_users_and_secrets(server: AirServer, tmp_path: Path) -> None:
+def test_tokens_users_and_secrets(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     listed = subprocess.run([*AIR, "server", "token", "list", "--json"], env=server.server_env(),
                             capture_output=True, text=True, timeout=60)
     tokens = {t["user"]: t for t in __import__("json").loads(listed.stdout)["data"]["tokens"]}

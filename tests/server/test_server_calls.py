@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_remote_call_through_the_server_returns_every_ranks_value(server: AirServer, tmp_path: Path) -> None:
+def test_a_remote_call_through_the_server_returns_every_ranks_value(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     script = tmp_path / "call.py"
     script.write_text(SCRIPT)
     done = subprocess.run([sys.executable, str(script), "4"], env=server.env("alice"), cwd=tmp_path,
@@ -68,9 +69,10 @@ DISTRIBUTOR = textwrap.dedent("""
 """)
 
 
-def test_torch_distributor_elsewhere_runs_through_the_server(server: AirServer, tmp_path: Path) -> None:
+def test_torch_distributor_elsewhere_runs_through_the_server(shared_server: AirServer, tmp_path: Path) -> None:
     """`local_mode=False` goes where `remote=True` calls go: the server runs both processes as one call
     run of the caller, and `run` returns rank 0's value, as pyspark's does."""
+    server = shared_server
     script = tmp_path / "distributor.py"
     script.write_text(DISTRIBUTOR)
     done = subprocess.run([sys.executable, str(script)], env=server.env("alice"), cwd=tmp_path,

@@ -16,8 +16,8 @@ from server_helpers import AirServer
 from proc_helpers import tracking_done
 
 
-@pytest.mark.parametrize("server", ["mlflow"], indirect=True)
-def test_a_nodes_metric_lands_in_the_servers_mlflow(server: AirServer, tmp_path: Path) -> None:
+def test_a_nodes_metric_lands_in_the_servers_mlflow(mlflow_server: AirServer, tmp_path: Path) -> None:
+    server = mlflow_server
     spec = tmp_path / "wl.yaml"
     spec.write_text(
         "experiment_name: metrics\ncompute: {accelerator_type: CPU_1xCPU, num_accelerators: 2}\n"

@@ -45,7 +45,8 @@ def expected_lines(node: int) -> list[str]:
     return [f"node {node} line {i}" for i in range(1, LINES + 1)] + [f"node {node} done"]
 
 
-def test_a_run_outlives_its_watch_and_is_alices(server: AirServer, tmp_path: Path) -> None:
+def test_a_run_outlives_its_watch_and_is_alices(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     gate = tmp_path / "gate"
     spec = gated_workload(tmp_path / "work", gate)
     watch = subprocess.Popen([*AIR, "run", "-f", str(spec), "--watch", "--json"], env=server.env("alice"),
@@ -115,7 +116,8 @@ def test_the_server_is_killed_mid_run_and_restarted(server: AirServer, tmp_path:
                 if ln.startswith(f"[node {node}] ")] == expected_lines(node)
 
 
-def test_logs_follow_through_the_server_until_the_run_ends(server: AirServer, tmp_path: Path) -> None:
+def test_logs_follow_through_the_server_until_the_run_ends(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     gate = tmp_path / "gate"
     spec = gated_workload(tmp_path / "work", gate)
     run_id = server.air_json("alice", "run", "-f", str(spec))["run_id"]
@@ -130,7 +132,8 @@ def test_logs_follow_through_the_server_until_the_run_ends(server: AirServer, tm
     assert cancel.returncode == 0, cancel.stderr
 
 
-def test_logs_download_through_the_server_with_secrets_masked(server: AirServer, tmp_path: Path) -> None:
+def test_logs_download_through_the_server_with_secrets_masked(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     put = subprocess.run([*AIR, "secrets", "put", "hf", "token"], env=server.env("alice"), input="s3cr3t-value",
                          capture_output=True, text=True, timeout=60)
     assert put.returncode == 0, put.stderr

@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
 from server_helpers import AIR, AirServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -62,8 +61,8 @@ def of_type(events: list[Event], kind: str) -> list[Event]:
     return [e for e in events if e["type"] == kind]
 
 
-@pytest.mark.parametrize("server", ["mlflow"], indirect=True)
-def test_subscribe_through_the_server(server: AirServer, tmp_path: Path) -> None:
+def test_subscribe_through_the_server(mlflow_server: AirServer, tmp_path: Path) -> None:
+    server = mlflow_server
     ok = submit(server, "alice", tmp_path / "ok.yaml", SUCCEEDS.format())
     code, events, stderr = subscribe(server, "alice", ok, "--metrics", "loss", "--metrics-interval-minutes", "0.02")
     assert code == 0, stderr
