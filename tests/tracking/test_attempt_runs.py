@@ -26,7 +26,6 @@ from air.tracking import (
     attempt_tags,
     start_attempt_run,
     tracking_uri,
-    ui_command,
 )
 
 if TYPE_CHECKING:
@@ -232,11 +231,3 @@ def test_missing_node_log_is_a_warning(attempt: Attempt, tmp_path: Path) -> None
     )
     assert handle.log_node_log(tmp_path / "absent.log", attempt=0, node=9) is False
     assert warnings and "absent.log" in warnings[0]
-
-
-def test_ui_command_serves_the_embedded_store(air_home: Path) -> None:
-    argv = ui_command(port=5123)
-    assert argv[:4] == [sys.executable, "-m", "mlflow", "ui"]
-    assert argv[argv.index("--backend-store-uri") + 1] == f"sqlite:///{air_home / 'mlflow.db'}"
-    assert argv[argv.index("--default-artifact-root") + 1] == (air_home / "mlartifacts").as_uri()
-    assert argv[-4:] == ["--host", "127.0.0.1", "--port", "5123"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from air.errors import UserInputError
+from air.server.mlflow_server import ui_argv
 from air.tracking import (
     SystemMetricsSampler,
     TrackingHandle,
@@ -24,7 +25,6 @@ from air.tracking import (
     start_call_run,
     tracking_uri,
     ui_base_url,
-    ui_command,
 )
 from air.tracking.params import MAX_PARAM_VALUE_LENGTH, clean_key, clean_params
 
@@ -48,7 +48,7 @@ def test_tracking_uri_embedded_default_and_env_override(
     assert tracking_uri() == "http://mlflow.internal:5000"
     assert ui_base_url() == "http://mlflow.internal:5000"
     with pytest.raises(UserInputError, match="serves its own UI"):
-        ui_command()
+        ui_argv("127.0.0.1", 5000)
 
 
 def test_flatten_params_nests_with_dots() -> None:

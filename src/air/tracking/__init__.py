@@ -21,7 +21,7 @@ from air.tracking.store import (
     tracking_uri,
 )
 from air.tracking.sysmetrics import SystemMetricsSampler
-from air.tracking.ui import experiment_url, run_url, ui_base_url, ui_command
+from air.tracking.ui import experiment_url, run_url, ui_base_url
 
 __all__ = [
     "tracking_enabled",
@@ -43,5 +43,4 @@ __all__ = [
     "start_call_run",
     "tracking_uri",
     "ui_base_url",
-    "ui_command",
 ]

@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import json
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 from air.errors import UserInputError
 from air.files import atomic_write_text
 from air.home import AirHome
-from air.tracking.store import artifact_root, is_embedded, is_http, prepare_store, tracking_uri
+from air.tracking.store import is_http, tracking_uri
 
 DEFAULT_UI_HOST = "127.0.0.1"
 DEFAULT_UI_PORT = 5000
@@ -32,33 +31,6 @@ DEFAULT_UI_BASE = f"http://{DEFAULT_UI_HOST}:{DEFAULT_UI_PORT}"
 DISTRIBUTION = "air-runtime"
 #: Extra that brings MLflow's UI server.
 UI_EXTRA = "ui"
-
-
-def ui_command(
-    host: str = DEFAULT_UI_HOST, port: int = DEFAULT_UI_PORT, workers: int | None = None, store: str | None = None
-) -> list[str]:
-    """argv of `mlflow ui` for `store` (default: the current one), run with this interpreter (the venv's mlflow).
-
-    For the embedded store, new experiments made in the UI also keep artifacts under AIR_HOME, and the
-    store is created first so the UI never starts on a missing file. An http(s) tracking URI already
-    has a UI: that is a user error whose hint is the address to open.
-    """
-    uri = tracking_uri() if store is None else store
-    if is_http(uri):
-        raise UserInputError(
-            f"MLFLOW_TRACKING_URI points at an MLflow server ({uri}); it serves its own UI.",
-            hint=f"Open {uri} in a browser, or unset MLFLOW_TRACKING_URI to browse air's embedded store.",
-        )
-    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
-    if is_embedded(uri):
-        try:
-            prepare_store(uri)
-        except Exception:
-            pass
-        argv += ["--default-artifact-root", artifact_root().as_uri()]
-    if workers is not None:
-        argv += ["--workers", str(workers)]
-    return argv + ["--host", host, "--port", str(port)]
 
 
 def ui_environment(environ: Mapping[str, str]) -> dict[str, str]:
