@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from server_helpers import AirServer, running_server
+from server_helpers import PRIVATE, AirServer, running_server
 
 from proc_helpers import tracking_done
 
-PRIVATE = "server:\n  default_visibility: private\n"
 ALICE_SECRET = "alice-param-secret-5f1c2e"
 BOB_VALUE = "bob-own-value-93ab"
 

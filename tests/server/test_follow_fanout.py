@@ -60,7 +60,8 @@ def _follow(server: AirServer, run_id: str, got: dict[str, object]) -> None:
     got.update(lines=lines, last=last, skipped=skipped)
 
 
-def test_fifty_followers_get_every_line_in_order_and_the_end(server: AirServer, tmp_path: Path) -> None:
+def test_fifty_followers_get_every_line_in_order_and_the_end(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     gate = tmp_path / "go"
     run_id = _printing_run(server, tmp_path, lines=LINES, pause="0.02", gate=gate)
     results: list[dict[str, object]] = [{} for _ in range(50)]
@@ -78,8 +79,9 @@ def test_fifty_followers_get_every_line_in_order_and_the_end(server: AirServer, 
         assert isinstance(last, RunEvent) and last.run.status is RunStatus.SUCCESS, (index, last)
 
 
-def test_a_follower_that_stops_reading_stalls_neither_the_others_nor_the_api(server: AirServer,
-                                                                             tmp_path: Path) -> None:
+def test_a_follower_that_stops_reading_stalls_neither_the_others_nor_the_api(shared_server: AirServer,
+                                                                                    tmp_path: Path) -> None:
+    server = shared_server
     gate = tmp_path / "go"
     count = 200_000  # ~9 MB, in steady batches: far more than the stuck follower's buffers and queue hold
     printer = tmp_path / "printer.py"
@@ -137,7 +139,8 @@ def _page_stream(server: AirServer, run_id: str, got: dict[str, object]) -> None
     got["end"] = blocks[-1] if blocks else ""
 
 
-def test_twenty_pages_following_a_log_get_every_line_and_the_end(server: AirServer, tmp_path: Path) -> None:
+def test_twenty_pages_following_a_log_get_every_line_and_the_end(shared_server: AirServer, tmp_path: Path) -> None:
+    server = shared_server
     gate = tmp_path / "go"
     run_id = _printing_run(server, tmp_path, lines=LINES, pause="0.01", gate=gate)
     results: list[dict[str, object]] = [{} for _ in range(20)]

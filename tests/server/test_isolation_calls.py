@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from server_helpers import AIR, running_server
+from server_helpers import AIR, AirServer
 
 SCRIPT = textwrap.dedent("""
     import json, os, pwd, sys
@@ -33,24 +33,22 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_remote_call_runs_walled_in_as_its_callers_account(tmp_path: Path) -> None:
-    with running_server(tmp_path, start_args=()) as server:
-        status, health = server.api("GET", "/api/v1/health")
-        assert status == 200 and health["isolation"] == "unix-user+bwrap", health
-        secret = subprocess.run([*AIR, "secrets", "put", "hf", "token"], input="bob-secret-value\n",
-                                env=server.env("bob"), capture_output=True, text=True, timeout=120)
-        assert secret.returncode == 0, secret.stderr
-        script = tmp_path / "call.py"
-        script.write_text(SCRIPT)
-        done = subprocess.run([sys.executable, str(script), str(server.home)], env=server.env("alice"),
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
-        ranks = json.loads(line.removeprefix("RESULT "))
-        assert [r["rank"] for r in ranks] == [0, 1]
-        for rank in ranks:
-            assert rank["user"] == server.account("alice"), rank  # never the server's account (root)
-            assert all(not got.startswith("READ") for got in rank["tried"].values()), rank
-        runs = server.air_json("alice", "list", "runs", "--all-status")["runs"]
-        assert (runs[0]["kind"], runs[0]["status"]) == ("call", "SUCCESS")
+def test_a_remote_call_runs_walled_in_as_its_callers_account(isolated_server: AirServer, tmp_path: Path) -> None:
+    server = isolated_server
+    secret = subprocess.run([*AIR, "secrets", "put", "hf", "token"], input="bob-secret-value\n",
+                            env=server.env("bob"), capture_output=True, text=True, timeout=120)
+    assert secret.returncode == 0, secret.stderr
+    script = tmp_path / "call.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(server.home)], env=server.env("alice"),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULT "))
+    ranks = json.loads(line.removeprefix("RESULT "))
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for rank in ranks:
+        assert rank["user"] == server.account("alice"), rank  # never the server's account (root)
+        assert all(not got.startswith("READ") for got in rank["tried"].values()), rank
+    runs = server.air_json("alice", "list", "runs", "--all-status")["runs"]
+    assert (runs[0]["kind"], runs[0]["status"]) == ("call", "SUCCESS")
 

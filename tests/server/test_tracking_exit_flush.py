@@ -38,8 +38,8 @@ def _history(server: AirServer, run_id: str, key: str) -> list[float]:
 
 
 @pytest.mark.timeout(900)  # 20 interpreters importing mlflow in a row on 2 busy cores
-@pytest.mark.parametrize("server", ["mlflow"], indirect=True)
-def test_short_processes_that_log_and_exit_at_once_lose_no_metric(server: AirServer, tmp_path: Path) -> None:
+def test_short_processes_that_log_and_exit_at_once_lose_no_metric(mlflow_server: AirServer, tmp_path: Path) -> None:
+    server = mlflow_server
     script = tmp_path / "once.py"
     script.write_text(ONE_METRIC)
     spec = tmp_path / "short.yaml"
