@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, TypeGuard
 
@@ -124,7 +124,6 @@ class LaunchResult:
     first_failure: ProcessExit | None
     timed_out: bool = False
     interrupted: bool = False
-    killed_pids: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -319,13 +318,13 @@ class Launch:
         except BaseException:
             self.terminate()
             raise
-        killed = self.terminate()
+        self.terminate()
         exits = self.poll()
         if first_failure is None and not timed_out and not interrupted:
             failed = sorted((e for e in exits if failing(e) and not e.killed_by_launcher),
                             key=lambda e: e.ended_at or float("inf"))
             first_failure = failed[0] if failed else None
-        return LaunchResult(exits, first_failure, timed_out, interrupted, killed)
+        return LaunchResult(exits, first_failure, timed_out, interrupted)
 
     def _pump_catching_up(self, idle_s: float = 2.0, limit_s: float = 60.0) -> bool:
         """Let a pump still busy with what the processes wrote before they ended (a fast writer leaves

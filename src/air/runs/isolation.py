@@ -35,7 +35,6 @@ UNIX_USER = "unix-user+bwrap"
 BWRAP = "bwrap"
 #: No walls: one trust domain, said so with `air server start --single-trust-domain`.
 NONE = "none (single trust domain)"
-MODES = (UNIX_USER, BWRAP, NONE)
 
 
 def isolation_mode() -> str | None:

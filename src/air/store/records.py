@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from air.store.states import AttemptStatus, FailureClass, PriorityClass, RunStatus
@@ -187,8 +187,3 @@ def current_user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (containers)
         return str(os.getuid())
-
-
-# Field names of the records, for callers that render them (the CLI's --json).
-RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run))
-ATTEMPT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Attempt))

@@ -87,8 +87,6 @@ class Follower:
     size: int = 0
     #: Lines dropped since this follower last took its queue (it fell behind).
     skipped: int = 0
-    #: Lines dropped over its whole life.
-    skipped_total: int = 0
     ended: bool = False
     waiter: asyncio.Future[None] | None = None
 
@@ -99,7 +97,6 @@ class Follower:
         if self.items and (len(self.items) >= self.max_events or self.size + size > self.max_bytes):
             dropped = sum(queued.lines for queued in self.items)  # skip ahead: the newest events, and a marker
             self.skipped += dropped
-            self.skipped_total += dropped
             self.items.clear()
             self.size = 0
         self.items.append(item)
