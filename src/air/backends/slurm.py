@@ -490,6 +490,13 @@ class SlurmAttempt:
                     f"{self.job_id} NODE_FAIL")
             self._note_all(text)
             return text, False
+        silent = [n for n in self.node_ranks if self._read_exits(n) is None]
+        if state in ("COMPLETED", "FAILED") and silent:  # the job ended by itself: a node launcher did not report
+            node = silent[0]
+            text = (f"air's node launcher on node {node} ({self.slurm_nodes[node]}) ended without reporting how its "
+                    f"processes ended (Slurm job {self.job_id} {state}); see {self.job_dir / f'node_{node}.out'}")
+            self._note_all(text)
+            return text, False
         text = f"Slurm job {self.job_id} ended {state}{f' ({reason})' if reason and reason != 'None' else ''} " \
                "outside air (scancel, preemption or the cluster)"
         self._note_all(text)
