@@ -49,17 +49,6 @@ def is_run_id(text: str) -> bool:
     return bool(RUN_ID_RE.match(text))
 
 
-def parse_run_id(text: str) -> str:
-    """Validate a full run id given by a user (surrounding blanks ignored); UserInputError otherwise."""
-    value = text.strip() if isinstance(text, str) else ""
-    if not RUN_ID_RE.match(value):
-        raise UserInputError(
-            f"{text!r} is not a run id.",
-            hint="Run ids look like run-260522-9f3a1c07; `air list runs --all-status` shows them.",
-        )
-    return value
-
-
 def parse_run_id_fragment(text: str) -> str:
     """Validate what a user typed to name a run: a full id, a unique prefix of one, or its hex part.
 
