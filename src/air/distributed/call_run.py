@@ -267,17 +267,17 @@ class CallJob:
         return self.tell
 
     def tracking(self, attempt: int, warn: Callable[[str], None]) -> AttemptTracking:
+        from air.runs.credentials import door_url
+
         tags = {"air.run_id": self.run_id, "air.backend": self.backend.name}
+        if self.store is not None and door_url():  # on a server: MLflow's user_id is the air user, not root
+            tags["mlflow.user"] = self.store.get_run(self.run_id).user
         if self.local:
             from air.distributed.tracked import LazyCallTracking
 
             tags.update({"air.call": self.run_id, "air.accelerator_type": self.accelerator.name,
                          "air.num_accelerators": str(self.world), "air.num_nodes": str(self.num_nodes)})
             return LazyCallTracking(self.run_id, attempt, self.name, tags, warn)
-        from air.runs.credentials import door_url
-
-        if self.store is not None and door_url():  # on a server: MLflow's user_id is the air user, not root
-            tags["mlflow.user"] = self.store.get_run(self.run_id).user
         return AttemptTracking.for_call(func_name=self.name, attempt=attempt, warn=warn, tags=tags)
 
     def rank_logs(self) -> dict[int, Path]:

@@ -113,7 +113,5 @@ class TrackingListener(RunListener):
             door = door_url()  # links (`air get run`, pages) go through the server's door, never to loopback
             write_tracking_ref(RunPaths(run_id).tracking(index),
                                dataclasses.replace(handle, tracking_uri=door) if door else handle)
-            if door is not None:  # on a server: the MLflow user is the run's air user, not the server's
-                handle.set_tags({"mlflow.user": self.store.get_run(run_id).user})
         except Exception as exc:  # tracking never fails a run
             tracking.warn(f"tracking: {exc}")
