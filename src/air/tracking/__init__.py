@@ -21,7 +21,7 @@ from air.tracking.store import (
     tracking_uri,
 )
 from air.tracking.sysmetrics import SystemMetricsSampler
-from air.tracking.ui import experiment_url, run_url, ui_base_url
+from air.tracking.ui import run_url, ui_base_url
 
 __all__ = [
     "tracking_enabled",
@@ -33,7 +33,6 @@ __all__ = [
     "artifact_root",
     "attempt_tags",
     "embedded_uri",
-    "experiment_url",
     "flatten_params",
     "is_embedded",
     "log_params",

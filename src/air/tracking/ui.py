@@ -75,12 +75,6 @@ def tracking_ref_url(path: Path) -> str | None:
         return None
 
 
-def experiment_url(experiment_id: str, base: str | None = None) -> str:
-    """Link to one experiment's run list in an MLflow UI; `base` defaults to `ui_base_url()`."""
-    base = ui_base_url() if base is None else base
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}"
-
-
 # ---- is the UI server installed? ---------------------------------------------------------------------
 
 
