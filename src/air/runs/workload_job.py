@@ -42,6 +42,7 @@ from air.workload.plan import RunPlan
 
 if TYPE_CHECKING:
     from air.environments.cache import Environment
+    from air.environments.containers import ContainerSpec
     from air.environments.dependencies import DependencySet
     from air.runs.limits import AttemptLimits
 
@@ -333,8 +334,6 @@ class WorkloadJob:
             launches = [dataclasses.replace(launch, sandbox=sandbox) for launch in launches]
             _log.info("attempt %d: nodes walled in (%s)", attempt, sandbox.label)
         if self.plan.docker_image is not None:  # every node in the workload's image (air/workload/image_spec.py)
-            from air.workload.image_spec import container_for
-
             image = container_for(self.plan, self.checkpoint_dir)
             launches = [dataclasses.replace(launch, container=image) for launch in launches]
         _log.debug("attempt %d: node commands %s, cwd %s", attempt,
@@ -405,3 +404,20 @@ def _uv_folder() -> str:
         return str(Path(os.path.realpath(uv_bin())).parent)
     except EnvironmentBuildError:
         return ""
+
+
+def container_for(plan: RunPlan, checkpoint_dir: str | None) -> ContainerSpec:
+    """How the plan's nodes run in its image (the supervisor's; the backend adds each node's own folder):
+    the code, checkpoints writable; command and hyperparameters read-only; the workload's variables kept."""
+    from air.environments.containers import ContainerSpec, image_for_run
+    from air.errors import UserInputError
+
+    assert plan.docker_image is not None
+    try:
+        record = image_for_run(str(plan.docker_image["url"]))
+    except UserInputError as exc:
+        raise EnvironmentBuildError(exc.message, hint=exc.hint) from None
+    return ContainerSpec(url=record.url, image_id=record.image_id, run_id=plan.run_id or "",
+                         mounts=tuple(p for p in (plan.code_path, checkpoint_dir) if p),
+                         read_only=tuple(p for p in (plan.command_path, plan.parameters_path) if p),
+                         user_env=tuple((*plan.env_variables, *plan.secret_refs)))

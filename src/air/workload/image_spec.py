@@ -19,8 +19,7 @@ from air.settings import AIR_ISOLATION
 from air.workload.spec_rules import fail, show_value
 
 if TYPE_CHECKING:
-    from air.environments.containers import ContainerSpec, ImageRecord
-    from air.workload.plan import RunPlan
+    from air.environments.containers import ImageRecord
 
 
 class DockerImageSpec(BaseModel):
@@ -96,21 +95,4 @@ def prepare_image(image: Mapping[str, object], secret_store: Path | str | None =
                     credentials=image_credentials(image, secret_store))
 
 
-def container_for(plan: RunPlan, checkpoint_dir: str | None) -> ContainerSpec:
-    """How the plan's nodes run in its image (the supervisor's; the backend adds each node's own folder):
-    the code, checkpoints writable; command and hyperparameters read-only; the workload's variables kept."""
-    from air.environments.containers import ContainerSpec, image_for_run
-    from air.errors import EnvironmentBuildError, UserInputError
-
-    assert plan.docker_image is not None
-    try:
-        record = image_for_run(str(plan.docker_image["url"]))
-    except UserInputError as exc:
-        raise EnvironmentBuildError(exc.message, hint=exc.hint) from None
-    return ContainerSpec(url=record.url, image_id=record.image_id, run_id=plan.run_id or "",
-                         mounts=tuple(p for p in (plan.code_path, checkpoint_dir) if p),
-                         read_only=tuple(p for p in (plan.command_path, plan.parameters_path) if p),
-                         user_env=tuple((*plan.env_variables, *plan.secret_refs)))
-
-
-__all__ = ["DockerImageSpec", "container_for", "image_credentials", "prepare_image"]
+__all__ = ["DockerImageSpec", "image_credentials", "prepare_image"]
