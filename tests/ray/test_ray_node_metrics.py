@@ -77,6 +77,7 @@ def _agent_node(ray_cluster, agent_pid: int) -> str:
     return found[0]
 
 
+@pytest.mark.timeout(900)  # 5 Ray nodes added, then its own waits (240 + 60 + 240 + 240 s): over the default 300 s
 def test_8_agents_sample_their_own_hosts_no_stall_metrics_of_every_node(ray_cluster, air_home: Path,
                                                                         tmp_path: Path) -> None:
     ray_cluster.write_profile(air_home)
