@@ -139,7 +139,7 @@ def test_unknown_slurm_key_is_exit_2_with_the_valid_keys(hpc: SlurmCluster, tmp_
 
 
 def test_a_retry_is_a_new_job_resuming_from_the_checkpoint_dir(hpc: SlurmCluster, tmp_path: Path) -> None:
-    command = ('if [ -f "$AIR_CHECKPOINT_DIR/step" ]; then echo "resumed at $(cat $AIR_CHECKPOINT_DIR/step)"; exit 0; fi\n'
+    command = ('if [ "${AIR_RESUMED:-0}" = 1 ]; then echo "resumed at $(cat $AIR_CHECKPOINT_DIR/step)"; exit 0; fi\n'
                'if [ "$NODE_RANK" = 0 ]; then echo 5 > "$AIR_CHECKPOINT_DIR/step"; fi\n'
                "sleep 1\nexit 3")
     run_id = submit(workload(tmp_path, command, retries=1))
@@ -175,7 +175,7 @@ def test_a_node_lost_mid_run_fails_the_attempt_naming_it_and_the_retry_resumes(h
 
     import psutil
 
-    command = ('if [ -f "$AIR_CHECKPOINT_DIR/step" ]; then echo "resumed at $(cat $AIR_CHECKPOINT_DIR/step)"; exit 0; fi\n'
+    command = ('if [ "${AIR_RESUMED:-0}" = 1 ]; then echo "resumed at $(cat $AIR_CHECKPOINT_DIR/step)"; exit 0; fi\n'
                'if [ "$NODE_RANK" = 0 ]; then echo 7 > "$AIR_CHECKPOINT_DIR/step"; fi\n'
                'echo "node $NODE_RANK up"\nsleep 600')
     run_id = submit(workload(tmp_path, command, retries=1))
