@@ -250,3 +250,8 @@ def newest_checkpoint(base: Path) -> Path | None:
             pass
     return max(entries)[1] if entries else None
 
+
+
+#: The public helpers (`serverless_gpu.runtime` star-imports them).
+__all__ = ["checkpoint_dir", "default_backend", "heartbeat", "is_resumed", "latest_checkpoint", "get_global_rank", "get_local_rank", "get_local_world_size", "get_node_ip",
+           "get_node_rank", "get_replica_rank", "get_world_size", "ray_init"]
