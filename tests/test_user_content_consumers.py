@@ -73,6 +73,7 @@ MLFLOW = "MLflow bodies through the door (REST, ajax-api, GraphQL, artifacts)"
 PARAMETERS = "Parameters and hyperparameters"
 CONFIG = "The server's config.yaml"
 RAY = "Snapshots on a Ray cluster"
+SLURM = "Node plans on a Slurm cluster"
 ERROR_FILES = "Root causes a process records (TORCHELASTIC_ERROR_FILE)"
 
 #: (kind, "module:function") -> the title of docs/access.md's row it belongs to. Keep the two in step.
@@ -83,7 +84,7 @@ CONSUMERS: dict[tuple[str, str], str] = {
     ("yaml", "air.runs.sweep:_child_spec"): YAML,
     ("yaml", "air.web.app:_as_written"): YAML,
     # the server's account: bounded JSON into typed models (its own stored grants, re-read)
-    ("json", "air.server.routes_runs:json_body"): BODIES,
+    ("json", "air.server.deps:json_body"): BODIES,
     ("json", "air.server.routes_runs:put_permissions"): BODIES,
     ("json", "air.server.visibility:change_permissions"): BODIES,
     # the nodes and ranks, as the run's account in its sandbox
@@ -117,6 +118,8 @@ CONSUMERS: dict[tuple[str, str], str] = {
     ("yaml", "air.tracking.backfill:_parameters"): PARAMETERS,
     # a Ray node's agent (the Ray cluster's account)
     ("unpack", "air.backends.ray_agent:NodeAgent.unpack"): RAY,
+    # a Slurm job's node launcher (the supervisor's account, under srun) reads what that supervisor wrote
+    ("unpickle", "air.backends.slurm_node:_Node._wait_for_launch"): SLURM,
     # the operator's file
     ("yaml", "air.config:load_config"): CONFIG,
 }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from air.accelerators import parse_accelerator_type
 from air.backends import backend_for
 from air.backends.slurm import SlurmBackend, SlurmOptions, batch_script, queue_reason, sbatch_argv, state_file
@@ -37,3 +39,14 @@ def test_queue_reason_is_slurms(air_home: Path) -> None:
     state_file(run_id).write_text(json.dumps({"job_id": "12", "state": "PENDING", "reason": "Priority",
                                                  "partition": "debug"}))
     assert queue_reason(run_id, "hpc") == "Slurm job 12 PENDING (Priority) in partition debug"
+
+
+def test_a_walled_server_refuses_a_slurm_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `air server`'s walls a Slurm job would be submitted as the server's account: refused, saying so."""
+    from air.errors import UserInputError
+    from air.settings import AIR_ISOLATION
+
+    monkeypatch.setenv(AIR_ISOLATION, "unix-user+bwrap")
+    with pytest.raises(UserInputError, match="does not offer yet") as refused:
+        backend_for(Profile(name="hpc", backend="slurm", partition="debug"))
+    assert refused.value.hint and "login node" in refused.value.hint

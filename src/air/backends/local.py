@@ -261,7 +261,7 @@ def _with_work(sandbox: Sandbox | None, work: Path) -> Sandbox | None:
     return dataclasses.replace(sandbox, writable=(*sandbox.writable, str(work)))
 
 
-def _read_own_file(path: Path, max_bytes: int | None = None) -> bytes | None:
+def read_own_file(path: Path, max_bytes: int | None = None) -> bytes | None:
     """A file the node's processes wrote in their work folder, which they may write (under `air server`,
     as the run's account): never what a link they left there names (a file only the server's account may
     read, linked there hard or soft), nor a FIFO that would block, nor more than `max_bytes`. None where
@@ -387,7 +387,7 @@ class LocalAttempt:
         return f"(no process {process} on node {node})"
 
     def fetch_files(self, node: int, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
-        return {name: _read_own_file(self._work_dirs[node] / name, max_bytes) for name in names}
+        return {name: read_own_file(self._work_dirs[node] / name, max_bytes) for name in names}
 
     def process_exits(self, node: int) -> list[ProcessExit] | None:
         return self._exits[node]

@@ -42,12 +42,12 @@ from air.backends.base import (
     parse_node_shape,
 )
 from air.backends.slurm_node import LAUNCH_FILE, SIGNALED_FILE, STOP_FILE, node_dir
-from air.errors import AirError, GPUValidationError, RuntimeConfigurationError
+from air.errors import AirError, GPUValidationError, RuntimeConfigurationError, UserInputError
 from air.files import atomic_write_bytes, atomic_write_text
 from air.launcher import ProcessExit, ProcessSpec, reap_tag
 from air.launcher.progress import Silence
 from air.processes import PROCESS_KINDS
-from air.settings import AIR_PROCESS_TAG, AIR_SUPERVISOR
+from air.settings import AIR_ISOLATION, AIR_PROCESS_TAG, AIR_SUPERVISOR
 from air.store.paths import RunPaths
 
 if TYPE_CHECKING:
@@ -188,6 +188,12 @@ class SlurmBackend:
 
     @classmethod
     def from_profile(cls, profile: Profile) -> SlurmBackend:
+        if os.environ.get(AIR_ISOLATION):  # jobs would be the server's account's, not the run owner's
+            raise UserInputError(
+                f"Profile {profile.name!r} runs on Slurm, which this air server does not offer yet: its runs are "
+                "walled in as their owners' accounts, and its Slurm jobs would be submitted as the server's.",
+                hint="Submit from your own account on a Slurm login node (air run -p PROFILE there), or use "
+                "a local or ray profile on this server.")
         return cls(profile)
 
     @property
@@ -309,6 +315,7 @@ class SlurmBackend:
         attempt = SlurmAttempt(job_id, job_dir, [launch.node_rank for launch in ordered],
                                [str(h["addr"]) for h in hosts], [str(h.get("slurm_node") or h["host"]) for h in hosts])
         attempt.master_addr, attempt.master_port = str(master["addr"]), int(str(master["port"]))
+        attempt.log_paths = [str(launch.log_path) for launch in ordered]
         return attempt
 
     def release(self, allocation: Allocation) -> None:
@@ -388,6 +395,8 @@ class SlurmAttempt:
                  slurm_nodes: Sequence[str]) -> None:
         self.job_id = job_id
         self.job_dir = job_dir
+        #: Every node's log (set by start): where a job's end outside air is told.
+        self.log_paths: list[str] = []
         self.node_ranks = list(node_ranks)
         self.addresses = list(addresses)
         self.slurm_nodes = list(slurm_nodes)
@@ -513,11 +522,9 @@ class SlurmAttempt:
         return self._failed_node("")
 
     def _note_all(self, text: str) -> None:
-        with contextlib.suppress(Exception):
-            launch_plan = pickle.loads((self.job_dir / LAUNCH_FILE).read_bytes())  # noqa: S301 (our own file)
-            for node in launch_plan["nodes"].values():
-                with open(node["log_path"], "a", encoding="utf-8") as fh:
-                    fh.write(f"[air] {text}\n")
+        for log_path in self.log_paths:
+            with contextlib.suppress(OSError), open(log_path, "a", encoding="utf-8") as fh:
+                fh.write(f"[air] {text}\n")
 
     def _stop_nodes(self) -> None:
         with contextlib.suppress(OSError):
@@ -568,10 +575,10 @@ class SlurmAttempt:
         return f"(node {node} did not answer within {STACKS_S:g} s)"
 
     def fetch_files(self, node: int, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
-        from air.backends.local import _read_own_file
+        from air.backends.local import read_own_file
 
         work = node_dir(self.job_dir, node) / "work"
-        return {name: _read_own_file(work / name, max_bytes) for name in names}
+        return {name: read_own_file(work / name, max_bytes) for name in names}
 
     def process_exits(self, node: int) -> list[ProcessExit] | None:
         return self._read_exits(node)
