@@ -172,6 +172,19 @@ def parse_node_shape(raw: str) -> AcceleratorType | None:
     return parse_accelerator_type(f"{kind.upper()}_{per_node}x{canonical}")
 
 
+def one_node_shape(count: int, accelerator_type: str, bare_gpu_model: str | None) -> tuple[AcceleratorType, int] | None:
+    """The shape of a backend that does not pack ranks itself: a full node type fixes the ranks per node; a
+    bare model puts every rank on one node (a bare `GPU` is `bare_gpu_model`; None when there is none)."""
+    full = parse_node_shape(accelerator_type)
+    if full is not None:
+        return full, full.nodes_for(count)
+    raw = accelerator_type.strip()
+    if raw.lower() == "cpu":
+        return AcceleratorType("CPU", count, "CPU"), 1
+    model = bare_gpu_model if raw.lower() == "gpu" else (normalize_model(raw) or raw.upper())
+    return (AcceleratorType("GPU", count, model), 1) if model else None
+
+
 class AttemptHandle(Protocol):
     """A started attempt."""
 

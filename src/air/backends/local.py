@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from air.accelerators import AcceleratorType, MachineAccelerators, discover, normalize_model
+from air.accelerators import AcceleratorType, MachineAccelerators, discover
 from air.backends.base import (
     Allocation,
     AttemptOutcome,
@@ -30,7 +30,7 @@ from air.backends.base import (
     SlotLedger,
     build_outcome,
     node_work_root,
-    parse_node_shape,
+    one_node_shape,
 )
 from air.backends.ray_shim import local_workload_ray_env
 from air.constants import TERMINATE_GRACE_S
@@ -73,17 +73,11 @@ class LocalBackend:
 
     def plan_shape(self, count: int, accelerator_type: str) -> tuple[AcceleratorType, int]:
         """A full node type fixes the ranks per node; a bare model puts every rank on one node."""
-        full = parse_node_shape(accelerator_type)
-        if full is not None:
-            return full, full.nodes_for(count)
-        raw = accelerator_type.strip()
-        if raw.lower() == "cpu":
-            return AcceleratorType("CPU", count, "CPU"), 1
-        model = self.machine.gpu_model if raw.lower() == "gpu" else (normalize_model(raw) or raw.upper())
-        if not model:
+        shape = one_node_shape(count, accelerator_type, self.machine.gpu_model)
+        if shape is None:
             raise GPUValidationError(f"Asked for GPUs, but {self.describe_capacity()}.",
                                      hint="Pass accelerator_type='CPU' to run CPU ranks.")
-        return AcceleratorType("GPU", count, model), 1
+        return shape
 
     def check_shape(self, accelerator: AcceleratorType, num_nodes: int) -> None:
         if not accelerator.is_cpu:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from air.accelerators import AcceleratorType, normalize_model
+from air.accelerators import AcceleratorType
 from air.backends.base import (
     Allocation,
     AttemptOutcome,
@@ -39,7 +39,7 @@ from air.backends.base import (
     NodeLaunch,
     ProcLineCallback,
     build_outcome,
-    parse_node_shape,
+    one_node_shape,
 )
 from air.backends.slurm_node import LAUNCH_FILE, SIGNALED_FILE, STOP_FILE, node_dir
 from air.errors import AirError, GPUValidationError, RuntimeConfigurationError, UserInputError
@@ -215,14 +215,9 @@ class SlurmBackend:
 
     def plan_shape(self, count: int, accelerator_type: str) -> tuple[AcceleratorType, int]:
         """A full node type fixes the ranks per node; a bare model puts every rank on one node."""
-        full = parse_node_shape(accelerator_type)
-        if full is not None:
-            return full, full.nodes_for(count)
-        raw = accelerator_type.strip()
-        if raw.lower() == "cpu":
-            return AcceleratorType("CPU", count, "CPU"), 1
-        model = normalize_model(raw) or raw.upper()
-        return AcceleratorType("GPU", count, model), 1
+        shape = one_node_shape(count, accelerator_type, "GPU")
+        assert shape is not None  # a bare GPU is the model "GPU" here
+        return shape
 
     def check_shape(self, accelerator: AcceleratorType, num_nodes: int) -> None:
         nodes = self._partition_nodes()
