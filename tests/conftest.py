@@ -3,7 +3,6 @@ multi-node Ray cluster per test session (tests/ray and tests/seeds), started on 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import threading
 from collections.abc import Iterator
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from proc_helpers import debian_packages
 
 if TYPE_CHECKING:  # Ray is imported by the fixture only: the lean install runs this conftest without it
     from air.backends.ray_cluster import RayAuth, RayNode
@@ -31,26 +32,6 @@ def air_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     work.mkdir(exist_ok=True)
     monkeypatch.chdir(work)
     return home
-
-
-def debian_packages(binaries: tuple[str, ...], packages: tuple[str, ...]) -> None:
-    """Install Debian `packages` once where any of `binaries` is missing (CI on a fresh machine runs as root)."""
-    import subprocess
-
-    if all(Path(b).exists() for b in binaries):
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    # pytest-xdist's workers may all get here at once: one apt-get at a time (dpkg refuses a second).
-    with open("/tmp/air-tests-apt.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if all(Path(b).exists() for b in binaries):
-            return
-        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
-            result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-            assert result.returncode == 0, (f"{' '.join(argv)} failed:\n"
-                                            f"{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    missing = [b for b in binaries if not Path(b).exists()]
-    assert not missing, f"installing {' '.join(packages)} left {missing} missing"
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import fcntl
+import os
 import signal
 import struct
+import subprocess
 import termios
 import time
 from collections.abc import Callable, Iterable
@@ -83,3 +85,22 @@ def tracking_done(run_id: str, timeout: float = 300.0, *, home: Path | None = No
     store = RunStore() if home is None else RunStore(AirHome(home).runs_db)
     wait_for(lambda: not supervisor_alive(store.get_run(run_id)), f"{run_id}'s supervisor to exit (tracking done)",
              timeout=timeout, interval=0.2)
+
+
+def debian_packages(binaries: tuple[str, ...], packages: tuple[str, ...]) -> None:
+    """Install Debian `packages` once where any of `binaries` is missing (CI on a fresh machine runs as root)."""
+    if all(Path(b).exists() for b in binaries):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # pytest-xdist's workers may all get here at once: one apt-get at a time (dpkg refuses a second).
+    with open("/tmp/air-tests-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(Path(b).exists() for b in binaries):
+            return
+        for argv in (["apt-get", "update", "-qq"],
+                     ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq", *packages]):
+            result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+            assert result.returncode == 0, (f"{' '.join(argv)} failed:\n"
+                                            f"{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    missing = [b for b in binaries if not Path(b).exists()]
+    assert not missing, f"installing {' '.join(packages)} left {missing} missing"

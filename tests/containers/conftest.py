@@ -5,7 +5,6 @@ cached outside the clone (images.py), pushed to the registries."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -18,28 +17,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 from container_helpers import Registry, start_registry  # noqa: E402
 from images import ensure_bare, ensure_image  # noqa: E402
 
+from proc_helpers import debian_packages  # noqa: E402
+
 TOOLS = ("/usr/bin/podman", "/usr/bin/skopeo", "/usr/sbin/runc", "/usr/bin/docker-registry", "/usr/bin/mmdebstrap",
          "/usr/bin/htpasswd")
 PACKAGES = ("podman", "skopeo", "runc", "docker-registry", "mmdebstrap", "apache2-utils")
 USER, PASSWORD = "trainer", "s3cret-pa55"
 
 
-def _debian_packages(binaries: tuple[str, ...], packages: tuple[str, ...]) -> None:
-    """tests/conftest.py's installer (this folder's conftest shadows that module's name)."""
-    spec = importlib.util.spec_from_file_location("air_tests_root_conftest", Path(__file__).parents[1] / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = sys.modules.get(spec.name) or importlib.util.module_from_spec(spec)
-    if spec.name not in sys.modules:
-        sys.modules[spec.name] = module  # (its dataclasses look their module up)
-        spec.loader.exec_module(module)
-    module.debian_packages(binaries, packages)
-
-
 @pytest.fixture(scope="session")
 def container_tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The tools, and a containers.conf for the session: this kind of machine cannot raise the rlimits podman
     asks for by default (docs/containers.md), so the containers inherit podman's own (`default_ulimits = []`)."""
-    _debian_packages(TOOLS, PACKAGES)
+    debian_packages(TOOLS, PACKAGES)
     conf = tmp_path_factory.mktemp("containers") / "containers.conf"
     conf.write_text("[containers]\ndefault_ulimits = []\n")
     before = os.environ.get("CONTAINERS_CONF")

@@ -8,7 +8,6 @@ ports, every file in one state folder. `stop` cancels its jobs, then ends exactl
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -18,26 +17,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proc_helpers import debian_packages
+
 BINARIES = ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch", "/usr/sbin/munged")
 PACKAGES = ("slurm-wlm", "munge")
 NODES = ("n1", "n2")
 
 
 def install() -> None:
-    """apt-get install slurm-wlm munge once where missing (one apt-get at a time, as tests/conftest.py does)."""
-    if all(Path(b).exists() for b in BINARIES):
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    with open("/tmp/air-tests-apt.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if all(Path(b).exists() for b in BINARIES):
-            return
-        for argv in (["apt-get", "update", "-qq"],
-                     ["apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq", *PACKAGES]):
-            result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
-            assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
-    missing = [b for b in BINARIES if not Path(b).exists()]
-    assert not missing, f"installing {' '.join(PACKAGES)} left {missing} missing"
+    """apt-get install slurm-wlm munge once where missing."""
+    debian_packages(BINARIES, PACKAGES)
 
 
 def free_ports(count: int) -> list[int]:
