@@ -14,7 +14,10 @@ from pathlib import Path
 
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
+from air.runs.prune import prune
+from air.store.liveness import process_create_time, supervisor_alive
 from air.store.paths import RunPaths
+from air.store.states import RunStatus
 from air.store.run_store import RunStore
 from proc_helpers import wait_for
 
@@ -70,6 +73,9 @@ def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path,
     # Its command runs: every file of its attempt is written (but the progress notes, see _listing).
     wait_for(lambda: "started" in RunPaths(active_id).node_log(0, 0).read_text(), "the active run's command", 60)
     assert old.status.value == recent.status.value == "SUCCESS"
+    # A supervisor still writes its run's last lines after the state says SUCCESS; prune keeps such a
+    # run (test_a_run_whose_supervisor_is_still_finishing_is_kept), so wait until it has exited.
+    wait_for(lambda: supervisor_alive(RunStore().get_run(old.id)) is False, "the old run's supervisor exits", 60)
 
     call = subprocess.run(
         [
@@ -130,6 +136,28 @@ def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path,
 
     assert air("cancel", active_id).returncode == 0
     wait_terminal(active_id)
+
+
+def test_a_run_whose_supervisor_is_still_finishing_is_kept(air_home: Path) -> None:
+    # An ended run whose recorded supervisor (this very process) is alive: it may still write the run's
+    # last lines, so prune keeps its row and folder and says why; once that process is gone it goes.
+    store = RunStore()
+    run = store.create_run(experiment="e", accelerator_type="CPU_1xCPU", num_accelerators=1, num_nodes=1).run
+    store.set_supervisor(run.id, os.getpid(), process_create_time(os.getpid()))
+    store.transition(run.id, RunStatus.RUNNING)
+    store.transition(run.id, RunStatus.SUCCESS)
+    RunPaths(run.id).folder.mkdir(parents=True)
+    with sqlite3.connect(air_home / "runs.db") as db:
+        db.execute("UPDATE runs SET ended_at = ? WHERE id = ?", (TEN_DAYS_AGO, run.id))
+
+    kept = prune(7)
+    assert kept.runs == [] and any(run.id in note and "still finishing" in note for note in kept.notes)
+    assert RunPaths(run.id).folder.is_dir() and store.get_run(run.id).status == RunStatus.SUCCESS
+
+    gone_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)
+    store.set_supervisor(run.id, int(gone_pid.stdout), time.time() - 5)
+    assert prune(7).runs == [run.id] and not RunPaths(run.id).folder.exists()
 
 
 def test_prune_refuses_a_negative_age_and_creates_nothing(air_home: Path) -> None:

@@ -3,7 +3,8 @@ without limit.
 
 What goes, when older than the cutoff: ended runs (their store rows and `runs/<id>/` folders), the
 `calls/<id>/` folders older air versions wrote, code snapshots, and environments nobody used since. What
-never goes: an active run, the snapshot or environment an active run was submitted with, an environment
+never goes: an active run, an ended run whose supervisor is still finishing (flushing its logs and
+tracking), the snapshot or environment an active run was submitted with, an environment
 a node holds (its lock). MLflow's records are the
 user's history and stay. Every step is safe to repeat: a second prune finishes what an interrupted one
 left.
@@ -19,9 +20,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from air.errors import UserInputError
+from air.errors import NotFoundError, UserInputError
 from air.files import folder_size
 from air.home import AirHome
+from air.store.liveness import supervisor_alive
 from air.store.paths import RUN_ID_RE, RunPaths
 from air.store.run_store import RunStore
 from air.store.states import RunStatus
@@ -108,7 +110,9 @@ def prune(
     envs_known = True
     if store is not None:
         keep_snapshots, keep_envs, envs_known = _active_keys(store, report)
-        ended = [run_id for run_id, _ in store.ended_before(cutoff)]
+        ended = [
+            run_id for run_id, _ in store.ended_before(cutoff) if not _still_finishing(store, run_id, report)
+        ]
         removable = (
             ended if dry_run else store.delete_ended_runs(ended)
         )  # rows first: never a row without logs
@@ -165,6 +169,19 @@ def prune(
         report.environments = [e.key for e in envs]
         report.bytes += sum(e.size_bytes for e in envs)
     return report
+
+
+def _still_finishing(store: RunStore, run_id: str, report: PruneReport) -> bool:
+    """Is this ended run's supervisor still alive? It may still write the run's last log lines and
+    tracking; removing its folder now would let it recreate half a folder. The next prune takes it."""
+    try:
+        run = store.get_run(run_id)
+    except NotFoundError:
+        return False
+    if supervisor_alive(run) is not True:
+        return False
+    report.notes.append(f"kept run {run_id}: its supervisor (pid {run.supervisor_pid}) is still finishing")
+    return True
 
 
 def _sweep_trash(home: AirHome, dry_run: bool) -> None:
