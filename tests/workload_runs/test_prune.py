@@ -15,11 +15,11 @@ from pathlib import Path
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
 from air.runs.prune import prune
-from air.store.liveness import process_create_time, supervisor_alive
+from air.store.liveness import process_create_time
 from air.store.paths import RunPaths
-from air.store.states import RunStatus
 from air.store.run_store import RunStore
-from proc_helpers import wait_for
+from air.store.states import RunStatus
+from proc_helpers import tracking_done, wait_for
 
 TEN_DAYS_AGO = time.time() - 10 * 86400
 
@@ -72,10 +72,12 @@ def test_prune_removes_old_ended_things_and_keeps_what_is_active(tmp_path: Path,
     wait_status(active_id, "RUNNING")
     # Its command runs: every file of its attempt is written (but the progress notes, see _listing).
     wait_for(lambda: "started" in RunPaths(active_id).node_log(0, 0).read_text(), "the active run's command", 60)
+    # Its MLflow run is made beside the command (on a busy machine, after it started): its record too.
+    wait_for(lambda: RunPaths(active_id).tracking(0).exists(), "the active run's MLflow record", 120)
     assert old.status.value == recent.status.value == "SUCCESS"
     # A supervisor still writes its run's last lines after the state says SUCCESS; prune keeps such a
     # run (test_a_run_whose_supervisor_is_still_finishing_is_kept), so wait until it has exited.
-    wait_for(lambda: supervisor_alive(RunStore().get_run(old.id)) is False, "the old run's supervisor exits", 60)
+    tracking_done(old.id)
 
     call = subprocess.run(
         [

@@ -18,6 +18,7 @@ from pathlib import Path
 from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
 
 from air.store.run_store import RunStore
+from proc_helpers import tracking_done
 
 #: A command that prints a line every 0.2 s for two minutes: running long enough to be interrupted.
 TICKING = "python -c \"import time\nfor i in range(600): print('tick', i, flush=True); time.sleep(0.2)\""
@@ -110,6 +111,7 @@ def _one_ended_run(tmp_path: Path) -> str:
     """)
     run_id = submit(path)
     assert wait_terminal(run_id).status.value == "SUCCESS"
+    tracking_done(run_id)  # its supervisor has exited: nothing writes to the run any more (prune keeps it until then)
     return run_id
 
 
