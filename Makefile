@@ -45,15 +45,16 @@ TEST_WORKERS ?= 3
 # Everything but GPU tests on the full install and, beside it at a lower priority (it fills the CPU the
 # main tier leaves idle), the lean install's own run (tests/lean need it; its output comes after the main
 # tier's): both results are reported, and `make test` fails if either did.
-# SIGTERM or Ctrl-C reaches both pytest runs (make signals only this shell; each tier is a process group of
-# its own): each tears its fixtures down and ends every process of its session (tests/session_stop.py)
-# before `make test` exits.
+# SIGTERM or Ctrl-C reaches both pytest runs (make signals only this shell; the lean tier is a session and
+# process group of its own, setsid, signalled whole and waited for until empty): each tears its fixtures
+# down and ends every process of its session (tests/session_stop.py) before `make test` exits.
 test: setup
-	@set -m; main=0; lean=0; pid=; lpid=; \
+	@main=0; lean=0; pid=; lpid=; \
 	stop() { [ -n "$$pid" ] && kill -TERM $$pid 2>/dev/null; [ -n "$$lpid" ] && kill -TERM -- -$$lpid 2>/dev/null; \
-	  [ -n "$$pid" ] && wait $$pid; [ -n "$$lpid" ] && wait $$lpid; exit $$1; }; \
+	  [ -n "$$pid" ] && wait $$pid; [ -n "$$lpid" ] && { wait $$lpid; while kill -0 -- -$$lpid 2>/dev/null; do sleep 0.2; done; }; \
+	  exit $$1; }; \
 	trap 'stop 143' TERM; trap 'stop 130' INT; \
-	nice -n 10 $(MAKE) --no-print-directory test-lean > $(VENV_LEAN).log 2>&1 & lpid=$$!; \
+	nice -n 10 setsid $(MAKE) --no-print-directory test-lean > $(VENV_LEAN).log 2>&1 & lpid=$$!; \
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not gpu" --ignore=tests/lean tests & \
 	pid=$$!; wait $$pid || main=$$?; pid=; \
 	wait $$lpid || lean=$$?; lpid=; echo "== lean tier (its output, $(VENV_LEAN).log):"; cat $(VENV_LEAN).log; \

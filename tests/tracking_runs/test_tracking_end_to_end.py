@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from air import distributed
+from air.settings import AIR_TRACKING_GIVE_UP_S
 from air.store.run_store import RunStore
 from proc_helpers import mlflow_run_ended, tracking_done, wait_for
 
@@ -153,6 +154,7 @@ def test_unreachable_tracking_server_is_a_warning_not_a_failure(tmp_path: Path, 
         sock.bind(("127.0.0.1", 0))
         closed_port = sock.getsockname()[1]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{closed_port}")
+    monkeypatch.setenv(AIR_TRACKING_GIVE_UP_S, "3")  # its supervisor gives up on the server soon, and exits
     path = write_workload(tmp_path, "offline", """
         experiment_name: offline
         compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
@@ -169,6 +171,7 @@ def test_unreachable_tracking_server_is_a_warning_not_a_failure(tmp_path: Path, 
              timeout=300)  # said in supervisor.log
     log = RunPaths(run.id).node_log(0, 0).read_text()
     assert "trained" in log and "tracking" not in log  # air's tracking warnings stay out of the node's log
+    tracking_done(run.id, timeout=120)  # nothing of the run outlives the test
 
 
 def test_call_whose_ranks_never_use_mlflow_is_recorded_after_it_returns(tmp_path: Path, air_home: Path) -> None:
