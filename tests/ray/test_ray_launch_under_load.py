@@ -48,6 +48,36 @@ def processes_of_calls(air_home: Path) -> list[int]:
     return found
 
 
+#: Ray Train's warning, with its traceback, when its autoscaling coordinator does not answer a request
+#: within 5 s: it comes from a busy CPU (Ray's text says it is safe to ignore then), not from another cluster.
+RAY_OVERLOAD_WARNING = "If this only happens transiently during network partition or CPU being overloaded"
+
+
+def without_overload_warnings(text: str) -> str:
+    """`text` without each Ray overload warning and the traceback that follows it (up to and including its
+    `ray.exceptions.GetTimeoutError` line); any other traceback stays."""
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines():
+        if RAY_OVERLOAD_WARNING in line:
+            skipping = True
+        elif skipping and "ray.exceptions.GetTimeoutError" in line:
+            skipping = False
+        elif not skipping:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def test_overload_warnings_are_the_only_tracebacks_taken_out() -> None:
+    prefix = "[rank 0] (TrainController pid=1) "
+    warned = (f"{prefix}Failed to send resource request for train-1. {RAY_OVERLOAD_WARNING}, it's safe to ignore\n"
+              f"{prefix}Traceback (most recent call last):\n{prefix}  File \"x.py\", line 1\n"
+              f"{prefix}ray.exceptions.GetTimeoutError: Get timed out\n{prefix}Started training worker group\n")
+    assert without_overload_warnings(warned) == f"{prefix}Started training worker group"
+    other = f"{prefix}Traceback (most recent call last):\n{prefix}ConnectionError: Found multiple active Ray instances"
+    assert "Traceback" in without_overload_warnings(warned + other)
+
+
 @pytest.fixture
 def cpu_hog() -> Iterator[list[psutil.Process]]:
     """`HOGS` busy-loop processes for the duration of the test (ended and reaped after it)."""
@@ -122,7 +152,7 @@ def test_a_call_reaches_only_its_own_cluster_beside_an_unrelated_one(
     assert value["driver"] != other.address
     assert value["seen_by_worker"] == [value["own"]]  # its own cluster's one node, not the other's
     assert "Found multiple active Ray instances" not in out + err
-    assert "Traceback" not in out + err
+    assert "Traceback" not in without_overload_warnings(out + err)
     assert not other.processes() and not processes_of_calls(air_home)
 
 
