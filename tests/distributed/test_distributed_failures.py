@@ -173,6 +173,36 @@ def test_caller_stopped_by_a_signal_ends_its_call_canceled_with_the_signal_named
     assert "CANCELED" in shown.stdout and signum.name in shown.stdout, shown.stdout + shown.stderr
 
 
+@pytest.mark.parametrize("remote", [False, True])
+def test_caller_stopped_after_its_run_is_recorded_but_before_it_is_driven_ends_it_canceled(
+        tmp_path: Path, remote: bool) -> None:
+    """The window between the run's record and its controller: a stop there is the user's cancel too (before,
+    the run stayed PENDING with no live caller and reconcile ended it INTERNAL_ERROR). The signal is sent by
+    the caller itself at that very point, so nothing here depends on timing."""
+    from air.store.run_store import RunStore
+
+    script = tmp_path / "caller.py"
+    script.write_text(textwrap.dedent(f"""
+        import importlib, os, signal, time
+        from air import distributed
+        call_run = importlib.import_module("air.distributed.call_run")
+
+        def stopped_before_driving(store, job, max_retries):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+            raise SystemExit("the SIGTERM was not handled")
+
+        call_run.drive_call = stopped_before_driving
+        distributed(2, "CPU", remote={remote})(print).distributed("never")
+    """))
+    caller = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=PROMPT_S + 60)
+    assert caller.returncode == -signal.SIGTERM, caller.stderr
+    run = RunStore().list_runs(statuses="all")[0]
+    assert run.status.value == "CANCELED", (run.status, run.termination_reason)
+    assert run.failure_class is not None and run.failure_class.value == "CANCEL"
+    assert "the caller was stopped by SIGTERM" in (run.termination_reason or "")
+
+
 def test_a_rank_that_died_after_recording_its_root_cause_is_failed_with_it() -> None:
     """A rank's TORCHELASTIC_ERROR_FILE (its own, as torchrun gives each worker one) holds the exception
     torch's `@record` wrote: the run's reason is that exception and where it was raised, not the exit code."""

@@ -68,14 +68,22 @@ _log = logging.getLogger("air.call")
 CALLER_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
+class CallerCall:
+    """What a stopped caller must still end: the call's run, once recorded (None before)."""
+
+    run_id: str | None = None
+
+
 @contextmanager
-def caller_stops_cancel() -> Iterator[None]:
-    """While a call is driven in its caller: SIGTERM, SIGHUP or Ctrl-C cancels it. The run ends CANCELED
-    with the signal named (the controller ends every rank first), not INTERNAL_ERROR from reconcile
-    finding the caller dead; then the caller ends as that signal ends it (Ctrl-C: KeyboardInterrupt, as
-    before). Handlers the program set itself are left alone; outside the main thread none can be set."""
+def caller_stops_cancel(store: RunStore) -> Iterator[CallerCall]:
+    """While a call is recorded and driven in its caller: SIGTERM, SIGHUP or Ctrl-C cancels it. The run ends
+    CANCELED with the signal named (the controller ends every rank first; a run recorded but not yet driven
+    is ended here), not INTERNAL_ERROR from reconcile finding the caller dead; then the caller ends as that
+    signal ends it (Ctrl-C: KeyboardInterrupt, as before). Handlers the program set itself are left alone;
+    outside the main thread none can be set."""
+    call = CallerCall()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield call
         return
     stopping: list[int] = []
 
@@ -92,8 +100,10 @@ def caller_stops_cancel() -> Iterator[None]:
             previous[signum] = current
             signal.signal(signum, stop)
     try:
-        yield
+        yield call
     except CallerStopped as exc:
+        if call.run_id is not None:  # stopped before its controller ran (which ends its own run)
+            _end_canceled(store, call.run_id, exc.reason)
         for number, handler in previous.items():
             signal.signal(number, handler)
         previous.clear()
@@ -104,6 +114,15 @@ def caller_stops_cancel() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+def _end_canceled(store: RunStore, run_id: str, reason: str) -> None:
+    """A call stopped by its caller's user before its controller started: nothing of it runs yet."""
+    try:
+        if not store.get_run(run_id).status.is_terminal():
+            store.transition(run_id, RunStatus.CANCELED, reason=reason, failure_class=FailureClass.CANCEL)
+    except Exception as store_exc:  # the stop matters more
+        sys.stderr.write(f"[air] run store: {type(store_exc).__name__}: {store_exc}\n")
 
 
 def create_call_run(store: RunStore, profile: Profile, settings: CallSettings, name: str, *, experiment: str,

@@ -36,11 +36,11 @@ def run_local(func: Callable[..., object], args: Sequence[object], kwargs: Mappi
     store = RunStore()
     machine = MachineAccelerators((), cpu_slots()) if accelerator.is_cpu else discover()
     backend = LocalBackend(machine, ledger=None if nested else store)
-    run = store.create_run(experiment=call_experiment(), accelerator_type=accelerator.name,
-                           num_accelerators=shape.world_size, num_nodes=1, backend=backend.name, kind="call",
-                           run_name=name).run
-    job = CallJob(run.id, backend, accelerator, 1, payload, name, settings.timeout, True,
-                  preload, hang_timeout_s=settings.hang_timeout, local=True)
-    with caller_stops_cancel():  # SIGTERM, SIGHUP, Ctrl-C: CANCELED with the signal named
+    with caller_stops_cancel(store) as call:  # SIGTERM, SIGHUP, Ctrl-C: CANCELED with the signal named
+        call.run_id = store.create_run(experiment=call_experiment(), accelerator_type=accelerator.name,
+                                       num_accelerators=shape.world_size, num_nodes=1, backend=backend.name,
+                                       kind="call", run_name=name).run.id
+        job = CallJob(call.run_id, backend, accelerator, 1, payload, name, settings.timeout, True,
+                      preload, hang_timeout_s=settings.hang_timeout, local=True)
         result = drive_call(store, job, 0)
     return result.load()  # unpickled here: this process is the caller

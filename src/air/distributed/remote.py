@@ -30,12 +30,13 @@ def run_remote(func: Callable[..., object], args: Sequence[object], kwargs: Mapp
     store = RunStore()
     payload = serialize_call(func, args, kwargs)
     name = getattr(func, "__name__", "fn")
-    run, backend, accelerator, num_nodes = create_call_run(
-        store, profile, settings, name, experiment=call_experiment(), use_reserved=use_reserved_pool(),
-        pool_asked=remote_pool_id())
-    job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, True,
-                  preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
-                  checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
-    with caller_stops_cancel():
+    with caller_stops_cancel(store) as call:
+        run, backend, accelerator, num_nodes = create_call_run(
+            store, profile, settings, name, experiment=call_experiment(), use_reserved=use_reserved_pool(),
+            pool_asked=remote_pool_id())
+        call.run_id = run.id
+        job = CallJob(run.id, backend, accelerator, num_nodes, payload, name, settings.timeout, True,
+                      preload_for(func, args, kwargs), hang_timeout_s=settings.hang_timeout,
+                      checkpoint_dir=checkpoint_location(run.id, profile.checkpoint_root))
         result = drive_call(store, job, max_retries)
     return result.load()  # unpickled here: this process is the caller
