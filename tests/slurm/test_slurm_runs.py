@@ -121,6 +121,40 @@ def test_cancel_while_running_leaves_nothing_on_any_node(hpc: SlurmCluster, tmp_
     no_leftover(hpc)
 
 
+def test_a_killed_supervisors_job_is_ended_with_the_run(hpc: SlurmCluster, tmp_path: Path) -> None:
+    """The supervisor is gone (SIGKILL: no chance to scancel): the next air command that reconciles ends the
+    run INTERNAL_ERROR and its Slurm job with it, on every node (before, the job ran on to its time limit)."""
+    import os
+    import signal
+
+    run_id = submit(workload(tmp_path, 'echo "node $NODE_RANK up"\nsleep 600'))
+
+    def both_up() -> bool:
+        logs = RunPaths(run_id).node_logs(0)
+        return len(logs) == 2 and all(f"node {n} up" in logs[n].read_text() for n in (0, 1))
+
+    wait_for(both_up, 300, "both nodes up")
+    pid = RunStore().get_run(run_id).supervisor_pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not _alive(pid), 60, "the supervisor to be gone")
+    listed = air("list", "runs", "--all-status")  # any command reconciles
+    assert listed.returncode == 0, listed.stderr
+    run = RunStore().get_run(run_id)
+    assert run.status.value == "INTERNAL_ERROR", (run.status, run.termination_reason)
+    assert "leftover" in (run.termination_reason or ""), run.termination_reason
+    no_leftover(hpc, timeout=60)
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.timeout(900)  # minutes on 2 busy cores (torch's import, Slurm's time limit)
 def test_past_slurms_time_limit_is_timedout(hpc: SlurmCluster, tmp_path: Path) -> None:
     run_id = submit(workload(tmp_path, "sleep 600", extra="slurm: {time: 1}\n"))

@@ -250,11 +250,18 @@ class SlurmBackend:
         on_wait(f"submitted Slurm job {job_id} ({' '.join(argv[2:-1])})")
         atomic_write_text(job_dir / "job_id", job_id)
         last = ("", "")
+        next_look = 0.0
         while True:
             if should_stop():
                 self._cancel(job_id, job_dir)
                 self._note(run_id, job_id, "CANCELLED", "", partition)
                 return None
+            # Slurm is asked every POLL_S; node 0's task says at once that the job started (its host.json)
+            now = time.monotonic()
+            if now < next_look and not (node_dir(job_dir, 0) / "host.json").exists():
+                time.sleep(0.05)
+                continue
+            next_look = now + POLL_S
             state, reason, nodes = job_state(job_id)
             if (state, reason) != last:
                 last = (state, reason)
@@ -266,7 +273,6 @@ class SlurmBackend:
             if state not in ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"):
                 raise SlurmError(f"Slurm job {job_id} ended {state} ({reason}) before it ran; "
                                  f"see {job_dir / 'batch.log'}")
-            time.sleep(POLL_S)
         per_node = tuple(tuple(str(i) for i in range(accelerator.per_node)) for _ in range(num_nodes))
         return Allocation(run_id, accelerator, num_nodes, per_node,
                           details={"job_id": job_id, "job_dir": str(job_dir), "nodes": nodes})

@@ -242,10 +242,11 @@ def _supervised(store: RunStore) -> list[tuple[str, str, int | None, float | Non
 
 
 def _reap_remote(run: Run) -> int:
+    """The run's processes (and a Slurm run's jobs) on its profile's backend."""
     try:
-        from air.backends.ray_backend import RayBackend
+        from air.backends import backend_for
         from air.config import resolve_profile
-        profile = resolve_profile(run.profile)
-        return int(RayBackend(getattr(profile, "address", None)).reap(process_tag(run.id)))
+
+        return int(backend_for(resolve_profile(run.profile)).reap(process_tag(run.id)))
     except Exception:
         return 0

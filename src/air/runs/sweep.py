@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,10 @@ class SweepJob:
         self.items: list[dict[str, object]] = list(self.plan.sweep["items"])
         self.max_concurrent: int = int(self.plan.sweep.get("max_concurrent") or len(self.items))
         self.tracking: AttemptTracking | None = None
+        #: Makes the sweep's own MLflow run beside the children (its MLflow import, a server's MLflow that
+        #: is still starting): children are submitted at once, and one made before the parent's run exists
+        #: finds its id in the store when it makes its own run (workload_job.sweep_parent_tag).
+        self._tracking_thread = threading.Thread(target=self._start_tracking, name="air-sweep-mlflow", daemon=True)
 
     def run(self) -> RunStatus:
         """Submit and wait on the children until all ended (or the parent is canceled); the final status."""
@@ -68,7 +73,7 @@ class SweepJob:
             self.store.transition(self.run_id, RunStatus.RUNNING, expected_from=RunStatus.PENDING)
         except StatusConflictError:
             return self._cancel()
-        self._start_tracking()
+        self._tracking_thread.start()
         try:
             while True:
                 if self._canceled():
@@ -98,7 +103,7 @@ class SweepJob:
         plan = dataclasses.replace(
             self.plan, sweep=None, parameters=parameters, run_name=run_name,
             env_variables={**self.plan.env_variables, AIR_SWEEP_INDEX: str(task.index), AIR_SWEEP_RUN_ID: self.run_id},
-            mlflow_parent_run_id=self.tracking.handle.run_id if self.tracking is not None and self.tracking.handle else None,
+            mlflow_parent_run_id=self._parent_mlflow_run_id(),
             run_id=None, command_path=None, parameters_path=None)
         spec = _child_spec(parent.spec_yaml, parameters, run_name)
         prepared = Prepared(spec, plan, make_backend(plan, self.store), None, parent.pool)
@@ -176,7 +181,14 @@ class SweepJob:
             _log.warning("tracking: off for the sweep: %s", exc)
             self.tracking = None
 
+    def _parent_mlflow_run_id(self) -> str | None:
+        """The sweep's MLflow run id once it is made (None before, or without tracking)."""
+        tracking = self.tracking
+        return tracking.handle.run_id if tracking is not None and tracking.handle is not None else None
+
     def _end_tracking(self, status: str, reason: str | None) -> None:
+        if self._tracking_thread.ident is not None:  # started: it ends within its own bounded waits
+            self._tracking_thread.join()
         tracking, self.tracking = self.tracking, None
         if tracking is not None:
             try:

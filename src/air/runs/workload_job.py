@@ -32,6 +32,7 @@ from air.settings import (
     AIR_PROCESS_TAG,
     AIR_RESUMED,
     AIR_SUPERVISOR,
+    AIR_SWEEP_RUN_ID,
     node_environ,
 )
 from air.store.paths import TORCHELASTIC_ERROR_FILE, RunPaths, process_tag, torchelastic_error_file
@@ -47,6 +48,33 @@ if TYPE_CHECKING:
     from air.runs.limits import AttemptLimits
 
 _log = logging.getLogger("air.supervisor")
+
+
+
+#: How long a sweep's child, submitted before the sweep's own MLflow run existed, waits for its id (made
+#: beside the children by the sweep's supervisor) before its MLflow run is made top-level.
+SWEEP_PARENT_WAIT_S = 30.0
+
+
+def _then_nest_under_sweep(before: Callable[[], object] | None, store: RunStore, sweep_run_id: str,
+                           tags: dict[str, str]) -> Callable[[], None]:
+    """`before`, then the sweep's MLflow run id as the child's `mlflow.parentRunId` once the sweep's
+    supervisor recorded it (run in the attempt's tracking thread: the nodes do not wait for it)."""
+    def wait_then_nest() -> None:
+        if before is not None:
+            before()
+        deadline = time.monotonic() + SWEEP_PARENT_WAIT_S
+        while True:
+            sweep = store.get_run(sweep_run_id)
+            if sweep.mlflow_run_id:
+                tags["mlflow.parentRunId"] = sweep.mlflow_run_id
+                return
+            if sweep.is_terminal or time.monotonic() > deadline:
+                _log.warning("tracking: the sweep %s has no MLflow run to nest this run under", sweep_run_id)
+                return
+            time.sleep(0.2)
+
+    return wait_then_nest
 
 
 class NodeLogs:
@@ -127,7 +155,7 @@ class WorkloadJob:
         from air.tracking import attempt_tags
 
         plan = self.plan
-        before = None
+        before: Callable[[], object] | None = None
         if os.environ.get(AIR_MLFLOW_DOOR):  # started by an air server, whose MLflow may still be starting
             from air.tracking.ui import wait_for_tracking_server
 
@@ -138,8 +166,11 @@ class WorkloadJob:
             tags = attempt_tags(run_id=self.run_id, attempt=attempt, accelerator_type=plan.accelerator,
                                 num_accelerators=plan.num_accelerators, num_nodes=plan.num_nodes,
                                 git_commit=str(plan.git["commit"]) if plan.git and plan.git.get("commit") else None)
+            sweep = plan.env_variables.get(AIR_SWEEP_RUN_ID)
             if plan.mlflow_parent_run_id:  # a sweep's child: nested under the sweep's MLflow run
                 tags["mlflow.parentRunId"] = plan.mlflow_parent_run_id
+            elif sweep and self.store is not None:  # submitted before the sweep's MLflow run existed
+                before = _then_nest_under_sweep(before, self.store, sweep, tags)
             if self.store is not None and door_url():  # on a server: MLflow's user_id is the air user, not root
                 tags["mlflow.user"] = self.store.get_run(self.run_id).user
         except Exception as exc:  # tracking must never fail a run

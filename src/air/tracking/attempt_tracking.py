@@ -42,6 +42,9 @@ NODE_HTTP_RETRIES = {
     "MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER": "false",
 }
 
+#: How long nodes that need the attempt's MLflow run id first (Ray's) wait for it before the run's log says so.
+WAIT_TOLD_AFTER_S = 2.0
+
 #: Per-request limit of the calls that make an attempt's MLflow run through an http(s) server (air's own
 #: calls otherwise give up after 5 s: a loaded server's MLflow answered later, and the attempt ran untracked).
 CREATE_HTTP_TIMEOUT_S = 60
@@ -111,7 +114,8 @@ class AttemptTracking:
             handle = None
         return cls(handle, attempt, warn)
 
-    def env(self) -> dict[str, str]:
+    def env(self, say: Callable[[str], None] | None = None) -> dict[str, str]:
+        """The nodes' MLflow variables. `say`: where a wait for the run is told (the run's log)."""
         return dict(self.handle.env()) if self.handle is not None else {}
 
     def when_ready(self, callback: Callable[[], None]) -> None:
@@ -299,8 +303,11 @@ class WorkloadTracking(AttemptTracking):
                 return
         self._safely(callback)
 
-    def env(self) -> dict[str, str]:
+    def env(self, say: Callable[[str], None] | None = None) -> dict[str, str]:
         if self.wait:
+            if not self._ready.wait(WAIT_TOLD_AFTER_S) and say is not None:  # said, not silent
+                say(f"tracking: the nodes start once the attempt's MLflow run exists (their MLFLOW_RUN_ID; "
+                    f"at most {self.CREATE_WAIT_S:g} s): {tracking_uri()} is slow to answer or still starting")
             self._ready.wait(self.CREATE_WAIT_S)
             if self.handle is None:
                 return {}
