@@ -94,7 +94,7 @@ def test_nodes_that_need_the_run_id_first_say_in_the_runs_log_that_they_wait_for
     waiter.start()
     wait_for(lambda: told, "the wait to be told", timeout=60)
     assert not answer  # still waiting
-    assert "the nodes start once the attempt's MLflow run exists" in told[0] and AWAY in told[0], told
+    assert "waiting for the attempt's MLflow run" in told[0] and AWAY in told[0], told
     create.ok.set()
     waiter.join(timeout=60)
     assert answer and answer[0]["MLFLOW_RUN_ID"] == "run-abc" and len(told) == 1

@@ -51,6 +51,7 @@ from air.settings import AIR_ISOLATION, AIR_PROCESS_TAG, AIR_SUPERVISOR
 from air.store.paths import RunPaths
 
 if TYPE_CHECKING:
+    from air.backends.ray_cluster import RayAuth
     from air.config import Profile
 
 _log = logging.getLogger("air.backends.slurm")
@@ -299,6 +300,11 @@ class SlurmBackend:
         ordered = sorted(launches, key=lambda launch: launch.node_rank)
         hosts = _wait_for_hosts(job_id, job_dir, len(ordered))
         master = hosts[0]
+        ray_auth = None
+        if any(launch.ray_shim for launch in ordered):  # one token for the Ray a node command starts
+            from air.backends.ray_cluster import RayAuth
+
+            ray_auth = RayAuth.new_token()
         nodes = {}
         for launch in ordered:
             processes = []
@@ -307,11 +313,13 @@ class SlurmBackend:
                        "SLURM_JOB_ID": job_id}
                 if allocation.accelerator.is_cpu:
                     env["CUDA_VISIBLE_DEVICES"] = ""
-                env.pop("RAY_ADDRESS", None)
+                env.pop("RAY_ADDRESS", None)  # some other cluster, not the one the node command starts
+                if launch.ray_shim and ray_auth is not None:
+                    env.update(_ray_shim_env(env, launch.node_rank, int(str(master["ray_port"])), ray_auth))
                 processes.append(_replace_env(proc, env))
             nodes[launch.node_rank] = {"processes": processes, "log_path": str(launch.log_path),
                                        "cwd": str(launch.cwd) if launch.cwd else None, "files": dict(launch.files),
-                                       "whole_env": launch.ray_shim}
+                                       "whole_env": launch.ray_shim, "ray_tmpdir": launch.ray_shim}
         atomic_write_bytes(job_dir / LAUNCH_FILE, pickle.dumps({"tag": tag, "nodes": nodes}), durable=False)
         attempt = SlurmAttempt(job_id, job_dir, [launch.node_rank for launch in ordered],
                                [str(h["addr"]) for h in hosts], [str(h.get("slurm_node") or h["host"]) for h in hosts])
@@ -358,6 +366,20 @@ def _replace_env(proc: ProcessSpec, env: dict[str, str]) -> ProcessSpec:
     import dataclasses
 
     return dataclasses.replace(proc, env=env)
+
+
+def _ray_shim_env(env: Mapping[str, str], node_rank: int, head_port: int, auth: RayAuth) -> dict[str, str]:
+    """What a node command that starts Ray by hand needs (air.backends.ray_shim), as on the other backends: the
+    `ray` shim (in AIR_HOME: the nodes share its filesystem) first on PATH, node 0's reserved head port and the
+    run's auth token. Each node makes its own short RAY_TMPDIR (slurm_node: Ray's sockets live below it)."""
+    from air.backends.ray_shim import install_shim, workload_ray_env
+    from air.home import AirHome
+
+    extra = workload_ray_env(node_rank=node_rank, head_port=head_port, shim_dir=install_shim(AirHome().bin),
+                             ray_tmpdir=Path(), auth=auth, path=env.get("PATH", ""),
+                             mlflow_run_id=env.get("MLFLOW_RUN_ID"), train_callbacks=env.get("RAY_TRAIN_CALLBACKS"))
+    extra.pop("RAY_TMPDIR")
+    return extra
 
 
 def _wait_for_hosts(job_id: str, job_dir: Path, count: int) -> list[dict[str, object]]:

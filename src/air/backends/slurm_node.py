@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
@@ -97,11 +98,12 @@ class _Node:
 
         signal.signal(signal.SIGTERM, self._signaled)
         signal.signal(signal.SIGINT, self._signaled)
-        with reserve_port("0.0.0.0") as port:  # noqa: S104 (the rendezvous listens on every interface)
+        # MASTER_PORT, and a head port for a Ray a node command may start (node 0's are every node's)
+        with reserve_port("0.0.0.0") as port, reserve_port("0.0.0.0") as ray_port:  # noqa: S104 (every interface)
             self.address = own_address()
             atomic_write_text(self.dir / "host.json", json.dumps({
-                "host": socket.gethostname(), "addr": self.address, "port": port.port, "pid": os.getpid(),
-                "slurm_node": os.environ.get("SLURMD_NODENAME", "")}))
+                "host": socket.gethostname(), "addr": self.address, "port": port.port, "ray_port": ray_port.port,
+                "pid": os.getpid(), "slurm_node": os.environ.get("SLURMD_NODENAME", "")}))
             plan = self._wait_for_launch()
             if plan is None:
                 return 1
@@ -129,8 +131,6 @@ class _Node:
         return plan
 
     def _run(self, plan: dict[str, Any]) -> int:
-        from air.launcher import start_processes
-
         node = plan["nodes"][self.rank]
         work = self.dir / "work"
         work.mkdir(parents=True, exist_ok=True)
@@ -145,8 +145,25 @@ class _Node:
         # gloo finds its own address from the host name (one name for every node of a machine, or a loopback
         # address in /etc/hosts): it is told the interface the other nodes reach this one on instead.
         extra = {"GLOO_SOCKET_IFNAME": iface} if iface else {}
-        specs = [proc.on_node(work, {**base, **extra, **proc.env}, proc.log_path or log_path, cwd=node["cwd"],
-                              sandbox=proc.sandbox) for proc in node["processes"]]
+        ray_tmpdir, own = None, {}
+        if node.get("ray_tmpdir"):  # a short folder of this node's for the Ray its command may start (air's wins)
+            from air.backends.ray_cluster import short_temp_dir
+
+            ray_tmpdir = short_temp_dir("air-rt")
+            own["RAY_TMPDIR"] = str(ray_tmpdir)
+        envs = [{**base, **extra, **proc.env, **own} for proc in node["processes"]]
+        try:
+            return self._start_and_wait(plan, node, work, log_path, envs)
+        finally:
+            if ray_tmpdir is not None:
+                shutil.rmtree(ray_tmpdir, ignore_errors=True)
+
+    def _start_and_wait(self, plan: dict[str, Any], node: dict[str, Any], work: Path, log_path: Path,
+                        envs: list[dict[str, str]]) -> int:
+        from air.launcher import start_processes
+
+        specs = [proc.on_node(work, env, proc.log_path or log_path, cwd=node["cwd"], sandbox=proc.sandbox)
+                 for proc, env in zip(node["processes"], envs, strict=True)]
         own_log = {i for i, proc in enumerate(node["processes"]) if proc.log_path not in (None, log_path)}
         lock = threading.Lock()
         with open(log_path, "ab", buffering=0) as node_log:

@@ -306,8 +306,8 @@ class WorkloadTracking(AttemptTracking):
     def env(self, say: Callable[[str], None] | None = None) -> dict[str, str]:
         if self.wait:
             if not self._ready.wait(WAIT_TOLD_AFTER_S) and say is not None:  # said, not silent
-                say(f"tracking: the nodes start once the attempt's MLflow run exists (their MLFLOW_RUN_ID; "
-                    f"at most {self.CREATE_WAIT_S:g} s): {tracking_uri()} is slow to answer or still starting")
+                say(f"tracking: waiting for the attempt's MLflow run ({tracking_uri()}) before the nodes start: "
+                    f"they get its MLFLOW_RUN_ID (at most {self.CREATE_WAIT_S:g} s)")
             self._ready.wait(self.CREATE_WAIT_S)
             if self.handle is None:
                 return {}
