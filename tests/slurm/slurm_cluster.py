@@ -3,6 +3,8 @@
 Debian's `slurm-wlm` and `munge` are installed where missing (CI on a fresh machine runs as root). The
 cluster is the session's own: its own munged (own socket), slurmctld and two slurmd (`n1`, `n2`) on free
 ports, every file in one state folder. `stop` cancels its jobs, then ends exactly the pids it started.
+Memory is accounted as on sites without cgroups (jobacct_gather/linux with OverMemoryKill, CR_Core_Memory):
+a step past its job's `--mem` is killed by Slurm.
 """
 
 from __future__ import annotations
@@ -68,8 +70,12 @@ SlurmctldPort={ctld_port}
 SlurmdPort={first_slurmd_port}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=1
+JobAcctGatherParams=OverMemoryKill
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
 SlurmctldLogFile={state}/log/ctld.log
 SlurmdLogFile={state}/log/slurmd-%n.log
 ReturnToService=2
@@ -130,7 +136,7 @@ class SlurmCluster:
         if not self.netns:
             self.addresses = {node: "127.0.0.1" for node in NODES}
         nodes = "\n".join(f"NodeName={node} NodeHostname=localhost NodeAddr={self.addresses[node]} Port={port} CPUs=1 "
-                          "RealMemory=2000 State=UNKNOWN" for node, port in zip(NODES, slurmd, strict=True))
+                          "RealMemory=8000 State=UNKNOWN" for node, port in zip(NODES, slurmd, strict=True))
         self.conf.write_text(CONF.format(tag=os.getpid(), munge_socket=socket_path, state=self.state, ctld_port=ctld,
                                          nodes=nodes, ctld_addr=f"({ctld_addr})" if ctld_addr else "",
                                          first_slurmd_port=slurmd[0]))

@@ -155,6 +155,22 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_a_node_past_the_jobs_memory_is_reported_as_out_of_memory(hpc: SlurmCluster, tmp_path: Path) -> None:
+    """The test cluster accounts memory as sites without cgroups do (JobAcctGatherParams=OverMemoryKill):
+    node 1 takes 600 MB past the job's --mem 200M, Slurm kills its step, and the run says out of memory."""
+    command = ('if [ "$NODE_RANK" = 1 ]; then python3 -c "import time; x = bytearray(600 << 20); time.sleep(60)"; '
+               'else sleep 60; fi')
+    run_id = submit(workload(tmp_path, command, extra="slurm: {mem: 200M}\n"))
+    wait_for(lambda: RunStore().get_run(run_id).status.is_terminal(), 300, "the run to end")
+    run = RunStore().get_run(run_id)
+    assert run.status.value == "FAILED", (run.status, run.termination_reason)
+    assert "memory" in (run.termination_reason or "").lower(), run.termination_reason
+    assert "node 1" in (run.termination_reason or ""), run.termination_reason
+    logs = RunPaths(run_id).node_logs(0)
+    assert "went past the job's memory limit" in logs[0].read_text()
+    no_leftover(hpc)
+
+
 @pytest.mark.timeout(900)  # minutes on 2 busy cores (torch's import, Slurm's time limit)
 def test_past_slurms_time_limit_is_timedout(hpc: SlurmCluster, tmp_path: Path) -> None:
     run_id = submit(workload(tmp_path, "sleep 600", extra="slurm: {time: 1}\n"))

@@ -304,29 +304,54 @@ def _run_watching(command: Sequence[str], env: Mapping[str, str]) -> tuple[int, 
     return code, startup_timed_out(said)
 
 
+#: What `ray start` prints once its node is registered with the head (Ray 2.x).
+_JOINED = b"Ray runtime started"
+
+
 def _join_blocking(command: Sequence[str], env: Mapping[str, str], given: Mapping[str, tuple[int, str | None]],
                    marker: str) -> int:
-    """A joining node with --block: run it, and end it (exit 0) once the head is gone."""
+    """A joining node with --block: run it, and end it (exit 0) once the head it joined is gone. A head that
+    goes away before this node joined it is not one that stopped: its own start may be being tried again (a
+    busy machine), and this `ray start` then fails by itself, so the command's own retry joins the new head.
+    The output goes through an unlinked file, as in `_run_watching` (the daemons inherit it), read with
+    pread so the writers' shared offset is left alone."""
     host, _, port = (given["address"][1] or "").rpartition(":")
-    child = subprocess.Popen(command, env=dict(env))
-    _forward_signals_to(child)
-    seen_head = misses = 0
-    while child.poll() is None:
-        time.sleep(1.0)
-        if host and port.isdigit():
-            if _head_alive(host, int(port)):
-                seen_head, misses = 1, 0
-            elif seen_head:
-                misses += 1
-        if misses >= 2:
-            print("[air] ray start --block: the head node stopped; stopping this node", flush=True)
-            stop_marked(marker, grace_s=3.0)
-            try:
-                child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                child.kill()
-            return 0
+    with tempfile.TemporaryFile() as out:
+        child = subprocess.Popen(command, env=dict(env), stdout=out)  # (Ray's progress lines are on stdout)
+        _forward_signals_to(child)
+        passed = 0
+        joined = False
+        misses = 0
+        while child.poll() is None:
+            time.sleep(1.0)
+            passed, text = _pass_on(out.fileno(), passed)
+            joined = joined or _JOINED in text
+            if joined and host and port.isdigit():
+                misses = 0 if _head_alive(host, int(port)) else misses + 1
+            if misses >= 2:
+                print("[air] ray start --block: the head node stopped; stopping this node", flush=True)
+                stop_marked(marker, grace_s=3.0)
+                try:
+                    child.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                _pass_on(out.fileno(), passed)
+                return 0
+        _pass_on(out.fileno(), passed)
     return child.returncode or 0
+
+
+def _pass_on(fd: int, offset: int) -> tuple[int, bytes]:
+    """The output written since `offset` (up to _MAX_START_OUTPUT in all), copied to stdout; the new offset
+    and what was read (with the bytes just before it, so a marker cut by a read is still seen)."""
+    if offset >= _MAX_START_OUTPUT:
+        return offset, b""
+    new = os.pread(fd, _MAX_START_OUTPUT - offset, offset)
+    if new:
+        sys.stdout.buffer.write(new)
+        sys.stdout.flush()
+    overlap = os.pread(fd, min(offset, len(_JOINED)), offset - min(offset, len(_JOINED))) if offset else b""
+    return offset + len(new), overlap + new
 
 
 def _forward_signals_to(child: subprocess.Popen[bytes]) -> None:

@@ -41,10 +41,11 @@ from air.backends.base import (
     build_outcome,
     one_node_shape,
 )
-from air.backends.slurm_node import LAUNCH_FILE, SIGNALED_FILE, STOP_FILE, node_dir
+from air.backends.slurm_node import LAUNCH_FILE, SAMPLES_PREFIX, SIGNALED_FILE, STOP_FILE, node_dir
 from air.errors import AirError, GPUValidationError, RuntimeConfigurationError, UserInputError
 from air.files import atomic_write_bytes, atomic_write_text
 from air.launcher import ProcessExit, ProcessSpec, reap_tag
+from air.launcher.machine import NodeSamples
 from air.launcher.progress import Silence
 from air.processes import PROCESS_KINDS
 from air.settings import AIR_ISOLATION, AIR_PROCESS_TAG, AIR_SUPERVISOR
@@ -382,6 +383,23 @@ def _ray_shim_env(env: Mapping[str, str], node_rank: int, head_port: int, auth: 
     return extra
 
 
+#: What slurmstepd writes into a step's output when its accounting (JobAcctGatherParams=OverMemoryKill) finds
+#: the step past the job's memory (sites with cgroups end the job OUT_OF_MEMORY instead).
+_MEMORY_KILL_LINES = ("exceeded memory limit", "Exceeded job memory limit", "Exceeded step memory limit")
+
+
+def _past_memory_limit(output: Path) -> bool:
+    """Whether Slurm killed a node's step for its memory: the last 64 KiB of the step's output say so."""
+    try:
+        with open(output, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))
+            tail = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(line in tail for line in _MEMORY_KILL_LINES)
+
+
 def _wait_for_hosts(job_id: str, job_dir: Path, count: int) -> list[dict[str, object]]:
     """Every node's host.json (written as its task starts); SlurmError if the job ends first."""
     deadline = time.monotonic() + NODES_UP_S
@@ -413,6 +431,8 @@ class SlurmAttempt:
 
     master_addr = ""
     master_port = 0
+    #: The node whose step Slurm killed for its memory (OverMemoryKill), once known.
+    _oom_rank: int | None = None
 
     def __init__(self, job_id: str, job_dir: Path, node_ranks: Sequence[int], addresses: Sequence[str],
                  slurm_nodes: Sequence[str]) -> None:
@@ -525,6 +545,13 @@ class SlurmAttempt:
         silent = [n for n in self.node_ranks if self._read_exits(n) is None]
         if state in ("COMPLETED", "FAILED") and silent:  # the job ended by itself: a node launcher did not report
             node = silent[0]
+            # Slurm's accounting killed the step (every node's launcher with it): the node whose output says so
+            past = [n for n in silent if _past_memory_limit(self.job_dir / f"node_{n}.out")]
+            if past:
+                self._oom_rank = past[0]
+                self._note_all(f"Slurm ended job {self.job_id}: node {past[0]} ({self.slurm_nodes[past[0]]}) went past "
+                               "the job's memory limit and Slurm killed its step (OverMemoryKill: an oom-kill by Slurm)")
+                return "OOM", False
             text = (f"air's node launcher on node {node} ({self.slurm_nodes[node]}) ended without reporting how its "
                     f"processes ended (Slurm job {self.job_id} {state}); see {self.job_dir / f'node_{node}.out'}")
             self._note_all(text)
@@ -542,7 +569,7 @@ class SlurmAttempt:
         return self.node_ranks[0]
 
     def _oom_node(self) -> int:
-        return self._failed_node("")
+        return self._oom_rank if self._oom_rank is not None else self._failed_node("")
 
     def _note_all(self, text: str) -> None:
         for log_path in self.log_paths:
@@ -609,5 +636,20 @@ class SlurmAttempt:
     def ended_nodes(self) -> set[int]:
         return {n for n in self.node_ranks if self._read_exits(n) is not None}
 
-    def take_system_samples(self) -> None:
-        return None
+    def take_system_samples(self) -> dict[int, NodeSamples]:
+        """Node rank → what its node launcher sampled of its own host since the last call (the files it left
+        in its folder, read oldest first and removed; a file it is still writing is not there yet)."""
+        out: dict[int, NodeSamples] = {}
+        for rank in self.node_ranks:
+            folder = node_dir(self.job_dir, rank)
+            for path in sorted(folder.glob(f"{SAMPLES_PREFIX}*.json")):
+                try:
+                    data = json.loads(path.read_text())
+                    path.unlink()
+                except (OSError, ValueError):
+                    continue
+                got = out.setdefault(rank, NodeSamples({str(k): str(v) for k, v in dict(data["labels"]).items()}))
+                got.samples.extend((int(ts), {str(k): float(v) for k, v in metrics.items()})
+                                   for ts, metrics in data["samples"])
+                got.problem = str(data.get("problem") or "")
+        return out

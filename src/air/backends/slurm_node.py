@@ -32,10 +32,13 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from air.constants import TERMINATE_GRACE_S
 from air.files import atomic_write_bytes, atomic_write_text
+
+if TYPE_CHECKING:
+    from air.launcher.machine import NodeSampler
 
 #: How often a node notes its processes' silences and looks for requests.
 PROGRESS_S = 0.5
@@ -43,6 +46,9 @@ PROGRESS_S = 0.5
 LAUNCH_WAIT_S = 600.0
 
 LAUNCH_FILE = "launch.pkl"
+#: `node_<r>/samples_<n>.json`: this host's system metrics since the previous file (read and removed by the
+#: submitting side, SlurmAttempt.take_system_samples).
+SAMPLES_PREFIX = "samples_"
 STOP_FILE = "stop"
 SIGNALED_FILE = "signaled"
 
@@ -92,6 +98,10 @@ class _Node:
         self.stop = threading.Event()
         self.launch: Any = None
         self.address = "127.0.0.1"
+        self.sampler: NodeSampler | None = None
+        self._shipped = 0
+        self._ship_lock = threading.Lock()
+        self._problem_shipped = ""
 
     def main(self) -> int:
         from air.launcher import reserve_port
@@ -174,6 +184,7 @@ class _Node:
 
             self.launch = start_processes(specs, on_line=on_line if own_log else None,
                                           tag=node_tag(plan["tag"], self.rank), grace_s=TERMINATE_GRACE_S)
+            self._start_sampler()
             reporter = threading.Thread(target=self._report, daemon=True, name="air-slurm-report")
             reporter.start()
             try:
@@ -181,12 +192,15 @@ class _Node:
             finally:
                 self.launch.terminate()
             self.launch.output_done(timeout=5.0)
+        if self.sampler is not None:  # its last samples are in the folder before exits.json says it ended
+            self.sampler.stop()
+            self._ship_samples()
         exits = [asdict(e) for e in result.exits]
         atomic_write_text(self.dir / "exits.json", json.dumps(exits))
         return 0 if all(e["returncode"] == 0 for e in exits) else 1
 
     def _report(self) -> None:
-        """Every PROGRESS_S: the processes' silences, and any stacks asked for."""
+        """Every PROGRESS_S: the processes' silences, any stacks asked for, and this host's system metrics."""
         while self.launch is not None:
             with contextlib.suppress(Exception):
                 silences = [[i, s, stopped] for i, s, stopped in self.launch.silences()]
@@ -195,7 +209,40 @@ class _Node:
                     index = int(request.stem.split("_")[1])
                     atomic_write_text(self.dir / f"stacks_{index}.txt", self.launch.stacks(index))
                     request.unlink(missing_ok=True)
+            with contextlib.suppress(Exception):
+                self._ship_samples()
             time.sleep(PROGRESS_S)
+
+    def _start_sampler(self) -> None:
+        """Sample this host (its CPU, memory and the job's GPUs on it) while the processes run: the submitting
+        side logs them as this node's system metrics (it runs on another machine)."""
+        from air.launcher.machine import NodeSampler
+
+        gpus = [int(g) for g in (os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS") or "").split(",")
+                if g.strip().isdigit()]
+        sampler = NodeSampler(gpus)
+        try:
+            sampler.start()
+        except Exception as exc:  # the node runs without system metrics, and the submitting side is told
+            sampler.error = f"tracking: no system metrics: {type(exc).__name__}: {exc}"
+        self.sampler = sampler
+
+    def _ship_samples(self) -> None:
+        """What was sampled since the last call, as one file the submitting side reads and removes."""
+        sampler = self.sampler
+        if sampler is None:
+            return
+        with self._ship_lock:  # the reporter and the node's end
+            samples = sampler.take()
+            problem = sampler.problems()
+            if not samples and problem == self._problem_shipped:
+                return
+            self._problem_shipped = problem
+            self._shipped += 1
+            labels = {"host": socket.gethostname(), "slurm_node": os.environ.get("SLURMD_NODENAME", ""),
+                      "ip": self.address}
+            atomic_write_text(self.dir / f"{SAMPLES_PREFIX}{self._shipped:08d}.json",
+                              json.dumps({"labels": labels, "samples": samples, "problem": problem}))
 
 
 def _call_node_environment() -> dict[str, str]:
