@@ -77,8 +77,12 @@ def test_two_node_ddp_example_succeeds_with_both_nodes_logs(hpc: SlurmCluster) -
     assert logs[1].exists()  # (rank 1 prints nothing: train.py logs on rank 0)
     state = read_state(run.id)
     assert state is not None and state["job_id"]
-    job = hpc.tool("squeue", "-h", "-t", "all", "-j", str(state["job_id"]), "-o", "%T %D").stdout.split()
-    assert job == ["COMPLETED", "2"], job  # one job of 2 nodes, ended by itself
+    def job() -> list[str]:
+        return hpc.tool("squeue", "-h", "-t", "all", "-j", str(state["job_id"]), "-o", "%T %D").stdout.split()
+
+    # one job of 2 nodes, ended by itself (Slurm's COMPLETING, its accounting's last look, may still be on)
+    wait_for(lambda: job()[:1] != ["COMPLETING"], 60, "Slurm to finish completing the job")
+    assert job() == ["COMPLETED", "2"], job()
     no_leftover(hpc)
 
 

@@ -79,22 +79,24 @@ def test_an_attempt_that_ends_first_waits_for_its_run_then_gives_up_with_empty_v
 
 
 @pytest.mark.timeout(120)
-def test_nodes_that_need_the_run_id_first_say_in_the_runs_log_that_they_wait_for_it(
+def test_nodes_that_need_the_run_id_first_have_their_wait_for_it_said(
         air_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nodes on Ray get MLFLOW_RUN_ID in their environment, so they start once the run exists (`wait=True`):
-    that wait is told in the run's log (what `--watch` shows), not silent; once the run exists they get it."""
+    """Nodes on Ray or Slurm get MLFLOW_RUN_ID in their environment, so they start once the run exists
+    (`wait=True`): that wait is said in the supervisor's log (`air run --watch -v`), not silent; once the run
+    exists they get it."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", AWAY)
     lines: list[str] = []
-    told: list[str] = []
     create = Flaky(lines)
     tracking = WorkloadTracking(create, attempt=0, env_file=tmp_path / "mlflow_env.json",
                                 hook_dir=tmp_path / "mlflow_hook", warn=lines.append, wait=True)
     answer: list[dict[str, str]] = []
-    waiter = threading.Thread(target=lambda: answer.append(tracking.env(told.append)))
+    waiter = threading.Thread(target=lambda: answer.append(tracking.env()))
     waiter.start()
-    wait_for(lambda: told, "the wait to be told", timeout=60)
+    wait_for(lambda: any("waiting for the attempt's MLflow run" in line for line in lines), "the wait said",
+             timeout=60)
     assert not answer  # still waiting
-    assert "waiting for the attempt's MLflow run" in told[0] and AWAY in told[0], told
+    told = [line for line in lines if "waiting for the attempt's MLflow run" in line]
+    assert AWAY in told[0] and "before the nodes start" in told[0], told
     create.ok.set()
     waiter.join(timeout=60)
     assert answer and answer[0]["MLFLOW_RUN_ID"] == "run-abc" and len(told) == 1

@@ -297,12 +297,7 @@ class NodeAgent:
         self._stop_sampler()
         # (Ray is always connected in an actor; an agent used in-process, as in a unit test, must not start one.)
         gpus = [int(g) for g in ray.get_gpu_ids() if str(g).isdigit()] if ray.is_initialized() else []
-        sampler = NodeSampler(gpus)
-        try:
-            sampler.start()
-        except Exception as exc:  # the node runs without system metrics, and the submitting side is told
-            sampler.error = f"tracking: no system metrics: {type(exc).__name__}: {exc}"
-        self._sampler = sampler
+        self._sampler = NodeSampler.started(gpus)
 
     def _stop_sampler(self) -> None:
         """End sampling (one last sample); what it holds still ships with the next replies."""

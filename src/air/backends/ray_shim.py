@@ -306,6 +306,8 @@ def _run_watching(command: Sequence[str], env: Mapping[str, str]) -> tuple[int, 
 
 #: What `ray start` prints once its node is registered with the head (Ray 2.x).
 _JOINED = b"Ray runtime started"
+#: Longer than Ray waits for a starting node to register (its fixed 30 s): a `ray start` still running then joined.
+_REGISTER_WAIT_S = 45.0
 
 
 def _join_blocking(command: Sequence[str], env: Mapping[str, str], given: Mapping[str, tuple[int, str | None]],
@@ -317,17 +319,24 @@ def _join_blocking(command: Sequence[str], env: Mapping[str, str], given: Mappin
     pread so the writers' shared offset is left alone."""
     host, _, port = (given["address"][1] or "").rpartition(":")
     with tempfile.TemporaryFile() as out:
-        child = subprocess.Popen(command, env=dict(env), stdout=out)  # (Ray's progress lines are on stdout)
+        # Ray's progress lines are on stdout, unbuffered so that its "started" line is read while it blocks
+        child = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out)
         _forward_signals_to(child)
         passed = 0
         joined = False
+        head_seen_at: float | None = None
         misses = 0
         while child.poll() is None:
             time.sleep(1.0)
             passed, text = _pass_on(out.fileno(), passed)
-            joined = joined or _JOINED in text
-            if joined and host and port.isdigit():
-                misses = 0 if _head_alive(host, int(port)) else misses + 1
+            alive = bool(host and port.isdigit() and _head_alive(host, int(port)))
+            if alive and head_seen_at is None:
+                head_seen_at = time.monotonic()
+            # joined: Ray said so, or this `ray start` outlived Ray's own wait for a node to register
+            joined = joined or _JOINED in text or (
+                head_seen_at is not None and time.monotonic() - head_seen_at > _REGISTER_WAIT_S)
+            if joined:
+                misses = 0 if alive else misses + 1
             if misses >= 2:
                 print("[air] ray start --block: the head node stopped; stopping this node", flush=True)
                 stop_marked(marker, grace_s=3.0)

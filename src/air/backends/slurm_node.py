@@ -220,12 +220,7 @@ class _Node:
 
         gpus = [int(g) for g in (os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS") or "").split(",")
                 if g.strip().isdigit()]
-        sampler = NodeSampler(gpus)
-        try:
-            sampler.start()
-        except Exception as exc:  # the node runs without system metrics, and the submitting side is told
-            sampler.error = f"tracking: no system metrics: {type(exc).__name__}: {exc}"
-        self.sampler = sampler
+        self.sampler = NodeSampler.started(gpus)
 
     def _ship_samples(self) -> None:
         """What was sampled since the last call, as one file the submitting side reads and removes."""

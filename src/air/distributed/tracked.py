@@ -55,7 +55,7 @@ class LazyCallTracking(AttemptTracking):
             self._thread = threading.Thread(target=self._on_request, name="air-mlflow-call", daemon=True)
             self._thread.start()
 
-    def env(self, say: Callable[[str], None] | None = None) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         """The ranks read the run's variables from this file once it exists (mlflow_gate.py)."""
         return {AIR_MLFLOW_ENV_FILE: str(self.env_file)}
 

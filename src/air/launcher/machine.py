@@ -185,6 +185,17 @@ class NodeSampler(Periodic):
         self._samples: deque[Sample] = deque(maxlen=max_kept)
         self._lock = threading.Lock()
 
+    @classmethod
+    def started(cls, gpu_indices: Sequence[int]) -> NodeSampler:
+        """A sampler of this host for a node, sampling; one that could not start says why in `error` (the node
+        runs without system metrics, and the submitting side is told)."""
+        sampler = cls(gpu_indices)
+        try:
+            sampler.start()
+        except Exception as exc:
+            sampler.error = f"tracking: no system metrics: {type(exc).__name__}: {exc}"
+        return sampler
+
     def opening(self) -> None:
         self._reader.open()
 

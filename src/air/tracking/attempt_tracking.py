@@ -42,7 +42,7 @@ NODE_HTTP_RETRIES = {
     "MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER": "false",
 }
 
-#: How long nodes that need the attempt's MLflow run id first (Ray's) wait for it before the run's log says so.
+#: How long nodes that need the attempt's MLflow run id first (Ray's, Slurm's) wait for it before it is said.
 WAIT_TOLD_AFTER_S = 2.0
 
 #: Per-request limit of the calls that make an attempt's MLflow run through an http(s) server (air's own
@@ -114,8 +114,7 @@ class AttemptTracking:
             handle = None
         return cls(handle, attempt, warn)
 
-    def env(self, say: Callable[[str], None] | None = None) -> dict[str, str]:
-        """The nodes' MLflow variables. `say`: where a wait for the run is told (the run's log)."""
+    def env(self) -> dict[str, str]:
         return dict(self.handle.env()) if self.handle is not None else {}
 
     def when_ready(self, callback: Callable[[], None]) -> None:
@@ -303,10 +302,10 @@ class WorkloadTracking(AttemptTracking):
                 return
         self._safely(callback)
 
-    def env(self, say: Callable[[str], None] | None = None) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         if self.wait:
-            if not self._ready.wait(WAIT_TOLD_AFTER_S) and say is not None:  # said, not silent
-                say(f"tracking: waiting for the attempt's MLflow run ({tracking_uri()}) before the nodes start: "
+            if not self._ready.wait(WAIT_TOLD_AFTER_S):  # said (supervisor.log, `--watch -v`), not silent
+                self.warn(f"tracking: waiting for the attempt's MLflow run ({tracking_uri()}) before the nodes start: "
                     f"they get its MLFLOW_RUN_ID (at most {self.CREATE_WAIT_S:g} s)")
             self._ready.wait(self.CREATE_WAIT_S)
             if self.handle is None:

@@ -44,7 +44,7 @@ class TrackingListener(RunListener):
         self._end: Callable[[], None] | None = None
 
     def node_env(self, t: Transition, env: dict[str, str]) -> dict[str, str]:
-        return {**env, **self.tracking.env(t.log)} if self.tracking is not None else env
+        return {**env, **self.tracking.env()} if self.tracking is not None else env
 
     def on_transition(self, t: Transition) -> None:
         if t.kind is Change.RUN_ENDED:
