@@ -127,6 +127,20 @@ def test_grid_2x2_one_at_a_time_all_succeed(tmp_path: Path) -> None:
         assert client.get_run(child_mlflow).data.tags.get("mlflow.parentRunId") == parent_run.mlflow_run_id
     assert client.get_run(parent_run.mlflow_run_id).info.status == "FINISHED"
 
+    # A run that only names the sweep in its own variables is not its child: its MLflow run nests under nothing
+    # (a workload's env_variables are the user's; under a server, another user's sweep must stay out of reach).
+    posing = submit(write_workload(tmp_path, "posing", f"""\
+        experiment_name: sweep-grid
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        env_variables: {{AIR_SWEEP_RUN_ID: {parent}, AIR_SWEEP_INDEX: "0"}}
+        command: echo posing
+    """))
+    assert wait_terminal(posing).status.value == "SUCCESS"
+    tracking_done(posing)
+    posing_mlflow = store.get_run(posing).mlflow_run_id
+    assert posing_mlflow
+    assert "mlflow.parentRunId" not in client.get_run(posing_mlflow).data.tags
+
 
 def test_a_failing_child_fails_the_sweep(tmp_path: Path) -> None:
     path = write_workload(tmp_path, "failing", """\

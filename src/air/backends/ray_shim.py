@@ -323,12 +323,15 @@ def _join_blocking(command: Sequence[str], env: Mapping[str, str], given: Mappin
         child = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out)
         _forward_signals_to(child)
         passed = 0
+        seen = b""  # the last bytes read, so a marker cut by a read is still found
         joined = False
         head_seen_at: float | None = None
         misses = 0
         while child.poll() is None:
             time.sleep(1.0)
-            passed, text = _pass_on(out.fileno(), passed)
+            new = _pass_on(out.fileno(), passed)
+            passed += len(new)
+            text, seen = seen + new, (seen + new)[-len(_JOINED):]
             alive = bool(host and port.isdigit() and _head_alive(host, int(port)))
             if alive and head_seen_at is None:
                 head_seen_at = time.monotonic()
@@ -350,17 +353,13 @@ def _join_blocking(command: Sequence[str], env: Mapping[str, str], given: Mappin
     return child.returncode or 0
 
 
-def _pass_on(fd: int, offset: int) -> tuple[int, bytes]:
-    """The output written since `offset` (up to _MAX_START_OUTPUT in all), copied to stdout; the new offset
-    and what was read (with the bytes just before it, so a marker cut by a read is still seen)."""
-    if offset >= _MAX_START_OUTPUT:
-        return offset, b""
-    new = os.pread(fd, _MAX_START_OUTPUT - offset, offset)
+def _pass_on(fd: int, offset: int) -> bytes:
+    """The output written since `offset` (up to _MAX_START_OUTPUT in all), copied to stdout."""
+    new = os.pread(fd, _MAX_START_OUTPUT - offset, offset) if offset < _MAX_START_OUTPUT else b""
     if new:
         sys.stdout.buffer.write(new)
         sys.stdout.flush()
-    overlap = os.pread(fd, min(offset, len(_JOINED)), offset - min(offset, len(_JOINED))) if offset else b""
-    return offset + len(new), overlap + new
+    return new
 
 
 def _forward_signals_to(child: subprocess.Popen[bytes]) -> None:

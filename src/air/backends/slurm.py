@@ -44,7 +44,7 @@ from air.backends.base import (
 from air.backends.slurm_node import LAUNCH_FILE, SAMPLES_PREFIX, SIGNALED_FILE, STOP_FILE, node_dir
 from air.errors import AirError, GPUValidationError, RuntimeConfigurationError, UserInputError
 from air.files import atomic_write_bytes, atomic_write_text
-from air.launcher import ProcessExit, ProcessSpec, reap_tag
+from air.launcher import ProcessExit, ProcessSpec, read_tail, reap_tag
 from air.launcher.machine import NodeSamples
 from air.launcher.progress import Silence
 from air.processes import PROCESS_KINDS
@@ -301,11 +301,7 @@ class SlurmBackend:
         ordered = sorted(launches, key=lambda launch: launch.node_rank)
         hosts = _wait_for_hosts(job_id, job_dir, len(ordered))
         master = hosts[0]
-        ray_auth = None
-        if any(launch.ray_shim for launch in ordered):  # one token for the Ray a node command starts
-            from air.backends.ray_cluster import RayAuth
-
-            ray_auth = RayAuth.new_token()
+        ray = _RayShim.for_attempt() if any(launch.ray_shim for launch in ordered) else None
         nodes = {}
         for launch in ordered:
             processes = []
@@ -315,12 +311,12 @@ class SlurmBackend:
                 if allocation.accelerator.is_cpu:
                     env["CUDA_VISIBLE_DEVICES"] = ""
                 env.pop("RAY_ADDRESS", None)  # some other cluster, not the one the node command starts
-                if launch.ray_shim and ray_auth is not None:
-                    env.update(_ray_shim_env(env, launch.node_rank, int(str(master["ray_port"])), ray_auth))
+                if launch.ray_shim and ray is not None:
+                    env.update(ray.env(env, launch.node_rank, int(str(master["ray_port"]))))
                 processes.append(_replace_env(proc, env))
             nodes[launch.node_rank] = {"processes": processes, "log_path": str(launch.log_path),
                                        "cwd": str(launch.cwd) if launch.cwd else None, "files": dict(launch.files),
-                                       "whole_env": launch.ray_shim, "ray_tmpdir": launch.ray_shim}
+                                       "ray_shim": launch.ray_shim}
         atomic_write_bytes(job_dir / LAUNCH_FILE, pickle.dumps({"tag": tag, "nodes": nodes}), durable=False)
         attempt = SlurmAttempt(job_id, job_dir, [launch.node_rank for launch in ordered],
                                [str(h["addr"]) for h in hosts], [str(h.get("slurm_node") or h["host"]) for h in hosts])
@@ -369,18 +365,31 @@ def _replace_env(proc: ProcessSpec, env: dict[str, str]) -> ProcessSpec:
     return dataclasses.replace(proc, env=env)
 
 
-def _ray_shim_env(env: Mapping[str, str], node_rank: int, head_port: int, auth: RayAuth) -> dict[str, str]:
+@dataclass(frozen=True)
+class _RayShim:
     """What a node command that starts Ray by hand needs (air.backends.ray_shim), as on the other backends: the
-    `ray` shim (in AIR_HOME: the nodes share its filesystem) first on PATH, node 0's reserved head port and the
-    run's auth token. Each node makes its own short RAY_TMPDIR (slurm_node: Ray's sockets live below it)."""
-    from air.backends.ray_shim import install_shim, workload_ray_env
-    from air.home import AirHome
+    `ray` shim (in AIR_HOME: the nodes share its filesystem) first on PATH, node 0's reserved head port and one
+    auth token per attempt. Each node makes its own short RAY_TMPDIR (slurm_node: Ray's sockets live below it)."""
 
-    extra = workload_ray_env(node_rank=node_rank, head_port=head_port, shim_dir=install_shim(AirHome().bin),
-                             ray_tmpdir=Path(), auth=auth, path=env.get("PATH", ""),
-                             mlflow_run_id=env.get("MLFLOW_RUN_ID"), train_callbacks=env.get("RAY_TRAIN_CALLBACKS"))
-    extra.pop("RAY_TMPDIR")
-    return extra
+    shim_dir: Path
+    auth: RayAuth
+
+    @classmethod
+    def for_attempt(cls) -> _RayShim:
+        from air.backends.ray_cluster import RayAuth
+        from air.backends.ray_shim import install_shim
+        from air.home import AirHome
+
+        return cls(install_shim(AirHome().bin), RayAuth.new_token())
+
+    def env(self, env: Mapping[str, str], node_rank: int, head_port: int) -> dict[str, str]:
+        from air.backends.ray_shim import workload_ray_env
+
+        extra = workload_ray_env(node_rank=node_rank, head_port=head_port, shim_dir=self.shim_dir, ray_tmpdir=Path(),
+                                 auth=self.auth, path=env.get("PATH", ""), mlflow_run_id=env.get("MLFLOW_RUN_ID"),
+                                 train_callbacks=env.get("RAY_TRAIN_CALLBACKS"))
+        extra.pop("RAY_TMPDIR")
+        return extra
 
 
 #: What slurmstepd writes into a step's output when its accounting (JobAcctGatherParams=OverMemoryKill) finds
@@ -389,14 +398,8 @@ _MEMORY_KILL_LINES = ("exceeded memory limit", "Exceeded job memory limit", "Exc
 
 
 def _past_memory_limit(output: Path) -> bool:
-    """Whether Slurm killed a node's step for its memory: the last 64 KiB of the step's output say so."""
-    try:
-        with open(output, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 65536))
-            tail = fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return False
+    """Whether Slurm killed a node's step for its memory: the end of the step's output says so."""
+    tail = read_tail(output, 200)
     return any(line in tail for line in _MEMORY_KILL_LINES)
 
 

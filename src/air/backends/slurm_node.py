@@ -150,13 +150,13 @@ class _Node:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # Like the local backend: a process without a log of its own writes the node log (the pump does);
         # one with its own log (a call's rank) is also copied into the node log here.
-        base = {} if node["whole_env"] else _call_node_environment()  # a workload's command has its env whole
+        base = {} if node["ray_shim"] else _call_node_environment()  # a workload's command has its env whole
         iface = interface_of(self.address)
         # gloo finds its own address from the host name (one name for every node of a machine, or a loopback
         # address in /etc/hosts): it is told the interface the other nodes reach this one on instead.
         extra = {"GLOO_SOCKET_IFNAME": iface} if iface else {}
         ray_tmpdir, own = None, {}
-        if node.get("ray_tmpdir"):  # a short folder of this node's for the Ray its command may start (air's wins)
+        if node["ray_shim"]:  # a short folder of this node's for the Ray its command may start (air's wins)
             from air.backends.ray_cluster import short_temp_dir
 
             ray_tmpdir = short_temp_dir("air-rt")

@@ -61,7 +61,7 @@ class SweepJob:
         self.tracking: AttemptTracking | None = None
         #: Makes the sweep's own MLflow run beside the children (its MLflow import, a server's MLflow that
         #: is still starting): children are submitted at once, and one made before the parent's run exists
-        #: finds its id in the store when it makes its own run (workload_job.sweep_parent_tag).
+        #: finds its id in the store when it makes its own run (workload_job._then_nest_under_sweep).
         self._tracking_thread = threading.Thread(target=self._start_tracking, name="air-sweep-mlflow", daemon=True)
 
     def run(self) -> RunStatus:
@@ -103,7 +103,7 @@ class SweepJob:
         plan = dataclasses.replace(
             self.plan, sweep=None, parameters=parameters, run_name=run_name,
             env_variables={**self.plan.env_variables, AIR_SWEEP_INDEX: str(task.index), AIR_SWEEP_RUN_ID: self.run_id},
-            mlflow_parent_run_id=self._parent_mlflow_run_id(),
+            mlflow_parent_run_id=self._parent_mlflow_run_id(), sweep_run_id=self.run_id,
             run_id=None, command_path=None, parameters_path=None)
         spec = _child_spec(parent.spec_yaml, parameters, run_name)
         prepared = Prepared(spec, plan, make_backend(plan, self.store), None, parent.pool)

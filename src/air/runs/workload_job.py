@@ -32,7 +32,6 @@ from air.settings import (
     AIR_PROCESS_TAG,
     AIR_RESUMED,
     AIR_SUPERVISOR,
-    AIR_SWEEP_RUN_ID,
     node_environ,
 )
 from air.store.paths import TORCHELASTIC_ERROR_FILE, RunPaths, process_tag, torchelastic_error_file
@@ -166,11 +165,10 @@ class WorkloadJob:
             tags = attempt_tags(run_id=self.run_id, attempt=attempt, accelerator_type=plan.accelerator,
                                 num_accelerators=plan.num_accelerators, num_nodes=plan.num_nodes,
                                 git_commit=str(plan.git["commit"]) if plan.git and plan.git.get("commit") else None)
-            sweep = plan.env_variables.get(AIR_SWEEP_RUN_ID)
             if plan.mlflow_parent_run_id:  # a sweep's child: nested under the sweep's MLflow run
                 tags["mlflow.parentRunId"] = plan.mlflow_parent_run_id
-            elif sweep and self.store is not None:  # submitted before the sweep's MLflow run existed
-                before = _then_nest_under_sweep(before, self.store, sweep, tags)
+            elif plan.sweep_run_id and self.store is not None:  # submitted before the sweep's MLflow run existed
+                before = _then_nest_under_sweep(before, self.store, plan.sweep_run_id, tags)
             if self.store is not None and door_url():  # on a server: MLflow's user_id is the air user, not root
                 tags["mlflow.user"] = self.store.get_run(self.run_id).user
         except Exception as exc:  # tracking must never fail a run

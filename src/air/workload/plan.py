@@ -73,6 +73,9 @@ class RunPlan:
     sweep: SweepPlan | None = None
     #: A sweep child's: the parent sweep's MLflow run, which its attempts' runs are nested under.
     mlflow_parent_run_id: str | None = None
+    #: A sweep child's: the sweep's air run (set by the sweep's supervisor, never from the workload: a child made
+    #: before the sweep's MLflow run existed reads that run's id from the store).
+    sweep_run_id: str | None = None
     # Filled at submit, when the run exists:
     run_id: str | None = None
     code_path: str | None = None
