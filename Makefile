@@ -30,7 +30,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q "$(TORCH_SPEC)" -e ".[dev,ray,examples,ui,server]"
 	touch $(STAMP)
 
+# air's own modules compiled once: with PYTHONDONTWRITEBYTECODE set (as in this project's sessions and CI)
+# every supervisor, CLI and rank would compile them again (~0.1 s of CPU each, a few CPU-minutes a suite).
 setup: $(STAMP)
+	@$(PY) -m compileall -q src > /dev/null
 	@[ -x /usr/bin/bwrap ] || echo "setup: note: bubblewrap (/usr/bin/bwrap) is not installed: \`air server\` needs it to wall users' runs in. Install it: sudo apt-get install bubblewrap (Fedora, RHEL: sudo dnf install bubblewrap)"
 
 demo: setup

@@ -80,6 +80,13 @@ class Profile(BaseModel):
     constraint: str | None = None
     reservation: str | None = None
     time_limit: str | int | None = None
+    #: Slurm: the interpreter the job's nodes run air's node launcher with, first on a workload command's PATH
+    #: (an air installation on the cluster's shared filesystem). Unset: the submitting air's own. Under a
+    #: walled `air server` every run's account must be able to run it.
+    node_python: str | None = None
+    #: Slurm under a walled `air server` (docs/slurm.md): a folder on the cluster's shared filesystem, the
+    #: server's account's and writable by no one else, where each job gets a folder of its run's account (0700).
+    work_root: str | None = None
 
     @model_validator(mode="after")
     def _server_needs_url(self) -> Profile:

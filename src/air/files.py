@@ -1,9 +1,11 @@
-"""Atomic file writes: the one helper every file air writes for others to read goes through."""
+"""Atomic file writes: the one helper every file air writes for others to read goes through; and the one
+reader of files another account could have written (`read_own_file`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -28,7 +30,9 @@ def atomic_write_bytes(path: Path | str, data: bytes | Iterable[bytes], *, mode:
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+            # on the open file, not its name: in a folder another account owns (a walled Slurm job's), that
+            # account could put a link to any file where the name was, and a chmod by name would follow it
+            os.fchmod(f.fileno(), mode)
         if check is not None:
             check(Path(tmp))
         os.replace(tmp, path)
@@ -55,3 +59,29 @@ def folder_size(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, name)).st_blocks * 512
     return total
+
+
+def read_own_file(path: Path, max_bytes: int | None = None, *, owner: int | None = None,
+                  tail_bytes: int | None = None) -> bytes | None:
+    """A file that processes of another account may write where it lies (a walled node's work folder, a
+    walled Slurm job's folder): never what a link they left there names (a file only the server's account
+    may read, linked there hard or soft), nor a FIFO that would block, nor more than `max_bytes`. None
+    where there is no such file (or it is larger). `owner`: the file must be this uid's (a folder on the
+    way may itself be a link the account made, to another account's folder). `tail_bytes`: its last bytes only."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # missing, or a link (ELOOP)
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # what air writes is renamed into place: one name
+            return None
+        if owner is not None and st.st_uid != owner:
+            return None
+        if tail_bytes is not None:
+            fh.seek(max(st.st_size - tail_bytes, 0))
+            return fh.read(tail_bytes)
+        if max_bytes is None:
+            return fh.read()
+        data = fh.read(max_bytes + 1)  # (it may still grow after the fstat)
+        return None if len(data) > max_bytes else data

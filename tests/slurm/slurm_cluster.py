@@ -119,7 +119,7 @@ class SlurmCluster:
         for sub in ("state", "spool", "log", "munge"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
         munge = self.state / "munge"
-        os.chmod(munge, 0o700)
+        os.chmod(munge, 0o755)  # every account's srun reaches munged's socket (a walled server's jobs are theirs)
         socket_path = munge / "munge.socket"
         key = Path("/etc/munge/munge.key")
         if not key.exists():
@@ -239,7 +239,9 @@ class SlurmCluster:
                     if pid not in self.pids:
                         self.pids.append(pid)
             with contextlib.suppress(Exception):
-                self.tool("scancel", "--full", "-u", "root")
+                jobs = self.tool("squeue", "-h", "-o", "%i").stdout.split()  # every account's (a walled server's)
+                if jobs:
+                    self.tool("scancel", "--full", *jobs)
                 self.idle(timeout=20)
             for pid in reversed(self.pids):
                 with contextlib.suppress(ProcessLookupError):

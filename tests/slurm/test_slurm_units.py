@@ -41,12 +41,61 @@ def test_queue_reason_is_slurms(air_home: Path) -> None:
     assert queue_reason(run_id, "hpc") == "Slurm job 12 PENDING (Priority) in partition debug"
 
 
-def test_a_walled_server_refuses_a_slurm_profile(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under `air server`'s walls a Slurm job would be submitted as the server's account: refused, saying so."""
+def test_a_walled_server_offers_a_slurm_profile_only_with_its_shared_folders(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    """Under `air server`'s walls each job is submitted as the run's account, in a folder of its own under the
+    profile's work_root, its nodes on the profile's node_python: without them, or with a work_root others
+    may write, the profile is refused, saying what to set; with them it is offered."""
     from air.errors import UserInputError
     from air.settings import AIR_ISOLATION
 
     monkeypatch.setenv(AIR_ISOLATION, "unix-user+bwrap")
-    with pytest.raises(UserInputError, match="does not offer yet") as refused:
+    with pytest.raises(UserInputError, match="work_root") as refused:
         backend_for(Profile(name="hpc", backend="slurm", partition="debug"))
-    assert refused.value.hint and "login node" in refused.value.hint
+    assert refused.value.hint and "node_python" in refused.value.hint and "docs/slurm.md" in refused.value.hint
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    with pytest.raises(UserInputError, match="no one else may write"):
+        backend_for(Profile(name="hpc", backend="slurm", work_root=str(loose), node_python="/usr/bin/python3"))
+    own = tmp_path / "own"
+    own.mkdir(mode=0o711)
+    backend = backend_for(Profile(name="hpc", backend="slurm", work_root=str(own), node_python="/usr/bin/python3"))
+    assert isinstance(backend, SlurmBackend)
+
+
+def test_a_walled_jobs_node_logs_are_copied_only_from_the_accounts_own_files(tmp_path: Path) -> None:
+    """The supervisor (root) copies a walled job's node logs from the job folder, which the run's account
+    fills: a log that is a link (to a file only root may read), a hard link to another account's file, or
+    another account's file is never read; the account's own log is copied, with its time marks."""
+    import os
+
+    from air.backends.slurm import _LogCopier
+    from air.launcher.pump import times_path
+
+    account, other = 40123, 40124
+    secret = tmp_path / "root-only.txt"
+    secret.write_text("root-only-marker\n")
+    secret.chmod(0o600)
+    alices = tmp_path / "alice.log"
+    alices.write_text("alice-marker\n")
+    os.chown(alices, other, other)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "soft.log").symlink_to(secret)
+    os.link(alices, job / "hard.log")
+    foreign = job / "foreign.log"
+    foreign.write_text("foreign-marker\n")
+    os.chown(foreign, other, other)
+    own = job / "own.log"
+    own.write_text("own line\n")
+    os.chown(own, account, account)
+    copies = [(job / name, tmp_path / f"run-{name}") for name in ("soft.log", "hard.log", "foreign.log", "own.log")]
+    copier = _LogCopier(copies, account)
+    copier.start()
+    with open(own, "a") as fh:
+        fh.write("own second line\n")
+    copier.stop()
+    assert not any((tmp_path / f"run-{name}").exists() for name in ("soft.log", "hard.log", "foreign.log"))
+    assert (tmp_path / "run-own.log").read_text() == "own line\nown second line\n"
+    assert Path(times_path(tmp_path / "run-own.log")).read_text().startswith("0 ")

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +41,7 @@ from air.environments.containers import (
     remove_exited,
 )
 from air.errors import AirError, GPUTypeError, GPUValidationError
-from air.files import atomic_write_bytes
+from air.files import atomic_write_bytes, read_own_file
 from air.home import AirHome
 from air.launcher import Launch, ProcessExit, ProcessSpec, WarmStart, reap_tag, reserve_port, start_processes
 from air.launcher.progress import Silence
@@ -253,25 +252,6 @@ def _with_work(sandbox: Sandbox | None, work: Path) -> Sandbox | None:
     if sandbox is None:
         return None
     return dataclasses.replace(sandbox, writable=(*sandbox.writable, str(work)))
-
-
-def read_own_file(path: Path, max_bytes: int | None = None) -> bytes | None:
-    """A file the node's processes wrote in their work folder, which they may write (under `air server`,
-    as the run's account): never what a link they left there names (a file only the server's account may
-    read, linked there hard or soft), nor a FIFO that would block, nor more than `max_bytes`. None where
-    there is no such file (or it is larger)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # missing, or a link (ELOOP)
-        return None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # what air writes is renamed into place: one name
-            return None
-        if max_bytes is None:
-            return fh.read()
-        data = fh.read(max_bytes + 1)  # (it may still grow after the fstat)
-        return None if len(data) > max_bytes else data
 
 
 class LocalAttempt:

@@ -17,14 +17,19 @@ environment: SLURM_CONF and the rest are honoured as Slurm honours them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import io
 import json
 import logging
 import os
 import pickle
 import shlex
 import shutil
+import stat
 import subprocess
+import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,12 +48,16 @@ from air.backends.base import (
 )
 from air.backends.slurm_node import LAUNCH_FILE, SAMPLES_PREFIX, SIGNALED_FILE, STOP_FILE, node_dir
 from air.errors import AirError, GPUValidationError, RuntimeConfigurationError, UserInputError
-from air.files import atomic_write_bytes, atomic_write_text
+from air.files import atomic_write_bytes, atomic_write_text, read_own_file
+from air.home import AirHome
 from air.launcher import ProcessExit, ProcessSpec, read_tail, reap_tag
 from air.launcher.machine import NodeSamples
+from air.launcher.node import NODE_DIR
 from air.launcher.progress import Silence
+from air.launcher.pump import times_path
+from air.launcher.sandbox import Account
 from air.processes import PROCESS_KINDS
-from air.settings import AIR_ISOLATION, AIR_PROCESS_TAG, AIR_SUPERVISOR
+from air.settings import AIR_CHECKPOINT_DIR, AIR_ISOLATION, AIR_PROCESS_TAG, AIR_SUPERVISOR
 from air.store.paths import RunPaths
 
 if TYPE_CHECKING:
@@ -59,8 +68,15 @@ _log = logging.getLogger("air.backends.slurm")
 
 #: How often the queue and a running job are looked at (squeue is one RPC to slurmctld).
 POLL_S = 0.5
+#: How often the job folder is looked at while the job starts (a stat: node 0's host.json, the nodes' hosts).
+START_LOOK_S = 0.02
 #: How long `start` waits for node 0 to say where it is once Slurm runs the job.
 NODES_UP_S = 120.0
+#: A walled job's nodes get what they run from the server's folders (command file, hyperparameters, code
+#: snapshot) as a copy in the launch; past this many bytes in all the attempt is refused.
+SHIP_MAX_BYTES = 256 * 1024 * 1024
+#: The PATH of a walled job's batch script and node launchers (nothing of the server's environment).
+WALLED_PATH = "/usr/local/bin:/usr/bin:/bin"
 #: How long a stack request may take.
 STACKS_S = 10.0
 #: The name of the run's Slurm state file in its folder (air.runs.queue reads it).
@@ -155,11 +171,16 @@ class SlurmOptions:
 
 
 def sbatch_argv(run_id: str, job_dir: Path, accelerator: AcceleratorType, num_nodes: int, options: SlurmOptions,
-                tag: str) -> list[str]:
-    """The sbatch command of one attempt: the shape as Slurm resources, the options, the batch script."""
+                tag: str, account: Account | None = None) -> list[str]:
+    """The sbatch command of one attempt: the shape as Slurm resources, the options, the batch script.
+    `account`: a walled server's run's account, whose job it is (root's `--uid`); it gets nothing of the
+    server's environment (`--export=NONE`: the batch script sets what the nodes need)."""
     argv = ["sbatch", "--parsable", f"--job-name={tag}", f"--nodes={num_nodes}", "--ntasks-per-node=1",
             f"--output={job_dir / 'batch.log'}", f"--chdir={job_dir}", "--kill-on-invalid-dep=yes",
-            "--export=ALL", "--no-requeue"]  # (a failed attempt is retried by air, as a new job)
+            "--export=ALL" if account is None else "--export=NONE",
+            "--no-requeue"]  # (a failed attempt is retried by air, as a new job)
+    if account is not None:
+        argv[2:2] = [f"--uid={account.uid}", f"--gid={account.gid}"]
     if "cpus_per_task" not in options.values and accelerator.is_cpu:
         argv.append(f"--cpus-per-task={accelerator.per_node}")
     if not accelerator.is_cpu:
@@ -169,12 +190,20 @@ def sbatch_argv(run_id: str, job_dir: Path, accelerator: AcceleratorType, num_no
     return argv
 
 
-def batch_script(job_dir: Path, num_nodes: int) -> str:
-    """The job's script: one task per node, each air's node launcher (air.backends.slurm_node)."""
-    node = shlex.join(PROCESS_KINDS["slurm_node"].argv(str(job_dir)))
+def batch_script(job_dir: Path, num_nodes: int, python: str | None = None, walled: bool = False) -> str:
+    """The job's script: one task per node, each air's node launcher (air.backends.slurm_node) on `python`.
+    `walled`: the job got no environment of the server's (sbatch --export=NONE): the script sets PATH and
+    SLURM_CONF, and its step gets those (srun --export=ALL)."""
+    node = shlex.join(PROCESS_KINDS["slurm_node"].argv(str(job_dir), python=python))
+    setup = ""
+    if walled:
+        setup = f"export PATH={WALLED_PATH}\n"
+        if os.environ.get("SLURM_CONF"):
+            setup += f"export SLURM_CONF={shlex.quote(os.environ['SLURM_CONF'])}\n"
     return ("#!/bin/bash\n"
             "# air: one task per node, each runs air's node launcher (air.backends.slurm_node)\n"
-            f"exec srun --nodes={num_nodes} --ntasks={num_nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 "
+            f"{setup}exec srun{' --export=ALL' if walled else ''} --nodes={num_nodes} --ntasks={num_nodes} "
+            "--ntasks-per-node=1 --kill-on-bad-exit=0 "
             f"--output={shlex.quote(str(job_dir / 'node_%n.out'))} {node}\n")
 
 
@@ -187,15 +216,14 @@ class SlurmBackend:
         self.profile = profile
         self.ledger = None
         self.address = f"Slurm cluster (profile {profile.name})"
+        #: Under a walled server, the run's account (set by its supervisor: air.runs.run_backend): its jobs
+        #: are submitted as that account, in folders of its own under the profile's work_root.
+        self.account: Account | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile) -> SlurmBackend:
-        if os.environ.get(AIR_ISOLATION):  # jobs would be the server's account's, not the run owner's
-            raise UserInputError(
-                f"Profile {profile.name!r} runs on Slurm, which this air server does not offer yet: its runs are "
-                "walled in as their owners' accounts, and its Slurm jobs would be submitted as the server's.",
-                hint="Submit from your own account on a Slurm login node (air run -p PROFILE there), or use "
-                "a local or ray profile on this server.")
+        if os.environ.get(AIR_ISOLATION):
+            check_walled_profile(profile)
         return cls(profile)
 
     @property
@@ -237,11 +265,19 @@ class SlurmBackend:
 
         paths = RunPaths(run_id)
         options = SlurmOptions.from_profile(self.profile, _run_section(paths))
-        root = paths.folder / "slurm"
-        root.mkdir(parents=True, exist_ok=True)
-        job_dir = Path(tempfile.mkdtemp(prefix="job_", dir=root))
-        atomic_write_text(job_dir / "batch.sh", batch_script(job_dir, num_nodes))
-        argv = sbatch_argv(run_id, job_dir, accelerator, num_nodes, options, process_tag(run_id))
+        walled = self.account is not None
+        if walled:  # in the shared work_root (the server's alone), then given to the account
+            job_dir = Path(tempfile.mkdtemp(prefix=f"{run_id}-", dir=str(self.profile.work_root)))
+        else:
+            root = paths.folder / "slurm"
+            root.mkdir(parents=True, exist_ok=True)
+            job_dir = Path(tempfile.mkdtemp(prefix="job_", dir=root))
+        atomic_write_text(job_dir / "batch.sh", batch_script(job_dir, num_nodes, self.profile.node_python, walled))
+        if self.account is not None:
+            os.chown(job_dir, self.account.uid, self.account.gid)  # (made just now by us, 0700, in our folder)
+            with contextlib.suppress(OSError):  # where `air get run` shows it: the run's folder
+                atomic_write_text(paths.folder / "slurm_job_dir", str(job_dir))
+        argv = sbatch_argv(run_id, job_dir, accelerator, num_nodes, options, process_tag(run_id), self.account)
         env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
         result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
         if result.returncode != 0:
@@ -261,7 +297,7 @@ class SlurmBackend:
             # Slurm is asked every POLL_S; node 0's task says at once that the job started (its host.json)
             now = time.monotonic()
             if now < next_look and not (node_dir(job_dir, 0) / "host.json").exists():
-                time.sleep(0.05)
+                time.sleep(START_LOOK_S)
                 continue
             next_look = now + POLL_S
             state, reason, nodes = job_state(job_id)
@@ -285,8 +321,7 @@ class SlurmBackend:
                 "job_id": job_id, "state": state, "reason": reason, "partition": partition, "at": time.time()}))
 
     def _cancel(self, job_id: str, job_dir: Path) -> None:
-        with contextlib.suppress(OSError):
-            (job_dir / STOP_FILE).touch()
+        touch_no_link(job_dir / STOP_FILE)
         with contextlib.suppress(AirError, subprocess.SubprocessError):
             slurm_tool("scancel", job_id)
 
@@ -299,13 +334,18 @@ class SlurmBackend:
         job_id = str(allocation.details["job_id"])
         job_dir = Path(str(allocation.details["job_dir"]))
         ordered = sorted(launches, key=lambda launch: launch.node_rank)
-        hosts = _wait_for_hosts(job_id, job_dir, len(ordered))
+        owner = self.account.uid if self.account is not None else None
+        hosts = _wait_for_hosts(job_id, job_dir, len(ordered), owner)
         master = hosts[0]
         ray = _RayShim.for_attempt() if any(launch.ray_shim for launch in ordered) else None
+        walls = _Walls(self.account, job_dir, allocation.run_id, self.profile) if self.account is not None else None
         nodes = {}
         for launch in ordered:
             processes = []
-            for proc in launch.processes:
+            cwd = str(launch.cwd) if launch.cwd else None
+            if walls is not None and cwd:
+                cwd = walls.place(cwd, code=True)  # (first: the code's variables name the same copy)
+            for index, proc in enumerate(launch.processes):
                 env = {**proc.env, "MASTER_ADDR": str(master["addr"]), "MASTER_PORT": str(master["port"]),
                        "SLURM_JOB_ID": job_id}
                 if allocation.accelerator.is_cpu:
@@ -313,13 +353,28 @@ class SlurmBackend:
                 env.pop("RAY_ADDRESS", None)  # some other cluster, not the one the node command starts
                 if launch.ray_shim and ray is not None:
                     env.update(ray.env(env, launch.node_rank, int(str(master["ray_port"]))))
-                processes.append(_replace_env(proc, env))
-            nodes[launch.node_rank] = {"processes": processes, "log_path": str(launch.log_path),
-                                       "cwd": str(launch.cwd) if launch.cwd else None, "files": dict(launch.files),
-                                       "ray_shim": launch.ray_shim}
-        atomic_write_bytes(job_dir / LAUNCH_FILE, pickle.dumps({"tag": tag, "nodes": nodes}), durable=False)
+                if self.profile.node_python:  # the cluster's interpreter first on PATH
+                    bin_dir = str(Path(self.profile.node_python).parent)
+                    env["PATH"] = os.pathsep.join([bin_dir, *(p for p in env.get("PATH", "").split(os.pathsep) if p)])
+                proc = _replace_env(proc, env)
+                if walls is not None:
+                    proc = walls.process(launch.node_rank, index, proc)
+                processes.append(proc)
+            log_path = str(launch.log_path)
+            if walls is not None:
+                log_path = walls.log(launch.node_rank, "node.log", log_path)
+            nodes[launch.node_rank] = {"processes": processes, "log_path": log_path, "cwd": cwd,
+                                       "files": dict(launch.files), "ray_shim": launch.ray_shim}
+        launch_plan: dict[str, object] = {"tag": tag, "nodes": nodes}
+        if walls is not None:
+            launch_plan["shipped"] = walls.shipped
+        atomic_write_bytes(job_dir / LAUNCH_FILE, pickle.dumps(launch_plan), durable=False)
         attempt = SlurmAttempt(job_id, job_dir, [launch.node_rank for launch in ordered],
-                               [str(h["addr"]) for h in hosts], [str(h.get("slurm_node") or h["host"]) for h in hosts])
+                               [str(h["addr"]) for h in hosts], [str(h.get("slurm_node") or h["host"]) for h in hosts],
+                               owner=owner)
+        if walls is not None:
+            attempt.copier = _LogCopier(walls.copies, owner)
+            attempt.copier.start()
         attempt.master_addr, attempt.master_port = str(master["addr"]), int(str(master["port"]))
         attempt.log_paths = [str(launch.log_path) for launch in ordered]
         return attempt
@@ -397,23 +452,27 @@ class _RayShim:
 _MEMORY_KILL_LINES = ("exceeded memory limit", "Exceeded job memory limit", "Exceeded step memory limit")
 
 
-def _past_memory_limit(output: Path) -> bool:
+def _past_memory_limit(output: Path, owner: int | None = None) -> bool:
     """Whether Slurm killed a node's step for its memory: the end of the step's output says so."""
-    tail = read_tail(output, 200)
+    if owner is None:
+        tail = read_tail(output, 200)
+    else:  # a walled job's output is its account's file: read only if it is (no link), its end only
+        data = read_own_file(output, owner=owner, tail_bytes=64 * 1024)
+        tail = (data or b"").decode(errors="replace")
     return any(line in tail for line in _MEMORY_KILL_LINES)
 
 
-def _wait_for_hosts(job_id: str, job_dir: Path, count: int) -> list[dict[str, object]]:
+def _wait_for_hosts(job_id: str, job_dir: Path, count: int, owner: int | None = None) -> list[dict[str, object]]:
     """Every node's host.json (written as its task starts); SlurmError if the job ends first."""
     deadline = time.monotonic() + NODES_UP_S
     next_look = 0.0
     while True:
         hosts = []
         for rank in range(count):
-            try:
-                hosts.append(json.loads((node_dir(job_dir, rank) / "host.json").read_text()))
-            except (OSError, ValueError):
+            host = read_node_json(node_dir(job_dir, rank) / "host.json", owner)
+            if not isinstance(host, dict):
                 break
+            hosts.append(host)
         if len(hosts) == count:
             return hosts
         now = time.monotonic()
@@ -426,7 +485,200 @@ def _wait_for_hosts(job_id: str, job_dir: Path, count: int) -> list[dict[str, ob
             if state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
                 raise SlurmError(f"Slurm job {job_id} ended {state} ({reason}) before its nodes started; "
                                  f"see {job_dir / 'batch.log'}")
-        time.sleep(0.05)
+        time.sleep(START_LOOK_S)
+
+
+def check_walled_profile(profile: Profile) -> None:
+    """A Slurm profile a walled server may offer: the server is root (it submits each job as its run's
+    account: `sbatch --uid`), its work_root is a folder of its own that no one else may write, and the
+    node interpreter is named (the server's own is rarely one every account may run). Exit 2 otherwise."""
+    name = profile.name
+    if os.geteuid() != 0:
+        raise UserInputError(
+            f"Profile {name!r} runs on Slurm, which this air server cannot offer: it is not root, so it cannot "
+            "submit a job as the run's owner's account, and the job would be the server's.",
+            hint="Run the walled server as root (unix-user+bwrap), or submit from your own account on a "
+            "Slurm login node (air run -p PROFILE there).")
+    if not profile.work_root or not profile.node_python:
+        raise UserInputError(
+            f"Profile {name!r} runs on Slurm under a walled air server, which needs its work_root (a folder on "
+            "the cluster's shared filesystem for the jobs' folders) and node_python (an air installation every "
+            "account can run on the nodes).",
+            hint=f"In config.yaml: profiles: {{{name}: {{backend: slurm, work_root: /shared/air-jobs, "
+            "node_python: /shared/air/bin/python}} (docs/slurm.md, 'Through air server').")
+    try:
+        info = os.stat(profile.work_root)
+    except OSError as exc:
+        raise UserInputError(f"Profile {name!r}: its work_root {profile.work_root} cannot be used: {exc}.",
+                             hint="Make it on the cluster's shared filesystem: mkdir -m 0711 PATH") from exc
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise UserInputError(
+            f"Profile {name!r}: its work_root {profile.work_root} must be a folder of the server's account that "
+            f"no one else may write (it is uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}).",
+            hint=f"chown root {profile.work_root} && chmod 0711 {profile.work_root}")
+
+
+def read_node_json(path: Path, owner: int | None) -> object:
+    """A JSON file a node launcher wrote (None if missing or unreadable); a walled job's only if it is the
+    account's own file (read_own_file), and at most 4 MiB."""
+    data = read_own_file(path, 4 << 20, owner=owner)
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def touch_no_link(path: Path) -> None:
+    """Make an empty file unless something is there: never through a link (the folder may be a walled job's,
+    its account's to fill)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
+
+
+class _Walls:
+    """A walled job's nodes run as the run's account without the server's view: what they would read of the
+    server's folders (its command file, hyperparameters, code snapshot) is shipped in the launch and
+    unpacked into each node's work folder; what they write (their logs) goes into the job folder and is
+    copied into the run's logs by the supervisor (_LogCopier); AIR_CHECKPOINT_DIR is a folder of the
+    account's beside the job folders, kept across attempts."""
+
+    def __init__(self, account: Account, job_dir: Path, run_id: str, profile: Profile) -> None:
+        self.account = account
+        self.job_dir = job_dir
+        self.home = AirHome(create=False).root.resolve()
+        self.run_folder = Path(os.path.realpath(RunPaths(run_id).folder))
+        self.run_id = run_id
+        self.profile = profile
+        #: What every node unpacks first: {"files": {name: bytes}, "dirs": {name: tar bytes}}.
+        self.shipped: dict[str, dict[str, bytes]] = {"files": {}, "dirs": {}}
+        self._placed: dict[str, str] = {}
+        self._size = 0
+        #: (the node's log in the job folder, the run's log it is copied into)
+        self.copies: list[tuple[Path, Path]] = []
+
+    def _server_path(self, value: str) -> Path | None:
+        if not value.startswith("/"):
+            return None
+        path = Path(os.path.realpath(value))
+        return path if path.is_relative_to(self.home) and path.exists() else None
+
+    def place(self, value: str, *, code: bool = False) -> str:
+        """`value` where the node finds it: a file of the run's folder (its command, hyperparameters) or, with
+        `code`, the code folder, becomes its shipped copy; the run's folder itself the node's work folder.
+        Any other path of the server's is left as it is: the node cannot reach it, and nothing else of the
+        server's is ever shipped."""
+        if value in self._placed:
+            return self._placed[value]
+        path = self._server_path(value)
+        if path is None:
+            return value
+        if path == self.run_folder:
+            self._placed[value] = NODE_DIR
+            return NODE_DIR
+        if not (code and path.is_dir()) and not (path.is_file() and path.is_relative_to(self.run_folder)):
+            return value
+        name = f"shipped/{len(self._placed)}-{path.name}"
+        if path.is_dir():
+            buffer = io.BytesIO()
+            with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+                tar.add(path, arcname=".")
+            data = buffer.getvalue()
+            self.shipped["dirs"][name] = data
+        else:
+            data = path.read_bytes()
+            self.shipped["files"][name] = data
+        self._size += len(data)
+        if self._size > SHIP_MAX_BYTES:
+            raise UserInputError(f"What the nodes of this walled Slurm job need from the server ({value} and the "
+                                 f"rest) is past {SHIP_MAX_BYTES >> 20} MiB.",
+                                 hint="Keep data out of the code snapshot: read it from the shared filesystem.")
+        self._placed[value] = f"{NODE_DIR}/{name}"
+        return self._placed[value]
+
+    def checkpoints(self) -> str:
+        """The run's checkpoint folder for its walled jobs: the account's, beside their folders."""
+        folder = Path(str(self.profile.work_root)) / f"{self.run_id}.checkpoints"
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)  # (in the server's own work_root: no one else can put a link there)
+            os.chown(folder, self.account.uid, self.account.gid)
+        return str(folder)
+
+    def log(self, node: int, name: str, run_log: str) -> str:
+        """Where a node writes `run_log`'s lines: its job folder; copied into `run_log` as they come."""
+        own = node_dir(self.job_dir, node) / name
+        self.copies.append((own, Path(run_log)))
+        return str(own)
+
+    def process(self, node: int, index: int, proc: ProcessSpec) -> ProcessSpec:
+        env = {}
+        for key, value in proc.env.items():
+            if key == AIR_CHECKPOINT_DIR:
+                env[key] = self.checkpoints()
+            elif key == "PYTHONPATH":  # the server's MLflow hook folder: not there (docs/slurm.md)
+                env[key] = os.pathsep.join(p for p in value.split(os.pathsep) if p and self._server_path(p) is None)
+            else:
+                env[key] = self.place(value)
+        argv = [self.place(a) for a in proc.argv]
+        log_path = Path(self.log(node, f"process_{index}.log", str(proc.log_path))) if proc.log_path else None
+        return dataclasses.replace(proc, argv=argv, env=env, log_path=log_path,
+                                   cwd=self.place(str(proc.cwd)) if proc.cwd else None, sandbox=None)
+
+
+class _LogCopier(threading.Thread):
+    """Copies a walled job's node logs (its account's files in the job folder) into the run's logs as they
+    grow, with their time marks: each opened without following a link and read only if it is the
+    account's own file."""
+
+    def __init__(self, copies: Sequence[tuple[Path, Path]], owner: int | None) -> None:
+        super().__init__(daemon=True, name="air-slurm-logs")
+        self.copies = list(copies)
+        self.owner = owner
+        self._stop_event = threading.Event()
+        self._sources: dict[int, int] = {}
+
+    def run(self) -> None:
+        while not self._stop_event.wait(0.1):
+            self.copy_new()
+
+    def stop(self) -> None:
+        """The last lines copied, then no more."""
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=10)
+        self.copy_new()
+        for fd in self._sources.values():
+            os.close(fd)
+        self._sources.clear()
+
+    def copy_new(self) -> None:
+        for index, (own, run_log) in enumerate(self.copies):
+            fd = self._sources.get(index)
+            if fd is None:
+                fd = self._open(own)
+                if fd is None:
+                    continue
+                self._sources[index] = fd
+            chunk = os.read(fd, 4 << 20)
+            if not chunk:
+                continue
+            with open(run_log, "ab") as out:
+                offset = out.tell()
+                out.write(chunk)
+            with contextlib.suppress(OSError), open(times_path(run_log), "ab") as marks:
+                marks.write(b"%d %d\n" % (offset, int(time.time())))
+
+    def _open(self, path: Path) -> int | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or (self.owner is not None and info.st_uid != self.owner):
+            os.close(fd)
+            return None
+        return fd
 
 
 class SlurmAttempt:
@@ -437,10 +689,15 @@ class SlurmAttempt:
     #: The node whose step Slurm killed for its memory (OverMemoryKill), once known.
     _oom_rank: int | None = None
 
+    #: A walled job's: copies its nodes' logs from the job folder into the run's (set by start).
+    copier: _LogCopier | None = None
+
     def __init__(self, job_id: str, job_dir: Path, node_ranks: Sequence[int], addresses: Sequence[str],
-                 slurm_nodes: Sequence[str]) -> None:
+                 slurm_nodes: Sequence[str], owner: int | None = None) -> None:
         self.job_id = job_id
         self.job_dir = job_dir
+        #: A walled job's account's uid: every file its nodes wrote is read only if it is that account's.
+        self.owner = owner
         #: Every node's log (set by start): where a job's end outside air is told.
         self.log_paths: list[str] = []
         self.node_ranks = list(node_ranks)
@@ -453,11 +710,13 @@ class SlurmAttempt:
     def _read_exits(self, node: int) -> list[ProcessExit] | None:
         if node in self._exits:
             return self._exits[node]
-        try:
-            raw = json.loads((node_dir(self.job_dir, node) / "exits.json").read_text())
-        except (OSError, ValueError):
+        raw = read_node_json(node_dir(self.job_dir, node) / "exits.json", self.owner)
+        if not isinstance(raw, list):
             return None
-        exits = [ProcessExit(**e) for e in raw]
+        try:
+            exits = [ProcessExit(**e) for e in raw]
+        except TypeError:  # (not what a node launcher writes)
+            return None
         self._exits[node] = exits
         return exits
 
@@ -495,6 +754,8 @@ class SlurmAttempt:
             lost, timed_out = self._slurm_end_after_signal()
         if not all(self._read_exits(n) is not None for n in self.node_ranks):
             self.terminate()
+        if self.copier is not None:  # every line the nodes wrote is in the run's logs before it is judged
+            self.copier.stop()
         per_node = [self._exits.get(n) for n in self.node_ranks]
         outcome = build_outcome(self.node_ranks, per_node, self.addresses, timed_out=timed_out, stopped=stopped,
                                 lost_node=lost)
@@ -507,7 +768,7 @@ class SlurmAttempt:
     def _signaled(self) -> bool:
         """Whether Slurm signaled a node's task (its time limit, scancel, preemption): then the processes'
         exits are what Slurm did to them, and Slurm says why."""
-        return any((node_dir(self.job_dir, n) / SIGNALED_FILE).exists() for n in self.node_ranks)
+        return any(os.path.lexists(node_dir(self.job_dir, n) / SIGNALED_FILE) for n in self.node_ranks)
 
     def _slurm_end_after_signal(self) -> tuple[str | None, bool]:
         """Why Slurm signaled the nodes, once it says (a job COMPLETING for TimeLimit is a TIMEOUT); never
@@ -549,7 +810,7 @@ class SlurmAttempt:
         if state in ("COMPLETED", "FAILED") and silent:  # the job ended by itself: a node launcher did not report
             node = silent[0]
             # Slurm's accounting killed the step (every node's launcher with it): the node whose output says so
-            past = [n for n in silent if _past_memory_limit(self.job_dir / f"node_{n}.out")]
+            past = [n for n in silent if _past_memory_limit(self.job_dir / f"node_{n}.out", self.owner)]
             if past:
                 self._oom_rank = past[0]
                 self._note_all(f"Slurm ended job {self.job_id}: node {past[0]} ({self.slurm_nodes[past[0]]}) went past "
@@ -580,8 +841,7 @@ class SlurmAttempt:
                 fh.write(f"[air] {text}\n")
 
     def _stop_nodes(self) -> None:
-        with contextlib.suppress(OSError):
-            (self.job_dir / STOP_FILE).touch()
+        touch_no_link(self.job_dir / STOP_FILE)
 
     def _wait_exits(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -607,31 +867,31 @@ class SlurmAttempt:
         for rank in self.node_ranks:
             if self._read_exits(rank) is not None:
                 continue
+            data = read_node_json(node_dir(self.job_dir, rank) / "progress.json", self.owner)
             try:
-                data = json.loads((node_dir(self.job_dir, rank) / "progress.json").read_text())
-            except (OSError, ValueError):
+                age = max(now - float(data["at"]), 0.0)  # type: ignore[index]
+                out.extend(Silence(rank, int(i), float(s) + age, bool(stopped))
+                           for i, s, stopped in data["silences"])  # type: ignore[index]
+            except (TypeError, KeyError, ValueError):  # none yet (or not what a node launcher writes)
                 continue
-            age = max(now - float(data["at"]), 0.0)
-            out.extend(Silence(rank, int(i), float(s) + age, bool(stopped)) for i, s, stopped in data["silences"])
         return out
 
     def stacks(self, node: int, process: int) -> str:
         folder = node_dir(self.job_dir, node)
         answer = folder / f"stacks_{process}.txt"
         answer.unlink(missing_ok=True)
-        (folder / f"stacks_{process}.req").touch()
+        touch_no_link(folder / f"stacks_{process}.req")
         deadline = time.monotonic() + STACKS_S
         while time.monotonic() < deadline:
-            if answer.exists():
-                return answer.read_text(errors="replace")
+            data = read_own_file(answer, 1 << 20, owner=self.owner)
+            if data is not None:
+                return data.decode(errors="replace")
             time.sleep(0.1)
         return f"(node {node} did not answer within {STACKS_S:g} s)"
 
     def fetch_files(self, node: int, names: Sequence[str], max_bytes: int | None = None) -> dict[str, bytes | None]:
-        from air.backends.local import read_own_file
-
         work = node_dir(self.job_dir, node) / "work"
-        return {name: read_own_file(work / name, max_bytes) for name in names}
+        return {name: read_own_file(work / name, max_bytes, owner=self.owner) for name in names}
 
     def process_exits(self, node: int) -> list[ProcessExit] | None:
         return self._read_exits(node)
@@ -646,13 +906,14 @@ class SlurmAttempt:
         for rank in self.node_ranks:
             folder = node_dir(self.job_dir, rank)
             for path in sorted(folder.glob(f"{SAMPLES_PREFIX}*.json")):
-                try:
-                    data = json.loads(path.read_text())
+                data = read_node_json(path, self.owner)
+                with contextlib.suppress(OSError):
                     path.unlink()
-                except (OSError, ValueError):
+                try:
+                    got = out.setdefault(rank, NodeSamples({str(k): str(v) for k, v in dict(data["labels"]).items()}))  # type: ignore[index]
+                    got.samples.extend((int(ts), {str(k): float(v) for k, v in metrics.items()})
+                                       for ts, metrics in data["samples"])  # type: ignore[index]
+                    got.problem = str(data.get("problem") or "")  # type: ignore[attr-defined]
+                except (TypeError, KeyError, ValueError, AttributeError):  # (not what a node launcher writes)
                     continue
-                got = out.setdefault(rank, NodeSamples({str(k): str(v) for k, v in dict(data["labels"]).items()}))
-                got.samples.extend((int(ts), {str(k): float(v) for k, v in metrics.items()})
-                                   for ts, metrics in data["samples"])
-                got.problem = str(data.get("problem") or "")
         return out

@@ -45,6 +45,9 @@ PROGRESS_S = 0.5
 #: How long a node waits for its launch before it gives up (the submitting side went away).
 LAUNCH_WAIT_S = 600.0
 
+#: How often a node looks for its launch while it waits (a stat: the first line waits on it).
+LAUNCH_LOOK_S = 0.02
+
 LAUNCH_FILE = "launch.pkl"
 #: `node_<r>/samples_<n>.json`: this host's system metrics since the previous file (read and removed by the
 #: submitting side, SlurmAttempt.take_system_samples).
@@ -135,7 +138,7 @@ class _Node:
         while not path.exists():
             if self._stopping() or time.monotonic() > deadline:
                 return None
-            time.sleep(0.05)
+            time.sleep(LAUNCH_LOOK_S)
         with open(path, "rb") as fh:
             plan: dict[str, Any] = pickle.load(fh)  # noqa: S301 (written by this account's supervisor)
         return plan
@@ -146,6 +149,7 @@ class _Node:
         work.mkdir(parents=True, exist_ok=True)
         for name, data in node["files"].items():
             atomic_write_bytes(work / name, data, durable=False)
+        _unpack_shipped(plan.get("shipped"), work)
         log_path = Path(node["log_path"])
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # Like the local backend: a process without a log of its own writes the node log (the pump does);
@@ -238,6 +242,26 @@ class _Node:
                       "ip": self.address}
             atomic_write_text(self.dir / f"{SAMPLES_PREFIX}{self._shipped:08d}.json",
                               json.dumps({"labels": labels, "samples": samples, "problem": problem}))
+
+
+def _unpack_shipped(shipped: dict[str, dict[str, bytes]] | None, work: Path) -> None:
+    """A walled job's copies of what its nodes would read of the server's folders (air.backends.slurm._Walls):
+    files, and folders as tar archives, into the work folder, where the launch's paths name them."""
+    if not shipped:
+        return
+    import io
+    import tarfile
+
+    for name, data in shipped.get("files", {}).items():
+        atomic_write_bytes(work / name, data, mode=0o600, durable=False)
+    for name, data in shipped.get("dirs", {}).items():
+        target = work / name
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(target, filter="data")
+            else:  # Python before 3.11.4 / 3.10.12 (a node's own): it unpacks as the job's account, in its folder
+                tar.extractall(target)  # noqa: S202
 
 
 def _call_node_environment() -> dict[str, str]:

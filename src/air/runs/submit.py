@@ -22,6 +22,7 @@ from air.backends import Backend, backend_for
 from air.errors import UserInputError
 from air.files import atomic_write_text
 from air.runs.spawn import spawn_supervisor
+from air.settings import AIR_ISOLATION
 from air.store.access import Grant, Level, grants_to_json
 from air.store.paths import RunPaths
 from air.store.run_store import Run, RunStore
@@ -60,6 +61,12 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
     profile_name, backend_name, address = chosen.name, chosen.backend, getattr(chosen, "address", None)
     backend = backend_for(chosen)
     backend.check_shape(spec.accelerator, spec.num_nodes)
+    if backend_name == "slurm" and os.environ.get(AIR_ISOLATION) and spec.environment.dependencies:
+        raise UserInputError(  # (built in the server's cache, which a walled job's nodes cannot reach)
+            f"environment.dependencies: profile {profile_name!r} runs on Slurm through this walled server, whose "
+            "jobs cannot reach the environments it builds.",
+            hint="Install what the workload needs into the profile's node_python on the cluster, and drop "
+            "dependencies (docs/slurm.md, 'Through air server').")
     pool = None
     kind = "CPU" if spec.accelerator.is_cpu else "GPU"
     if backend_name == "local" and config.ray_pools:
@@ -87,13 +94,6 @@ def prepare_spec(spec: WorkloadSpec, profile: str | None = None, *, secret_store
         plan.secret_store = str(secret_store)
     plan.pool = pool
     return Prepared(spec, plan, backend, snapshot, pool)
-
-
-def make_backend(plan: RunPlan, store: RunStore) -> Backend:
-    """The backend the plan's profile names: the supervisor runs attempts on it, a sweep submits children with it."""
-    from air.config import resolve_profile
-
-    return backend_for(resolve_profile(plan.profile), ledger=store)
 
 
 def spec_grants(spec: WorkloadSpec) -> list[Grant]:

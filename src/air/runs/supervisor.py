@@ -18,7 +18,7 @@ from air.launcher.redact import Redactor
 from air.runs.checkpoints import checkpoint_location
 from air.runs.controller import RunController
 from air.runs.listeners import default_listeners
-from air.runs.submit import make_backend
+from air.runs.run_backend import make_backend
 from air.runs.workload_job import WorkloadJob
 from air.store.paths import RunPaths, process_tag
 from air.store.run_store import RunStore

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from air.log import configure_file
 from air.runs.cancel import cancel_sweep_children
-from air.runs.submit import Prepared, make_backend, submit
+from air.runs.run_backend import make_backend
+from air.runs.submit import Prepared, submit
 from air.runs.sweep_tasks import SweepTask, child_run, list_tasks, record_tasks, set_child
 from air.settings import AIR_MLFLOW_DOOR, AIR_SWEEP_INDEX, AIR_SWEEP_RUN_ID
 from air.store.paths import RunPaths

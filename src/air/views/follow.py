@@ -21,7 +21,8 @@ from air.store.paths import CallPaths, RunPaths
 from air.store.run_store import Run, RunStore
 from air.views.logtail import LineCursor, lines_since, tail_lines
 
-POLL_S = 0.2
+#: How often a follow looks for new lines and state (a store read and a stat of each log).
+POLL_S = 0.1
 RECONCILE_EVERY_S = 2.0
 #: How many times `Following.join` reads on to meet the follow's position in a log that keeps growing.
 JOIN_ROUNDS = 1000

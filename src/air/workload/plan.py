@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 from air.settings import AIR_ACCELERATOR_KIND, AIR_ACCELERATOR_TYPE, AIR_RUN_ID
-from air.workload.spec import WorkloadSpec
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the spec's pydantic models: not imported by a supervisor, which reads only the plan)
     from air.workload.snapshot import SnapshotPlan
+    from air.workload.spec import WorkloadSpec
 
 MASK = "***"
 
