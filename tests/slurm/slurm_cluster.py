@@ -215,6 +215,25 @@ class SlurmCluster:
                        capture_output=True, timeout=60)
         self._remember(self.state / f"slurmd-{node}.pid")
 
+    def restart_controller(self, down_s: float) -> None:
+        """slurmctld stops (SIGTERM: it saves its state), stays away `down_s` seconds, then starts again on
+        that state (`-R` not given: it recovers its jobs), as on an upgrade or a fail-over; the nodes run on."""
+        pid_file = self.state / "slurmctld.pid"
+        ctld = int(pid_file.read_text().split()[0])
+        gone = [ctld, *_children(ctld)]
+        os.kill(ctld, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(pid) for pid in gone):
+            time.sleep(0.05)
+        assert not any(_alive(pid) for pid in gone), "slurmctld did not stop"
+        self.pids = [pid for pid in self.pids if pid not in gone]
+        pid_file.unlink(missing_ok=True)
+        time.sleep(down_s)
+        subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env={**os.environ, **self.env},
+                       capture_output=True, timeout=60)
+        self._remember(pid_file)
+        self.pids.extend(_children(self.pids[-1]))
+
     def logs(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (self.state / "log").glob("*"))
 

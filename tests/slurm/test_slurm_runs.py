@@ -255,3 +255,23 @@ def test_a_node_lost_mid_run_fails_the_attempt_naming_it_and_the_retry_resumes(h
     assert run.status.value == "SUCCESS", (run.status, run.termination_reason)
     assert "resumed at 7" in RunPaths(run_id).node_logs(1)[0].read_text()
     no_leftover(hpc)
+
+
+def test_a_slurmctld_restart_mid_run_is_waited_out(hpc: SlurmCluster, tmp_path: Path) -> None:
+    """slurmctld stops while a run's job runs (an upgrade, a fail-over) and starts again on its saved state 15 s
+    later (squeue fails or hangs meanwhile, past air's 10 s look): the nodes go on, the run waits for the
+    controller instead of calling the job lost or its supervisor failing, and it ends SUCCESS with both
+    nodes' lines; nothing is left."""
+    run_id = submit(workload(tmp_path, 'echo "started $NODE_RANK"\nsleep 5\necho "done $NODE_RANK"'))
+    logs = RunPaths(run_id).folder / "attempt_0"
+    wait_for(lambda: all((logs / f"node_{n}.log").exists() and f"started {n}" in (logs / f"node_{n}.log").read_text()
+                         for n in (0, 1)), 240, "both nodes to start")
+    hpc.restart_controller(down_s=15)
+    wait_for(lambda: RunStore().get_run(run_id).status.is_terminal(), 240, "the run to end")
+    run = RunStore().get_run(run_id)
+    supervisor = (RunPaths(run_id).folder / "supervisor.log").read_text()
+    assert run.status.value == "SUCCESS", f"{run.status.value}: {run.reason}\n{supervisor}"
+    assert "controller does not answer" in supervisor, supervisor
+    for node in (0, 1):
+        assert f"done {node}" in (logs / f"node_{node}.log").read_text()
+    no_leftover(hpc)

@@ -9,6 +9,7 @@ real 2-node cluster; alice and bob submit through the real CLI with plain tokens
   checkpoint folder is her account's;
 - bob's job runs as bob's account and cannot read alice's job folder, her checkpoints, nor the server's
   state (its runs.db, its config);
+- the server restarted while bob's job runs: the run ends SUCCESS with every line;
 - a walled server refuses a Slurm profile without work_root/node_python, or a workload with dependencies
   there, at submit (exit 2, nothing made).
 """
@@ -32,6 +33,8 @@ from slurm_cluster import SlurmCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 from server_helpers import AirServer, running_isolated_server  # noqa: E402
+
+from proc_helpers import wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -167,6 +170,23 @@ def test_each_users_slurm_job_is_their_account_and_walls_hold(walled: tuple[AirS
     for what in probes:
         assert f"DENIED {what}" in bob_logs and f"READ {what}" not in bob_logs, bob_logs
     assert "alice-private" not in bob_logs and "code ran on node" not in bob_logs
+
+
+def test_the_server_restarts_with_a_slurm_job_in_flight(walled: tuple[AirServer, SlurmCluster, Path],
+                                                        tmp_path: Path) -> None:
+    """The server stops (SIGTERM) and starts again while bob's Slurm job runs: the run's supervisor is its own
+    process, so the job goes on, the run ends SUCCESS with every line, and the new server reports it."""
+    server, cluster, _ = walled
+    cluster.idle()
+    run_id = _submit(server, "bob", tmp_path / "bob-restart", 'echo "up as $(id -un)"\nsleep 8\necho "still here"\n')
+    server.wait_status(run_id, "RUNNING", timeout=240)
+    wait_for(lambda: "up as" in _logs(server, "bob", run_id), "bob's node to start", timeout=240, interval=0.5)
+    assert server.stop() == 0
+    server.start()
+    status = server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=240)
+    logs = _logs(server, "bob", run_id)
+    assert status == "SUCCESS", logs + _job_outputs(server, run_id)
+    assert f"up as {server.account('bob')}" in logs and "still here" in logs, logs
 
 
 def test_a_walled_slurm_profile_without_its_shared_folders_is_refused_at_submit(

@@ -99,18 +99,40 @@ def slurm_tool(*argv: str, timeout: float = 30.0) -> str:
         raise RuntimeConfigurationError(f"{argv[0]} is not on PATH: this machine cannot reach a Slurm cluster.",
                                         hint="Install Slurm's client commands (Debian: slurm-client) and set "
                                         "SLURM_CONF if the cluster's slurm.conf is not in /etc/slurm.")
-    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:  # (Slurm's clients wait ~40 s for a controller that is away)
+        raise SlurmError(f"{' '.join(argv[:2])} failed: Unable to contact slurm controller (no answer "
+                         f"within {timeout:g} s)") from exc
     if result.returncode != 0:
         raise SlurmError(f"{' '.join(argv[:2])} failed: {(result.stderr or result.stdout).strip()[-500:]}")
     return result.stdout
 
 
+#: How long a submission tries sbatch again while slurmctld does not answer (a restart, a fail-over).
+CONTROLLER_WAIT_S = 300.0
+#: How long job_state waits for squeue: past it the controller counts as away for this look (UNREACHABLE).
+SQUEUE_WAIT_S = 10.0
+#: job_state's state while slurmctld does not answer (restarted, failing over, overloaded): the job is as it
+#: was, and its nodes go on; every wait keeps waiting (its own deadline still holds).
+UNREACHABLE = "UNREACHABLE"
+
+
+def _controller_away(said: str) -> bool:
+    """Whether a Slurm command failed because slurmctld did not answer (not because it refused)."""
+    return any(words in said for words in ("Unable to contact slurm controller", "Socket timed out",
+                                           "Connection refused", "Zero Bytes were transmitted"))
+
+
 def job_state(job_id: str) -> tuple[str, str, str]:
-    """(state, reason, node list) of a job: squeue while Slurm holds it, else sacct's final state."""
+    """(state, reason, node list) of a job: squeue while Slurm holds it, else sacct's final state;
+    UNREACHABLE (reason: squeue's words) while the controller does not answer."""
     try:
-        out = slurm_tool("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N").strip()
-    except SlurmError:  # "Invalid job id" once slurmctld forgot it
-        out = ""
+        out = slurm_tool("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N", timeout=SQUEUE_WAIT_S).strip()
+    except SlurmError as exc:
+        if "Invalid job id" not in str(exc):
+            return UNREACHABLE, str(exc)[-300:], ""
+        out = ""  # slurmctld forgot the job
     if out:
         state, reason, nodes = (out.splitlines()[0].split("|") + ["", ""])[:3]
         return state, reason, nodes
@@ -279,9 +301,16 @@ class SlurmBackend:
                 atomic_write_text(paths.folder / "slurm_job_dir", str(job_dir))
         argv = sbatch_argv(run_id, job_dir, accelerator, num_nodes, options, process_tag(run_id), self.account)
         env = {k: v for k, v in os.environ.items() if k not in (AIR_PROCESS_TAG, AIR_SUPERVISOR)}
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+        give_up = time.monotonic() + CONTROLLER_WAIT_S
+        while True:
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+            said = (result.stderr or result.stdout).strip()
+            if result.returncode == 0 or not _controller_away(said) or time.monotonic() > give_up or should_stop():
+                break
+            on_wait(f"Slurm's controller does not answer sbatch ({said[-200:]}); trying again")
+            time.sleep(2.0)
         if result.returncode != 0:
-            raise SlurmError(f"sbatch refused the job: {(result.stderr or result.stdout).strip()[-800:]}")
+            raise SlurmError(f"sbatch refused the job: {said[-800:]}")
         job_id = result.stdout.strip().split(";")[0]
         partition = options.values.get("partition")
         self._note(run_id, job_id, "PENDING", "", partition)
@@ -301,6 +330,13 @@ class SlurmBackend:
                 continue
             next_look = now + POLL_S
             state, reason, nodes = job_state(job_id)
+            if state == UNREACHABLE:
+                if last[0] != UNREACHABLE:
+                    on_wait(f"Slurm's controller does not answer ({reason}); job {job_id} waits as it was")
+                last = (state, reason)
+                if os.path.lexists(node_dir(job_dir, 0) / "host.json"):
+                    break  # (its nodes started: it runs)
+                continue
             if (state, reason) != last:
                 last = (state, reason)
                 self._note(run_id, job_id, state, reason, partition)
@@ -388,7 +424,7 @@ class SlurmBackend:
         reported = all((node_dir(job_dir, n) / "exits.json").exists() for n in range(allocation.num_nodes))
         deadline = time.monotonic() + (10.0 if reported else 0.0)
         while time.monotonic() < deadline:
-            if job_state(str(job_id))[0] not in ("RUNNING", "COMPLETING", "CONFIGURING"):
+            if job_state(str(job_id))[0] not in ("RUNNING", "COMPLETING", "CONFIGURING", UNREACHABLE):
                 return
             time.sleep(0.2)
         self._cancel(str(job_id), job_dir)
@@ -482,7 +518,7 @@ def _wait_for_hosts(job_id: str, job_dir: Path, count: int, owner: int | None = 
         if now >= next_look:
             next_look = now + 2.0
             state, reason, _ = job_state(job_id)
-            if state not in ("RUNNING", "COMPLETING", "CONFIGURING"):
+            if state not in ("RUNNING", "COMPLETING", "CONFIGURING", UNREACHABLE):
                 raise SlurmError(f"Slurm job {job_id} ended {state} ({reason}) before its nodes started; "
                                  f"see {job_dir / 'batch.log'}")
         time.sleep(START_LOOK_S)
@@ -688,6 +724,8 @@ class SlurmAttempt:
     master_port = 0
     #: The node whose step Slurm killed for its memory (OverMemoryKill), once known.
     _oom_rank: int | None = None
+    #: Whether the supervisor log said that slurmctld stopped answering (said once).
+    _unreachable = False
 
     #: A walled job's: copies its nodes' logs from the job folder into the run's (set by start).
     copier: _LogCopier | None = None
@@ -743,7 +781,10 @@ class SlurmAttempt:
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + POLL_S * 2
                 state, reason, _ = job_state(self.job_id)
-                if state not in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED"):
+                if state == UNREACHABLE and not self._unreachable:
+                    self._unreachable = True
+                    _log.warning("Slurm's controller does not answer (%s); job %s's nodes go on", reason, self.job_id)
+                if state not in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", UNREACHABLE):
                     self._wait_exits(3.0)  # the nodes may have finished and written theirs just now
                     if all(self._read_exits(n) is not None for n in self.node_ranks):
                         break
@@ -779,7 +820,7 @@ class SlurmAttempt:
             state, reason, _ = job_state(self.job_id)
             if state == "COMPLETING" and reason == "TimeLimit":
                 state = "TIMEOUT"
-            if state not in ("RUNNING", "COMPLETING", "CONFIGURING", "COMPLETED", "GONE"):
+            if state not in ("RUNNING", "COMPLETING", "CONFIGURING", "COMPLETED", "GONE", UNREACHABLE):
                 return self._slurm_end(state, reason)
             if state in ("COMPLETED", "GONE"):
                 break
