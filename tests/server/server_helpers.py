@@ -124,6 +124,18 @@ class AirServer:
         assert result.returncode == 0, result.stdout + result.stderr
         return json.loads(result.stdout)["data"]
 
+    def submit(self, user: str, spec: Path, text: str) -> str:
+        """Write the workload YAML `text` at `spec` and submit it as `user` (`air run`); the run's id."""
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(text)
+        return str(self.air_json(user, "run", "-f", str(spec))["run_id"])
+
+    def logs(self, user: str, run_id: str) -> str:
+        """The run's lines so far, as `user` reads them (`air logs RUN --no-follow`)."""
+        result = self.air(user, "logs", run_id, "--no-follow")
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
     def api(self, method: str, path: str, *, token: str | None = None, body: Any = None,
             data: bytes | None = None) -> tuple[int, Any]:
         """One raw HTTP request: (status, decoded JSON)."""

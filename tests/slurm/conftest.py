@@ -3,31 +3,17 @@ each test gets a `hpc` profile (`backend: slurm, partition: debug`) as its AIR_H
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SlurmCluster
+from slurm_cluster import SlurmCluster, shared_cluster
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
-    """In a folder every account may reach (not pytest's 0700 one): a walled server's jobs run as the users'
-    accounts, whose srun reads slurm.conf and talks to munged, as on a real cluster."""
-    folder = Path(tempfile.mkdtemp(prefix="air-slurm-"))
-    os.chmod(folder, 0o755)
-    cluster = SlurmCluster(folder)
-    try:
-        cluster.start()
+    with shared_cluster() as cluster:
         yield cluster
-    finally:
-        try:
-            cluster.stop()
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -312,3 +314,20 @@ def processes_of(conf: Path) -> list[str]:
                 text = cmdline.replace(b"\0", b" ").decode(errors="replace")
                 found.append(f"{entry.name}: {text}")
     return found
+
+
+@contextlib.contextmanager
+def shared_cluster(prefix: str = "air-slurm-") -> Iterator[SlurmCluster]:
+    """A started cluster in a folder every account may reach (not pytest's 0700 tmp): a walled server's jobs
+    run as the users' accounts, whose srun reads slurm.conf and talks to munged, as on a real cluster."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(folder, 0o755)
+    cluster = SlurmCluster(folder)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        try:
+            cluster.stop()
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -109,25 +109,16 @@ def _slurm_user(cluster: SlurmCluster, job_id: str) -> str:
     return found.group(1)
 
 
-def _submit(server: AirServer, user: str, folder: Path, command: str, nodes: int = 1, code: str | None = None,
-            profile_line: str = "") -> str:
+def _submit(server: AirServer, user: str, folder: Path, command: str, nodes: int = 1, code: str | None = None) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     source = ""
     if code is not None:
         (folder / "code").mkdir(exist_ok=True)
         (folder / "code" / "main.py").write_text(code)
         source = "code_source: {snapshot: {root_path: code}}\n"
-    spec = folder / "wl.yaml"
-    spec.write_text(f"experiment_name: {user}-slurm\nmax_retries: 0\n{profile_line}"
-                    f"compute: {{accelerator_type: CPU_1xCPU, num_accelerators: {nodes}}}\n{source}"
-                    f"command: |\n{textwrap.indent(command, '  ')}\n")
-    return str(server.air_json(user, "run", "-f", str(spec))["run_id"])
-
-
-def _logs(server: AirServer, user: str, run_id: str) -> str:
-    result = server.air(user, "logs", run_id, "--no-follow")
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return server.submit(user, folder / "wl.yaml", f"experiment_name: {user}-slurm\nmax_retries: 0\n"
+                         f"compute: {{accelerator_type: CPU_1xCPU, num_accelerators: {nodes}}}\n{source}"
+                         f"command: |\n{textwrap.indent(command, '  ')}\n")
 
 
 def test_each_users_slurm_job_is_their_account_and_walls_hold(walled: tuple[AirServer, SlurmCluster, Path],
@@ -141,7 +132,7 @@ def test_each_users_slurm_job_is_their_account_and_walls_hold(walled: tuple[AirS
                                 'echo alice-private > "$AIR_CHECKPOINT_DIR/secret-$NODE_RANK"\n'
                                 'echo "checkpoint owner $(stat -c %U "$AIR_CHECKPOINT_DIR")"\n')
     status = server.wait_status(alice_run, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=240)
-    alice_logs = _logs(server, "alice", alice_run)
+    alice_logs = server.logs("alice", alice_run)
     assert status == "SUCCESS", alice_logs + _job_outputs(server, alice_run)
     alice = server.account("alice")
     job_id, alice_job = _job(server, alice_run)
@@ -162,7 +153,7 @@ def test_each_users_slurm_job_is_their_account_and_walls_hold(walled: tuple[AirS
         f'cat {path} >/dev/null 2>&1 && echo "READ {what}" || echo "DENIED {what}"\n' for what, path in probes.items())
     bob_run = _submit(server, "bob", tmp_path / "bob", command)
     status = server.wait_status(bob_run, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=240)
-    bob_logs = _logs(server, "bob", bob_run)
+    bob_logs = server.logs("bob", bob_run)
     assert status == "SUCCESS", bob_logs + _job_outputs(server, bob_run)
     bob = server.account("bob")
     assert _slurm_user(cluster, _job(server, bob_run)[0]) == bob
@@ -180,11 +171,11 @@ def test_the_server_restarts_with_a_slurm_job_in_flight(walled: tuple[AirServer,
     cluster.idle()
     run_id = _submit(server, "bob", tmp_path / "bob-restart", 'echo "up as $(id -un)"\nsleep 8\necho "still here"\n')
     server.wait_status(run_id, "RUNNING", timeout=240)
-    wait_for(lambda: "up as" in _logs(server, "bob", run_id), "bob's node to start", timeout=240, interval=0.5)
+    wait_for(lambda: "up as" in server.logs("bob", run_id), "bob's node to start", timeout=240, interval=0.5)
     assert server.stop() == 0
     server.start()
     status = server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=240)
-    logs = _logs(server, "bob", run_id)
+    logs = server.logs("bob", run_id)
     assert status == "SUCCESS", logs + _job_outputs(server, run_id)
     assert f"up as {server.account('bob')}" in logs and "still here" in logs, logs
 

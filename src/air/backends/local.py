@@ -35,8 +35,7 @@ from air.backends.ray_shim import local_workload_ray_env
 from air.constants import TERMINATE_GRACE_S
 from air.environments.containers import (
     TAG_LABEL,
-    ContainerSpec,
-    container_argv,
+    in_container,
     remove_containers,
     remove_exited,
 )
@@ -181,8 +180,8 @@ class LocalBackend:
                     spec = proc.on_node(work, env, proc.log_path or launch.log_path, cwd=launch.cwd,
                                         sandbox=_with_work(launch.sandbox, work))
                     if launch.container is not None:  # the same command, in the image (environments/containers.py)
-                        spec = _in_container(spec, launch.container, work.parent, tag, launch.node_rank, index,
-                                             gpus=not allocation.accelerator.is_cpu)
+                        spec = in_container(spec, launch.container, work.parent, tag, launch.node_rank, index,
+                                            gpus=not allocation.accelerator.is_cpu)
                     specs.append(spec)
                     owners.append((node, index))
             warm = None
@@ -234,17 +233,6 @@ def prestart_call_zygote(preload: Sequence[str], module: str, processes: int, cw
     """Start the zygote a local call's ranks will fork from now, before the call's run is recorded and
     its slots claimed, so its imports run beside that work (launcher/warm.py prestart_kept)."""
     prestart_kept(preload, module, processes, _call_node_environment(), cwd, grace_s=TERMINATE_GRACE_S)
-
-
-def _in_container(spec: ProcessSpec, container: ContainerSpec, scratch: Path, tag: str, node: int, index: int, *,
-                  gpus: bool) -> ProcessSpec:
-    """`spec` run by podman in the node's image: its node folder (work and scratch) mounted beside the
-    launch's own paths; AIR_PROCESS_TAG reaches the container's processes (cancel finds them by it)."""
-    container = dataclasses.replace(container, mounts=(*container.mounts, str(scratch), *([str(spec.cwd)] if spec.cwd else [])))
-    argv, env = container_argv(container, spec.argv, spec.env, cwd=str(spec.cwd) if spec.cwd else None, tag=tag,
-                               node=node, index=index, gpus=gpus)
-    argv[argv.index(container.image_id):argv.index(container.image_id)] = ["--env", AIR_PROCESS_TAG]
-    return dataclasses.replace(spec, argv=argv, env=env, cwd=scratch)
 
 
 def _with_work(sandbox: Sandbox | None, work: Path) -> Sandbox | None:

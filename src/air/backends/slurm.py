@@ -400,9 +400,12 @@ class SlurmBackend:
             if walls is not None:
                 log_path = walls.log(launch.node_rank, "node.log", log_path)
             nodes[launch.node_rank] = {"processes": processes, "log_path": log_path, "cwd": cwd,
-                                       "files": dict(launch.files), "ray_shim": launch.ray_shim}
+                                       "files": dict(launch.files), "ray_shim": launch.ray_shim,
+                                       "container": launch.container, "gpus": not allocation.accelerator.is_cpu}
         launch_plan: dict[str, object] = {"tag": tag, "nodes": nodes}
         if walls is not None:
+            if any(launch.container is not None for launch in ordered):  # (refused at submit: image_spec)
+                raise SlurmError("A walled server's Slurm job cannot run its nodes in a container image.")
             launch_plan["shipped"] = walls.shipped
         atomic_write_bytes(job_dir / LAUNCH_FILE, pickle.dumps(launch_plan), durable=False)
         attempt = SlurmAttempt(job_id, job_dir, [launch.node_rank for launch in ordered],

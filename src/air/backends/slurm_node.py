@@ -178,6 +178,14 @@ class _Node:
 
         specs = [proc.on_node(work, env, proc.log_path or log_path, cwd=node["cwd"], sandbox=proc.sandbox)
                  for proc, env in zip(node["processes"], envs, strict=True)]
+        container = node.get("container")
+        if container is not None:  # every process in the workload's image (air.environments.containers)
+            from air.environments.containers import ensure_image_here, in_container
+
+            ensure_image_here(container)
+            tag = node_tag(plan["tag"], self.rank)
+            specs = [in_container(spec, container, self.dir, tag, self.rank, index, gpus=bool(node.get("gpus")))
+                     for index, spec in enumerate(specs)]
         own_log = {i for i, proc in enumerate(node["processes"]) if proc.log_path not in (None, log_path)}
         lock = threading.Lock()
         with open(log_path, "ab", buffering=0) as node_log:
@@ -195,6 +203,10 @@ class _Node:
                 result = self.launch.wait(timeout=None, fail_fast=True, should_stop=self._stopping, poll_s=0.05)
             finally:
                 self.launch.terminate()
+                if container is not None:  # none outlives the node's processes (a podman killed before its container)
+                    from air.environments.containers import TAG_LABEL, remove_containers
+
+                    remove_containers(TAG_LABEL, node_tag(plan["tag"], self.rank))
             self.launch.output_done(timeout=5.0)
         if self.sampler is not None:  # its last samples are in the folder before exits.json says it ended
             self.sampler.stop()

@@ -26,13 +26,18 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from air.errors import UserInputError
+from air.errors import LaunchError, UserInputError
 from air.files import atomic_write_text
 from air.home import AirHome
 from air.progress import spinner
+from air.settings import AIR_PROCESS_TAG
+
+if TYPE_CHECKING:
+    from air.launcher.node import ProcessSpec
 
 TAG_POLICIES = ("auto", "latest")
 #: The OCI runtime: podman's default crun fails on cgroup v1 hybrid machines; runc works everywhere.
@@ -289,6 +294,8 @@ class ContainerSpec:
     mounts: tuple[str, ...] = ()
     read_only: tuple[str, ...] = ()
     user_env: tuple[str, ...] = ()
+    #: The registry digest: a Slurm node without the image pulls it by this.
+    digest: str = ""
 
 
 def container_name(tag: str, node: int, index: int = 0) -> str:
@@ -297,14 +304,41 @@ def container_name(tag: str, node: int, index: int = 0) -> str:
     return f"{safe if safe.startswith('air-') else 'air-' + safe}-n{node}-p{index}"
 
 
+@dataclass(frozen=True)
+class ContainerWalls:
+    """A walled server's container (docs/containers.md): its processes run as the run's account (`--user`;
+    every capability dropped, no new privilege), with their own IPC namespace (not the host's /dev/shm) and
+    process namespace, inside the node's cgroup (its memory and process limits), HOME and TMPDIR its scratch;
+    only the paths the node may see are mounted."""
+
+    uid: int
+    gid: int
+    user: str
+    home: str
+    #: The node's cgroup, as podman's --cgroup-parent (None: no limits on this machine).
+    cgroup_parent: str | None = None
+    #: The container's own /dev/shm (NCCL and DataLoader workers use it): half the machine's memory.
+    shm_bytes: int = 1 << 30
+
+
 def container_argv(spec: ContainerSpec, argv: Sequence[str], env: Mapping[str, str], *, cwd: str | None,
-                   tag: str, node: int, index: int = 0, gpus: bool = False) -> tuple[list[str], dict[str, str]]:
+                   tag: str, node: int, index: int = 0, gpus: bool = False,
+                   walls: ContainerWalls | None = None) -> tuple[list[str], dict[str, str]]:
     """`podman run …` that runs `argv` in the image, and the environment podman itself gets: the values
-    travel as `--env NAME` (read from podman's own environment), never on its command line."""
+    travel as `--env NAME` (read from podman's own environment), never on its command line. `walls`: a
+    walled server's run (see ContainerWalls)."""
     passed = {k: v for k, v in env.items() if k not in _HOST_ONLY or k in spec.user_env}
-    out = [_tool("podman"), "--runtime", RUNTIME, "run", "--rm", "--network", "host", "--ipc", "host",
+    out = [_tool("podman"), "--runtime", RUNTIME, "run", "--rm", "--network", "host",
+           "--ipc", "host" if walls is None else "private",
            "--name", container_name(tag, node, index), "--label", f"{TAG_LABEL}={tag}",
            "--label", f"{RUN_LABEL}={spec.run_id}", "--entrypoint", "[]", "--log-driver", "none"]
+    if walls is not None:
+        out += ["--user", f"{walls.uid}:{walls.gid}", "--cap-drop", "all", "--security-opt", "no-new-privileges",
+                "--shm-size", f"{max(walls.shm_bytes >> 20, 64)}m"]
+        if walls.cgroup_parent:
+            out += ["--cgroup-parent", walls.cgroup_parent]
+        passed.update({"HOME": walls.home, "TMPDIR": os.path.join(walls.home, "tmp"), "USER": walls.user,
+                       "LOGNAME": walls.user})
     seen: set[str] = set()
     for path in spec.mounts:
         if path and path not in seen and Path(path).exists():
@@ -321,8 +355,72 @@ def container_argv(spec: ContainerSpec, argv: Sequence[str], env: Mapping[str, s
     for name in sorted(passed):
         out += ["--env", name]
     out += [spec.image_id, *argv]
-    podman_env = {**passed, "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+    # podman's own settings (this process's: a walled node's environment has none of them), never the container's
+    own = {k: v for k, v in os.environ.items() if k.startswith("CONTAINERS_") or k == "REGISTRY_AUTH_FILE"}
+    podman_env = {**passed, **own, "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
     return out, podman_env
+
+
+def in_container(spec: ProcessSpec, container: ContainerSpec, scratch: Path, tag: str, node: int, index: int, *,
+                 gpus: bool) -> ProcessSpec:
+    """`spec` run by podman in the node's image (the local backend's nodes, a Slurm job's): its node folder
+    (work and scratch) mounted beside the launch's own paths; AIR_PROCESS_TAG reaches the container's
+    processes (cancel finds them by it).
+
+    A walled node (`spec.sandbox`, a server's run) runs as its account in the container instead of bwrap's
+    view (podman is started by the server's account, outside it: ContainerWalls), with exactly what the view
+    would show of the machine mounted: its inputs read-only, its writable folders and scratch its account's."""
+    sandbox = spec.sandbox
+    walls = None
+    cwd = str(spec.cwd) if spec.cwd else None
+    if sandbox is not None:
+        import psutil
+
+        from air.launcher.cgroups import cgroup_parent
+
+        if sandbox.account is None:  # (refused at submit: air.workload.image_spec)
+            raise LaunchError("A walled container needs the run's own account (a server running as root).")
+        sandbox.prepare()  # its scratch, work and checkpoint folders made and given to the account
+        mounts = (*sandbox.writable, sandbox.scratch)
+        if not (cwd and _within(cwd, (*mounts, *container.read_only))):
+            cwd = sandbox.scratch
+        container = replace(container, mounts=mounts)
+        walls = ContainerWalls(sandbox.account.uid, sandbox.account.gid, sandbox.account.name, sandbox.scratch,
+                               cgroup_parent=cgroup_parent(sandbox.cgroup),
+                               shm_bytes=psutil.virtual_memory().total // 2)
+        scratch = Path(sandbox.scratch)
+    else:
+        container = replace(container, mounts=(*container.mounts, str(scratch), *([cwd] if cwd else [])))
+    argv, env = container_argv(container, spec.argv, spec.env, cwd=cwd, tag=tag, node=node, index=index, gpus=gpus,
+                               walls=walls)
+    argv[argv.index(container.image_id):argv.index(container.image_id)] = ["--env", AIR_PROCESS_TAG]
+    return replace(spec, argv=argv, env=env, cwd=scratch, sandbox=None)
+
+
+def _within(path: str, folders: Sequence[str]) -> bool:
+    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders if folder)
+
+
+def ensure_image_here(container: ContainerSpec, timeout_s: float = 1800) -> None:
+    """The image on this machine (a Slurm node other than the submitting one): pulled by its digest where
+    missing, with podman's own credentials (its auth.json, REGISTRY_AUTH_FILE)."""
+    podman = _tool("podman")
+    if subprocess.run([podman, "image", "exists", container.image_id], capture_output=True,
+                      stdin=subprocess.DEVNULL, timeout=60).returncode == 0:
+        return
+    if not container.digest:
+        raise LaunchError(f"docker image {container.url} is not on this node and its digest is not known.")
+    name = container.url.split("@", 1)[0]
+    ref = f"{name.rsplit(':', 1)[0] if _has_tag(name) else name}@{container.digest}"
+    pulled = subprocess.run([podman, "pull", "-q", ref], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                            timeout=timeout_s)
+    if pulled.returncode != 0:
+        raise LaunchError(f"docker image {ref} could not be pulled on this node: {pulled.stderr.strip()[-500:]}")
+
+
+def _has_tag(url: str) -> bool:
+    """Whether a reference's last path part carries a tag (`host:5000/a/b:1` yes, `host:5000/a/b` no)."""
+    return ":" in url.split("@", 1)[0].rsplit("/", 1)[-1]
 
 
 def remove_containers(label: str, value: str) -> int:

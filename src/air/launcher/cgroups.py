@@ -101,6 +101,8 @@ class Counters:
 
     oom_kills: int | None
     pids_refused: int | None
+    #: The highest memory use. (cgroup v1 counts an OOM kill in the cgroup of the process killed: one in a
+    #: child cgroup, a container's under the node's, is not in `oom_kills`, but this is at the node's limit.)
     memory_peak: int | None
 
 
@@ -166,11 +168,12 @@ class Cgroup:
             raise
 
     def processes(self) -> set[int]:
-        """Every process in the cgroup (any hierarchy)."""
+        """Every process in the cgroup and the cgroups below it (a container runtime's, any hierarchy)."""
         pids: set[int] = set()
         for _, folder, _ in self._distinct():
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(p) for p in (folder / "cgroup.procs").read_text().split())
+            for procs in [folder / "cgroup.procs", *folder.glob("**/cgroup.procs")]:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(p) for p in procs.read_text().split())
         return pids
 
     def counters(self) -> Counters:
@@ -209,9 +212,16 @@ class Cgroup:
         yet) is retried until `timeout_s`."""
         self.kill()
         deadline = time.monotonic() + timeout_s
-        for hierarchy, folder, _ in self._distinct():
+        ours = {hierarchy.mount for hierarchy, _, _ in self._distinct()}
+        # A container runtime given this cgroup as its parent made cgroups below it (conmon's, the
+        # container's), in every hierarchy mounted: those of the others go too.
+        others = [(Hierarchy(1, mount, frozenset()), mount / self.name) for mount in _v1_mounts() if mount not in ours]
+        for hierarchy, folder in [(h, f) for h, f, _ in self._distinct()] + others:
             while folder.exists():
                 try:
+                    for below in sorted((p for p in folder.glob("**/") if p != folder), key=lambda p: -len(p.parts)):
+                        with contextlib.suppress(OSError):
+                            below.rmdir()
                     folder.rmdir()
                 except OSError as exc:
                     if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY) or time.monotonic() > deadline:
@@ -228,6 +238,30 @@ class Cgroup:
                     break
                 if parent == top:
                     break
+
+
+def _v1_mounts(mountinfo: str = MOUNTINFO) -> list[Path]:
+    """Every cgroup v1 hierarchy's mount (whatever its controllers)."""
+    mounts = []
+    with contextlib.suppress(OSError):
+        for line in Path(mountinfo).read_text().splitlines():
+            left, sep, right = line.partition(" - ")
+            fields, tail = left.split(), right.split()
+            if sep and len(fields) >= 5 and tail and tail[0] == "cgroup":
+                mounts.append(Path(fields[4].replace("\\040", " ")))
+    return mounts
+
+
+def cgroup_parent(procs_files: Sequence[str]) -> str | None:
+    """The cgroup of these `cgroup.procs` files as a container runtime's --cgroup-parent (its path below each
+    hierarchy's mount, the same in every one: `/air-<server>/<run>/...`); None without one."""
+    mounts = [h.mount for h in hierarchies().values()]
+    for procs in procs_files:
+        folder = Path(procs).parent
+        for mount in mounts:
+            if folder.is_relative_to(mount) and folder != mount:
+                return "/" + str(folder.relative_to(mount))
+    return None
 
 
 def join_argv(procs_files: Sequence[str], argv: Sequence[str]) -> list[str]:

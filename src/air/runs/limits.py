@@ -33,6 +33,10 @@ _log = logging.getLogger("air.supervisor")
 DISK_CHECK_S = 1.0
 
 
+#: A node's peak usage this close to its memory limit counts as at it (the kernel charges in pages and batches).
+AT_LIMIT_BYTES = 4 << 20
+
+
 def node_cgroup_name(home: Path, run_id: str, attempt: int, node: int) -> str:
     """`air-<server>/<run>/attempt_<a>/node_<n>`: unique per server (its AIR_HOME), run, attempt and node."""
     return f"{server_group(home)}/{run_id}/attempt_{attempt}/node_{node}"
@@ -141,6 +145,7 @@ class AttemptLimits:
             self._watch.join(timeout=30)
         for node, cgroup in self.cgroups.items():
             self.counters[node] = cgroup.counters()
+            _log.debug("attempt %d: node %d's cgroup counted %s", self.attempt, node, self.counters[node])
             try:
                 cgroup.remove(stop_at=self.group)
             except OSError as exc:
@@ -153,9 +158,13 @@ class AttemptLimits:
             return disk_limit_reason(*self.disk_exceeded)
         order = ([node] if node in self.counters else []) + [n for n in sorted(self.counters) if n != node]
         for n in order:
-            kills = self.counters[n].oom_kills
+            counted = self.counters[n]
+            kills = counted.oom_kills
             if kills and self.memory is not None:
                 return memory_limit_reason(self.memory, kills, where=f" (node {n})" if where else "")
+            if (n == node and not kills and self.memory is not None and "SIGKILL" in tail_reason
+                    and (counted.memory_peak or 0) >= self.memory - AT_LIMIT_BYTES):  # (a container's, on cgroup v1)
+                return memory_limit_reason(self.memory, None, where=f" (node {n})" if where else "")
         if node in self.counters and self.counters[node].pids_refused and self.pids is not None:
             return process_limit_reason(self.pids, self.counters[node].pids_refused or 0, tail_reason,
                                         where=f" (node {node})" if where else "")

@@ -263,12 +263,14 @@ def size_text(n: int) -> str:
     return f"{n / (1 << 20):.3g} MiB"
 
 
-def memory_limit_reason(limit_bytes: int, kills: int, *, where: str = "") -> TerminationReason:
-    """A node's process killed by the OOM killer at its cgroup's memory limit (the kernel counted it)."""
+def memory_limit_reason(limit_bytes: int, kills: int | None, *, where: str = "") -> TerminationReason:
+    """A node's process killed by the OOM killer at its cgroup's memory limit (the kernel counted it; `kills`
+    None: cgroup v1 counted it in the container's own cgroup, inside the node's, which reached its limit)."""
+    counted = (f"{kills} OOM kill(s) recorded in the node's cgroup" if kills is not None else
+               "the node's cgroup at its limit when a process was SIGKILLed: an OOM kill in its container's cgroup")
     return TerminationReason(
         f"Out of memory{where}: the node ran out of memory at its limit of {size_text(limit_bytes)} and the OOM "
-        f"killer ended a process ({kills} OOM kill(s) recorded in the node's cgroup; the server's "
-        "server.limits.memory_per_node)", FailureClass.USER_CODE)
+        f"killer ended a process ({counted}; the server's server.limits.memory_per_node)", FailureClass.USER_CODE)
 
 
 def process_limit_reason(pids_max: int, refused: int, then: str, *, where: str = "") -> TerminationReason:

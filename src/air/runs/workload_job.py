@@ -446,7 +446,11 @@ def container_for(plan: RunPlan, checkpoint_dir: str | None) -> ContainerSpec:
         record = image_for_run(str(plan.docker_image["url"]))
     except UserInputError as exc:
         raise EnvironmentBuildError(exc.message, hint=exc.hint) from None
+    from air.runs.isolation import isolation_mode
+
+    walled = isolation_mode() is not None  # (a server's run: its code is read-only, as in its sandbox's view)
     return ContainerSpec(url=record.url, image_id=record.image_id, run_id=plan.run_id or "",
-                         mounts=tuple(p for p in (plan.code_path, checkpoint_dir) if p),
-                         read_only=tuple(p for p in (plan.command_path, plan.parameters_path) if p),
-                         user_env=tuple((*plan.env_variables, *plan.secret_refs)))
+                         mounts=tuple(p for p in (None if walled else plan.code_path, checkpoint_dir) if p),
+                         read_only=tuple(p for p in (plan.code_path if walled else None, plan.command_path,
+                                                     plan.parameters_path) if p),
+                         user_env=tuple((*plan.env_variables, *plan.secret_refs)), digest=record.digest)

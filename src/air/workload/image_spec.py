@@ -74,20 +74,26 @@ def image_credentials(image: Mapping[str, object], secret_store: Path | str | No
 def prepare_image(image: Mapping[str, object], secret_store: Path | str | None = None, *,
                   backend: str = "local") -> ImageRecord:
     """At submit, before the run exists: the image resolved, pulled and recorded by its tag_policy (a bad
-    url, a missing image, wrong credentials, an unreachable registry: a UserInputError, exit 2). Only the
-    local backend runs nodes in images so far: another is refused with what to do instead."""
+    url, a missing image, wrong credentials, an unreachable registry: a UserInputError, exit 2). The local
+    and Slurm backends run nodes in images (a Slurm node without it pulls it by digest); Ray is refused with
+    what to do instead."""
     from air.environments.containers import register
     from air.errors import UserInputError
 
-    if os.environ.get(AIR_ISOLATION):  # `air server`'s walled runs: a container there is not walled yet
+    if os.environ.get(AIR_ISOLATION) and os.geteuid() != 0:  # containers run as each run's account: root's podman
         raise UserInputError(
-            "environment.docker_image: this server walls its runs in (AIR_ISOLATION), and containers do not run "
-            "as the run owner's account yet.", hint="Run it on your own machine (a local profile), or without "
-            "docker_image (environment.dependencies).")
-    if backend != "local":
+            "environment.docker_image: this server walls its runs in without root (bwrap mode), so it cannot run "
+            "a container as the run owner's account.", hint="Run the server as root (unix-user+bwrap), run it "
+            "on your own machine (a local profile), or drop docker_image (environment.dependencies).")
+    if backend == "slurm" and os.environ.get(AIR_ISOLATION):
+        raise UserInputError(
+            "environment.docker_image: this server's Slurm jobs run as their users' accounts, which cannot run "
+            "podman containers here.", hint="Install what the workload needs into the Slurm profile's node_python, "
+            "or run the image on a local profile of this server.")
+    if backend not in ("local", "slurm"):
         raise UserInputError(
             f"environment.docker_image: the {backend} backend does not run nodes in container images (only the "
-            "local backend does).",
+            "local and slurm backends do).",
             hint="On Ray, give Ray's own runtime environment an image (runtime_env={'image_uri': URL}, "
             "docs/containers.md), or run with a local profile.")
 
