@@ -120,6 +120,9 @@ CONSUMERS: dict[tuple[str, str], str] = {
     ("unpack", "air.backends.ray_agent:NodeAgent.unpack"): RAY,
     # a Slurm job's node launcher (the supervisor's account, under srun) reads what that supervisor wrote
     ("unpickle", "air.backends.slurm_node:_Node._wait_for_launch"): SLURM,
+    # a walled server's Slurm job: the supervisor packs the run's own files as bytes; its account's node unpacks
+    ("read", "air.backends.slurm:_Walls.place"): SLURM,
+    ("unpack", "air.backends.slurm_node:_unpack_shipped"): SLURM,
     # the operator's file
     ("yaml", "air.config:load_config"): CONFIG,
 }

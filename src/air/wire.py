@@ -148,6 +148,8 @@ class Run(_Answer):
     preemptions: int = 0
     #: Why a QUEUED run waits (position, slots, holders, `reason`); None when it does not wait.
     queue: dict[str, Any] | None = None
+    #: What a RUNNING run's nodes wait for before they start (its MLflow run), and for how long; else None.
+    waiting: str | None = None
     #: A `for_each` sweep's parent run (its children are ordinary runs).
     is_sweep: bool = False
 

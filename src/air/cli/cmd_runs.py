@@ -81,6 +81,7 @@ def print_run_detail(run: RunDetail, *, ui_hint: bool = True, server: str | None
     pairs = [
         ("Run", run.run_id), ("Status", run.status.value),
         *([("Waiting", run.queue["reason"])] if run.queue else []),
+        *([("Waiting", f"its nodes wait for {run.waiting}")] if run.waiting else []),
         ("Experiment", run.experiment_name), ("MLflow run name", run.run_name or run.experiment_name),
         ("Accelerators", shape_text(run.num_nodes, run.accelerator_type, run.num_accelerators)),
         ("Backend", backend), *([("Pool", run.pool)] if run.pool else []),
@@ -255,11 +256,14 @@ def print_runs(runs: list[Run], *, all_status: bool, with_user: bool = False) ->
         for row, r in zip(rows, runs, strict=True):
             row.insert(1, r.user or "-")
     print_table(header, rows)
-    waiting = [r for r in runs if r.status is RunStatus.QUEUED]
+    waiting = [r for r in runs if r.status is RunStatus.QUEUED or r.waiting]
     if waiting:
         print("\nWaiting:")
         for r in waiting[:WAITING_SHOWN]:
-            print(f"  {r.run_id}  {r.queue['reason'] if r.queue else 'QUEUED'}")
+            if r.status is RunStatus.QUEUED:
+                print(f"  {r.run_id}  {r.queue['reason'] if r.queue else 'QUEUED'}")
+            else:
+                print(f"  {r.run_id}  RUNNING, its nodes wait for {r.waiting}")
         if len(waiting) > WAITING_SHOWN:
             print(f"  … and {len(waiting) - WAITING_SHOWN} more queued (`air get run ID` says why each waits)")
 

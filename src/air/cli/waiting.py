@@ -48,6 +48,7 @@ class WatchExtras:
         self.next_progress_look = 0.0
         self.quiet_shown: str | None = None
         self.node_ended_shown = False
+        self.waiting_shown: str | None = None
 
     # -- the supervisor's log -------------------------------------------------------------------------
     def read_supervisor_log(self) -> None:
@@ -129,6 +130,14 @@ class WatchExtras:
             return
         self.next_progress_look = now + PROGRESS_EVERY_S
         detail = self.client.get(self.run_id)  # as `air get run` shows it: how quiet its nodes are, a node's end
+        what = detail.waiting.split(", for ", 1)[0] if detail.waiting else None
+        if what != self.waiting_shown:  # said once when the nodes start waiting (its MLflow run), and when done
+            if what is not None:
+                if self.json_mode:
+                    event("WAITING", run_id=self.run_id, message=detail.waiting)
+                else:
+                    status(f"[air] the nodes wait for {what} before they start")
+            self.waiting_shown = what
         if not self.node_ended_shown:
             ended = detail.node_ended
             if ended is not None:  # said once: node 0 is done, the run waits on the others

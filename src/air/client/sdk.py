@@ -143,13 +143,14 @@ class Client:
                 "/runs", status=[s.value for s in sorted(statuses)] or None, all_status=all_status, limit=limit,
                 experiment=experiment_glob, accelerator_type=accelerator_type, num_accelerators=num_accelerators,
                 user=user, all_users=all_users)["runs"])
-        from air.views.query import run_dict, run_summary
+        from air.views.query import run_dict, run_summary, waiting_notice
 
         found = self.store.list_runs(statuses="all" if all_status else (statuses or None), limit=limit,
                                      experiment_glob=experiment_glob, accelerator_type=accelerator_type,
                                      num_accelerators=num_accelerators, user=user)
         queued = set([r.id for r in found if r.status is RunStatus.QUEUED][:queue_for])
-        return [run_summary(self.store, r) if r.id in queued else {**run_dict(r), "queue": None} for r in found]
+        return [run_summary(self.store, r) if r.id in queued else {**run_dict(r), "queue": None,
+                                                                   "waiting": waiting_notice(r)} for r in found]
 
     def list(self, *, status: str | RunStatus | Iterable[str | RunStatus] | None = None, all_status: bool = False,
              experiment: str | None = None, all_users: bool = False, limit: int = 20) -> list[Run]:

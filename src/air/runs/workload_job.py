@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from air.accelerators import parse_accelerator_type
 from air.backends.base import Allocation, AttemptHandle, AttemptOutcome, NodeLaunch
 from air.errors import EnvironmentBuildError
+from air.files import atomic_write_text
 from air.home import AirHome
 from air.launcher.node import NODE_DIR
 from air.launcher.redact import Redactor
@@ -37,7 +39,7 @@ from air.settings import (
 from air.store.paths import TORCHELASTIC_ERROR_FILE, RunPaths, process_tag, torchelastic_error_file
 from air.store.run_store import RunStore
 from air.store.states import FailureClass, RunStatus
-from air.tracking.attempt_tracking import AttemptTracking, node_command, node_hook_env
+from air.tracking.attempt_tracking import AttemptTracking, WorkloadTracking, node_command, node_hook_env
 from air.workload.plan import RunPlan
 
 if TYPE_CHECKING:
@@ -186,11 +188,22 @@ class WorkloadJob:
         from air.settings import AIR_TRACKING_EARLY_START, switched
 
         early = switched(AIR_TRACKING_EARLY_START, default=True)
-        return AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
-                                            params=plan.parameters or {}, attempt=attempt, warn=warn,
-                                            files=(self.paths.mlflow_env(attempt), self.paths.mlflow_hook(attempt)),
-                                            before=before, wait=not early or not self.nodes_local,
-                                            walled=isolation_mode() is not None)
+        tracking = AttemptTracking.for_workload(experiment=plan.experiment, run_name=plan.run_name, tags=tags,
+                                                params=plan.parameters or {}, attempt=attempt, warn=warn,
+                                                files=(self.paths.mlflow_env(attempt), self.paths.mlflow_hook(attempt)),
+                                                before=before, wait=not early or not self.nodes_local,
+                                                walled=isolation_mode() is not None)
+        if isinstance(tracking, WorkloadTracking):
+            tracking.on_waiting = self._note_waiting
+        return tracking
+
+    def _note_waiting(self, what: str | None) -> None:
+        """What the run's nodes wait for (RunPaths.waiting), or that they no longer wait."""
+        if what is None:
+            self.paths.waiting.unlink(missing_ok=True)
+            return
+        with contextlib.suppress(OSError):
+            atomic_write_text(self.paths.waiting, json.dumps({"for": what, "since": time.time()}))
 
     @contextlib.contextmanager
     def launches(self, attempt: int, allocation: Allocation, node_logs: dict[int, Path],

@@ -150,6 +150,12 @@ class RunPaths(_RunIdPaths):
         its processes the attempt's MLflow run (air/tracking/node_hook.py)."""
         return self.attempt_dir(attempt) / "mlflow_hook"
 
+    @property
+    def waiting(self) -> Path:
+        """`waiting.json`: what a RUNNING run's nodes wait for before they start (its MLflow run), while they
+        do (the supervisor writes and removes it; `air list runs`, `--watch` and the pages say it)."""
+        return self.folder / "waiting.json"
+
     def progress(self, attempt: int) -> Path:
         """`attempt_<a>/progress.json`: how long each node process has been quiet (the run controller)."""
         return self.attempt_dir(attempt) / "progress.json"

@@ -213,6 +213,9 @@ class WorkloadTracking(AttemptTracking):
     #: Longest pause between two tries to make the run.
     RETRY_PAUSE_MAX_S = 15.0
 
+    #: Told what the nodes wait for while `env()` waits past WAIT_TOLD_AFTER_S, then None (the run's state).
+    on_waiting: Callable[[str | None], None] | None = None
+
     def __init__(self, create: Callable[[], TrackingHandle | None], *, attempt: int, env_file: Path,
                  hook_dir: Path, warn: Callable[[str], None], wait: bool = False, walled: bool = False) -> None:
         super().__init__(None, attempt, warn)
@@ -307,7 +310,13 @@ class WorkloadTracking(AttemptTracking):
             if not self._ready.wait(WAIT_TOLD_AFTER_S):  # said (supervisor.log, `--watch -v`), not silent
                 self.warn(f"tracking: waiting for the attempt's MLflow run ({tracking_uri()}) before the nodes start: "
                     f"they get its MLFLOW_RUN_ID (at most {self.CREATE_WAIT_S:g} s)")
-            self._ready.wait(self.CREATE_WAIT_S)
+                if self.on_waiting is not None:  # and shown as the run's state (air list runs, --watch, pages)
+                    self.on_waiting(f"its MLflow run ({tracking_uri()}) before the nodes start")
+                try:
+                    self._ready.wait(self.CREATE_WAIT_S)
+                finally:
+                    if self.on_waiting is not None:
+                        self.on_waiting(None)
             if self.handle is None:
                 return {}
             env = dict(self.handle.env())

@@ -88,8 +88,25 @@ def queue_dict(store: RunStore, run: Run, *, capacity: int | None = None) -> dic
 
 def run_summary(store: RunStore, run: Run, *, capacity: int | None = None) -> dict[str, object]:
     """A row of `air list runs --json`, `GET /runs` (air.wire.Run) and the runs page: `run_dict`
-    and, for a QUEUED run, why it waits (`queue`; `capacity` as queue_dict takes it)."""
-    return {**run_dict(run), "queue": queue_dict(store, run, capacity=capacity)}
+    and, for a QUEUED run, why it waits (`queue`; `capacity` as queue_dict takes it); for a RUNNING one
+    whose nodes wait before they start, what for (`waiting`)."""
+    return {**run_dict(run), "queue": queue_dict(store, run, capacity=capacity), "waiting": waiting_notice(run)}
+
+
+def waiting_notice(run: Run) -> str | None:
+    """"its MLflow run (…) before the nodes start, for 40s": what a RUNNING run's nodes wait for, as its
+    supervisor noted it (RunPaths.waiting); None when they do not wait."""
+    import json
+
+    from air.launcher.progress import quiet_for
+
+    if run.status is not RunStatus.RUNNING:
+        return None
+    try:
+        noted = json.loads(RunPaths(run.id).waiting.read_text())
+        return f"{noted['for']}, for {quiet_for(max(time.time() - float(noted['since']), 0.0))}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def mlflow_link(run: Run) -> str | None:
