@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,34 @@ def test_a_walled_jobs_node_logs_are_copied_only_from_the_accounts_own_files(tmp
     assert not any((tmp_path / f"run-{name}").exists() for name in ("soft.log", "hard.log", "foreign.log"))
     assert (tmp_path / "run-own.log").read_text() == "own line\nown second line\n"
     assert Path(times_path(tmp_path / "run-own.log")).read_text().startswith("0 ")
+
+
+def test_a_controller_away_past_its_bound_ends_the_attempt_as_lost(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A started job whose controller stops answering is waited for (its nodes' own reports would end it),
+    but not for ever: past CONTROLLER_AWAY_MAX_S with no node's end reported (the cluster is gone) the attempt
+    ends, its job taken as lost and said so in the node logs. Slurm's tools here answer as they do with
+    slurmctld away."""
+    import stat
+
+    import air.backends.slurm as slurm
+    from air.backends.slurm import SlurmAttempt
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("squeue", "sacct", "scancel"):
+        script = tools / tool
+        script.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller "
+                          "(connect failure)' >&2\nexit 1\n")
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.setattr(slurm, "CONTROLLER_AWAY_MAX_S", 1.5)
+    job = tmp_path / "job"
+    (job / "node_0").mkdir(parents=True)
+    log = tmp_path / "node_0.log"
+    attempt = SlurmAttempt("7", job, [0], ["127.0.0.1"], ["n1"])
+    attempt.log_paths = [str(log)]
+    outcome = attempt.wait(timeout_s=None, should_stop=lambda: False)
+    assert outcome.lost_node and "has not answered for 1.5 s" in outcome.lost_node, outcome
+    assert "taken as lost" in log.read_text()
+    assert (job / "stop").exists()  # the nodes were asked to end theirs

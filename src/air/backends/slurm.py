@@ -111,6 +111,9 @@ def slurm_tool(*argv: str, timeout: float = 30.0) -> str:
 
 #: How long a submission tries sbatch again while slurmctld does not answer (a restart, a fail-over).
 CONTROLLER_WAIT_S = 300.0
+#: How long a started job waits for a controller that does not answer before it is taken as lost (its nodes'
+#: own reports end it sooner: they do not need the controller).
+CONTROLLER_AWAY_MAX_S = 600.0
 #: How long job_state waits for squeue: past it the controller counts as away for this look (UNREACHABLE).
 SQUEUE_WAIT_S = 10.0
 #: job_state's state while slurmctld does not answer (restarted, failing over, overloaded): the job is as it
@@ -317,7 +320,7 @@ class SlurmBackend:
         on_wait(f"submitted Slurm job {job_id} ({' '.join(argv[2:-1])})")
         atomic_write_text(job_dir / "job_id", job_id)
         last = ("", "")
-        next_look = 0.0
+        next_look = away_since = 0.0
         while True:
             if should_stop():
                 self._cancel(job_id, job_dir)
@@ -333,6 +336,11 @@ class SlurmBackend:
             if state == UNREACHABLE:
                 if last[0] != UNREACHABLE:
                     on_wait(f"Slurm's controller does not answer ({reason}); job {job_id} waits as it was")
+                    away_since = time.monotonic()
+                elif time.monotonic() - away_since > CONTROLLER_AWAY_MAX_S:
+                    self._cancel(job_id, job_dir)
+                    raise SlurmError(f"Slurm's controller has not answered for {CONTROLLER_AWAY_MAX_S:g} s ({reason}) "
+                                     f"while job {job_id} waited to start")
                 last = (state, reason)
                 if os.path.lexists(node_dir(job_dir, 0) / "host.json"):
                     break  # (its nodes started: it runs)
@@ -727,8 +735,8 @@ class SlurmAttempt:
     master_port = 0
     #: The node whose step Slurm killed for its memory (OverMemoryKill), once known.
     _oom_rank: int | None = None
-    #: Whether the supervisor log said that slurmctld stopped answering (said once).
-    _unreachable = False
+    #: Since when slurmctld has not answered (monotonic), while it does not.
+    _unreachable_since: float | None = None
 
     #: A walled job's: copies its nodes' logs from the job folder into the run's (set by start).
     copier: _LogCopier | None = None
@@ -784,9 +792,16 @@ class SlurmAttempt:
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + POLL_S * 2
                 state, reason, _ = job_state(self.job_id)
-                if state == UNREACHABLE and not self._unreachable:
-                    self._unreachable = True
+                if state != UNREACHABLE:
+                    self._unreachable_since = None
+                elif self._unreachable_since is None:
+                    self._unreachable_since = time.monotonic()
                     _log.warning("Slurm's controller does not answer (%s); job %s's nodes go on", reason, self.job_id)
+                elif time.monotonic() - self._unreachable_since > CONTROLLER_AWAY_MAX_S:  # the cluster is gone
+                    lost = (f"Slurm's controller has not answered for {CONTROLLER_AWAY_MAX_S:g} s ({reason}) and no "
+                            f"node of job {self.job_id} reported its end: the job is taken as lost")
+                    self._note_all(lost)
+                    break
                 if state not in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", UNREACHABLE):
                     self._wait_exits(3.0)  # the nodes may have finished and written theirs just now
                     if all(self._read_exits(n) is not None for n in self.node_ranks):
