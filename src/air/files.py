@@ -61,6 +61,20 @@ def folder_size(path: Path) -> int:
     return total
 
 
+def open_own_file(path: Path, owner: int | None = None) -> int | None:
+    """A read-only descriptor of `path` if it is a plain file with one name (what air writes is renamed into
+    place), not a link, and (`owner`) that uid's; else None. See read_own_file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # missing, or a link (ELOOP)
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or (owner is not None and st.st_uid != owner):
+        os.close(fd)
+        return None
+    return fd
+
+
 def read_own_file(path: Path, max_bytes: int | None = None, *, owner: int | None = None,
                   tail_bytes: int | None = None) -> bytes | None:
     """A file that processes of another account may write where it lies (a walled node's work folder, a
@@ -68,16 +82,11 @@ def read_own_file(path: Path, max_bytes: int | None = None, *, owner: int | None
     may read, linked there hard or soft), nor a FIFO that would block, nor more than `max_bytes`. None
     where there is no such file (or it is larger). `owner`: the file must be this uid's (a folder on the
     way may itself be a link the account made, to another account's folder). `tail_bytes`: its last bytes only."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # missing, or a link (ELOOP)
+    fd = open_own_file(path, owner)
+    if fd is None:
         return None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # what air writes is renamed into place: one name
-            return None
-        if owner is not None and st.st_uid != owner:
-            return None
         if tail_bytes is not None:
             fh.seek(max(st.st_size - tail_bytes, 0))
             return fh.read(tail_bytes)

@@ -131,3 +131,20 @@ def test_a_controller_away_past_its_bound_ends_the_attempt_as_lost(tmp_path: Pat
     assert outcome.lost_node and "has not answered for 1.5 s" in outcome.lost_node, outcome
     assert "taken as lost" in log.read_text()
     assert (job / "stop").exists()  # the nodes were asked to end theirs
+
+
+def test_a_node_report_nested_past_the_bounds_is_no_report(tmp_path: Path) -> None:
+    """What a walled job's account writes in its job folder is read by the server's supervisor: an exits.json
+    nested 200,000 deep (or a link to a root-only file) is no report, never a crash of the supervisor."""
+    from air.backends.slurm import SlurmAttempt, read_node_json
+
+    job = tmp_path / "job"
+    (job / "node_0").mkdir(parents=True)
+    deep = job / "node_0" / "exits.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    assert read_node_json(deep, None) is None
+    assert SlurmAttempt("7", job, [0], ["127.0.0.1"], ["n1"])._read_exits(0) is None
+    secret = tmp_path / "root-only.json"
+    secret.write_text('{"addr": "secret"}')
+    (job / "node_0" / "host.json").symlink_to(secret)
+    assert read_node_json(job / "node_0" / "host.json", None) is None

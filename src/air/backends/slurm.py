@@ -47,10 +47,11 @@ from air.backends.base import (
     one_node_shape,
 )
 from air.backends.slurm_node import LAUNCH_FILE, SAMPLES_PREFIX, SIGNALED_FILE, STOP_FILE, node_dir
+from air.bounds import json_loads_bounded
 from air.errors import AirError, GPUValidationError, RuntimeConfigurationError, UserInputError
-from air.files import atomic_write_bytes, atomic_write_text, read_own_file
+from air.files import atomic_write_bytes, atomic_write_text, open_own_file, read_own_file
 from air.home import AirHome
-from air.launcher import ProcessExit, ProcessSpec, read_tail, reap_tag
+from air.launcher import ProcessExit, ProcessSpec, reap_tag
 from air.launcher.machine import NodeSamples
 from air.launcher.node import NODE_DIR
 from air.launcher.progress import Silence
@@ -500,12 +501,9 @@ _MEMORY_KILL_LINES = ("exceeded memory limit", "Exceeded job memory limit", "Exc
 
 
 def _past_memory_limit(output: Path, owner: int | None = None) -> bool:
-    """Whether Slurm killed a node's step for its memory: the end of the step's output says so."""
-    if owner is None:
-        tail = read_tail(output, 200)
-    else:  # a walled job's output is its account's file: read only if it is (no link), its end only
-        data = read_own_file(output, owner=owner, tail_bytes=64 * 1024)
-        tail = (data or b"").decode(errors="replace")
+    """Whether Slurm killed a node's step for its memory: the end of the step's output (the job's account's
+    file: read only if it is, never through a link) says so."""
+    tail = (read_own_file(output, owner=owner, tail_bytes=64 * 1024) or b"").decode(errors="replace")
     return any(line in tail for line in _MEMORY_KILL_LINES)
 
 
@@ -566,14 +564,14 @@ def check_walled_profile(profile: Profile) -> None:
 
 
 def read_node_json(path: Path, owner: int | None) -> object:
-    """A JSON file a node launcher wrote (None if missing or unreadable); a walled job's only if it is the
-    account's own file (read_own_file), and at most 4 MiB."""
+    """A JSON file a node launcher wrote (None if missing, unreadable or past the bounds); a walled job's only
+    if it is the account's own file (read_own_file); at most 4 MiB, nesting and integers bounded."""
     data = read_own_file(path, 4 << 20, owner=owner)
     if data is None:
         return None
     try:
-        return json.loads(data)
-    except ValueError:
+        return json_loads_bounded(data)  # (nesting and integers bounded: the account writes these files)
+    except UserInputError:
         return None
 
 
@@ -703,7 +701,7 @@ class _LogCopier(threading.Thread):
         for index, (own, run_log) in enumerate(self.copies):
             fd = self._sources.get(index)
             if fd is None:
-                fd = self._open(own)
+                fd = open_own_file(own, self.owner)
                 if fd is None:
                     continue
                 self._sources[index] = fd
@@ -716,16 +714,6 @@ class _LogCopier(threading.Thread):
             with contextlib.suppress(OSError), open(times_path(run_log), "ab") as marks:
                 marks.write(b"%d %d\n" % (offset, int(time.time())))
 
-    def _open(self, path: Path) -> int | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return None
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or (self.owner is not None and info.st_uid != self.owner):
-            os.close(fd)
-            return None
-        return fd
 
 
 class SlurmAttempt:

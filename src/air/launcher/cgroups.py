@@ -53,23 +53,12 @@ def hierarchies(mountinfo: str = MOUNTINFO) -> dict[str, Hierarchy]:
     machine has both: a controller is attached to one hierarchy only)."""
     found: dict[str, Hierarchy] = {}
     unified: Hierarchy | None = None
-    try:
-        lines = Path(mountinfo).read_text().splitlines()
-    except OSError:
-        return {}
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3:
-            continue
-        mount = Path(fields[4].replace("\\040", " "))
-        if tail[0] == "cgroup":
-            names = frozenset(o for o in tail[2].split(",") if o in (*REQUIRED, *OPTIONAL))
+    for kind, mount, options in _cgroup_mounts(mountinfo):
+        if kind == "cgroup":
+            names = frozenset(o for o in options.split(",") if o in (*REQUIRED, *OPTIONAL))
             for name in names:
                 found.setdefault(name, Hierarchy(1, mount, names))
-        elif tail[0] == "cgroup2" and unified is None:
+        elif kind == "cgroup2" and unified is None:
             try:
                 names = frozenset((mount / "cgroup.controllers").read_text().split())
             except OSError:
@@ -240,16 +229,24 @@ class Cgroup:
                     break
 
 
+def _cgroup_mounts(mountinfo: str = MOUNTINFO) -> list[tuple[str, Path, str]]:
+    """(cgroup or cgroup2, where it is mounted, its super options) of every cgroup mount mountinfo names."""
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if sep and len(fields) >= 5 and len(tail) >= 3 and tail[0] in ("cgroup", "cgroup2"):
+            out.append((tail[0], Path(fields[4].replace("\\040", " ")), tail[2]))
+    return out
+
+
 def _v1_mounts(mountinfo: str = MOUNTINFO) -> list[Path]:
     """Every cgroup v1 hierarchy's mount (whatever its controllers)."""
-    mounts = []
-    with contextlib.suppress(OSError):
-        for line in Path(mountinfo).read_text().splitlines():
-            left, sep, right = line.partition(" - ")
-            fields, tail = left.split(), right.split()
-            if sep and len(fields) >= 5 and tail and tail[0] == "cgroup":
-                mounts.append(Path(fields[4].replace("\\040", " ")))
-    return mounts
+    return [mount for kind, mount, _ in _cgroup_mounts(mountinfo) if kind == "cgroup"]
 
 
 def cgroup_parent(procs_files: Sequence[str]) -> str | None:
