@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import json
 import logging
 import os
@@ -27,7 +26,6 @@ import shlex
 import shutil
 import stat
 import subprocess
-import tarfile
 import tempfile
 import threading
 import time
@@ -245,6 +243,8 @@ class SlurmBackend:
         #: Under a walled server, the run's account (set by its supervisor: air.runs.run_backend): its jobs
         #: are submitted as that account, in folders of its own under the profile's work_root.
         self.account: Account | None = None
+        #: With `account`: a folder of the run's (its code) as a tar.gz, made as that account in the run's sandbox.
+        self.pack_as_account: Callable[[str], bytes] | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile) -> SlurmBackend:
@@ -383,7 +383,11 @@ class SlurmBackend:
         hosts = _wait_for_hosts(job_id, job_dir, len(ordered), owner)
         master = hosts[0]
         ray = _RayShim.for_attempt() if any(launch.ray_shim for launch in ordered) else None
-        walls = _Walls(self.account, job_dir, allocation.run_id, self.profile) if self.account is not None else None
+        walls = None
+        if self.account is not None:
+            if self.pack_as_account is None:
+                raise SlurmError("A walled Slurm job's code can be packed only as its account (air.runs.run_backend).")
+            walls = _Walls(self.account, job_dir, allocation.run_id, self.profile, self.pack_as_account)
         nodes = {}
         for launch in ordered:
             processes = []
@@ -589,8 +593,10 @@ class _Walls:
     copied into the run's logs by the supervisor (_LogCopier); AIR_CHECKPOINT_DIR is a folder of the
     account's beside the job folders, kept across attempts."""
 
-    def __init__(self, account: Account, job_dir: Path, run_id: str, profile: Profile) -> None:
+    def __init__(self, account: Account, job_dir: Path, run_id: str, profile: Profile,
+                 pack: Callable[[str], bytes]) -> None:
         self.account = account
+        self.pack = pack
         self.job_dir = job_dir
         self.home = AirHome(create=False).root.resolve()
         self.run_folder = Path(os.path.realpath(RunPaths(run_id).folder))
@@ -625,11 +631,8 @@ class _Walls:
         if not (code and path.is_dir()) and not (path.is_file() and path.is_relative_to(self.run_folder)):
             return value
         name = f"shipped/{len(self._placed)}-{path.name}"
-        if path.is_dir():
-            buffer = io.BytesIO()
-            with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-                tar.add(path, arcname=".")
-            data = buffer.getvalue()
+        if path.is_dir():  # the user's code: packed as the run's account, in its sandbox (never opened here)
+            data = self.pack(str(path))
             self.shipped["dirs"][name] = data
         else:
             data = path.read_bytes()
