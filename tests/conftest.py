@@ -13,27 +13,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from proc_helpers import debian_packages
+from tracking_choice import tracks
 
 if TYPE_CHECKING:  # Ray is imported by the fixture only: the lean install runs this conftest without it
     from air.backends.ray_cluster import RayAuth, RayNode
 
 
-#: Folders whose tests keep the product's tracking default for every run: their servers are shared between
-#: tests (a server started with tracking off would keep it off for the next test), or tracking is their subject.
-TRACKING_FOLDERS = frozenset({"server", "web", "client", "tracking", "tracking_runs", "quickstart", "lean"})
-
-
-def _names_tracking(path: Path) -> bool:
-    """Does this test module name MLflow or tracking anywhere (a test of what a run records there, or of a
-    secret kept out of it)? Read once per module."""
-    named = _TRACKING_NAMED.get(path)
-    if named is None:
-        text = path.read_text(errors="replace").lower()
-        named = _TRACKING_NAMED[path] = "mlflow" in text or "tracking" in text
-    return named
-
-
-_TRACKING_NAMED: dict[Path, bool] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +27,7 @@ def air_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fi
     monkeypatch.setenv("AIR_HOME", str(home))
     # A run's supervisor spends 2.5 s of its 3.1 s of CPU importing MLflow and opening its store: a test
     # module that never names MLflow or tracking runs with tracking off (the suite is CPU-bound on 2 cores).
-    module_path = Path(str(request.node.path))
-    folder = module_path.parent.name if module_path.parent.name != "tests" else ""
-    if folder not in TRACKING_FOLDERS and not _names_tracking(module_path):
+    if not tracks(request):
         monkeypatch.setenv("AIR_TRACKING", "off")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
@@ -186,9 +169,10 @@ def ray_cluster() -> Iterator[RayTestCluster]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In one process, tests on the session's Ray cluster run last (tests/ray, then the seeds'): tests that
     start Ray clusters of their own (ray_launch, workloads that run `ray start`) run before it exists, so its
-    idle processes do not slow them down on a small machine. Under pytest-xdist (`make test`: 2 workers,
+    idle processes do not slow them down on a small machine. Under pytest-xdist (`make test`: 3 workers,
     `--dist loadgroup`), the tests on the session's cluster are one group, run by one worker, so a run starts
-    that cluster (three Ray nodes) once, not once a worker; xdist hands out its largest group first. Tests
+    that cluster (three Ray nodes) once, not once a worker; xdist hands out its largest group first. So are
+    the tests of each session-wide server with its MLflow (SHARED_PER_SESSION). Tests
     that start Ray clusters of their own are spread over both workers like any other test, so two Ray
     start-ups may overlap on 2 busy cores. That used to fail a node (Ray's fixed 30 s for a raylet to
     register, and 15 s for its dashboard agent's port file); air's nodes and the workload `ray` shim now try
@@ -197,8 +181,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
-            if "ray_cluster" in getattr(item, "fixturenames", ()):
-                xdist_group(config, item, "ray")
+            fixtures = getattr(item, "fixturenames", ())
+            group = next((group for fixture, group in SHARED_PER_SESSION.items() if fixture in fixtures), None)
+            if group is not None:
+                xdist_group(config, item, group)
+
+
+#: Session fixtures whose tests run on one xdist worker, so each starts once, not once a worker: the Ray
+#: cluster (three Ray nodes), and the servers with their MLflow (~8 s of CPU each to start).
+SHARED_PER_SESSION = {"ray_cluster": "ray", "mlflow_server": "mlflow_server",
+                      "private_mlflow_server": "private_mlflow_server"}
 
 
 def xdist_group(config: pytest.Config, item: pytest.Item, name: str) -> None:

@@ -21,6 +21,7 @@ import air
 from air.errors import AirError, UserInputError
 from air.store.states import RunStatus
 from air.wire import CancelAnswer, LogFile, SecretRef
+from tracking_choice import tracks
 
 #: Node 0 prints two lines; node 1 prints nothing (its log exists, empty).
 SPEC: dict[str, Any] = {"experiment_name": "one-path", "max_retries": 0,
@@ -29,8 +30,8 @@ SPEC: dict[str, Any] = {"experiment_name": "one-path", "max_retries": 0,
 
 
 @pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirServer]:
-    with running_server(tmp_path_factory.mktemp("one-path-server")) as srv:
+def shared_server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[AirServer]:
+    with running_server(tmp_path_factory.mktemp("one-path-server"), tracking=tracks(request)) as srv:
         yield srv
 
 

@@ -26,15 +26,16 @@ from air.client.sdk import RunWaitTimeout
 from air.store.states import AttemptStatus, RunStatus
 from air.wire import API_VERSION, API_VERSION_HEADER, LinesEvent, RunEvent
 from proc_helpers import wait_for
+from tracking_choice import tracks
 
 SPEC: dict[str, Any] = {"experiment_name": "sdk", "compute": {"num_accelerators": 1, "accelerator_type": "CPU_1xCPU"},
                         "max_retries": 0, "command": "echo hello from the sdk"}
 
 
 @pytest.fixture(scope="module")
-def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirServer]:
+def shared_server(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[AirServer]:
     """One real server for this module's server-side cases (started on first use)."""
-    with running_server(tmp_path_factory.mktemp("sdk-server")) as srv:
+    with running_server(tmp_path_factory.mktemp("sdk-server"), tracking=tracks(request)) as srv:
         yield srv
 
 

@@ -61,6 +61,8 @@ class AirServer:
     tls: tuple[Path, Path] | None = None
     #: More `air server start` arguments (e.g. --single-trust-domain).
     start_args: tuple[str, ...] = ()
+    #: Whether its runs record to MLflow (None: as the test's environment says, AIR_TRACKING).
+    tracking: bool | None = None
 
     @property
     def url(self) -> str:
@@ -68,6 +70,10 @@ class AirServer:
 
     def server_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("AIR_SERVER_URL", "AIR_TOKEN")}
+        if self.tracking is not None:
+            env.pop("AIR_TRACKING", None)
+            if not self.tracking:
+                env["AIR_TRACKING"] = "off"
         return {**env, "AIR_HOME": str(self.home), "AIR_CPU_SLOTS": "8"}
 
     def start(self) -> None:
@@ -208,13 +214,16 @@ class AirServer:
 @contextmanager
 def running_server(tmp_path: Path, *, mlflow: bool = False, config: str | None = None,
                    tls: tuple[Path, Path] | None = None,
-                   start_args: tuple[str, ...] = ("--single-trust-domain",)) -> Iterator[AirServer]:
+                   start_args: tuple[str, ...] = ("--single-trust-domain",),
+                   tracking: bool | None = None) -> Iterator[AirServer]:
     """A started server (its home's config.yaml = `config`); afterwards it is stopped with SIGTERM and
     no process of its home survives. By default its runs are not walled in (`--single-trust-domain`), so a
-    test's workload may wait on a file of the test; tests/server/test_isolation.py starts it isolated."""
+    test's workload may wait on a file of the test; tests/server/test_isolation.py starts it isolated.
+    `tracking` set: its runs record to MLflow or not whatever the environment says (a server shared by
+    tests must not take it from the test that happened to start it)."""
     srv = AirServer(home=tmp_path / "server-home", port=free_port(), clients=tmp_path / "clients",
                     log=tmp_path / "server.log", mlflow_port=free_port() if mlflow else 0, tls=tls,
-                    start_args=start_args)
+                    start_args=start_args, tracking=tracking)
     srv.home.mkdir()
     if config is not None:
         (srv.home / "config.yaml").write_text(config)

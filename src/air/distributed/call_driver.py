@@ -23,6 +23,7 @@ from air.processes import PROCESS_KINDS
 from air.store.paths import CallPaths
 from air.store.run_store import Run, RunStore
 from air.store.states import FailureClass, RunStatus
+from air.tracking.client_only import tracking_client_only
 from air.wire import CallRequest
 
 
@@ -52,6 +53,7 @@ def start_call(store: RunStore, user: str, call: CallRequest, payload: bytes) ->
 
 
 def main(argv: list[str]) -> int:
+    tracking_client_only()
     from air.accelerators import parse_accelerator_type
     from air.backends import backend_for
     from air.config import resolve_profile

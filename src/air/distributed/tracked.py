@@ -23,6 +23,7 @@ from air.processes import PROCESS_KINDS
 from air.settings import AIR_MLFLOW_ENV_FILE, AIR_PROCESS_TAG
 from air.store.paths import CallPaths
 from air.tracking.attempt_tracking import AttemptTracking
+from air.tracking.client_only import tracking_client_only
 from air.tracking.handle import TrackingHandle, write_tracking_ref
 from air.tracking.store import tracking_enabled
 from air.tracking.sysmetrics import TakeSamples
@@ -177,4 +178,5 @@ def _record(job_file: Path) -> int:
 
 
 if __name__ == "__main__":
+    tracking_client_only()
     sys.exit(record_call(Path(sys.argv[1])))

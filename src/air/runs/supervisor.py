@@ -23,6 +23,7 @@ from air.runs.workload_job import WorkloadJob
 from air.store.paths import RunPaths, process_tag
 from air.store.run_store import RunStore
 from air.store.states import FailureClass, RetryPolicy, RunStatus
+from air.tracking.client_only import tracking_client_only
 from air.workload.plan import RunPlan
 
 _log = logging.getLogger("air.supervisor")
@@ -80,6 +81,7 @@ class Supervisor:
 
 
 def main(argv: list[str] | None = None) -> int:
+    tracking_client_only()
     run_id = (argv or sys.argv[1:])[0]
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from air.processes import PROCESS_KINDS
 from air.settings import AIR_MLFLOW_DOOR
+from air.tracking.client_only import tracking_client_only
 from air.tracking.ended import note
 
 if TYPE_CHECKING:
@@ -253,5 +254,6 @@ def _say(message: str) -> None:
 
 
 if __name__ == "__main__":
+    tracking_client_only()
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")  # a server that is still away: give up in seconds
     sys.exit(_backfill(json.loads(sys.argv[1])))

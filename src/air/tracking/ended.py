@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from air.processes import PROCESS_KINDS
+from air.tracking.client_only import tracking_client_only
 from air.tracking.handle import END_STATUSES, EndStatus
 
 #: MLflow statuses of a run nobody has ended yet.
@@ -98,6 +99,7 @@ def _end(status: str, runs: list[tuple[str, str]]) -> int:
 
 
 if __name__ == "__main__":
+    tracking_client_only()
     _job = json.loads(sys.argv[1])
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")  # a server that is away: give up in seconds
     sys.exit(_end(str(_job["status"]), [(str(r), str(u)) for r, u in _job["runs"]]))
