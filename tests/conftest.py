@@ -73,8 +73,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     import session_stop
+    from session_accounts import remove_session_accounts
 
     session_stop.finish(config)  # after a stop: no process of this session outlives it
+    if not hasattr(config, "workerinput"):  # a controller (every worker is over) or a plain run
+        factory = getattr(config, "_tmp_path_factory", None)
+        remove_session_accounts(getattr(factory, "_basetemp", None) if factory is not None else None)
 
 
 # ---- the session's Ray cluster -----------------------------------------------------------------------
@@ -172,7 +176,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     idle processes do not slow them down on a small machine. Under pytest-xdist (`make test`: 3 workers,
     `--dist loadgroup`), the tests on the session's cluster are one group, run by one worker, so a run starts
     that cluster (three Ray nodes) once, not once a worker; xdist hands out its largest group first. So are
-    the tests of each session-wide server with its MLflow (SHARED_PER_SESSION). Tests
+    the tests of each session-wide server with its MLflow (SHARED_PER_SESSION), and the tests of a module
+    that take a module-scoped fixture. Tests
     that start Ray clusters of their own are spread over both workers like any other test, so two Ray
     start-ups may overlap on 2 busy cores. That used to fail a node (Ray's fixed 30 s for a raylet to
     register, and 15 s for its dashboard agent's port file); air's nodes and the workload `ray` shim now try
@@ -183,8 +188,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             fixtures = getattr(item, "fixturenames", ())
             group = next((group for fixture, group in SHARED_PER_SESSION.items() if fixture in fixtures), None)
+            if group is None and _uses_a_module_fixture(item):
+                group = item.nodeid.split("::", 1)[0]
             if group is not None:
                 xdist_group(config, item, group)
+
+
+def _uses_a_module_fixture(item: pytest.Item) -> bool:
+    """Does the test take a module-scoped fixture (a module's shared server, cluster, browser)? The module's
+    tests then run on one xdist worker, so the fixture starts once, not once on every worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = getattr(info, "name2fixturedefs", {}) if info is not None else {}
+    return any(definition.scope == "module" for chain in definitions.values() for definition in chain)
 
 
 #: Session fixtures whose tests run on one xdist worker, so each starts once, not once a worker: the Ray
