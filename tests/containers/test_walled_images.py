@@ -123,7 +123,7 @@ def test_each_users_container_runs_as_their_account_and_sees_nothing_of_another(
     sleeper = _submit(server, "alice", tmp_path / "alice-sleeps", base_url,
                       f'echo SLEEPING\nexec -a {ALICE_MARK} sleep 600\n')
     server.wait_status(sleeper, "RUNNING", timeout=600)
-    wait_for(lambda: "SLEEPING" in server.logs("alice", sleeper), "alice's container to sleep", timeout=300,
+    wait_for(lambda: "SLEEPING" in server.log_text("alice", sleeper), "alice's container to sleep", timeout=300,
              interval=0.5)
     assert any(ALICE_MARK in _cmdline(pid) for pid in Path("/proc").iterdir() if pid.name.isdigit())  # (it is there)
     targets = [str(Path(checkpoint) / "secret"), str(server.home / "runs.db"), str(server.home / "config.yaml"),

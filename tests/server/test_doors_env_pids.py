@@ -117,7 +117,7 @@ def _alice_long_run(server: AirServer, tmp_path: Path) -> str:
     """))
     run_id = str(server.air_json("alice", "run", "-f", str(spec))["run_id"])
     server.wait_status(run_id, "RUNNING", timeout=240)
-    wait_for(lambda: "alice started" in server.air("alice", "logs", run_id, "--no-follow").stdout,
+    wait_for(lambda: "alice started" in server.log_text("alice", run_id),
              "alice's run to start", timeout=240, interval=0.5)
     # the mark is on a host process of alice's run: what bob must not see is really there
     assert any(ALICE_MARK in _cmdline(pid) for pid in _pids()), "alice's process is not running"
@@ -384,3 +384,19 @@ def test_the_agent_folder_is_made_0700_and_one_not_this_accounts_is_refused(tmp_
             assert str(folder) in refused.value.message and "AIR_AGENT_DIR" in (refused.value.hint or ""), \
                 refused.value.message
             assert not (tmp_path / "elsewhere" / "run-x").exists()
+
+
+def test_a_used_up_system_id_range_says_what_to_remove(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """useradd failing for want of a system gid (a machine where many server homes made accounts): the error
+    names the cause and what to do, not only useradd's words."""
+    from air.launcher.sandbox import SandboxError, ensure_account
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "useradd").write_text("#!/bin/sh\necho \"useradd: Can't get unique GID (no more available GIDs)\" >&2\nexit 4\n")
+    (fake / "useradd").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    with pytest.raises(SandboxError) as raised:
+        ensure_account("air-0000ff-nobody")
+    said = str(raised.value)
+    assert "Can't get unique GID" in said and "no system uid or gid left" in said and "userdel air-<id>-NAME" in said

@@ -86,7 +86,7 @@ def test_canceling_the_sweep_through_the_server_ends_all(server: AirServer, tmp_
     children = child_run_ids(store, parent)
     for child in children:
         server.wait_status(child, "RUNNING", timeout=SWEEP_TIMEOUT_S)
-        wait_for(lambda c=child: "sleeping" in server.air("alice", "logs", c, "--no-follow").stdout,
+        wait_for(lambda c=child: "sleeping" in server.log_text("alice", c),
                  f"{child}'s sleep to start", timeout=120, interval=0.5)
     supervisors = [pid for c in children if (pid := store.get_run(c).supervisor_pid)]
     parent_supervisor = store.get_run(parent).supervisor_pid

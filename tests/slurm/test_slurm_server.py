@@ -171,7 +171,7 @@ def test_the_server_restarts_with_a_slurm_job_in_flight(walled: tuple[AirServer,
     cluster.idle()
     run_id = _submit(server, "bob", tmp_path / "bob-restart", 'echo "up as $(id -un)"\nsleep 8\necho "still here"\n')
     server.wait_status(run_id, "RUNNING", timeout=240)
-    wait_for(lambda: "up as" in server.logs("bob", run_id), "bob's node to start", timeout=240, interval=0.5)
+    wait_for(lambda: "up as" in server.log_text("bob", run_id), "bob's node to start", timeout=240, interval=0.5)
     assert server.stop() == 0
     server.start()
     status = server.wait_status(run_id, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=240)

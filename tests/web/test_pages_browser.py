@@ -119,8 +119,9 @@ def test_failed_run_reason_and_cancel_from_the_page(
     """))
     assert wait_terminal(failed, timeout=180).status.value == "FAILED"
     wait_status(long, "RUNNING", timeout=180)
-    wait_for(pid_file.exists, "the long run's sleep to start", timeout=60)
-    sleeper = int(pid_file.read_text())
+    # (the shell makes the file before it writes the pid into it: wait for the pid itself)
+    sleeper = int(str(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
+                               "the long run's sleep to start", timeout=60)))
     base = serve()
 
     browser.get(f"{base}/runs/{failed}")

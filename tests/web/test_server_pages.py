@@ -146,8 +146,9 @@ def test_failed_reason_and_who_may_cancel(srv: AirServer, chrome: Any, tmp_path:
     """)
     assert srv.wait_status(failed, "SUCCESS", "FAILED", "INTERNAL_ERROR", timeout=180) == "FAILED"
     srv.wait_status(long, "RUNNING", timeout=180)
-    wait_for(pid_file.exists, "the long run's sleep to start", timeout=60)
-    sleeper = int(pid_file.read_text())
+    # (the shell makes the file before it writes the pid into it: wait for the pid itself)
+    sleeper = int(str(wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(),
+                               "the long run's sleep to start", timeout=60)))
 
     # bob: sees the failed run's reason, gets no cancel button on alice's run, and his session's POST is 403.
     log_in(chrome, srv, "bob", f"{srv.url}/ui/runs/{failed}")

@@ -255,7 +255,12 @@ def ensure_account(name: str) -> Account:
     try:
         return Account.named(name)  # another server process may have created it meanwhile
     except KeyError:
-        raise SandboxError(f"could not create the Unix account {name!r}: {result.stderr.strip()}") from None
+        said = result.stderr.strip()
+        if "unique GID" in said or "unique UID" in said:  # useradd: the system id range is used up
+            said += (". The machine has no system uid or gid left (SYS_UID_MAX, SYS_GID_MAX in /etc/login.defs):"
+                     " remove the accounts of air servers that are gone (`userdel air-<id>-NAME`; each server"
+                     " home has its own <id>), or raise those limits")
+        raise SandboxError(f"could not create the Unix account {name!r}: {said}") from None
 
 
 def check_account(name: str) -> Account:
