@@ -25,7 +25,7 @@ from pathlib import Path
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 AIR = [sys.executable, "-m", "air.cli.main"]
 WORKLOAD = """experiment_name: bench-run-cpu
-command: python -c "print('rank', __import__('os').environ['RANK'])"
+command: python -c "print('node', __import__('os').environ['NODE_RANK'])"
 compute:
   num_accelerators: 2
   accelerator_type: CPU_2xCPU
@@ -72,6 +72,9 @@ def main() -> int:
                     loads.append(os.getloadavg()[0])
                     results[tracking].append(one_run(group, home, spec, tracking))
     finally:
+        deadline = time.monotonic() + 60
+        while (group / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)  # a failed run's processes ending
         group.rmdir()
     for tracking, runs in results.items():
         cpu = statistics.median(c for c, _ in runs)
