@@ -111,7 +111,9 @@ def test_a_node_starts_before_its_mlflow_run_exists_and_logs_into_it(tmp_path: P
         fcntl.flock(lock, fcntl.LOCK_EX)  # MLflow frozen: no process can create (or open) the store
         try:
             run_id = submit(path)
-            wait_for((marks / "started").exists, "the node's first line while MLflow is frozen", timeout=300)
+            # (the shell makes the file before it writes the line: wait for the line itself)
+            wait_for(lambda: (marks / "started").exists() and (marks / "started").read_text().strip(),
+                     "the node's first line while MLflow is frozen", timeout=300)
             paths = RunPaths(run_id)
             # The node ran while its MLflow run could not exist: nothing named it, nothing was written.
             assert (marks / "started").read_text().strip() == "unset"
