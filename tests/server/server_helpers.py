@@ -84,6 +84,10 @@ class AirServer:
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_for(self.healthy, f"air server on {self.url} to answer (log: {self.log})", timeout=240)
 
+    def tls_context(self) -> ssl.SSLContext | None:
+        """What a client of this server verifies its HTTPS with (None: plain HTTP)."""
+        return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+
     def tls_args(self) -> list[str]:
         return ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])] if self.tls else []
 
@@ -92,7 +96,7 @@ class AirServer:
         if self.proc.poll() is not None:
             raise AssertionError(f"air server exited {self.proc.returncode}: {self.log.read_text()}")
         try:
-            context = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+            context = self.tls_context()
             with urllib.request.urlopen(self.url + "/api/v1/health", timeout=2, context=context) as r:
                 health = json.loads(r.read())
         except OSError:
@@ -150,7 +154,7 @@ class AirServer:
         status, listing = self.api("GET", f"/api/v1/runs/{run_id}/logs", token=self.tokens[user])
         if status != 200:
             return ""
-        context = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+        context = self.tls_context()
         texts = []
         for log in listing["logs"]:
             request = urllib.request.Request(
@@ -171,7 +175,7 @@ class AirServer:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        context = ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+        context = self.tls_context()
         try:
             with urllib.request.urlopen(request, timeout=60, context=context) as r:
                 return r.status, json.loads(r.read() or b"null")

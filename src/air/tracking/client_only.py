@@ -1,10 +1,10 @@
 """MLflow as a tracking client only, in air's own processes that talk to a store and run no user code (a
 run's supervisor, a call's driver, the back-fill, end and record helpers).
 
-`import mlflow` with the SQL store costs ~1.8 s of CPU here, and over half of that is optional libraries
-MLflow imports when they are installed (pandas, numpy, pyarrow and scipy for its data sets, fastapi and
-starlette for its gateway and server, litellm for its judges), none of which a tracking client uses. Every
-run's supervisor paid it. In these processes they are refused as if not installed: MLflow imports them
+`import mlflow` with the SQL store costs ~1.8 s of CPU here, ~0.6 s of it optional libraries MLflow imports
+when they are installed (pandas, numpy, pyarrow and scipy for its data sets, litellm for its judges), none of
+which a tracking client uses. Every run's supervisor paid it. (fastapi stays: MLflow's genai imports it
+unguarded.) In these processes they are refused as if not installed: MLflow imports them
 guarded and goes on without them. Users' processes (nodes, ranks, the caller) never get this: their code
 may use any of them.
 """
