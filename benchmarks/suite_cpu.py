@@ -61,7 +61,7 @@ try:
         cpu, wall = _usage(), time.monotonic()
         yield
         row = {"id": item.nodeid, "cpu": round(_usage() - cpu, 2), "wall": round(time.monotonic() - wall, 2),
-               "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}
+               "worker": os.environ.get("PYTEST_XDIST_WORKER", ""), "end": round(time.time(), 1)}
         with open(os.environ.get("SUITE_CPU_OUT", "suite-cpu.jsonl"), "a") as out:
             out.write(json.dumps(row) + "\n")
 except ImportError:  # the report alone, without pytest

@@ -227,3 +227,21 @@ def test_a_command_that_starts_ray_by_hand_works_on_two_nodes(backend: RayBacken
     Ray (the test cluster) on its own ports, so Ray's defaults would collide without air's `ray` shim."""
     _, _, _, took = run_seed000_command(backend, tmp_path)
     assert took < 180
+
+
+def test_a_head_air_starts_waits_longer_for_its_dashboard(ray_cluster) -> None:
+    """The session head was started by air's start_ray_node with its dashboard: its dashboard process
+    inherited the `ray start` environment, which had air's longer wait (Ray's 60 s failed a start in CI)."""
+    from air.backends.ray_cluster import DASHBOARD_STARTUP_WAIT_S
+    from air.settings import AIR_RAY_NODE
+
+    head = ray_cluster.nodes[0]
+    waits = []
+    for proc in psutil.process_iter():
+        try:
+            environ = proc.environ()
+            if environ.get(AIR_RAY_NODE) == head.marker and any("dashboard.py" in part for part in proc.cmdline()):
+                waits.append(environ.get("RAY_DASHBOARD_STARTUP_TIMEOUT_S"))
+        except psutil.Error:
+            continue
+    assert waits and set(waits) == {str(DASHBOARD_STARTUP_WAIT_S)}

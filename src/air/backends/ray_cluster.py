@@ -54,6 +54,11 @@ _HEAD_PORTS = ("ray-client-server-port", "dashboard-port")
 STARTUP_TIMEOUT = "timed out during startup"
 #: Tries of a `ray start` that failed that way, its partial node ended between them.
 START_TRIES = 3
+#: How long a head's `ray start` waits for its dashboard to publish its address. Ray's own 60 s
+#: (RAY_DASHBOARD_STARTUP_TIMEOUT_S) fails the whole start on a busy machine (CI: a head beside 8 busy loops
+#: on 2 cores); a dashboard that dies still fails the start at once (Ray polls its process), so the longer
+#: wait costs only where the machine is slow. A value the user set is kept.
+DASHBOARD_STARTUP_WAIT_S = 150
 
 T = TypeVar("T")
 
@@ -209,6 +214,14 @@ def short_temp_dir(prefix: str = "air-ray") -> Path:
     return path
 
 
+def with_patient_waits(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for a `ray start`, with Ray's settable start-up waits made long enough for a busy machine
+    (DASHBOARD_STARTUP_WAIT_S) where the user has not set them."""
+    patient = dict(env)
+    patient.setdefault("RAY_DASHBOARD_STARTUP_TIMEOUT_S", str(DASHBOARD_STARTUP_WAIT_S))
+    return patient
+
+
 def clean_ray_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` without the variables Ray sets for its own workers (see RAY_WORKER_ENV), nor what `air
     server` gave its supervisors only (a Ray node's processes are nodes' processes)."""
@@ -232,7 +245,7 @@ def start_ray_node(
     system_config: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
     extra_args: Sequence[str] = (),
-    timeout_s: float = 180.0,
+    timeout_s: float = 240.0,
     retry_until: float | None = None,
     executable: Sequence[str] | None = None,
 ) -> RayNode:
@@ -287,7 +300,7 @@ def start_ray_node(
         if node_ip_address:
             argv.append(f"--node-ip-address={node_ip_address}")
         argv += list(extra_args)
-        child_env = clean_ray_env(env if env is not None else os.environ)
+        child_env = with_patient_waits(clean_ray_env(env if env is not None else os.environ))
         child_env.update(auth.env())
         child_env.update({AIR_RAY_NODE: marker, "RAY_USAGE_STATS_ENABLED": "0"})
         # The node's own processes (Ray Train's PlacementGroupCleaner, any state-API call in a task) find

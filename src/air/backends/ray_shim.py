@@ -39,7 +39,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from air.backends.ray_cluster import RayAuth, retry_start, startup_timed_out, stop_marked
+from air.backends.ray_cluster import RayAuth, retry_start, startup_timed_out, stop_marked, with_patient_waits
 from air.backends.ray_train_report import train_report_env
 from air.files import atomic_write_text
 from air.processes import PROCESS_KINDS
@@ -260,7 +260,7 @@ _MAX_START_OUTPUT = 1 << 20
 def _start(args: Sequence[str]) -> int:
     """`ray start` with air's rewrites, tried again (air.backends.ray_cluster.retry_start, the same retry as
     air's own nodes) when Ray gave up on the node's startup on a busy machine."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = with_patient_waits({k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
     marker = _marker(os.environ)
     env[AIR_RAY_NODE] = marker
 
