@@ -8,6 +8,7 @@ usage across its setup, call and teardown. Shared fixtures are counted in the te
     PYTHONPATH=benchmarks SUITE_CPU_OUT=/tmp/suite-cpu.jsonl \\
         .venv/bin/python -m pytest -p suite_cpu -n 3 --dist loadgroup -m "not gpu" --ignore=tests/lean tests
     .venv/bin/python benchmarks/suite_cpu.py /tmp/suite-cpu.jsonl     # CPU by folder, module and test
+    .venv/bin/python benchmarks/suite_cpu.py /tmp/suite-cpu.jsonl timeline    # cores used, minute by minute
 """
 
 from __future__ import annotations
@@ -87,5 +88,34 @@ def report(path: Path, top: int = 25) -> None:
         print(f"{row['cpu']:8.1f}  wall {row['wall']:6.1f}  {row['id']}")
 
 
+def timeline(path: Path, step_s: float = 60.0) -> None:
+    """Per minute of the run: how many workers ran a test and how many cores their tests kept busy (each
+    test's CPU spread evenly over its wall time), to see where the cores sat idle (the run's tail)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "end" in r and r.get("worker")]
+    if not rows:
+        print("no rows with end times (older output)")
+        return
+    start = min(r["end"] - r["wall"] for r in rows)
+    finish = max(r["end"] for r in rows)
+    slots = int((finish - start) // step_s) + 1
+    busy = [0.0] * slots
+    cores = [0.0] * slots
+    for row in rows:
+        begin, end = row["end"] - row["wall"] - start, row["end"] - start
+        rate = row["cpu"] / row["wall"] if row["wall"] > 0 else 0.0
+        for slot in range(int(begin // step_s), int(end // step_s) + 1):
+            overlap = min(end, (slot + 1) * step_s) - max(begin, slot * step_s)
+            if overlap > 0:
+                busy[slot] += overlap / step_s
+                cores[slot] += overlap * rate / step_s
+    print(f"\nminute  workers busy  cores used   (run of {(finish - start) / 60:.1f} min)")
+    for slot in range(slots):
+        print(f"{slot:6d}  {busy[slot]:12.2f}  {cores[slot]:10.2f}")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[2] == "timeline":
+        timeline(Path(sys.argv[1]))
+        sys.exit(0)
     report(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("suite-cpu.jsonl"))

@@ -11,7 +11,8 @@ instead of failing with "database is locked" (4 processes x 200 calls and 8 x 30
 WAL journaling to the embedded file so readers (the UI, `air get run`, the sampler) never block writers,
 and a file lock around first creation so two supervisors on a fresh AIR_HOME don't race MLflow's
 schema migration; the file is made whole under a private name and linked into place, so no process
-(one that took no lock included) ever opens a half-migrated store.
+(one that took no lock included) ever opens a half-migrated store. MLflow's migrations run once per user
+and MLflow version: a new store starts as a copy of the first one made (`schema_template`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -174,16 +177,32 @@ def _create_store(db: Path, root: Path) -> None:
     """Make the embedded store's file whole, then put it in place: MLflow's schema creation (tables, then
     ~60 migrations, seconds under load) runs on a private file, and `db` appears only complete (WAL set),
     so no process ever opens a half-migrated store (two migrations at once fail: "duplicate column name").
-    A `db` that appeared meanwhile (made by an MLflow that took no lock) is kept as it is."""
+    A `db` that appeared meanwhile (made by an MLflow that took no lock) is kept as it is. The migrations
+    run once per user and MLflow version: later stores start from a copy of the first (schema_template)."""
     # Created through the store class so that even MLflow's "Default" experiment keeps its artifacts
     # under AIR_HOME, not in whatever folder the caller is in.
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     draft = db.with_name(f".{db.name}.{os.getpid()}.draft")
+    # A second name for a store migrated afresh after a template that did not open (MLflow keeps an engine
+    # per URI, still bound to the first file).
+    fallback = db.with_name(f".{db.name}.{os.getpid()}.migrated")
     try:
-        draft.unlink(missing_ok=True)
+        for leftover in (draft, fallback):
+            leftover.unlink(missing_ok=True)
+        copied = _copy_template(draft)
         with _quiet_loggers("mlflow.store.db.utils", "alembic"):
-            SqlAlchemyStore(f"sqlite:///{draft}", root.as_uri()).engine.dispose()
+            try:
+                SqlAlchemyStore(f"sqlite:///{draft}", root.as_uri()).engine.dispose()
+            except Exception:
+                if not copied:
+                    raise
+                _logger.debug("the MLflow schema template %s did not open; migrating afresh", schema_template())
+                copied = False
+                SqlAlchemyStore(f"sqlite:///{fallback}", root.as_uri()).engine.dispose()
+                os.replace(fallback, draft)
+        if not copied:
+            _save_template(draft)
         _enable_wal(draft)
         try:
             os.link(draft, db)  # atomic, and never over a store that exists
@@ -193,8 +212,61 @@ def _create_store(db: Path, root: Path) -> None:
             if not db.exists():
                 os.replace(draft, db)
     finally:
-        for leftover in (draft, draft.with_name(draft.name + "-wal"), draft.with_name(draft.name + "-shm")):
-            leftover.unlink(missing_ok=True)
+        for made in (draft, fallback):
+            for leftover in (made, made.with_name(made.name + "-wal"), made.with_name(made.name + "-shm")):
+                leftover.unlink(missing_ok=True)
+
+
+def schema_template() -> Path:
+    """An empty MLflow store, migrated by this MLflow version, kept per user outside every AIR_HOME
+    (`$XDG_CACHE_HOME/air`, default `~/.cache/air`): a new embedded store starts as its copy instead of
+    running MLflow's migrations again (~1 s of CPU each; every fresh AIR_HOME, every server's first start)."""
+    from mlflow.version import VERSION
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "air" / f"mlflow-schema-{VERSION}.db"
+
+
+def _copy_template(draft: Path) -> bool:
+    """Start `draft` as a copy of the schema template; False when there is none this process can trust
+    (absent, not a plain file, not its own account's, writable by others)."""
+    try:
+        template = schema_template()
+        info = template.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            return False
+        shutil.copyfile(template, draft)
+        return True
+    except OSError:
+        draft.unlink(missing_ok=True)
+        return False
+
+
+def _save_template(draft: Path) -> None:
+    """Keep a just-migrated store as the schema template, its Default experiment taken out (MLflow makes it
+    again, under the new store's own artifact root, when it first opens a copy). Best effort: a cache that
+    cannot be written only costs the next store its migrations."""
+    try:
+        template = schema_template()
+        template.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        _logger.debug("no MLflow schema template: %s", exc)
+        return
+    partial = template.with_name(f".{template.name}.{os.getpid()}.partial")
+    try:
+        shutil.copyfile(draft, partial)
+        partial.chmod(0o600)
+        con = sqlite3.connect(partial)
+        try:
+            con.execute("DELETE FROM experiments WHERE experiment_id = 0")
+            con.commit()
+        finally:
+            con.close()
+        os.replace(partial, template)
+    except (OSError, sqlite3.Error) as exc:
+        _logger.debug("no MLflow schema template at %s: %s", template, exc)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
