@@ -63,49 +63,25 @@ def test_offline_assets_load_with_the_scripts_own_calls(tmp_path: Path) -> None:
     assert checked.returncode == 0 and "ok" in checked.stdout, tail(checked.stdout)
 
 
-@pytest.mark.timeout(600)  # a Ray cluster on 2 busy cores: minutes, not seconds
-def test_cpu_workload_trains_with_falling_loss_and_logs_to_mlflow(air_home: Path, tmp_path: Path) -> None:
-    result = air_cli("run", "-f", str(SEED000 / "train_cpu.yaml"), "--watch", "--json",
-                     env={"HF_HOME": str(tmp_path / "hf")}, timeout=600)
-    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    log = [e["line"] for e in events if e.get("type") == "LOG"]
-    assert result.returncode == 0, tail(result.stdout, 120)
-    assert events[-1]["type"] == "TERMINAL" and events[-1]["status"] == "SUCCESS"
-    run_id = events[0]["run_id"]
-
-    seen = losses(log)
-    assert len(seen) == 12, "\n".join(log[-40:])
-    assert seen[-1] < seen[0] * 0.9, seen  # the loss falls, as --watch shows
-    assert any("Ray cluster ready" in line for line in log)
-
+@pytest.mark.timeout(900)  # two attempts of a Ray cluster on 2 busy cores
+def test_a_failed_attempt_resumes_from_its_last_checkpoint_and_the_run_trains_to_the_end(
+        air_home: Path, tmp_path: Path) -> None:
+    """The seed's one end-to-end run (a clean run of this workload is the Slurm test's, tests/slurm): the
+    fine-tune checkpoints at step 6 (checkpoint_every: 6) into AIR_CHECKPOINT_DIR and attempt 0 fails at
+    step 8 (crash_at_step); attempt 1 resumes from step 6 through `ray.train.get_checkpoint()` and trains to
+    step 12. `--watch` shows the loss fall over the whole run, each attempt is its own MLflow run with its
+    own steps, and nothing of either attempt's Ray cluster is left."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{air_home / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("air-ray-train-distributed-cpu")
-    runs = client.search_runs([experiment.experiment_id])
-    assert len(runs) == 1
-    runs = [mlflow_run_ended(client, runs[0].info.run_id)]  # (ended right after the run's SUCCESS)
-    assert runs[0].info.status == "FINISHED"
-    history = client.get_metric_history(runs[0].info.run_id, "train_loss")
-    assert [m.step for m in history] == list(range(1, 13))
-    assert history[-1].value < history[0].value
-    # Nothing of the run's Ray cluster is left: `ray stop` (air's shim) ended the head, and the joining
-    # node's `ray start --block` ended itself once the head was gone.
-    assert not processes_with_env("AIR_RUN_ID", lambda v: v == run_id)
-    assert not Path(f"/tmp/air-seed000-{run_id}").exists()
-
-
-@pytest.mark.timeout(900)  # two attempts of a Ray cluster on 2 busy cores
-def test_a_failed_attempt_resumes_from_its_last_checkpoint(air_home: Path, tmp_path: Path) -> None:
-    """The fine-tune checkpoints at step 6 (checkpoint_every: 6) into AIR_CHECKPOINT_DIR and attempt 0 fails
-    at step 8 (crash_at_step); attempt 1 resumes from step 6 through `ray.train.get_checkpoint()`."""
     from air.store.paths import RunPaths
+    from air.store.run_store import RunStore
 
     result = air_cli("run", "-f", str(SEED000 / "train_cpu.yaml"), "--watch", "--json",
                      "--override", "max_retries=1", "--override", "parameters.crash_at_step=8",
                      env={"HF_HOME": str(tmp_path / "hf")}, timeout=900)
     events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    assert result.returncode == 0 and events[-1]["status"] == "SUCCESS", tail(result.stdout, 120)
+    assert result.returncode == 0, tail(result.stdout, 120)
+    assert events[-1]["type"] == "TERMINAL" and events[-1]["status"] == "SUCCESS", tail(result.stdout, 120)
     run_id = events[0]["run_id"]
     paths = RunPaths(run_id)
     first, second = paths.node_log(0, 0).read_text(), paths.node_log(1, 0).read_text()
@@ -114,3 +90,25 @@ def test_a_failed_attempt_resumes_from_its_last_checkpoint(air_home: Path, tmp_p
     resumed = losses(second.splitlines())
     assert len(resumed) == 6, second[-3000:]  # steps 7..12 only
     assert (paths.checkpoints() / f"qwen-sft-{run_id}").is_dir()
+
+    log = [e["line"] for e in events if e.get("type") == "LOG"]
+    seen = losses(log)  # both attempts, each step once
+    assert len(seen) == 12, "\n".join(log[-40:])
+    assert seen[-1] < seen[0] * 0.9, seen  # the loss falls, as --watch shows
+    assert any("Ray cluster ready" in line for line in log)
+
+    client = MlflowClient(f"sqlite:///{air_home / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("air-ray-train-distributed-cpu")
+    attempts = RunStore().list_attempts(run_id)
+    assert [a.index for a in attempts] == [0, 1]
+    ended = [mlflow_run_ended(client, str(a.mlflow_run_id), air_run_id=run_id) for a in attempts]
+    assert {r.info.run_id for r in client.search_runs([experiment.experiment_id])} == {r.info.run_id for r in ended}
+    assert [r.info.status for r in ended] == ["FAILED", "FINISHED"]
+    histories = [client.get_metric_history(r.info.run_id, "train_loss") for r in ended]
+    assert [m.step for m in histories[0]] == list(range(1, 8))
+    assert [m.step for m in histories[1]] == list(range(7, 13))
+    assert histories[1][-1].value < histories[0][0].value
+    # Nothing of the run's Ray clusters is left: `ray stop` (air's shim) ended each attempt's head, and the
+    # joining node's `ray start --block` ended itself once the head was gone.
+    assert not processes_with_env("AIR_RUN_ID", lambda v: v == run_id)
+    assert not Path(f"/tmp/air-seed000-{run_id}").exists()
