@@ -40,10 +40,10 @@ demo: setup
 	AIR_HOME=$${AIR_HOME:-$(CURDIR)/.air-home} $(PY) examples/quickstart/ddp_cpu.py
 
 # pytest-xdist workers for the main tier (CI runs this default). Most of the suite is CPU-bound process
-# start-up, but with one worker per core the 2-core VM's CPU still sat idle 16 % of the time (tests that
-# wait on Slurm, a timeout, a hang): a third worker takes that up. In one process (TEST_WORKERS=0) it
-# takes over an hour there.
-TEST_WORKERS ?= 3
+# start-up, but tests also wait (on Slurm, a timeout, a hang): on the 2-core VM 3 workers kept ~1.7 cores
+# busy (main tier 29:48), 4 kept ~1.9 (28:24; benchmarks/suite_cpu.py's timeline). In one process
+# (TEST_WORKERS=0) it takes over an hour there.
+TEST_WORKERS ?= 4
 
 # Everything but GPU tests on the full install and, beside it at a lower priority (it fills the CPU the
 # main tier leaves idle), the lean install's own run (tests/lean need it; its output comes after the main

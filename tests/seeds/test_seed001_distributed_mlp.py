@@ -41,12 +41,29 @@ def test_distributed_mlp_returns_every_ranks_result_and_logs_loss(
 
 @pytest.mark.ray
 @pytest.mark.timeout(600)  # a Ray cluster on 2 busy cores: minutes, not seconds
-def test_ray_launch_runs_ray_train_on_the_cluster_it_starts(air_home: Path) -> None:
-    result = python(SEED001 / "ray_launch_mlp.py", "--cpu", "2", "--only", "train", "--epochs", "1",
-                    "--samples", "128", timeout=400)
+def test_ray_launch_runs_ray_train_on_the_cluster_it_starts_and_reports_to_the_callers_mlflow_run(
+        air_home: Path, tmp_path: Path) -> None:
+    """The example as a user in an MLflow run calls it (MLFLOW_TRACKING_URI and MLFLOW_RUN_ID set): Ray Train's
+    2 workers train on the cluster ray_launch started (2 CPU slots), the call returns [driver's value, None],
+    every `ray.train.report` lands in the caller's run as a metric and Ray's own metrics beside them
+    (RayMetricsMonitor, on by default), and nothing of the call is left."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("ray-launch-seed001")).info.run_id
+    result = python(SEED001 / "ray_launch_mlp.py", "--cpu", "2", "--only", "train", "--epochs", "2",
+                    "--samples", "128", timeout=400,
+                    env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id,
+                         "RAY_STORAGE_PATH": str(tmp_path / "ray_results")})
     assert result.returncode == 0, tail(result.stdout, 80)
     assert "OK: Ray Train ran 2 worker(s) on the cluster ray_launch started." in result.stdout
     assert "'total_loss'" in result.stdout and ", None]" in result.stdout  # [driver's value, None]
+    assert "'resources': {'CPU': 2.0}" in result.stdout, tail(result.stdout)
+    assert [m.step for m in client.get_metric_history(run_id, "total_loss")] == [0, 1]  # ray.train.report
+    keys = client.get_run(run_id).data.metrics
+    assert any(k.startswith("system/ray/") for k in keys), sorted(keys)  # RayMetricsMonitor
+    assert list((tmp_path / "ray_results").glob("ray-launch-mlp-*/checkpoint_*/model.pt"))  # each report's
     assert not processes_with_env("AIR_CALL_DIR", lambda v: v.startswith(str(air_home)))
 
 
