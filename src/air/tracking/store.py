@@ -237,7 +237,7 @@ def _copy_template(draft: Path) -> bool:
             return False
         shutil.copyfile(template, draft)
         return True
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: Path.home() of an account with no home
         draft.unlink(missing_ok=True)
         return False
 
@@ -249,7 +249,7 @@ def _save_template(draft: Path) -> None:
     try:
         template = schema_template()
         template.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:  # RuntimeError: Path.home() of an account with no home
         _logger.debug("no MLflow schema template: %s", exc)
         return
     partial = template.with_name(f".{template.name}.{os.getpid()}.partial")
