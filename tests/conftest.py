@@ -180,9 +180,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     that take a module-scoped fixture. Tests
     that start Ray clusters of their own are spread over both workers like any other test, so two Ray
     start-ups may overlap on 2 busy cores. That used to fail a node (Ray's fixed 30 s for a raylet to
-    register, and 15 s for its dashboard agent's port file); air's nodes and the workload `ray` shim now try
-    such a start again (air.backends.ray_cluster.retry_start; tests/ray/test_ray_launch_under_load.py starts
-    Ray 5 times beside 8 busy processes)."""
+    register, and 15 s for its dashboard agent's port file); air's nodes and the workload `ray` shim now start
+    Ray in a session of its own (the kernel's autogroup scheduler shares the CPU by session) and try a start
+    Ray gave up on again (air.backends.ray_cluster; tests/ray/test_ray_launch_under_load.py starts Ray 5 times
+    beside 8 busy processes)."""
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:

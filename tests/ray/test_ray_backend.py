@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -245,3 +246,20 @@ def test_a_head_air_starts_waits_longer_for_its_dashboard(ray_cluster) -> None:
         except psutil.Error:
             continue
     assert waits and set(waits) == {str(DASHBOARD_STARTUP_WAIT_S)}
+
+
+def test_the_nodes_air_starts_run_in_sessions_of_their_own(ray_cluster) -> None:
+    """Each node's `ray start` ran in a session of its own, which its daemons keep (OWN_SESSION: the kernel's
+    autogroup scheduler then shares a busy machine with Ray's start-up as with one more group, rather than
+    one process among the caller's many busy ones); air stops them by marker, not by session."""
+    mine = os.getsid(0)
+    sessions = []
+    for node in ray_cluster.nodes:
+        node_sessions = set()
+        for proc in node.processes():
+            with contextlib.suppress(ProcessLookupError):  # a task's worker that ended meanwhile
+                node_sessions.add(os.getsid(proc.pid))
+        assert len(node_sessions) == 1, node_sessions
+        sessions.append(node_sessions.pop())
+    assert mine not in sessions
+    assert len(set(sessions)) == len(ray_cluster.nodes)

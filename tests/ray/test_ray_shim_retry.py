@@ -37,6 +37,7 @@ def stand_in(folder: Path, fail_times: int, message: str) -> Path:
         echo $count > {folder}/starts
         echo "$@" > {folder}/args_$count
         echo "${{RAY_DASHBOARD_STARTUP_TIMEOUT_S:-unset}}" > {folder}/dashboard_wait_$count
+        cut -d' ' -f6 /proc/$$/stat > {folder}/session_$count
         sleep 300 &
         echo $! > {folder}/daemon_$count
         if [ $count -le {fail_times} ]; then
@@ -50,7 +51,7 @@ def stand_in(folder: Path, fail_times: int, message: str) -> Path:
     return folder
 
 
-def shim_start(tmp_path: Path, fake: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
+def shim_start(tmp_path: Path, fake: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     shim_dir = install_shim(tmp_path / "shim")
     env = {**os.environ, **workload_ray_env(node_rank=0, head_port=50123, shim_dir=shim_dir,
                                             ray_tmpdir=tmp_path, auth=RayAuth.new_token(),
@@ -58,7 +59,12 @@ def shim_start(tmp_path: Path, fake: Path, **extra_env: str) -> subprocess.Compl
     env[AIR_PROCESS_TAG] = f"shimtest-{os.getpid()}-{tmp_path.name}"
     env["NODE_RANK"] = "0"
     env.update(extra_env)
-    return subprocess.run([str(shim_dir / "ray"), "start", "--head", "--port=6379"], env=env,
+    if "--block" in args:  # exec'd: the stand-in's daemon holds the shim's own stdout, so not a pipe here
+        with open(tmp_path / "out", "w+") as out:
+            done = subprocess.run([str(shim_dir / "ray"), "start", "--head", "--port=6379", *args], env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, text=True, timeout=120)
+        return subprocess.CompletedProcess(done.args, done.returncode, (tmp_path / "out").read_text(), "")
+    return subprocess.run([str(shim_dir / "ray"), "start", "--head", "--port=6379", *args], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -116,3 +122,15 @@ def test_ray_waits_longer_for_the_dashboard_unless_the_user_said_how_long(tmp_pa
     (fake / "starts").unlink()
     assert shim_start(tmp_path, fake, RAY_DASHBOARD_STARTUP_TIMEOUT_S="45").returncode == 0
     assert (fake / "dashboard_wait_1").read_text().strip() == "45"
+
+
+@pytest.mark.parametrize("block", [False, True], ids=["returning", "blocking"])
+def test_ray_start_runs_in_a_session_of_its_own(tmp_path: Path, block: bool) -> None:
+    """The daemons a workload's `ray start` leaves share the CPU of a busy node as one more session group
+    (air.backends.ray_cluster.OWN_SESSION), not as a few processes among the node command's busy ones;
+    a blocking start (exec'd by the shim) too."""
+    fake = stand_in(tmp_path / "fake", fail_times=0, message="")
+    done = shim_start(tmp_path, fake, *(["--block"] if block else []))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert int((fake / "session_1").read_text()) not in (os.getsid(0), 0)
+

@@ -39,7 +39,14 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from air.backends.ray_cluster import RayAuth, retry_start, startup_timed_out, stop_marked, with_patient_waits
+from air.backends.ray_cluster import (
+    OWN_SESSION,
+    RayAuth,
+    retry_start,
+    startup_timed_out,
+    stop_marked,
+    with_patient_waits,
+)
 from air.backends.ray_train_report import train_report_env
 from air.files import atomic_write_text
 from air.processes import PROCESS_KINDS
@@ -279,6 +286,7 @@ def _start(args: Sequence[str]) -> int:
             # Become the real `ray start`, so `kill $!` of a backgrounded `ray start --head --block &`
             # reaches Ray itself, not a wrapper that dies alone.
             sys.stdout.flush()
+            _own_session()
             os.execve(command[0], command, env)
         return _run_watching(command, env)
 
@@ -286,12 +294,22 @@ def _start(args: Sequence[str]) -> int:
                        lambda note: print(f"[air] ray start: {note}", flush=True))
 
 
+def _own_session() -> None:
+    """Become a session of our own before exec'ing a blocking `ray start` (OWN_SESSION: the kernel then
+    schedules Ray's start-up as its own group). A process that already leads its group keeps it."""
+    if OWN_SESSION:
+        try:
+            os.setsid()
+        except OSError:
+            pass
+
+
 def _run_watching(command: Sequence[str], env: Mapping[str, str]) -> tuple[int, bool]:
     """Run a `ray start` that returns once its node is up; then pass its output on. Its exit code, and
     whether it failed on Ray's node-startup timeout. The output goes through unlinked files, not pipes:
     the daemons it leaves running inherit them, and a pipe whose reader is gone would end them."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(command, env=dict(env), stdout=out, stderr=err)
+        child = subprocess.Popen(command, env=dict(env), stdout=out, stderr=err, start_new_session=OWN_SESSION)
         _forward_signals_to(child)
         code = child.wait()
         said = b""
@@ -320,7 +338,8 @@ def _join_blocking(command: Sequence[str], env: Mapping[str, str], given: Mappin
     host, _, port = (given["address"][1] or "").rpartition(":")
     with tempfile.TemporaryFile() as out:
         # Ray's progress lines are on stdout, unbuffered so that its "started" line is read while it blocks
-        child = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out)
+        child = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out,
+                                 start_new_session=OWN_SESSION)
         _forward_signals_to(child)
         passed = 0
         seen = b""  # the last bytes read, so a marker cut by a read is still found
