@@ -6,8 +6,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from air.store.run_store import Run, RunStore
@@ -18,6 +21,34 @@ def air(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
     """Run the real `air` command line in a fresh process."""
     return subprocess.run([sys.executable, "-m", "air.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})}, input=input)
+
+
+def air_following(*args: str, on_line: Callable[[str], None], timeout: float = 120,
+                  stderr_too: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the real `air` command line and hand each stdout line (with stderr, `stderr_too`) to `on_line` as
+    it is written: a test opens a gate its workload waits on once it has seen a state, so it never depends
+    on how fast a follower polls. Killed after `timeout` seconds (the test then fails on its exit code)."""
+    err_file = tempfile.TemporaryFile("w+")  # (a file, not a pipe: never full while stdout is read)
+    proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if stderr_too else err_file, text=True)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            on_line(line.rstrip("\n"))
+        proc.wait()
+        err_file.seek(0)
+        err = err_file.read()
+    finally:
+        timer.cancel()
+        err_file.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), err)
 
 
 def write_workload(folder: Path, name: str, body: str) -> Path:

@@ -6,28 +6,29 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from runs_helpers import air, submit, write_workload
+from runs_helpers import air, air_following, submit, write_workload
 
 #: A sweep's children start one after another on 2 loaded cores: generous.
 SWEEP_TIMEOUT_S = 420
 
 
-def sweep_of_3(folder: Path) -> Path:
-    # Each task runs 3 s between its two lines: its RUNNING state is seen by a follower that polls.
-    return write_workload(folder, "three", """\
+def sweep_of_3(folder: Path, gates: Path | None = None) -> Path:
+    """Each task prints its first line, then waits: 3 s, or (`gates`) until the test has seen it RUNNING and
+    made `gates/go-<task>` (at most 300 s), so a follower that polls sees that state however slow the machine."""
+    wait = (f'for _ in $(seq 1 3000); do [ -e {gates}/go-$AIR_SWEEP_INDEX ] && break; sleep 0.1; done'
+            if gates is not None else "sleep 3")
+    return write_workload(folder, "three", f"""\
         experiment_name: sweep-follow
-        compute: {num_accelerators: 1, accelerator_type: CPU_1xCPU}
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
         max_retries: 0
         for_each:
-          items: [{x: 1}, {x: 2}, {x: 3}]
+          items: [{{x: 1}}, {{x: 2}}, {{x: 3}}]
           max_concurrent: 2
         command: |
           echo "first-$AIR_SWEEP_INDEX"
-          sleep 3
+          {wait}
           echo "last-$AIR_SWEEP_INDEX"
         """)
 
@@ -40,10 +41,18 @@ def children_of(parent: str) -> dict[int, str]:
 
 
 def test_watch_shows_each_childs_states_and_prefixed_lines(tmp_path: Path) -> None:
-    path = sweep_of_3(tmp_path)
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    path = sweep_of_3(tmp_path, gates)
+
+    def open_gate(line: str) -> None:  # a task goes on to its last line once its RUNNING has been shown
+        shown = re.fullmatch(r"\[run-\S+\] task (\d+) run-\S+: RUNNING", line)
+        if shown:
+            (gates / f"go-{shown.group(1)}").touch()
+
     # stdout (the lines) and stderr (the states) in one pipe: the order they were written in
-    watched = subprocess.run([sys.executable, "-m", "air.cli.main", "run", "-f", str(path), "--watch"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=SWEEP_TIMEOUT_S)
+    watched = air_following("run", "-f", str(path), "--watch", on_line=open_gate, timeout=SWEEP_TIMEOUT_S,
+                            stderr_too=True)
     assert watched.returncode == 0, watched.stdout
     found = re.search(r"Submitted run (run-\S+)", watched.stdout)
     assert found, watched.stdout
@@ -65,8 +74,17 @@ def test_watch_shows_each_childs_states_and_prefixed_lines(tmp_path: Path) -> No
 
 
 def test_subscribe_shows_each_childs_states_and_lines(tmp_path: Path) -> None:
-    parent = submit(sweep_of_3(tmp_path))
-    subscribed = air("subscribe", parent, "--no-default-metrics", timeout=SWEEP_TIMEOUT_S)
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    parent = submit(sweep_of_3(tmp_path, gates))
+
+    def open_gate(line: str) -> None:  # a task goes on to its last line once its RUNNING has been shown
+        event = json.loads(line)
+        if event.get("type") == "STATUS" and event.get("status") == "RUNNING" and "task" in event:
+            (gates / f"go-{event['task']}").touch()
+
+    subscribed = air_following("subscribe", parent, "--no-default-metrics", on_line=open_gate,
+                               timeout=SWEEP_TIMEOUT_S)
     assert subscribed.returncode == 0, subscribed.stdout + subscribed.stderr
     events = [json.loads(line) for line in subscribed.stdout.splitlines()]
     children = children_of(parent)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs_helpers import air, submit, wait_status, wait_terminal, write_workload
+from runs_helpers import air, air_following, submit, wait_status, wait_terminal, write_workload
 
 from air.store.paths import RunPaths
 from air.store.run_store import RunStore
@@ -185,7 +185,8 @@ def test_shape_the_machine_can_never_hold_is_refused_at_submit(tmp_path: Path, a
 
 
 def test_watch_json_is_a_jsonl_event_stream_with_retry(tmp_path: Path) -> None:
-    marker = tmp_path / "once"
+    marker, gate = tmp_path / "once", tmp_path / "seen-running"
+    # The first attempt fails once the watcher has shown it RUNNING (at most 300 s): never a race with its poll.
     path = write_workload(tmp_path, "events", f"""
         experiment_name: events
         compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
@@ -193,13 +194,19 @@ def test_watch_json_is_a_jsonl_event_stream_with_retry(tmp_path: Path) -> None:
         secrets: {{API_TOKEN: team/token}}
         command: |
           echo "token is $API_TOKEN"
+          for _ in $(seq 1 3000); do [ -e {gate} ] && break; sleep 0.1; done
           if [ ! -e {marker} ]; then touch {marker}; exit 7; fi
           echo done
     """)
     assert air("secrets", "put", "team", "token", input="s3cr3t-value\n").returncode == 0
     dry = air("run", "-f", str(path), "--dry-run")
     assert dry.returncode == 0 and "s3cr3t-value" not in dry.stdout and "API_TOKEN: '***'" in dry.stdout
-    result = air("run", "-f", str(path), "--watch", "--json")
+    def open_gate(line: str) -> None:
+        event = json.loads(line)
+        if event.get("type") == "STATUS" and event.get("status") == "RUNNING":
+            gate.touch()
+
+    result = air_following("run", "-f", str(path), "--watch", "--json", on_line=open_gate)
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.splitlines()]
     kinds = [e["type"] for e in events]
