@@ -51,6 +51,12 @@ def air_following(*args: str, on_line: Callable[[str], None], timeout: float = 1
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), err)
 
 
+def wait_for_gate(gate: Path | str) -> str:
+    """A workload command line that waits until `gate` exists (at most 300 s): the test makes it once it has
+    seen what it waits for (`air_following`)."""
+    return f"for _ in $(seq 1 3000); do [ -e {gate} ] && break; sleep 0.1; done"
+
+
 def write_workload(folder: Path, name: str, body: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.yaml"

@@ -8,17 +8,18 @@ import json
 import re
 from pathlib import Path
 
-from runs_helpers import air, air_following, submit, write_workload
+from runs_helpers import air, air_following, submit, wait_for_gate, write_workload
 
 #: A sweep's children start one after another on 2 loaded cores: generous.
 SWEEP_TIMEOUT_S = 420
 
 
-def sweep_of_3(folder: Path, gates: Path | None = None) -> Path:
-    """Each task prints its first line, then waits: 3 s, or (`gates`) until the test has seen it RUNNING and
-    made `gates/go-<task>` (at most 300 s), so a follower that polls sees that state however slow the machine."""
-    wait = (f'for _ in $(seq 1 3000); do [ -e {gates}/go-$AIR_SWEEP_INDEX ] && break; sleep 0.1; done'
-            if gates is not None else "sleep 3")
+def sweep_of_3(folder: Path) -> tuple[Path, Path]:
+    """The sweep's workload, and the folder of its gates: each task prints its first line, then waits until the
+    test has seen it RUNNING and made `<gates>/go-<task>`, so a follower that polls sees that state however
+    slow the machine."""
+    gates = folder / "gates"
+    gates.mkdir()
     return write_workload(folder, "three", f"""\
         experiment_name: sweep-follow
         compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
@@ -28,9 +29,9 @@ def sweep_of_3(folder: Path, gates: Path | None = None) -> Path:
           max_concurrent: 2
         command: |
           echo "first-$AIR_SWEEP_INDEX"
-          {wait}
+          {wait_for_gate(f"{gates}/go-$AIR_SWEEP_INDEX")}
           echo "last-$AIR_SWEEP_INDEX"
-        """)
+        """), gates
 
 
 def children_of(parent: str) -> dict[int, str]:
@@ -41,9 +42,7 @@ def children_of(parent: str) -> dict[int, str]:
 
 
 def test_watch_shows_each_childs_states_and_prefixed_lines(tmp_path: Path) -> None:
-    gates = tmp_path / "gates"
-    gates.mkdir()
-    path = sweep_of_3(tmp_path, gates)
+    path, gates = sweep_of_3(tmp_path)
 
     def open_gate(line: str) -> None:  # a task goes on to its last line once its RUNNING has been shown
         shown = re.fullmatch(r"\[run-\S+\] task (\d+) run-\S+: RUNNING", line)
@@ -74,9 +73,8 @@ def test_watch_shows_each_childs_states_and_prefixed_lines(tmp_path: Path) -> No
 
 
 def test_subscribe_shows_each_childs_states_and_lines(tmp_path: Path) -> None:
-    gates = tmp_path / "gates"
-    gates.mkdir()
-    parent = submit(sweep_of_3(tmp_path, gates))
+    path, gates = sweep_of_3(tmp_path)
+    parent = submit(path)
 
     def open_gate(line: str) -> None:  # a task goes on to its last line once its RUNNING has been shown
         event = json.loads(line)

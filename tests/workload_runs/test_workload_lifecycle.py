@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs_helpers import air, air_following, submit, wait_status, wait_terminal, write_workload
+from runs_helpers import air, air_following, submit, wait_for_gate, wait_status, wait_terminal, write_workload
 
 from air.store.paths import RunPaths
 from air.store.run_store import RunStore
@@ -194,7 +194,7 @@ def test_watch_json_is_a_jsonl_event_stream_with_retry(tmp_path: Path) -> None:
         secrets: {{API_TOKEN: team/token}}
         command: |
           echo "token is $API_TOKEN"
-          for _ in $(seq 1 3000); do [ -e {gate} ] && break; sleep 0.1; done
+          {wait_for_gate(gate)}
           if [ ! -e {marker} ]; then touch {marker}; exit 7; fi
           echo done
     """)
