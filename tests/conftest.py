@@ -69,12 +69,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # workers, every 2 s by default: the tests' millisecond steps would each wait for it. Every Ray
     # cluster the tests start (themselves, or a workload's own `ray start`) inherits this.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
-    # These machines are offline: MLflow's telemetry thread gives up fetching its config and pops its session
-    # variable from os.environ while MLflow's async logging thread copies os.environ for a request. That race
-    # (KeyError '_MLFLOW_TELEMETRY_SESSION_ID' in the node's log) lost a node's only metric on a slow CI VM
-    # (tests/server/test_server_startup.py); air does not yet turn MLflow's telemetry off in the processes it
-    # starts (as it does Ray's usage stats): noted on issue 35.
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -183,18 +177,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     `--dist loadgroup`), the tests on the session's cluster are one group, run by one worker, so a run starts
     that cluster (three Ray nodes) once, not once a worker; xdist hands out its largest group first. So are
     the tests of each session-wide server with its MLflow (SHARED_PER_SESSION), and the tests of a module
-    that take a module-scoped fixture. Tests
-    that start Ray clusters of their own are spread over both workers like any other test, so two Ray
-    start-ups may overlap on 2 busy cores. That used to fail a node (Ray's fixed 30 s for a raylet to
-    register, and 15 s for its dashboard agent's port file); air's nodes and the workload `ray` shim now start
-    Ray in a session of its own (the kernel's autogroup scheduler shares the CPU by session) and try a start
-    Ray gave up on again (air.backends.ray_cluster; tests/ray/test_ray_launch_under_load.py starts Ray 5 times
-    beside 8 busy processes)."""
+    that take a module-scoped fixture. The other tests marked `ray` (they start Ray clusters of their own:
+    ray_launch, workloads that run `ray start`) are one more group (RAY_OF_ITS_OWN), so at most two Ray
+    clusters do work at a time on a small machine, not one a worker: Ray Train and Ray Data have fixed
+    internal waits (a worker group's start, an object's `get`) that four Ray clusters at once on 2 busy cores
+    overran in CI. air's own start-up is safe beside other Ray clusters (a start in a session of its own,
+    a start Ray gave up on tried again: air.backends.ray_cluster; tests/ray/test_ray_launch_under_load.py)."""
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
             fixtures = getattr(item, "fixturenames", ())
             group = next((group for fixture, group in SHARED_PER_SESSION.items() if fixture in fixtures), None)
+            if group is None and item.get_closest_marker("ray") is not None:
+                group = RAY_OF_ITS_OWN
             if group is None and _uses_a_module_fixture(item):
                 group = item.nodeid.split("::", 1)[0]
             if group is not None:
@@ -213,6 +208,10 @@ def _uses_a_module_fixture(item: pytest.Item) -> bool:
 #: cluster (three Ray nodes), and the servers with their MLflow (~8 s of CPU each to start).
 SHARED_PER_SESSION = {"ray_cluster": "ray", "mlflow_server": "mlflow_server",
                       "private_mlflow_server": "private_mlflow_server"}
+
+
+#: The xdist group of the tests marked `ray` that do not use the session's cluster.
+RAY_OF_ITS_OWN = "ray_of_its_own"
 
 
 def xdist_group(config: pytest.Config, item: pytest.Item, name: str) -> None:

@@ -63,6 +63,7 @@ def test_offline_assets_load_with_the_scripts_own_calls(tmp_path: Path) -> None:
     assert checked.returncode == 0 and "ok" in checked.stdout, tail(checked.stdout)
 
 
+@pytest.mark.ray
 @pytest.mark.timeout(900)  # two attempts of a Ray cluster on 2 busy cores
 def test_a_failed_attempt_resumes_from_its_last_checkpoint_and_the_run_trains_to_the_end(
         air_home: Path, tmp_path: Path) -> None:

@@ -42,6 +42,14 @@ NODE_HTTP_RETRIES = {
     "MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER": "false",
 }
 
+#: MLflow's usage telemetry off in the nodes, as Ray's usage stats are (air.backends.ray_cluster), unless the
+#: user said otherwise (either variable set). Besides sending usage data from a self-hosted machine, on one
+#: that cannot reach MLflow's endpoint its config thread gives up by popping `_MLFLOW_TELEMETRY_SESSION_ID`
+#: from `os.environ` while the async logging thread (http(s) tracking) copies `os.environ` for a request: the
+#: batch failed with KeyError and a node's metric was lost (MLflow 3).
+NODE_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true"}
+TELEMETRY_SETTINGS = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
+
 #: How long nodes that need the attempt's MLflow run id first (Ray's, Slurm's) wait for it before it is said.
 WAIT_TOLD_AFTER_S = 2.0
 
@@ -227,6 +235,7 @@ class WorkloadTracking(AttemptTracking):
         self._uri = tracking_uri()
         #: The user's own MLflow HTTP settings, read before any thread of air's shortens them.
         self._user_http = {k: os.environ[k] for k in NODE_HTTP_RETRIES if k in os.environ}
+        self._telemetry = {} if any(k in os.environ for k in TELEMETRY_SETTINGS) else NODE_TELEMETRY
         self._ready = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
@@ -319,12 +328,12 @@ class WorkloadTracking(AttemptTracking):
                         self.on_waiting(None)
             if self.handle is None:
                 return {}
-            env = dict(self.handle.env())
+            env = {**self._telemetry, **self.handle.env()}
             if is_http(self._uri):  # the hook only for its exit flush of MLflow's queue (node_hook.py)
                 env |= _hook_env(self.hook_dir, self.env_file, self.warn,
                                  "the nodes' MLflow logging blocks while the server is away", walled=self.walled)
         else:
-            env = {"MLFLOW_TRACKING_URI": self._uri,
+            env = {**self._telemetry, "MLFLOW_TRACKING_URI": self._uri,
                    **_hook_env(self.hook_dir, self.env_file, self.warn, "the nodes cannot learn their MLflow run",
                                walled=self.walled, wait_s=self.CREATE_WAIT_S if self.walled else None)}
             if "PYTHONPATH" not in env:
