@@ -45,25 +45,12 @@ demo: setup
 # (TEST_WORKERS=0) it takes over an hour there.
 TEST_WORKERS ?= 4
 
-# Everything but GPU tests on the full install and, beside it at a lower priority (it fills the CPU the
-# main tier leaves idle), the lean install's own run (tests/lean need it; its output comes after the main
-# tier's): both results are reported, and `make test` fails if either did.
-# SIGTERM or Ctrl-C reaches both pytest runs (make signals only this shell; the lean tier is a session and
-# process group of its own, setsid, signalled whole and waited for until empty): each tears its fixtures
-# down and ends every process of its session (tests/session_stop.py) before `make test` exits.
+# Everything but GPU tests on the full install and, beside it at a lower priority, the lean install's own run
+# (tests/lean need it): tools/test_tiers.sh runs both, reports both, fails if either did, and stops both
+# (each tearing its fixtures down, no process left) on SIGTERM, SIGINT or SIGHUP.
 test: setup
-	@main=0; lean=0; pid=; lpid=; \
-	stop() { [ -n "$$pid" ] && kill -TERM $$pid 2>/dev/null; [ -n "$$lpid" ] && kill -TERM -- -$$lpid 2>/dev/null; \
-	  [ -n "$$pid" ] && wait $$pid; [ -n "$$lpid" ] && { wait $$lpid; while kill -0 -- -$$lpid 2>/dev/null; do sleep 0.2; done; }; \
-	  exit $$1; }; \
-	trap 'stop 143' TERM; trap 'stop 130' INT; \
-	nice -n 10 setsid $(MAKE) --no-print-directory test-lean > $(VENV_LEAN).log 2>&1 & lpid=$$!; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not gpu" --ignore=tests/lean tests & \
-	pid=$$!; wait $$pid || main=$$?; pid=; \
-	wait $$lpid || lean=$$?; lpid=; echo "== lean tier (its output, $(VENV_LEAN).log):"; cat $(VENV_LEAN).log; \
-	verdict() { if [ "$$1" -eq 0 ]; then echo passed; else echo "FAILED (exit $$1)"; fi; }; \
-	echo "make test: main tier $$(verdict $$main); lean tier (tests/tracking, tests/lean on pip install -e .) $$(verdict $$lean)"; \
-	[ "$$main" -eq 0 ] && [ "$$lean" -eq 0 ]
+	@sh tools/test_tiers.sh $(VENV_LEAN).log "$(MAKE) --no-print-directory test-lean" \
+	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15 -m "not gpu" --ignore=tests/lean tests
 
 $(LEAN_STAMP): pyproject.toml Makefile
 	rm -rf $(VENV_LEAN)

@@ -5,8 +5,10 @@ plugin (what tests/conftest.py installs), plain and with a pytest-xdist worker."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -105,3 +107,74 @@ def test_sigterm_mid_run_leaves_no_process_of_the_session(tmp_path: Path, worker
             session.wait()
         for proc in session_processes(mark or "-", air_home_under=str(home), own_children=False):
             proc.kill()
+
+
+def _inner_session(tmp_path: Path, name: str) -> tuple[list[str], dict[str, str], Path, Path]:
+    """A stopped session's folder: its test, its sleeper workload; (argv, env, out folder, AIR_HOME)."""
+    inner, out, home = tmp_path / name, tmp_path / f"{name}-out", tmp_path / f"{name}-home"
+    inner.mkdir()
+    out.mkdir()
+    (inner / "test_inner.py").write_text(INNER_TEST)
+    (out / "sleeper.yaml").write_text(textwrap.dedent(f"""\
+        experiment_name: stopped-suite
+        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
+        max_retries: 0
+        command: echo $$ > {out}/node.pid.tmp && mv {out}/node.pid.tmp {out}/node.pid && exec sleep 900
+        """))
+    env = {"STOP_TEST_OUT": str(out), "AIR_HOME": str(home),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "session_stop", "-p", "no:cacheprovider",
+            "--rootdir", str(inner), "--basetemp", str(tmp_path / f"{name}-tmp"), "-o", "timeout=0",
+            str(inner / "test_inner.py")]
+    return argv, env, out, home
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_stopping_make_tests_two_tiers_ends_both_and_leaves_no_process(tmp_path: Path, sig: signal.Signals) -> None:
+    """tools/test_tiers.sh, as `make test` runs it (/bin/sh, dash on Debian): the main tier in its process
+    group, the lean tier in a session of its own. SIGTERM to it (make passes its own on), or Ctrl-C (SIGINT
+    to the whole foreground group, the lean tier's session aside), stops both sessions mid-test: each tears its
+    fixture down and ends its detached supervisor and node, and the script exits only once both are gone.
+    (`kill -- -PGID`, an error in dash, once left the lean tier running to its end.)"""
+    main_argv, main_env, main_out, main_home = _inner_session(tmp_path, "main")
+    lean_argv, lean_env, lean_out, lean_home = _inner_session(tmp_path, "lean")
+    lean_command = " ".join(shlex.quote(part) for part in
+                            ["env", *(f"{k}={v}" for k, v in lean_env.items()), *lean_argv])
+    lean_log = tmp_path / "lean.log"
+    tiers = subprocess.Popen(["/bin/sh", str(TESTS.parent / "tools" / "test_tiers.sh"), str(lean_log), lean_command,
+                              *main_argv], env={**os.environ, **main_env}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    started: dict[str, dict] = {}
+    try:
+        for name, out in (("main", main_out), ("lean", lean_out)):
+            ready = out / "ready.json"
+            wait_for(lambda ready=ready: ready.exists() or tiers.poll() is not None, f"the {name} tier's run to start",
+                     timeout=420, interval=0.2)
+            assert ready.exists(), tiers.communicate(timeout=60)[0]
+            started[name] = json.loads(ready.read_text())
+        lean_session = psutil.Process(started["lean"]["held"])
+        assert os.getsid(lean_session.pid) != os.getsid(tiers.pid)  # the lean tier: a session of its own
+        assert lean_session.nice() == 10
+        pids = [started[name][key] for name in started for key in ("held", "supervisor", "node")]
+        assert len(alive(pids)) == 6, started
+        if sig == signal.SIGTERM:
+            tiers.send_signal(sig)
+        else:
+            os.killpg(tiers.pid, sig)  # the terminal's Ctrl-C: the script and the main tier's group
+        output = tiers.communicate(timeout=420)[0]
+        assert tiers.returncode == 128 + int(sig), output
+        for out in (main_out, lean_out):
+            assert (out / "torn_down").read_text() == "yes", output + lean_log.read_text()
+        assert alive(pids) == [], output + lean_log.read_text()
+        for name, home in (("main", main_home), ("lean", lean_home)):
+            left = session_processes(started[name]["mark"], air_home_under=str(home), own_children=False)
+            assert left == [], [" ".join(p.cmdline()) for p in left]
+    finally:
+        if tiers.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(tiers.pid, signal.SIGKILL)
+            tiers.wait()
+        for name, home in (("main", main_home), ("lean", lean_home)):
+            mark = started.get(name, {}).get("mark") or "-"
+            for proc in session_processes(mark, air_home_under=str(home), own_children=False):
+                proc.kill()

@@ -1,0 +1,56 @@
+#!/bin/sh
+# `make test`'s two tiers side by side, both reported; exits 0 only if both passed.
+#
+#   sh tools/test_tiers.sh LEAN_LOG LEAN_COMMAND MAIN_ARGV...
+#
+# The main tier (MAIN_ARGV, run as it is) in this process group; the lean tier (LEAN_COMMAND, a shell
+# command line) beside it at a lower priority, in a session and process group of its own, its output in
+# LEAN_LOG and printed after the main tier's. Where the kernel shares the CPU by session (autogroup, the
+# default on most distributions) a nice value only ranks a process within its session, so the lean tier's
+# session gets nice 10 itself (/proc/self/autogroup, where there is one): it fills the CPU the main tier
+# leaves idle.
+#
+# SIGTERM, SIGINT (Ctrl-C reaches the whole foreground group) or SIGHUP to this script stops both: the main
+# pytest gets SIGTERM, the lean tier's whole process group too, and both are waited for until empty; each
+# pytest tears its fixtures down and ends every process of its session (tests/session_stop.py) first.
+# POSIX sh (dash is /bin/sh on Debian: `kill -- -PGID` is an error there, `kill -TERM -PGID` is not).
+set -u
+lean_log=$1
+lean_command=$2
+shift 2
+
+main=0
+lean=0
+pid=
+lpid=
+
+stop() {
+  [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
+  [ -n "$lpid" ] && kill -TERM "-$lpid" 2>/dev/null
+  [ -n "$pid" ] && wait "$pid"
+  if [ -n "$lpid" ]; then
+    wait "$lpid"
+    while kill -0 "-$lpid" 2>/dev/null; do sleep 0.2; done
+  fi
+  exit "$1"
+}
+trap 'stop 143' TERM
+trap 'stop 130' INT
+trap 'stop 129' HUP
+
+# (setsid: not a group leader here, so it makes the session itself and keeps its pid, which is the group's.)
+setsid sh -c '{ echo 10 > /proc/self/autogroup; } 2>/dev/null; exec nice -n 10 sh -c "$0"' "$lean_command" \
+  > "$lean_log" 2>&1 &
+lpid=$!
+"$@" &
+pid=$!
+wait "$pid" || main=$?
+pid=
+wait "$lpid" || lean=$?
+while kill -0 "-$lpid" 2>/dev/null; do sleep 0.2; done
+lpid=
+echo "== lean tier (its output, $lean_log):"
+cat "$lean_log"
+verdict() { if [ "$1" -eq 0 ]; then echo passed; else echo "FAILED (exit $1)"; fi; }
+echo "make test: main tier $(verdict "$main"); lean tier (tests/tracking, tests/lean on pip install -e .) $(verdict "$lean")"
+[ "$main" -eq 0 ] && [ "$lean" -eq 0 ]
