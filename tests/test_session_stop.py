@@ -63,9 +63,9 @@ def test_runs_then_sleeps(held):
 '''
 
 
-@pytest.mark.parametrize("workers", [None, 1], ids=["plain", "xdist"])
-def test_sigterm_mid_run_leaves_no_process_of_the_session(tmp_path: Path, workers: int | None) -> None:
-    inner, out, home = tmp_path / "inner", tmp_path / "out", tmp_path / "inner-home"
+def _inner_session(tmp_path: Path, name: str, workers: int | None = None) -> tuple[list[str], dict[str, str], Path, Path]:
+    """A stopped session's folder: its test, its sleeper workload; (argv, env, out folder, AIR_HOME)."""
+    inner, out, home = tmp_path / name, tmp_path / f"{name}-out", tmp_path / f"{name}-home"
     inner.mkdir()
     out.mkdir()
     (inner / "test_inner.py").write_text(INNER_TEST)
@@ -75,12 +75,19 @@ def test_sigterm_mid_run_leaves_no_process_of_the_session(tmp_path: Path, worker
         max_retries: 0
         command: echo $$ > {out}/node.pid.tmp && mv {out}/node.pid.tmp {out}/node.pid && exec sleep 900
         """))
-    env = {**os.environ, "STOP_TEST_OUT": str(out), "AIR_HOME": str(home),
+    env = {"STOP_TEST_OUT": str(out), "AIR_HOME": str(home),
            "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "session_stop", "-p", "no:cacheprovider",
-            "--rootdir", str(inner), "--basetemp", str(tmp_path / "inner-tmp"), "-o", "timeout=0",
+            "--rootdir", str(inner), "--basetemp", str(tmp_path / f"{name}-tmp"), "-o", "timeout=0",
             *(["-n", str(workers)] if workers else []), str(inner / "test_inner.py")]
-    session = subprocess.Popen(argv, cwd=inner, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return argv, env, out, home
+
+
+@pytest.mark.parametrize("workers", [None, 1], ids=["plain", "xdist"])
+def test_sigterm_mid_run_leaves_no_process_of_the_session(tmp_path: Path, workers: int | None) -> None:
+    argv, extra_env, out, home = _inner_session(tmp_path, "inner", workers)
+    env = {**os.environ, **extra_env}
+    session = subprocess.Popen(argv, cwd=tmp_path / "inner", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     ready = out / "ready.json"
     mark = None
@@ -107,26 +114,6 @@ def test_sigterm_mid_run_leaves_no_process_of_the_session(tmp_path: Path, worker
             session.wait()
         for proc in session_processes(mark or "-", air_home_under=str(home), own_children=False):
             proc.kill()
-
-
-def _inner_session(tmp_path: Path, name: str) -> tuple[list[str], dict[str, str], Path, Path]:
-    """A stopped session's folder: its test, its sleeper workload; (argv, env, out folder, AIR_HOME)."""
-    inner, out, home = tmp_path / name, tmp_path / f"{name}-out", tmp_path / f"{name}-home"
-    inner.mkdir()
-    out.mkdir()
-    (inner / "test_inner.py").write_text(INNER_TEST)
-    (out / "sleeper.yaml").write_text(textwrap.dedent(f"""\
-        experiment_name: stopped-suite
-        compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
-        max_retries: 0
-        command: echo $$ > {out}/node.pid.tmp && mv {out}/node.pid.tmp {out}/node.pid && exec sleep 900
-        """))
-    env = {"STOP_TEST_OUT": str(out), "AIR_HOME": str(home),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)}
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "session_stop", "-p", "no:cacheprovider",
-            "--rootdir", str(inner), "--basetemp", str(tmp_path / f"{name}-tmp"), "-o", "timeout=0",
-            str(inner / "test_inner.py")]
-    return argv, env, out, home
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])

@@ -5,10 +5,10 @@
 #
 # The main tier (MAIN_ARGV, run as it is) in this process group; the lean tier (LEAN_COMMAND, a shell
 # command line) beside it at a lower priority, in a session and process group of its own, its output in
-# LEAN_LOG and printed after the main tier's. Where the kernel shares the CPU by session (autogroup, the
-# default on most distributions) a nice value only ranks a process within its session, so the lean tier's
-# session gets nice 10 itself (/proc/self/autogroup, where there is one): it fills the CPU the main tier
-# leaves idle.
+# LEAN_LOG and printed after the main tier's. (Where the kernel shares the CPU by session, autogroup
+# scheduling, the default on most distributions, its nice value only ranks it within its own session. Its
+# session's own nice 10, /proc/self/autogroup, starved it instead: beside the main tier's busy Ray sessions a
+# module's fixture overran its 300 s in CI.)
 #
 # SIGTERM, SIGINT (Ctrl-C reaches the whole foreground group) or SIGHUP to this script stops both: the main
 # pytest gets SIGTERM, the lean tier's whole process group too, and both are waited for until empty; each
@@ -39,8 +39,7 @@ trap 'stop 130' INT
 trap 'stop 129' HUP
 
 # (setsid: not a group leader here, so it makes the session itself and keeps its pid, which is the group's.)
-setsid sh -c '{ echo 10 > /proc/self/autogroup; } 2>/dev/null; exec nice -n 10 sh -c "$0"' "$lean_command" \
-  > "$lean_log" 2>&1 &
+setsid nice -n 10 sh -c "$lean_command" > "$lean_log" 2>&1 &
 lpid=$!
 "$@" &
 pid=$!
