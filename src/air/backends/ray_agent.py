@@ -148,6 +148,7 @@ class NodeAgent:
         self._urgent = False  # an error line waits: ship it now (but not more often than URGENT_GAP_S)
         self._replied_at = 0.0  # when the last poll returned (monotonic)
         self._counted_to = 0  # lines before this sequence number were shipped or counted as dropped
+        self._shipped_to = 0  # the end of the last batch a poll returned
         self._node_log: io.BufferedWriter | None = None  # this node's combined log, on this node
         #: What the last reply said of each process's silence: index → (when it last made progress, stopped?).
         self._reported: dict[int, tuple[float, bool]] = {}
@@ -379,6 +380,9 @@ class NodeAgent:
         self._stop_sentinel()
         self._stop_sampler()  # its last sample ships with the exits
         with self._cond:
+            # Lines dropped after the last batch shipped are noted in the node's own log now, while it is
+            # open (the next poll only counts them): the note and the count agree however late that poll is.
+            self._count_gap(self._shipped_to)
             self._close_node_log()
             self._result = exits
             self._cond.notify_all()
@@ -414,6 +418,7 @@ class NodeAgent:
                 lines.append(line)
                 size += len(line[2]) + 1
             end = self._first + len(lines)
+            self._shipped_to = max(self._shipped_to, end)
             complete = len(lines) == len(self._lines)
             if complete:
                 self._oldest_at = None
