@@ -43,3 +43,28 @@ def test_nodes_run_with_mlflows_telemetry_off_unless_the_user_chose(
     tracking_done(run_id)
     assert RunStore().get_run(run_id).mlflow_run_id, "the run was tracked (the default lies in its tracking env)"
     assert seen in RunPaths(run_id).node_log(0, 0).read_text()
+
+
+CALL = """import os
+from air import distributed
+
+@distributed(gpus=1, accelerator_type="CPU")
+def telemetry():
+    return os.environ.get("MLFLOW_DISABLE_TELEMETRY", "unset")
+
+print("RANKS", telemetry.distributed())
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_calls_ranks_run_with_mlflows_telemetry_off(tmp_path: Path, air_home: Path) -> None:
+    """The same default for a tracked `@distributed` call's ranks (the call's run is made lazily)."""
+    import os
+    import subprocess
+
+    script = tmp_path / "call.py"
+    script.write_text(CALL)
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RANKS ['true']" in done.stdout, done.stdout + done.stderr[-3000:]

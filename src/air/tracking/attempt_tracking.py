@@ -50,6 +50,12 @@ NODE_HTTP_RETRIES = {
 NODE_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true"}
 TELEMETRY_SETTINGS = ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK")
 
+
+def node_telemetry() -> dict[str, str]:
+    """NODE_TELEMETRY for a tracked attempt's nodes and ranks (runs.listeners.tracking), unless this process's
+    user set either of TELEMETRY_SETTINGS (the nodes then inherit their choice)."""
+    return {} if any(k in os.environ for k in TELEMETRY_SETTINGS) else dict(NODE_TELEMETRY)
+
 #: How long nodes that need the attempt's MLflow run id first (Ray's, Slurm's) wait for it before it is said.
 WAIT_TOLD_AFTER_S = 2.0
 
@@ -235,7 +241,6 @@ class WorkloadTracking(AttemptTracking):
         self._uri = tracking_uri()
         #: The user's own MLflow HTTP settings, read before any thread of air's shortens them.
         self._user_http = {k: os.environ[k] for k in NODE_HTTP_RETRIES if k in os.environ}
-        self._telemetry = {} if any(k in os.environ for k in TELEMETRY_SETTINGS) else NODE_TELEMETRY
         self._ready = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
@@ -328,12 +333,12 @@ class WorkloadTracking(AttemptTracking):
                         self.on_waiting(None)
             if self.handle is None:
                 return {}
-            env = {**self._telemetry, **self.handle.env()}
+            env = dict(self.handle.env())
             if is_http(self._uri):  # the hook only for its exit flush of MLflow's queue (node_hook.py)
                 env |= _hook_env(self.hook_dir, self.env_file, self.warn,
                                  "the nodes' MLflow logging blocks while the server is away", walled=self.walled)
         else:
-            env = {**self._telemetry, "MLFLOW_TRACKING_URI": self._uri,
+            env = {"MLFLOW_TRACKING_URI": self._uri,
                    **_hook_env(self.hook_dir, self.env_file, self.warn, "the nodes cannot learn their MLflow run",
                                walled=self.walled, wait_s=self.CREATE_WAIT_S if self.walled else None)}
             if "PYTHONPATH" not in env:

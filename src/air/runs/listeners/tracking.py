@@ -16,7 +16,7 @@ from air.runs.transitions import Change, Phase, RunListener, Transition
 from air.store.paths import RunPaths
 from air.store.run_store import RunStore
 from air.store.states import AttemptStatus
-from air.tracking.attempt_tracking import AttemptTracking
+from air.tracking.attempt_tracking import AttemptTracking, node_telemetry
 from air.tracking.handle import write_tracking_ref
 
 #: How long a run's process goes on after its end state to end the attempt's MLflow run (uploads included).
@@ -44,7 +44,7 @@ class TrackingListener(RunListener):
         self._end: Callable[[], None] | None = None
 
     def node_env(self, t: Transition, env: dict[str, str]) -> dict[str, str]:
-        return {**env, **self.tracking.env()} if self.tracking is not None else env
+        return {**env, **node_telemetry(), **self.tracking.env()} if self.tracking is not None else env
 
     def on_transition(self, t: Transition) -> None:
         if t.kind is Change.RUN_ENDED:
