@@ -24,14 +24,18 @@ lean=0
 pid=
 lpid=
 
+# The lean tier's exit status in `lean`, once its whole process group is gone.
+wait_lean() {
+  wait "$lpid" || lean=$?
+  while kill -0 "-$lpid" 2>/dev/null; do sleep 0.2; done
+  lpid=
+}
+
 stop() {
   [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null
   [ -n "$lpid" ] && kill -TERM "-$lpid" 2>/dev/null
   [ -n "$pid" ] && wait "$pid"
-  if [ -n "$lpid" ]; then
-    wait "$lpid"
-    while kill -0 "-$lpid" 2>/dev/null; do sleep 0.2; done
-  fi
+  [ -n "$lpid" ] && wait_lean
   exit "$1"
 }
 trap 'stop 143' TERM
@@ -45,9 +49,7 @@ lpid=$!
 pid=$!
 wait "$pid" || main=$?
 pid=
-wait "$lpid" || lean=$?
-while kill -0 "-$lpid" 2>/dev/null; do sleep 0.2; done
-lpid=
+wait_lean
 echo "== lean tier (its output, $lean_log):"
 cat "$lean_log"
 verdict() { if [ "$1" -eq 0 ]; then echo passed; else echo "FAILED (exit $1)"; fi; }
