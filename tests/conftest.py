@@ -173,7 +173,7 @@ def ray_cluster() -> Iterator[RayTestCluster]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In one process, tests on the session's Ray cluster run last (tests/ray, then the seeds'): tests that
     start Ray clusters of their own (ray_launch, workloads that run `ray start`) run before it exists, so its
-    idle processes do not slow them down on a small machine. Under pytest-xdist (`make test`: 3 workers,
+    idle processes do not slow them down on a small machine. Under pytest-xdist (`make test`: 4 workers, then 2,
     `--dist loadgroup`), the tests on the session's cluster are one group, run by one worker, so a run starts
     that cluster (three Ray nodes) once, not once a worker; xdist hands out its largest group first. So are
     the tests of each session-wide server with its MLflow (SHARED_PER_SESSION), and the tests of a module
@@ -182,7 +182,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     clusters do work at a time on a small machine, not one a worker: Ray Train and Ray Data have fixed
     internal waits (a worker group's start, an object's `get`) that four Ray clusters at once on 2 busy cores
     overran in CI. air's own start-up is safe beside other Ray clusters (a start in a session of its own,
-    a start Ray gave up on tried again: air.backends.ray_cluster; tests/ray/test_ray_launch_under_load.py)."""
+    a start Ray gave up on tried again: air.backends.ray_cluster; tests/ray/test_ray_launch_under_load.py).
+    `make test` runs the tests marked `ray` in a phase of their own, after the rest (the Makefile says why):
+    a test that starts a Ray cluster is marked `ray`, or it runs beside the whole suite."""
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:

@@ -22,6 +22,7 @@ from proc_helpers import alive, wait_for
 from session_stop import SESSION_MARK, session_processes
 
 TESTS = Path(__file__).parent
+TIERS = TESTS.parent / "tools" / "test_tiers.sh"
 
 #: The stopped session's one test: a fixture that holds a process (its teardown ends it and says so), and
 #: a local `air run` whose supervisor is detached (a session of its own, reparented to PID 1 once `air
@@ -128,9 +129,10 @@ def test_stopping_make_tests_two_tiers_ends_both_and_leaves_no_process(tmp_path:
     lean_command = " ".join(shlex.quote(part) for part in
                             ["env", *(f"{k}={v}" for k, v in lean_env.items()), *lean_argv])
     lean_log = tmp_path / "lean.log"
-    tiers = subprocess.Popen(["/bin/sh", str(TESTS.parent / "tools" / "test_tiers.sh"), str(lean_log), lean_command,
-                              *main_argv], env={**os.environ, **main_env}, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    later_phase = tmp_path / "later-phase-ran"  # the main tier's second phase: a stop means it never starts
+    tiers = subprocess.Popen(["/bin/sh", str(TIERS), str(lean_log), lean_command, shlex.join(main_argv),
+                              f"touch {shlex.quote(str(later_phase))}"], env={**os.environ, **main_env},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     started: dict[str, dict] = {}
     try:
         for name, out in (("main", main_out), ("lean", lean_out)):
@@ -150,6 +152,7 @@ def test_stopping_make_tests_two_tiers_ends_both_and_leaves_no_process(tmp_path:
             os.killpg(tiers.pid, sig)  # the terminal's Ctrl-C: the script and the main tier's group
         output = tiers.communicate(timeout=420)[0]
         assert tiers.returncode == 128 + int(sig), output
+        assert not later_phase.exists(), output
         for out in (main_out, lean_out):
             assert (out / "torn_down").read_text() == "yes", output + lean_log.read_text()
         assert alive(pids) == [], output + lean_log.read_text()
@@ -165,3 +168,27 @@ def test_stopping_make_tests_two_tiers_ends_both_and_leaves_no_process(tmp_path:
             mark = started.get(name, {}).get("mark") or "-"
             for proc in session_processes(mark, air_home_under=str(home), own_children=False):
                 proc.kill()
+
+
+def test_make_tests_main_tier_runs_every_phase_in_order_and_fails_if_any_did(tmp_path: Path) -> None:
+    """The main tier's phases (`make test`: the Ray tests after the rest) run one after another, each to its
+    end, a failed one not stopping the next; the run fails if a phase or the lean tier did, and says which."""
+    order = tmp_path / "order"
+    phase = lambda name, code: f"sh -c 'echo {name} >> {shlex.quote(str(order))}; exit {code}'"  # noqa: E731
+
+    def tiers(lean_code: int, *phases: str) -> subprocess.CompletedProcess[str]:
+        order.unlink(missing_ok=True)
+        return subprocess.run(["/bin/sh", str(TIERS), str(tmp_path / "lean.log"), f"echo lean said so; exit {lean_code}",
+                               *phases], capture_output=True, text=True, timeout=60)
+
+    done = tiers(0, phase("first", 0), phase("second", 0))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert order.read_text().split() == ["first", "second"]
+    assert "main tier passed; lean tier" in done.stdout and "lean said so" in done.stdout
+    done = tiers(0, phase("first", 3), phase("second", 0))
+    assert done.returncode != 0 and order.read_text().split() == ["first", "second"]
+    assert "main tier FAILED (exit 3)" in done.stdout
+    done = tiers(0, phase("first", 0), phase("second", 4))
+    assert done.returncode != 0 and "main tier FAILED (exit 4)" in done.stdout
+    done = tiers(5, phase("first", 0))
+    assert done.returncode != 0 and "main tier passed; lean tier (tests/tracking, tests/lean on pip install -e .) FAILED (exit 5)" in done.stdout

@@ -1,19 +1,21 @@
 #!/bin/sh
 # `make test`'s two tiers side by side, both reported; exits 0 only if both passed.
 #
-#   sh tools/test_tiers.sh LEAN_LOG LEAN_COMMAND MAIN_ARGV...
+#   sh tools/test_tiers.sh LEAN_LOG LEAN_COMMAND MAIN_PHASE...
 #
-# The main tier (MAIN_ARGV, run as it is) in this process group; the lean tier (LEAN_COMMAND, a shell
-# command line) beside it at a lower priority, in a session and process group of its own, its output in
+# The main tier: its phases (MAIN_PHASE, each a shell command line) one after another, each run in this
+# process group, every phase run even when an earlier one failed. The lean tier (LEAN_COMMAND, a shell
+# command line) beside them at a lower priority, in a session and process group of its own, its output in
 # LEAN_LOG and printed after the main tier's. (Where the kernel shares the CPU by session, autogroup
 # scheduling, the default on most distributions, its nice value only ranks it within its own session. Its
 # session's own nice 10, /proc/self/autogroup, starved it instead: beside the main tier's busy Ray sessions a
 # module's fixture overran its 300 s in CI.)
 #
-# SIGTERM, SIGINT (Ctrl-C reaches the whole foreground group) or SIGHUP to this script stops both: the main
-# pytest gets SIGTERM, the lean tier's whole process group too, and both are waited for until empty; each
-# pytest tears its fixtures down and ends every process of its session (tests/session_stop.py) first.
-# POSIX sh (dash is /bin/sh on Debian: `kill -- -PGID` is an error there, `kill -TERM -PGID` is not).
+# SIGTERM, SIGINT (Ctrl-C reaches the whole foreground group) or SIGHUP to this script stops both: the
+# running phase gets SIGTERM (no later phase starts), the lean tier's whole process group too, and both are
+# waited for until empty; each pytest tears its fixtures down and ends every process of its session
+# (tests/session_stop.py) first. POSIX sh (dash is /bin/sh on Debian: `kill -- -PGID` is an error there,
+# `kill -TERM -PGID` is not).
 set -u
 lean_log=$1
 lean_command=$2
@@ -45,10 +47,15 @@ trap 'stop 129' HUP
 # (setsid: not a group leader here, so it makes the session itself and keeps its pid, which is the group's.)
 setsid nice -n 10 sh -c "$lean_command" > "$lean_log" 2>&1 &
 lpid=$!
-"$@" &
-pid=$!
-wait "$pid" || main=$?
-pid=
+# Each phase: `exec`, so the pid waited for (and stopped) is the phase's own command, not a shell around it.
+for phase in "$@"; do
+  sh -c "exec $phase" &
+  pid=$!
+  status=0
+  wait "$pid" || status=$?
+  pid=
+  [ "$main" -eq 0 ] && main=$status
+done
 wait_lean
 echo "== lean tier (its output, $lean_log):"
 cat "$lean_log"

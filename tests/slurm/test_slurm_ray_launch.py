@@ -11,6 +11,7 @@ from air.ray import ray_launch
 from air.store.run_store import RunStore
 
 
+@pytest.mark.ray  # a Ray cluster: `make test` runs it in its Ray phase
 @pytest.mark.timeout(600)  # a Ray cluster inside a Slurm job on 2 busy cores
 def test_ray_launch_makes_a_ray_cluster_of_the_jobs_nodes(hpc: SlurmCluster) -> None:
     @ray_launch(num_accelerators=2, accelerator_type="CPU_1xCPU", remote=True)

@@ -24,6 +24,7 @@ from proc_helpers import mlflow_run_ended
 SEED000 = Path(__file__).resolve().parents[2] / "examples" / "seed000_ray_train_llm"
 
 
+@pytest.mark.ray  # a Ray cluster: `make test` runs it in its Ray phase
 @pytest.mark.timeout(900)  # a Ray cluster inside a Slurm job on 2 busy cores
 def test_seed000_workload_runs_unchanged_on_slurm(hpc: SlurmCluster, air_home: Path, tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "air.cli.main", "run", "-f", str(SEED000 / "train_cpu.yaml"),
