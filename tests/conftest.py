@@ -170,6 +170,7 @@ def ray_cluster() -> Iterator[RayTestCluster]:
     assert not left, f"the test cluster left processes behind: {left}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a test on the session's cluster is marked `ray` first
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In one process, tests on the session's Ray cluster run last (tests/ray, then the seeds'): tests that
     start Ray clusters of their own (ray_launch, workloads that run `ray start`) run before it exists, so its
@@ -184,8 +185,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     overran in CI. air's own start-up is safe beside other Ray clusters (a start in a session of its own,
     a start Ray gave up on tried again: air.backends.ray_cluster; tests/ray/test_ray_launch_under_load.py).
     `make test` runs the tests marked `ray` in a phase of their own, after the rest (the Makefile says why):
-    a test that starts a Ray cluster is marked `ray`, or it runs beside the whole suite."""
+    a test that starts a Ray cluster is marked `ray`, or it runs beside the whole suite; a test on the
+    session's cluster is marked so here."""
     items.sort(key=lambda item: "ray_cluster" in getattr(item, "fixturenames", ()))
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("ray") is None:
+            item.add_marker(pytest.mark.ray)
     if config.pluginmanager.hasplugin("xdist"):
         for item in items:
             fixtures = getattr(item, "fixturenames", ())

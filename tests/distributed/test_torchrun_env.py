@@ -29,14 +29,17 @@ TORCHRUN_OMP_WARNING = ("Setting OMP_NUM_THREADS environment variable for each p
                         "avoid your system being overloaded, please further tune the variable for optimal "
                         "performance in your application as needed.")
 
-#: What a torchrun worker prints: every variable its agent added to the environment torchrun was given.
+#: What a torchrun worker writes, to a file of its own (two workers' lines on one shared stdout can interleave):
+#: every variable its agent added to the environment torchrun was given.
 ENV_SCRIPT = """
 import json, os, sys
+from pathlib import Path
 import torch
-given = set(json.loads(os.environ["P27E_GIVEN"])) | {"P27E_GIVEN"}
-print(json.dumps({"env": {k: v for k, v in os.environ.items() if k not in given},
-                  "threads": torch.get_num_threads(),
-                  "elastic": torch.distributed.is_torchelastic_launched()}))
+given = set(json.loads(os.environ["P27E_GIVEN"])) | {"P27E_GIVEN", "P27E_OUT"}
+(Path(os.environ["P27E_OUT"]) / (os.environ["RANK"] + ".json")).write_text(json.dumps({
+    "env": {k: v for k, v in os.environ.items() if k not in given},
+    "threads": torch.get_num_threads(),
+    "elastic": torch.distributed.is_torchelastic_launched()}))
 """
 
 
@@ -56,12 +59,15 @@ def run_torchrun(tmp_path: Path) -> list[dict[str, Any]]:
     script.write_text(ENV_SCRIPT)
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env["P27E_GIVEN"] = json.dumps(sorted(env))
+    out = tmp_path / "workers"
+    out.mkdir()
+    env["P27E_OUT"] = str(out)
     torchrun = Path(sys.executable).with_name("torchrun")
     done = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node=2", str(script)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert TORCHRUN_OMP_WARNING in done.stderr  # torchrun sets OMP_NUM_THREADS=1 itself (and warns of it)
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(path.read_text()) for path in sorted(out.glob("*.json"))]
 
 
 def test_a_local_rank_sees_what_a_torchrun_worker_sees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

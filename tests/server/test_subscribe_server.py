@@ -35,9 +35,12 @@ compute: {{num_accelerators: 1, accelerator_type: CPU_1xCPU}}
 max_retries: {retries}
 command: |
   python - <<'EOF'
-  import pathlib
-  marker = pathlib.Path({marker!r})
+  import pathlib, time
+  marker, gate = pathlib.Path({marker!r}), pathlib.Path({gate!r})
   if not marker.exists():
+      deadline = time.monotonic() + 300  # the test opens the gate once its subscriber follows this attempt
+      while not gate.exists() and time.monotonic() < deadline:
+          time.sleep(0.1)
       marker.write_text("1")
       raise RuntimeError("CUDA out of memory. Tried to allocate 4.00 GiB")
   print("the retry fits")
@@ -55,6 +58,35 @@ def subscribe(server: AirServer, user: str, *args: str) -> tuple[int, list[Event
     events = [json.loads(line) for line in result.stdout.splitlines()]
     assert all(isinstance(e.get("type"), str) and e.get("ts") for e in events), result.stdout
     return result.returncode, events, result.stderr
+
+
+def subscribe_opening(server: AirServer, user: str, gate: Path, *args: str) -> tuple[int, list[Event], str]:
+    """`air subscribe` as `subscribe`, but `gate` is created once it has shown the run RUNNING."""
+    proc = subprocess.Popen([*AIR, "subscribe", *args], env=server.env(user), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    events: list[Event] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            events.append(json.loads(line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any(e["type"] == "STATUS" and e.get("status") == "RUNNING" for e in list(events))
+                 or proc.poll() is not None, "the subscriber to show the run RUNNING", timeout=300)
+        gate.touch()
+        proc.wait(timeout=400)
+        reader.join(timeout=60)
+        assert proc.stderr is not None
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert all(isinstance(e.get("type"), str) and e.get("ts") for e in events), events
+    return int(proc.returncode), events, stderr
 
 
 def of_type(events: list[Event], kind: str) -> list[Event]:
@@ -78,8 +110,10 @@ def test_subscribe_through_the_server(mlflow_server: AirServer, tmp_path: Path) 
     code, quiet, _ = subscribe(server, "alice", ok, "--errors-only", "--no-default-metrics")
     assert code == 0 and not of_type(quiet, "LOG") and quiet[-1]["type"] == "TERMINAL"
 
+    open_gate = tmp_path / "open-gate"
+    open_gate.touch()
     fails = submit(server, "alice", tmp_path / "oom.yaml",
-                   OOM_THEN_OK.format(retries=0, marker=str(tmp_path / "oom-marker")))
+                   OOM_THEN_OK.format(retries=0, marker=str(tmp_path / "oom-marker"), gate=str(open_gate)))
     code, events, stderr = subscribe(server, "alice", fails, "--no-default-metrics")
     assert code == 1, stderr
     assert [e["node"] for e in of_type(events, "ALERT") if e["alert"] == "cuda_oom"] == [0], events
@@ -88,9 +122,12 @@ def test_subscribe_through_the_server(mlflow_server: AirServer, tmp_path: Path) 
     assert events[-1]["type"] == "TERMINAL" and events[-1]["status"] == "FAILED"
     assert "CUDA out of memory" in events[-1]["termination_reason"]
 
+    # A subscriber follows the current attempt: the first one fails only once it is followed, so the RETRY
+    # is seen however slowly `air subscribe` starts on a busy machine.
+    gate = tmp_path / "retry-gate"
     retried = submit(server, "alice", tmp_path / "retry.yaml",
-                     OOM_THEN_OK.format(retries=1, marker=str(tmp_path / "retry-marker")))
-    code, events, stderr = subscribe(server, "alice", retried, "--errors-only")
+                     OOM_THEN_OK.format(retries=1, marker=str(tmp_path / "retry-marker"), gate=str(gate)))
+    code, events, stderr = subscribe_opening(server, "alice", gate, retried, "--errors-only")
     assert code == 0, stderr
     retry = of_type(events, "RETRY")
     assert len(retry) == 1 and retry[0]["attempt"] == 1 and retry[0]["previous_attempt"] == 0, events
