@@ -60,8 +60,9 @@ def subscribe(server: AirServer, user: str, *args: str) -> tuple[int, list[Event
     return result.returncode, events, result.stderr
 
 
-def subscribe_opening(server: AirServer, user: str, gate: Path, *args: str) -> tuple[int, list[Event], str]:
-    """`air subscribe` as `subscribe`, but `gate` is created once it has shown the run RUNNING."""
+def start_subscriber(server: AirServer, user: str, *args: str,
+                     ) -> tuple[subprocess.Popen[str], list[Event], threading.Thread]:
+    """`air subscribe` in the background: the process, its events as they come, the thread reading them."""
     proc = subprocess.Popen([*AIR, "subscribe", *args], env=server.env(user), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     events: list[Event] = []
@@ -73,6 +74,12 @@ def subscribe_opening(server: AirServer, user: str, gate: Path, *args: str) -> t
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    return proc, events, reader
+
+
+def subscribe_opening(server: AirServer, user: str, gate: Path, *args: str) -> tuple[int, list[Event], str]:
+    """`air subscribe` as `subscribe`, but `gate` is created once it has shown the run RUNNING."""
+    proc, events, reader = start_subscriber(server, user, *args)
     try:
         wait_for(lambda: any(e["type"] == "STATUS" and e.get("status") == "RUNNING" for e in list(events))
                  or proc.poll() is not None, "the subscriber to show the run RUNNING", timeout=300)
@@ -157,17 +164,7 @@ command: |
   while [ ! -e {gate} ]; do sleep 0.1; done
   echo "after the restart"
 """)
-    proc = subprocess.Popen([*AIR, "subscribe", run_id, "--no-default-metrics"], env=server.env("alice"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    events: list[Event] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            events.append(json.loads(line))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    proc, events, reader = start_subscriber(server, "alice", run_id, "--no-default-metrics")
     try:
         wait_for(lambda: any(e.get("line") == "before the restart" for e in events) or proc.poll() is not None,
                  "the first line through the subscriber", timeout=180)
