@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import struct
 import subprocess
 import termios
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -38,6 +40,20 @@ def wait_for(predicate: Callable[[], object], what: str, timeout: float = 10.0, 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {last!r}")
+
+
+def read_events(proc: subprocess.Popen[str]) -> tuple[list[Any], threading.Thread]:
+    """The JSON lines `proc` prints (`--json`, `air subscribe`), appended as they come by a daemon thread."""
+    events: list[Any] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            events.append(json.loads(line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return events, reader
 
 
 def pipe_unread(fd: int) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 from server_helpers import AIR, AirServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from proc_helpers import wait_for
+from proc_helpers import read_events, wait_for
 
 Event = dict[str, Any]
 
@@ -65,15 +65,7 @@ def start_subscriber(server: AirServer, user: str, *args: str,
     """`air subscribe` in the background: the process, its events as they come, the thread reading them."""
     proc = subprocess.Popen([*AIR, "subscribe", *args], env=server.env(user), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    events: list[Event] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            events.append(json.loads(line))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    events, reader = read_events(proc)
     return proc, events, reader
 
 

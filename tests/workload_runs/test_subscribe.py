@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from runs_helpers import air, submit, wait_terminal, write_workload
 
-from proc_helpers import wait_for
+from proc_helpers import read_events, wait_for
 
 Event = dict[str, Any]
 
@@ -63,15 +62,7 @@ def test_a_run_that_succeeds_streams_live_with_alerts_and_metrics(tmp_path: Path
     proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", "subscribe", run_id, "--metrics", "loss",
                              "--metrics-interval-minutes", "0.02", "--quiet-alert-minutes", "0.05"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    events: list[Event] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            events.append(json.loads(line))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    events, reader = read_events(proc)
     try:
         def alerted(kind: str, node: int) -> bool:
             if proc.poll() is not None:
