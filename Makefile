@@ -53,7 +53,8 @@ MAIN_PYTEST := $(PY) -m pytest -q --dist loadgroup --durations=15 --ignore=tests
 # (tests/lean need it): tools/test_tiers.sh runs both, reports both, fails if either did, and stops both
 # (each tearing its fixtures down, no process left) on SIGTERM, SIGINT or SIGHUP. The main tier runs in two
 # phases: the tests marked `ray` after all the others, on a machine they then have to themselves. Ray has
-# fixed start-up waits (a raylet ends itself when its dashboard agent has not written its port within 15 s),
+# fixed start-up waits (`ray start` gives up on a node not registered within 30 s; a raylet ended itself when
+# its dashboard agent had not written its port within 15 s, until air.backends.ray_cli told it the port),
 # which a 2-core machine busy with the rest of the suite overran in CI, however a test retried; run last,
 # the Ray tests take about as long as beside the rest, since the suite is CPU-bound either way.
 test: setup

@@ -61,8 +61,11 @@ def pid_dir(tmp_path: Path) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import alone_room
     import session_stop
 
+    if not config.pluginmanager.has_plugin("alone_room"):
+        config.pluginmanager.register(alone_room, "alone_room")  # tests marked `alone` run with no neighbour
     session_stop.install(config)  # SIGTERM/SIGINT tear fixtures down; the session's processes end after
     os.environ.setdefault("AIR_CPU_SLOTS", "8")
     # Ray Train's controller takes each `ray.train.report()` off a one-slot queue when it polls its
@@ -230,3 +233,4 @@ def xdist_group(config: pytest.Config, item: pytest.Item, name: str) -> None:
     node_id = getattr(item, "_id", None)
     if getattr(config.option, "loadgroup", False) and node_id is not None and "@" not in item.nodeid:
         item._id = type(node_id).parse(f"{item.nodeid}@{name}")
+

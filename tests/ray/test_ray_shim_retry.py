@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from air.backends.ray_cluster import DASHBOARD_STARTUP_WAIT_S, START_TRIES, RayAuth
+from air.backends.ray_cluster import AGENT_REGISTER_WAIT_S, DASHBOARD_STARTUP_WAIT_S, START_TRIES, RayAuth
 from air.backends.ray_shim import install_shim, workload_ray_env
 from air.settings import AIR_PROCESS_TAG
 from proc_helpers import alive
@@ -37,6 +37,7 @@ def stand_in(folder: Path, fail_times: int, message: str) -> Path:
         echo $count > {folder}/starts
         echo "$@" > {folder}/args_$count
         echo "${{RAY_DASHBOARD_STARTUP_TIMEOUT_S:-unset}}" > {folder}/dashboard_wait_$count
+        echo "${{RAY_agent_register_timeout_ms:-unset}}" > {folder}/agent_wait_$count
         cut -d' ' -f6 /proc/$$/stat > {folder}/session_$count
         sleep 300 &
         echo $! > {folder}/daemon_$count
@@ -114,14 +115,18 @@ def test_it_gives_up_after_its_tries_with_rays_exit_code(tmp_path: Path) -> None
 
 
 
-def test_ray_waits_longer_for_the_dashboard_unless_the_user_said_how_long(tmp_path: Path) -> None:
-    """Ray's 60 s wait for a head's dashboard failed a start beside 8 busy loops on 2 cores (CI)."""
+def test_ray_waits_longer_for_the_dashboard_and_agents_unless_the_user_said_how_long(tmp_path: Path) -> None:
+    """Ray's 60 s wait for a head's dashboard failed a start beside 8 busy loops on 2 cores (CI); the raylet's
+    30 s wait for its runtime-env agent is the same kind of wait."""
     fake = stand_in(tmp_path / "fake", fail_times=0, message="")
     assert shim_start(tmp_path, fake).returncode == 0
     assert (fake / "dashboard_wait_1").read_text().strip() == str(DASHBOARD_STARTUP_WAIT_S)
+    assert (fake / "agent_wait_1").read_text().strip() == str(AGENT_REGISTER_WAIT_S * 1000)
     (fake / "starts").unlink()
-    assert shim_start(tmp_path, fake, RAY_DASHBOARD_STARTUP_TIMEOUT_S="45").returncode == 0
+    assert shim_start(tmp_path, fake, RAY_DASHBOARD_STARTUP_TIMEOUT_S="45",
+                      RAY_agent_register_timeout_ms="9000").returncode == 0
     assert (fake / "dashboard_wait_1").read_text().strip() == "45"
+    assert (fake / "agent_wait_1").read_text().strip() == "9000"
 
 
 @pytest.mark.parametrize("block", [False, True], ids=["returning", "blocking"])

@@ -55,10 +55,10 @@ _HEAD_PORTS = ("ray-client-server-port", "dashboard-port")
 #: caller's session. air ends these processes by their marker, never by session or process group.
 OWN_SESSION = True
 
-#: What `ray start` says when its node did not register in time: Ray's fixed 30 s (ray/_private/node.py),
-#: which the raylet also ends early by aborting when its dashboard agent has not written its port file
-#: within its own fixed 15 s ("Timed out waiting for file .../dashboard_agent_listen_port_..."). Neither
-#: wait has a setting; a busy machine exceeds them.
+#: What `ray start` says when its node did not register in time: Ray's fixed 30 s (ray/_private/node.py).
+#: The raylet used to end such starts early, aborting when its dashboard agent had not written its port
+#: file within a fixed 15 s; air.backends.ray_cli now tells it the port, so it no longer waits on the file.
+#: Neither wait has a setting.
 STARTUP_TIMEOUT = "timed out during startup"
 #: Tries of a `ray start` that failed that way, its partial node ended between them.
 START_TRIES = 3
@@ -67,6 +67,9 @@ START_TRIES = 3
 #: on 2 cores); a dashboard that dies still fails the start at once (Ray polls its process), so the longer
 #: wait costs only where the machine is slow. A value the user set is kept.
 DASHBOARD_STARTUP_WAIT_S = 150
+#: How long a raylet waits for its runtime-env agent to answer (RAY_agent_register_timeout_ms, Ray's 30 s):
+#: the same patience, for the same reason. A value the user set is kept.
+AGENT_REGISTER_WAIT_S = 150
 
 T = TypeVar("T")
 
@@ -207,11 +210,15 @@ def stop_marked(marker: str, *, grace_s: float = 2.0) -> int:
 
 
 def ray_executable() -> list[str]:
-    """The `ray` CLI of this interpreter's environment (not whatever `ray` is first on PATH)."""
-    beside = Path(sys.executable).with_name("ray")
-    if beside.exists():
-        return [str(beside)]
-    return [sys.executable, "-m", "ray.scripts.scripts"]
+    """The `ray` CLI of this interpreter's environment (not whatever `ray` is first on PATH), through
+    air.backends.ray_cli so its raylet never waits on the dashboard agent's port file."""
+    return ray_cli_under(sys.executable)
+
+
+def ray_cli_under(python: str) -> list[str]:
+    """Ray's `ray` command as `python` runs it, through air.backends.ray_cli (a script of no air imports,
+    so a user's environment without air runs it too)."""
+    return [python, str(Path(__file__).with_name("ray_cli.py"))]
 
 
 def short_temp_dir(prefix: str = "air-ray") -> Path:
@@ -227,6 +234,9 @@ def with_patient_waits(env: Mapping[str, str]) -> dict[str, str]:
     (DASHBOARD_STARTUP_WAIT_S) where the user has not set them."""
     patient = dict(env)
     patient.setdefault("RAY_DASHBOARD_STARTUP_TIMEOUT_S", str(DASHBOARD_STARTUP_WAIT_S))
+    # The raylet's wait for its runtime-env agent (a Python process that loads aiohttp and more) before
+    # it starts a worker; past it the raylet exits ("the runtime env agent timed out"). Ray's default: 30 s.
+    patient.setdefault("RAY_agent_register_timeout_ms", str(AGENT_REGISTER_WAIT_S * 1000))
     return patient
 
 

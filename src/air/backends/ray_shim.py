@@ -15,7 +15,9 @@ another Ray (the Ray backend's own raylet holds Ray's default ports there).
   A joining node keeps its own temp dir (`$RAY_TMPDIR/ray`) instead of taking the head's, so nodes on one
   host do not share a session folder (whose logs both nodes' log monitors would send, every line twice).
   It records the node's metrics export port (and whether it is the head) in `$RAY_TMPDIR/air-ray-node.json`,
-  where `RayMetricsMonitor()` finds it with no arguments.
+  where `RayMetricsMonitor()` finds it with no arguments. It runs the user's `ray` by the interpreter its
+  `#!` line names, through air.backends.ray_cli, so the raylet is told the dashboard agent's port and never
+  aborts waiting for the agent's port file.
 * `ray stop`: stops this node's Ray only, never every Ray process of the machine.
 * anything else: the real `ray`, unchanged.
 
@@ -159,6 +161,36 @@ def _real_ray() -> list[str]:
     return ray_executable()
 
 
+def _real_ray_start() -> list[str]:
+    """The user's `ray` for `ray start`: run by its own interpreter through air.backends.ray_cli (which
+    tells the raylet the dashboard agent's port, see there), or as it is where it is no Python script."""
+    real = _real_ray()
+    python = _script_python(real[0]) if len(real) == 1 else None
+    if python is None:
+        return real
+    from air.backends.ray_cluster import ray_cli_under
+
+    return ray_cli_under(python)
+
+
+def _script_python(script: str) -> str | None:
+    """The interpreter a console script's `#!` line names, where that is an executable Python."""
+    try:
+        with open(script, "rb") as handle:
+            first = handle.readline(4096).decode(errors="replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    python = words[0] if words else ""
+    if os.path.basename(python) == "env" and len(words) > 1:
+        python = shutil.which(words[1]) or ""
+    if not os.path.basename(python).startswith("python") or not os.access(python, os.X_OK):
+        return None
+    return python
+
+
 def _options(args: Sequence[str]) -> dict[str, tuple[int, str | None]]:
     """--name[=value] → (index, value) for the options given (value None for a bare flag)."""
     found: dict[str, tuple[int, str | None]] = {}
@@ -278,7 +310,7 @@ def _start(args: Sequence[str]) -> int:
                 print(f"[air] ray start: {note}", flush=True)  # stdout, like ray's (seed 000 hides stderr)
         given = _options(rewritten)
         write_node_info(os.environ, rewritten)
-        command = [*_real_ray(), "start", *rewritten]
+        command = [*_real_ray_start(), "start", *rewritten]
         block, joining = "block" in given, "address" in given and "head" not in given
         if block and joining:
             return _join_blocking(command, env, given, marker), False
