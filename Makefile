@@ -49,7 +49,7 @@ TEST_WORKERS ?= 4
 RAY_TEST_WORKERS ?= 2
 MAIN_PYTEST := $(PY) -m pytest -q --dist loadgroup --durations=15 --ignore=tests/lean
 
-# Everything but GPU tests on the full install and, beside it at a lower priority, the lean install's own run
+# Everything but GPU tests on the full install and, beside it, the lean install's own run
 # (tests/lean need it): tools/test_tiers.sh runs both, reports both, fails if either did, and stops both
 # (each tearing its fixtures down, no process left) on SIGTERM, SIGINT or SIGHUP. The main tier runs in two
 # phases: the tests marked `ray` after all the others, on a machine they then have to themselves. Ray has

@@ -5,11 +5,13 @@
 #
 # The main tier: its phases (MAIN_PHASE, each a shell command line) one after another, each run in this
 # process group, every phase run even when an earlier one failed. The lean tier (LEAN_COMMAND, a shell
-# command line) beside them at a lower priority, in a session and process group of its own, its output in
-# LEAN_LOG and printed after the main tier's. (Where the kernel shares the CPU by session, autogroup
-# scheduling, the default on most distributions, its nice value only ranks it within its own session. Its
-# session's own nice 10, /proc/self/autogroup, starved it instead: beside the main tier's busy Ray sessions a
-# module's fixture overran its 300 s in CI.)
+# command line) beside them, in a session and process group of its own, its output in LEAN_LOG and printed
+# after the main tier's. It runs at the main tier's priority: where the kernel shares the CPU by session
+# (autogroup scheduling) a nice value only ranks a process within its session, and where it does not (the
+# tiers in a cpu cgroup, where autogroup does not apply) nice 10 left the lean tier about a tenth of a
+# core's share, and its 2-attempt run overran its bounded wait (180 s; 16:54 for the tier instead of 3:59).
+# Its session's own nice 10 (/proc/self/autogroup) starved it as well: beside the main tier's busy Ray
+# sessions a module's fixture overran its 300 s in CI.
 #
 # SIGTERM, SIGINT (Ctrl-C reaches the whole foreground group) or SIGHUP to this script stops both: the
 # running phase gets SIGTERM (no later phase starts), the lean tier's whole process group too, and both are
@@ -45,7 +47,7 @@ trap 'stop 130' INT
 trap 'stop 129' HUP
 
 # (setsid: not a group leader here, so it makes the session itself and keeps its pid, which is the group's.)
-setsid nice -n 10 sh -c "$lean_command" > "$lean_log" 2>&1 &
+setsid sh -c "$lean_command" > "$lean_log" 2>&1 &
 lpid=$!
 # Each phase: `exec`, so the pid waited for (and stopped) is the phase's own command, not a shell around it.
 for phase in "$@"; do

@@ -17,6 +17,7 @@ import pwd
 import subprocess
 import textwrap
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -282,18 +283,34 @@ def test_a_failing_walled_build_fails_the_run_naming_the_dependency(isolated: Ai
     assert not list(envs.rglob(".air-complete")), list(envs.rglob("*"))[:20]
 
 
-def _build_processes(server: AirServer) -> list[psutil.Process]:
+@dataclass(frozen=True)
+class Seen:
+    """A process of a walled build as it was when seen: a build's helpers come and go, so what a test asserts
+    about one is what it read then, not what a later read of a process that has since ended would raise."""
+
+    proc: psutil.Process
+    name: str
+    user: str
+    argv: str
+
+
+def _build_processes(server: AirServer) -> list[Seen]:
     """The walled builds of this server (their bwrap names the server's environment folder) and all below."""
-    found: dict[int, psutil.Process] = {}
+    found: dict[int, Seen] = {}
     for proc in psutil.process_iter():
         try:
             argv = proc.cmdline()
-            if argv and argv[0].endswith("bwrap") and f"{server.home}/envs/" in " ".join(argv):
-                for p in [proc, *proc.children(recursive=True)]:
-                    if p.status() != psutil.STATUS_ZOMBIE:
-                        found[p.pid] = p
+            if not (argv and argv[0].endswith("bwrap") and f"{server.home}/envs/" in " ".join(argv)):
+                continue
+            below = [proc, *proc.children(recursive=True)]
         except psutil.Error:
             continue
+        for p in below:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    found[p.pid] = Seen(p, p.name(), p.username(), " ".join(p.cmdline()))
+            except psutil.Error:
+                continue  # ended between the listing and this read
     return list(found.values())
 
 
@@ -305,21 +322,21 @@ def test_canceling_a_run_during_its_walled_build_leaves_no_process(isolated_serv
                                                    '    import time; time.sleep(600)'))
     run_id = str(server.air_json("bob", "run", "-f", str(spec))["run_id"])
 
-    def sleeping() -> list[psutil.Process]:
+    def sleeping() -> list[Seen]:
         procs = _build_processes(server)
-        return procs if any("door_backend" in " ".join(p.cmdline()) or "build_wheel" in " ".join(p.cmdline())
-                            or p.name().startswith("python") and p.username() != "root" for p in procs) else []
+        return procs if any("door_backend" in p.argv or "build_wheel" in p.argv
+                            or p.name.startswith("python") and p.user != "root" for p in procs) else []
 
     procs = wait_for(sleeping, "the walled build to run bob's backend", timeout=300, interval=0.5)
     assert isinstance(procs, list) and procs
-    assert {p.username() for p in procs if p.name() != "bwrap"} - {"root"}, [(p.name(), p.username()) for p in procs]
+    assert {p.user for p in procs if p.name != "bwrap"} - {"root"}, [(p.name, p.user) for p in procs]
     cancel = server.air("bob", "cancel", run_id)
     assert cancel.returncode == 0, cancel.stderr
     server.wait_status(run_id, "CANCELED", timeout=120)
 
     def survivors() -> list[str]:
-        left = {p.pid: p for p in _build_processes(server)}
-        for p in procs:
+        left = {seen.proc.pid: seen.proc for seen in _build_processes(server)}
+        for p in (seen.proc for seen in procs):
             try:
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                     left[p.pid] = p
