@@ -44,6 +44,8 @@ from pathlib import Path
 from air.backends.ray_cluster import (
     OWN_SESSION,
     RayAuth,
+    ray_cli_under,
+    ray_executable,
     retry_start,
     startup_timed_out,
     stop_marked,
@@ -156,8 +158,6 @@ def _real_ray() -> list[str]:
     found = shutil.which("ray", path=os.pathsep.join(entries))
     if found:
         return [found]
-    from air.backends.ray_cluster import ray_executable
-
     return ray_executable()
 
 
@@ -168,8 +168,6 @@ def _real_ray_start() -> list[str]:
     python = _script_python(real[0]) if len(real) == 1 else None
     if python is None:
         return real
-    from air.backends.ray_cluster import ray_cli_under
-
     return ray_cli_under(python)
 
 
