@@ -184,11 +184,12 @@ def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, bac
         assert outcome.lost_node.endswith(" lost")
         assert time.monotonic() - started < 30
         # The victim's own processes are ended by its sentinel once its agent is gone, and its folder removed.
+        # (An event, not a speed: the chain raylet → worker → sentinel can take over 20 s on 2 loaded cores.)
         wait_for(lambda: not [p for p in tagged_processes(tag) if p.status() != psutil.STATUS_ZOMBIE],
-                 "no process of the attempt left", timeout=20)
+                 "no process of the attempt left", timeout=120)
         backend.release(allocation)
         allocation = None
-        wait_for(lambda: not agent_root(rid, 0).parent.exists(), "the run's node folders removed", timeout=20)
+        wait_for(lambda: not agent_root(rid, 0).parent.exists(), "the run's node folders removed", timeout=120)
     finally:
         if allocation is not None:
             backend.release(allocation)

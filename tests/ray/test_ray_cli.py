@@ -133,3 +133,24 @@ def test_a_workloads_own_ray_start_tells_its_raylet_the_agents_port(tmp_path: Pa
         subprocess.run(["rm", "-rf", str(ray_tmpdir)], check=False)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert not processes_with_env(AIR_RAY_NODE, marker)
+
+
+def test_ray_start_leaves_out_the_cli_commands_it_never_runs() -> None:
+    """`ray start` through ray_cli imports neither Ray Serve's, the jobs' nor the state commands (pandas
+    and FastAPI came with them: 2.4 s of CPU for every node started); any other command is Ray's whole CLI."""
+    cli = Path(__file__).parents[2] / "src" / "air" / "backends" / "ray_cli.py"
+
+    def imported(*args: str) -> tuple[str, set[str]]:
+        done = subprocess.run([sys.executable, "-X", "importtime", str(cli), *args], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        names = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
+        return done.stdout, names
+
+    shown, names = imported("start", "--help")
+    assert "--dashboard-agent-listen-port" in shown and "--head" in shown
+    assert not names & {"ray.serve", "ray.dashboard.modules.job.sdk", "pandas", "fastapi"}
+    shown, names = imported("--help")
+    assert {"job", "list", "summary"} <= {line.split()[0] for line in shown.splitlines()
+                                                     if line.startswith("  ") and line.split()}
+    assert {"ray.serve", "ray.dashboard.modules.job.sdk"} <= names  # (Serve's own command needs ray[serve])
