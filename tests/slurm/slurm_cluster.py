@@ -151,7 +151,7 @@ class SlurmCluster:
             subprocess.run([*prefix, "slurmd", "-f", str(self.conf), "-N", node], check=True, env=env,
                            capture_output=True, timeout=60)
             self._remember(self.state / f"slurmd-{node}.pid")
-        self.pids.extend(_children(self.pids[1]))  # slurmctld's slurmscriptd
+        self.pids.extend(_slurmscriptd(self.pids[1]))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             idle = self.tool("sinfo", "-h", "-t", "idle", "-o", "%D").stdout.split()
@@ -234,7 +234,7 @@ class SlurmCluster:
         subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env={**os.environ, **self.env},
                        capture_output=True, timeout=60)
         self._remember(pid_file)
-        self.pids.extend(_children(self.pids[-1]))
+        self.pids.extend(_slurmscriptd(self.pids[-1]))
 
     def logs(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (self.state / "log").glob("*"))
@@ -278,6 +278,15 @@ class SlurmCluster:
             for argv in self._net:  # the namespaces (their veths go with them), then the bridge
                 subprocess.run(argv, capture_output=True, timeout=30)
             self._net.clear()
+
+
+def _slurmscriptd(ctld: int, timeout: float = 60) -> list[int]:
+    """slurmctld's slurmscriptd, which it forks once it runs: on a busy machine that can be after `slurmctld`
+    returned, and a leftover check would take a slurmscriptd not yet forked for a run's process."""
+    deadline = time.monotonic() + timeout
+    while not (children := _children(ctld)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return children
 
 
 def _children(parent: int) -> list[int]:
