@@ -21,7 +21,7 @@ from air.backends.ray_agent import tagged_processes_any_node as tagged_processes
 from air.backends.ray_backend import RayBackend
 from air.errors import GPUValidationError
 from air.settings import AIR_PROCESS_TAG
-from proc_helpers import wait_for
+from proc_helpers import alive, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -185,11 +185,14 @@ def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, bac
         assert outcome.lost_node.endswith(" lost")
         assert time.monotonic() - started < 30
         # The victim's own processes are ended by its sentinel once its agent is gone, and its folder removed.
-        # (An event, not a speed: the chain raylet → worker → sentinel can take over 20 s on 2 loaded cores.)
+        # (A bound on an event, not a speed.)
+        def left() -> list[int]:
+            return alive(p.pid for p in tagged_processes(tag))
+
         try:
-            wait_for(lambda: not living(tagged_processes(tag)), "no process of the attempt left", timeout=120)
+            wait_for(lambda: not left(), "no process of the attempt left", timeout=120)
         except AssertionError as exc:  # which processes, of which node, and who their parents are
-            raise AssertionError(f"{exc}: {describe(living(tagged_processes(tag)))}") from None
+            raise AssertionError(f"{exc}: {describe(left())}") from None
         backend.release(allocation)
         allocation = None
         wait_for(lambda: not agent_root(rid, 0).parent.exists(), "the run's node folders removed", timeout=120)
@@ -203,21 +206,12 @@ def test_a_node_lost_mid_attempt_is_reported_and_the_rest_ended(ray_cluster, bac
 
 
 
-def living(processes: list[psutil.Process]) -> list[psutil.Process]:
-    """The processes not yet ended (a zombie is ended, waiting for its parent to reap it)."""
-    alive = []
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-    return alive
-
-
-def describe(processes: list[psutil.Process]) -> list[str]:
+def describe(pids: list[int]) -> list[str]:
     """Each process's pid, name, command line, parent and air's tag, for a failure message."""
     described = []
-    for process in processes:
+    for pid in pids:
         with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
             parent = process.parent()
             described.append(f"{process.pid} {process.name()} {' '.join(process.cmdline())[:120]!r} "
                              f"parent={parent.pid if parent else None}:{parent.name() if parent else ''} "

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from air.backends.ray_cli import given_listen_port
-from air.backends.ray_cluster import RayAuth, processes_with_env, start_ray_node
+from air.backends.ray_cluster import RayAuth, processes_with_env, ray_cli_under, start_ray_node
 from air.backends.ray_shim import _script_python, install_shim, workload_ray_env
 from air.launcher import reserve_port
 from air.settings import AIR_PROCESS_TAG, AIR_RAY_NODE
@@ -138,10 +138,10 @@ def test_a_workloads_own_ray_start_tells_its_raylet_the_agents_port(tmp_path: Pa
 def test_ray_start_leaves_out_the_cli_commands_it_never_runs() -> None:
     """`ray start` through ray_cli imports neither Ray Serve's, the jobs' nor the state commands (pandas
     and FastAPI came with them: 2.4 s of CPU for every node started); any other command is Ray's whole CLI."""
-    cli = Path(__file__).parents[2] / "src" / "air" / "backends" / "ray_cli.py"
+    python, cli = ray_cli_under(sys.executable)
 
     def imported(*args: str) -> tuple[str, set[str]]:
-        done = subprocess.run([sys.executable, "-X", "importtime", str(cli), *args], capture_output=True,
+        done = subprocess.run([python, "-X", "importtime", cli, *args], capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
         names = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time")}

@@ -94,9 +94,9 @@ def main() -> None:
     args = sys.argv[1:]
     if args[:1] == ["start"]:
         leave_out_other_commands()
-    port = given_listen_port(args) if args[:1] == ["start"] else None
-    if port is not None:
-        tell_raylet_the_listen_port(port)
+        port = given_listen_port(args)
+        if port is not None:
+            tell_raylet_the_listen_port(port)
     from ray.scripts.scripts import main as ray_main
 
     sys.argv = ["ray", *args]
